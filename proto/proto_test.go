@@ -1,0 +1,67 @@
+package proto
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEncodeDecode(t *testing.T) {
+	b, err := Encode(NodeDrainType, NodeDrainRequest{NodeID: "n1", Draining: true})
+	require.NoError(t, err)
+	typ, body, err := Decode(b)
+	require.NoError(t, err)
+	require.Equal(t, NodeDrainType, typ)
+	require.JSONEq(t, `{"at":"0001-01-01T00:00:00Z","node_id":"n1","draining":true}`, string(body))
+	_, _, err = Decode(nil)
+	require.Error(t, err)
+}
+
+func TestMessageTypesNamedAndBelowFlag(t *testing.T) {
+	for typ, name := range messageTypeNames {
+		require.Less(t, uint8(typ), uint8(IgnoreUnknownTypeFlag), name)
+		require.Equal(t, name, typ.String())
+	}
+	require.Equal(t, "node_drain", (NodeDrainType | IgnoreUnknownTypeFlag).String())
+}
+
+func TestTransitions(t *testing.T) {
+	require.NoError(t, CheckSlotTransition("place", "s", SlotAvailable, SlotReserved))
+	err := CheckSlotTransition("place", "n1-s0", SlotCleanupBlocked, SlotReserved)
+	require.Equal(t, CodeIllegalTransition, CodeOf(err))
+	require.ErrorContains(t, err, "n1-s0 cannot move from cleanup_blocked to reserved")
+	require.Error(t, CheckAllocTransition("x", "a", AllocReleased, AllocActive))
+	require.Error(t, CheckAllocTransition("x", "a", AllocFailed, AllocReleasing))
+	for _, s := range SlotStatuses {
+		require.True(t, s.Valid())
+	}
+	for _, s := range AllocStates {
+		require.True(t, s.Valid())
+	}
+	require.False(t, SlotStatus("bogus").Valid())
+}
+
+func TestMissingBindings(t *testing.T) {
+	c := SlotCapacity{GPUPCIAddress: "0000:18:00.0", NVMe: DiskIdentity{Serial: "S1"}, ManagementMAC: "52:54:00:00:00:01",
+		PrivateIP: "10.77.0.11", FabricClaimMode: FabricPerSlotVF, FabricVFPCIAddress: "0000:a1:00.2"}
+	require.Empty(t, c.MissingBindings())
+	c.FabricVFPCIAddress = ""
+	c.FabricClaimMode = "shared"
+	require.Equal(t, []string{"fabric_claim_mode=per_slot_vf", "fabric_vf_pci_address"}, c.MissingBindings())
+}
+
+func TestValidateID(t *testing.T) {
+	require.NoError(t, ValidateID("node", "j22u15"))
+	for _, bad := range []string{"", "UPPER", "-lead", "a/b", "a b", string(make([]byte, 200))} {
+		require.Equal(t, CodeInvalidArgument, CodeOf(ValidateID("node", bad)), "%q", bad)
+	}
+}
+
+func TestDefaultSKUs(t *testing.T) {
+	s, ok := FindSKU(DefaultSKUs(), "h200-sxm-slice")
+	require.True(t, ok)
+	require.Equal(t, ShapeGPUSlice, s.Shape)
+	require.True(t, s.AllowsGPUCount(4))
+	require.False(t, s.AllowsGPUCount(3))
+	require.Equal(t, 24, s.PerGPU.VCPUs)
+}
