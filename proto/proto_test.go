@@ -65,3 +65,26 @@ func TestDefaultSKUs(t *testing.T) {
 	require.False(t, s.AllowsGPUCount(3))
 	require.Equal(t, 24, s.PerGPU.VCPUs)
 }
+
+func TestAllocationCreateValidate(t *testing.T) {
+	skus := DefaultSKUs()
+	ok := AllocationCreateRequest{CapacityShape: ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 2, Region: "us-east"}
+	require.NoError(t, ok.Validate(skus))
+	for name, mut := range map[string]func(*AllocationCreateRequest){
+		"capacity_shape":     func(r *AllocationCreateRequest) { r.CapacityShape = "vm" },
+		"unknown":            func(r *AllocationCreateRequest) { r.SKU = "a100" },
+		"gpu_count 3":        func(r *AllocationCreateRequest) { r.GPUCount = 3 },
+		"region":             func(r *AllocationCreateRequest) { r.Region = "" },
+		"sells":              func(r *AllocationCreateRequest) { r.CapacityShape = ShapeBaremetal },
+		"ssh_public_keys[0]": func(r *AllocationCreateRequest) { r.SSHPublicKeys = []string{"garbage"} },
+	} {
+		r := ok
+		mut(&r)
+		err := r.Validate(skus)
+		require.ErrorContains(t, err, name)
+		require.Equal(t, CodeInvalidArgument, CodeOf(err))
+	}
+	require.Error(t, ValidateIdempotencyKey(""))
+	require.Error(t, ValidateIdempotencyKey("a b"))
+	require.NoError(t, ValidateIdempotencyKey("key-1"))
+}
