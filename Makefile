@@ -1,0 +1,43 @@
+# gpuaas — see README.md. `make lab` and `make test` are the two entry points.
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+BIN := $(CURDIR)/bin
+TEST_TIMEOUT ?= 20m
+TEST_FLAGS ?=
+
+.PHONY: all deps build lab test test-unit vet bench clean
+
+all: build
+
+deps:
+	@bash lab/install-deps.sh
+
+build: deps
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ $$($(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -v /test/)
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+# Every test tier. Privileged tests (TestPrivileged*) need root and the
+# packages deps installs; they skip without them unless
+# GPUAAS_REQUIRE_PRIVILEGED=1 (set by .ci/run), which makes them fail.
+test: deps vet
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+
+test-unit:
+	$(GO) test -count=1 -short ./...
+
+# Benchmarks write test/bench/results/parts/*.json; benchmerge folds them
+# into test/bench/results/latest.{json,md}.
+bench: deps build
+	GPUAAS_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestBench' -v ./... 2>&1 | tee test/bench/results/bench.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
+	$(GO) run ./test/bench/cmd/benchmerge
+
+lab: build
+	$(BIN)/gpuaas-lab
+
+clean:
+	rm -rf $(BIN) .lab
