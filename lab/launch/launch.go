@@ -1,0 +1,232 @@
+// Package launch starts gpuaas processes on this machine for the lab and
+// for end-to-end tests: coordinators on loopback with their data under one
+// folder, each with its own log file, stopped together.
+package launch
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Proc is one child process with its log file.
+type Proc struct {
+	Name    string
+	Args    []string
+	Env     []string
+	LogPath string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start runs the process, appending its output to LogPath.
+func (p *Proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && p.done != nil {
+		select {
+		case <-p.done:
+		default:
+			return fmt.Errorf("start %s: already running", p.Name)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(p.LogPath), 0o755); err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	cmd := exec.Command(p.Args[0], p.Args[1:]...)
+	cmd.Env = append(os.Environ(), p.Env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Own process group so a terminal's Ctrl-C reaches only the launcher,
+	// which then stops children in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	p.cmd, p.done, p.err = cmd, make(chan struct{}), nil
+	go func(done chan struct{}) {
+		err := cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
+	}(p.done)
+	return nil
+}
+
+// Running reports whether the process has been started and not exited.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Pid returns the process ID, 0 if not started.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Kill sends SIGKILL and waits for the exit.
+func (p *Proc) Kill() { p.signalAndWait(syscall.SIGKILL, 0) }
+
+// Stop sends SIGTERM, waits up to grace, then SIGKILL.
+func (p *Proc) Stop(grace time.Duration) { p.signalAndWait(syscall.SIGTERM, grace) }
+
+func (p *Proc) signalAndWait(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil || done == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(sig)
+	if sig != syscall.SIGKILL {
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}
+	<-done
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Token is a bearer token with its role.
+type Token struct {
+	Name   string `json:"name"`
+	Role   string `json:"role"`
+	Secret string `json:"-"`
+	SHA256 string `json:"sha256"`
+}
+
+// NewToken makes a random bearer token.
+func NewToken(name, role string) (Token, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return Token{}, err
+	}
+	secret := "gpuaas_" + hex.EncodeToString(b)
+	sum := sha256.Sum256([]byte(secret))
+	return Token{Name: name, Role: role, Secret: secret, SHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// WriteTokensFile writes the coordinators' tokens file (hashes only).
+func WriteTokensFile(path string, toks []Token) error {
+	b, err := json.MarshalIndent(toks, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o600)
+}
+
+// WaitHTTP polls url until it answers 200 with a bearer token or ctx ends.
+func WaitHTTP(ctx context.Context, url, token string) error {
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s: %w (last: %v)", url, ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// StopAll stops procs in reverse order.
+func StopAll(procs []*Proc, grace time.Duration, log *slog.Logger) {
+	for i := len(procs) - 1; i >= 0; i-- {
+		if procs[i].Running() {
+			log.Info("stopping", "proc", procs[i].Name, "pid", procs[i].Pid())
+			procs[i].Stop(grace)
+		}
+	}
+}
+
+// ErrNoBinary says a gpuaas binary was not built.
+var ErrNoBinary = errors.New("binary not found (run make build)")
+
+// FindBinary looks for name next to the running executable, then in
+// $GPUAAS_BIN, then on PATH.
+func FindBinary(name string) (string, error) {
+	var dirs []string
+	if exe, err := os.Executable(); err == nil {
+		dirs = append(dirs, filepath.Dir(exe))
+	}
+	if d := os.Getenv("GPUAAS_BIN"); d != "" {
+		dirs = append(dirs, d)
+	}
+	for _, d := range dirs {
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("%s: %w", name, ErrNoBinary)
+}

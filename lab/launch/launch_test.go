@@ -1,0 +1,41 @@
+package launch
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestProcStartStop(t *testing.T) {
+	dir := t.TempDir()
+	p := &Proc{Name: "sleeper", Args: []string{"/bin/sh", "-c", "echo hello; exec sleep 30"}, LogPath: filepath.Join(dir, "log", "s.log")}
+	require.NoError(t, p.Start())
+	require.True(t, p.Running())
+	require.Error(t, p.Start(), "a running process cannot start twice")
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(p.LogPath)
+		return string(b) == "hello\n"
+	}, 5*time.Second, 20*time.Millisecond)
+	start := time.Now()
+	p.Stop(5 * time.Second)
+	require.False(t, p.Running())
+	require.Less(t, time.Since(start), 4*time.Second, "SIGTERM stops sleep at once")
+	// Restart after exit works (the lab restarts killed coordinators).
+	require.NoError(t, p.Start())
+	p.Kill()
+	require.False(t, p.Running())
+}
+
+func TestTokens(t *testing.T) {
+	tok, err := NewToken("lab-admin", "admin")
+	require.NoError(t, err)
+	require.Len(t, tok.SHA256, 64)
+	path := filepath.Join(t.TempDir(), "tokens.json")
+	require.NoError(t, WriteTokensFile(path, []Token{tok}))
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), tok.Secret, "the tokens file holds hashes only")
+}
