@@ -9,7 +9,7 @@ PKGS=(
   # host operations and their real-part tests
   iproute2 nftables openvswitch-switch dnsmasq-base qemu-utils util-linux
   nvme-cli gdisk fdisk parted e2fsprogs kmod iputils-ping busybox procps psmisc
-  mtools dosfstools
+  mtools dosfstools systemd
 )
 
 missing=()
