@@ -1,0 +1,338 @@
+package fabric_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/hostops/fabric/fabrictest"
+)
+
+// site is j22u15's fabric: 10.224.3.15/16 on ibp24s0, the fabric /12
+// through 10.224.0.1.
+func site() fabric.Spec {
+	return fabric.Spec{
+		Interface: "ibp24s0",
+		Address:   netip.MustParsePrefix("10.224.3.15/16"),
+		MTU:       2044,
+		Mode:      "datagram",
+		Route:     fabric.Route{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.0.1")},
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, site().Validate())
+	v6 := fabric.Spec{Interface: "ib0", Address: netip.MustParsePrefix("fd00:224::15/64"),
+		Route: fabric.Route{To: netip.MustParsePrefix("fd00:224::/48"), Via: netip.MustParseAddr("fd00:224::1"), Metric: 100}}
+	require.NoError(t, v6.Validate())
+	p2p := site()
+	p2p.Address, p2p.Route.Via = netip.MustParsePrefix("10.224.3.14/31"), netip.MustParseAddr("10.224.3.15")
+	require.NoError(t, p2p.Validate(), "/31 point-to-point")
+
+	for _, tc := range []struct {
+		name string
+		edit func(*fabric.Spec)
+		want string
+	}{
+		{"empty interface", func(s *fabric.Spec) { s.Interface = "" }, "interface name: empty"},
+		{"long interface", func(s *fabric.Spec) { s.Interface = "ibp24s0f0np0abcd" }, "longer than 15 bytes"},
+		{"traversal", func(s *fabric.Spec) { s.Interface = "ib/../../etc" }, `contains '/'`},
+		{"space", func(s *fabric.Spec) { s.Interface = "ib p" }, `contains ' '`},
+		{"alias", func(s *fabric.Spec) { s.Interface = "ib0:1" }, `contains ':'`},
+		{"not ipoib", func(s *fabric.Spec) { s.Interface = "eth0" }, "IPoIB interface is named ib*"},
+		{"no address", func(s *fabric.Spec) { s.Address = netip.Prefix{} }, "fabric address: not set"},
+		{"loopback", func(s *fabric.Spec) { s.Address = netip.MustParsePrefix("127.0.0.5/8") }, "not a unicast host address"},
+		{"multicast", func(s *fabric.Spec) { s.Address = netip.MustParsePrefix("224.0.0.5/16") }, "not a unicast host address"},
+		{"host route", func(s *fabric.Spec) { s.Address = netip.MustParsePrefix("10.224.3.15/32") }, "prefix length /32 outside /8../31"},
+		{"network address", func(s *fabric.Spec) { s.Address = netip.MustParsePrefix("10.224.0.0/16") }, "network address"},
+		{"broadcast address", func(s *fabric.Spec) { s.Address = netip.MustParsePrefix("10.224.255.255/16") }, "broadcast address"},
+		{"mtu", func(s *fabric.Spec) { s.MTU = 70000 }, "mtu 70000: outside 68..65520"},
+		{"mode", func(s *fabric.Spec) { s.Mode = "ud" }, `ipoib mode "ud"`},
+		{"no route", func(s *fabric.Spec) { s.Route.To = netip.Prefix{} }, "destination not set"},
+		{"route host bits", func(s *fabric.Spec) { s.Route.To = netip.MustParsePrefix("10.224.3.0/12") }, "has host bits set (did you mean 10.224.0.0/12?)"},
+		{"default route", func(s *fabric.Spec) { s.Route.To = netip.MustParsePrefix("0.0.0.0/0") }, "default route is not a fabric route"},
+		{"own subnet", func(s *fabric.Spec) { s.Route.To = netip.MustParsePrefix("10.224.0.0/16") }, "interface's own subnet"},
+		{"family", func(s *fabric.Spec) { s.Route.To = netip.MustParsePrefix("fd00::/48") }, "address family differs"},
+		{"no gateway", func(s *fabric.Spec) { s.Route.Via = netip.Addr{} }, "gateway not set"},
+		{"gateway outside", func(s *fabric.Spec) { s.Route.Via = netip.MustParseAddr("10.225.0.1") }, "gateway 10.225.0.1: not inside the fabric subnet 10.224.0.0/16"},
+		{"gateway is self", func(s *fabric.Spec) { s.Route.Via = netip.MustParseAddr("10.224.3.15") }, "host's own fabric address"},
+		{"gateway broadcast", func(s *fabric.Spec) { s.Route.Via = netip.MustParseAddr("10.224.255.255") }, "broadcast address"},
+		{"metric", func(s *fabric.Spec) { s.Route.Metric = -1 }, "metric -1: negative"},
+	} {
+		s := site()
+		tc.edit(&s)
+		err := s.Validate()
+		require.Error(t, err, tc.name)
+		assert.Contains(t, err.Error(), tc.want, tc.name)
+	}
+}
+
+func TestRenderNetplan(t *testing.T) {
+	t.Parallel()
+	got, err := fabric.RenderNetplan(site())
+	require.NoError(t, err)
+	want := `# Written by gpuaas (hostops/fabric): the site fabric address and route
+# of the IPoIB interface. The node agent rewrites this file; do not edit.
+network:
+  version: 2
+  renderer: networkd
+  ethernets:
+    ibp24s0:
+      dhcp4: false
+      dhcp6: false
+      optional: true
+      infiniband-mode: datagram
+      mtu: 2044
+      addresses:
+        - 10.224.3.15/16
+      routes:
+        - to: 10.224.0.0/12
+          via: 10.224.0.1
+`
+	assert.Empty(t, cmp.Diff(want, string(got)))
+
+	bad := site()
+	bad.Route.Via = netip.MustParseAddr("192.168.0.1")
+	_, err = fabric.RenderNetplan(bad)
+	require.ErrorContains(t, err, "render netplan: fabric route gateway 192.168.0.1")
+}
+
+func TestWriteAndCheckNetplan(t *testing.T) {
+	t.Parallel()
+	root, err := hostops.NewRoot(t.TempDir())
+	require.NoError(t, err)
+	s := site()
+
+	d, err := fabric.CheckNetplan(root, s)
+	require.NoError(t, err)
+	require.Len(t, d, 1)
+	assert.Equal(t, "absent", d[0].Got)
+
+	changed, err := fabric.WriteNetplan(root, s)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	st, err := os.Stat(fabric.NetplanPath(root))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	assert.Equal(t, filepath.Join(root.Etc, "netplan", "60-gpuaas-ipoib.yaml"), fabric.NetplanPath(root))
+
+	changed, err = fabric.WriteNetplan(root, s)
+	require.NoError(t, err)
+	assert.False(t, changed, "second write is a no-op")
+	d, err = fabric.CheckNetplan(root, s)
+	require.NoError(t, err)
+	assert.Empty(t, d)
+
+	// Drift: another address, a loose mode, a foreign file.
+	other := s
+	other.Address = netip.MustParsePrefix("10.224.3.16/16")
+	d, err = fabric.CheckNetplan(root, other)
+	require.NoError(t, err)
+	require.Len(t, d, 1)
+	assert.Contains(t, d[0].Got, "different content")
+	assert.Contains(t, d[0].Got, "10.224.3.16/16")
+
+	require.NoError(t, os.Chmod(fabric.NetplanPath(root), 0o644))
+	d, err = fabric.CheckNetplan(root, s)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.Drift{{What: "netplan", Want: "mode 0600", Got: "mode 644"}}, d)
+	changed, err = fabric.WriteNetplan(root, s)
+	require.NoError(t, err)
+	assert.True(t, changed, "mode repaired")
+
+	require.NoError(t, os.WriteFile(fabric.NetplanPath(root), []byte("network:\n  bonds: {}\n"), 0o600))
+	d, err = fabric.CheckNetplan(root, s)
+	require.NoError(t, err)
+	require.Len(t, d, 1)
+	assert.Contains(t, d[0].Got, "not the gpuaas IPoIB netplan")
+
+	// Bad spec: nothing written.
+	bad := s
+	bad.Interface = "../x"
+	_, err = fabric.WriteNetplan(root, bad)
+	require.Error(t, err)
+	entries, err := os.ReadDir(filepath.Join(root.Etc, "netplan"))
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temp files or extra files left")
+}
+
+func freshIB() *fabrictest.Link {
+	return &fabrictest.Link{Name: "ibp24s0", Index: 7, MTU: 4092, Carrier: true}
+}
+
+func TestApplyTranscript(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	nl, mem := fabrictest.NewFake(freshIB())
+	require.NoError(t, fabric.Apply(ctx, nl, site()))
+	assert.Empty(t, cmp.Diff([]string{
+		"link set ibp24s0 mtu 2044",
+		"link set ibp24s0 up",
+		"addr replace 10.224.3.15/16 dev ibp24s0",
+		"route replace 10.224.0.0/12 via 10.224.0.1 ifindex 7 metric 0",
+	}, nl.Transcript()))
+	d, err := fabric.Verify(nl, site())
+	require.NoError(t, err)
+	assert.Empty(t, d)
+
+	// Converged: a second Apply changes nothing.
+	require.NoError(t, fabric.Apply(ctx, nl, site()))
+	assert.Empty(t, nl.Transcript())
+
+	// Drift: wrong prefix length, a stale route with another metric, a
+	// route through the wrong gateway.
+	mem.Links[0].Addrs = []netip.Prefix{netip.MustParsePrefix("10.224.3.15/24")}
+	mem.Routes = []fabrictest.Route{
+		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.3.1"), LinkIndex: 7, Metric: 0},
+		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.3.1"), LinkIndex: 7, Metric: 50},
+	}
+	d, err = fabric.Verify(nl, site())
+	require.NoError(t, err)
+	assert.Equal(t, fabric.Drift{
+		{What: "address", Want: "10.224.3.15/16 on ibp24s0", Got: "10.224.3.15/24 (wrong prefix length)"},
+		{What: "address", Want: "10.224.3.15/16 on ibp24s0", Got: "absent"},
+		{What: "route", Want: "10.224.0.0/12 via 10.224.0.1 dev ibp24s0 metric 0", Got: "10.224.0.0/12 via 10.224.3.1 dev ibp24s0 metric 0"},
+		{What: "route", Want: "10.224.0.0/12 via 10.224.0.1 dev ibp24s0 metric 0", Got: "10.224.0.0/12 via 10.224.3.1 dev ibp24s0 metric 50"},
+	}, d)
+	require.ErrorContains(t, d.Err(), "fabric drift: address: want 10.224.3.15/16 on ibp24s0, got 10.224.3.15/24")
+
+	require.NoError(t, fabric.Apply(ctx, nl, site()))
+	assert.Empty(t, cmp.Diff([]string{
+		"addr del 10.224.3.15/24 dev ibp24s0",
+		"addr replace 10.224.3.15/16 dev ibp24s0",
+		"route del 10.224.0.0/12 via 10.224.3.1 ifindex 7 metric 50",
+		"route replace 10.224.0.0/12 via 10.224.0.1 ifindex 7 metric 0",
+	}, nl.Transcript()))
+	d, err = fabric.Verify(nl, site())
+	require.NoError(t, err)
+	assert.Empty(t, d)
+}
+
+func TestApplyRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	nl, _ := fabrictest.NewFake(freshIB())
+	bad := site()
+	bad.Route.Via = netip.MustParseAddr("10.9.0.1")
+	require.ErrorContains(t, fabric.Apply(ctx, nl, bad), "apply fabric: fabric route gateway 10.9.0.1: not inside")
+	assert.Empty(t, nl.Transcript(), "invalid spec changes nothing")
+
+	missing := site()
+	missing.Interface = "ibp99s0"
+	require.EqualError(t, fabric.Apply(ctx, nl, missing), "apply fabric on ibp99s0: interface ibp99s0 not found")
+	d, err := fabric.Verify(nl, missing)
+	require.NoError(t, err)
+	assert.Equal(t, fabric.Drift{{What: "link", Want: "ibp99s0 present", Got: "no such interface"}}, d)
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, fabric.Apply(cancelled, nl, site()), context.Canceled)
+	assert.Empty(t, nl.Transcript())
+
+	nl, mem := fabrictest.NewFake(freshIB())
+	mem.Fail = func(op string) error {
+		if op == "RouteReplace" {
+			return syscall.EPERM
+		}
+		return nil
+	}
+	err = fabric.Apply(ctx, nl, site())
+	require.ErrorIs(t, err, syscall.EPERM)
+	assert.Contains(t, err.Error(), "apply fabric on ibp24s0: install route 10.224.0.0/12 via 10.224.0.1 dev ibp24s0 metric 0")
+}
+
+func TestVerifyCarrier(t *testing.T) {
+	t.Parallel()
+	ib := freshIB()
+	ib.Carrier = false
+	nl, _ := fabrictest.NewFake(ib)
+	require.NoError(t, fabric.Apply(context.Background(), nl, site()), "no carrier does not stop Apply")
+	d, err := fabric.Verify(nl, site())
+	require.NoError(t, err)
+	assert.Equal(t, fabric.Drift{{What: "carrier", Want: "ibp24s0 operationally up", Got: "down"}}, d)
+}
+
+// TestApplyConverges replays random starting states (any subset of the
+// pieces present, wrong or missing) and checks Apply always converges and is
+// then a no-op.
+func TestApplyConverges(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	addrs := []netip.Prefix{
+		netip.MustParsePrefix("10.224.3.15/16"), netip.MustParsePrefix("10.224.3.15/20"),
+		netip.MustParsePrefix("10.224.9.9/16"), netip.MustParsePrefix("10.224.3.15/8"),
+	}
+	routes := []fabrictest.Route{
+		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.0.1"), LinkIndex: 7},
+		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.0.2"), LinkIndex: 7},
+		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.0.1"), LinkIndex: 7, Metric: 10},
+		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.0.1"), LinkIndex: 9, Metric: 20},
+		{To: netip.MustParsePrefix("10.226.0.0/16"), Via: netip.MustParseAddr("10.224.0.1"), LinkIndex: 7, Metric: 0},
+	}
+	for i := range 200 {
+		ib := freshIB()
+		ib.Up = rng.IntN(2) == 0
+		if rng.IntN(2) == 0 {
+			ib.MTU = 2044
+		}
+		for _, a := range addrs {
+			if rng.IntN(2) == 0 {
+				ib.Addrs = append(ib.Addrs, a)
+			}
+		}
+		nl, mem := fabrictest.NewFake(ib, &fabrictest.Link{Name: "ibp25s0", Index: 9, MTU: 2044, Up: true, Carrier: true})
+		seen := map[[2]int]bool{}
+		for _, r := range routes {
+			k := [2]int{r.Metric, len(r.To.String())}
+			if rng.IntN(2) == 0 && !seen[k] {
+				seen[k] = true
+				mem.Routes = append(mem.Routes, r)
+			}
+		}
+		require.NoError(t, fabric.Apply(context.Background(), nl, site()), "state %d", i)
+		d, err := fabric.Verify(nl, site())
+		require.NoError(t, err)
+		require.Empty(t, d, "state %d", i)
+		nl.Transcript()
+		require.NoError(t, fabric.Apply(context.Background(), nl, site()))
+		require.Empty(t, nl.Transcript(), "state %d: second apply is a no-op", i)
+		// Routes to other prefixes and other addresses are left alone.
+		for _, r := range mem.Routes {
+			if r.To.String() == "10.226.0.0/16" {
+				continue
+			}
+			require.Equal(t, routes[0], r)
+		}
+		for _, a := range ib.Addrs {
+			require.False(t, a.Addr() == site().Address.Addr() && a != site().Address, "conflicting address left: %s", a)
+		}
+	}
+}
+
+func TestVerifyReadError(t *testing.T) {
+	t.Parallel()
+	fake, _ := fabrictest.NewFake(freshIB())
+	nl := failingList{fake}
+	_, err := fabric.Verify(nl, site())
+	require.ErrorContains(t, err, "verify fabric on ibp24s0: list addresses of ibp24s0: boom")
+	assert.True(t, strings.HasPrefix(err.Error(), "verify fabric"))
+}
+
+type failingList struct{ *fabrictest.Recorder }
+
+func (failingList) AddrList(netlink.Link, int) ([]netlink.Addr, error) { return nil, errors.New("boom") }
