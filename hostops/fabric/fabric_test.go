@@ -211,11 +211,23 @@ func TestApplyTranscript(t *testing.T) {
 	require.ErrorContains(t, d.Err(), "fabric drift: address: want 10.224.3.15/16 on ibp24s0, got 10.224.3.15/24")
 
 	require.NoError(t, fabric.Apply(ctx, nl, site()))
+	// Deleting the /24 flushes both routes through 10.224.3.1 (as the
+	// kernel does), so only the fabric route is installed.
 	assert.Empty(t, cmp.Diff([]string{
 		"addr del 10.224.3.15/24 dev ibp24s0",
 		"addr replace 10.224.3.15/16 dev ibp24s0",
-		"route del 10.224.0.0/12 via 10.224.3.1 ifindex 7 metric 50",
 		"route replace 10.224.0.0/12 via 10.224.0.1 ifindex 7 metric 0",
+	}, nl.Transcript()))
+	d, err = fabric.Verify(nl, site())
+	require.NoError(t, err)
+	assert.Empty(t, d)
+
+	// A competing route with another metric, address intact: removed.
+	mem.Routes = append(mem.Routes, fabrictest.Route{To: netip.MustParsePrefix("10.224.0.0/12"),
+		Via: netip.MustParseAddr("10.224.0.2"), LinkIndex: 7, Metric: 50})
+	require.NoError(t, fabric.Apply(ctx, nl, site()))
+	assert.Empty(t, cmp.Diff([]string{
+		"route del 10.224.0.0/12 via 10.224.0.2 ifindex 7 metric 50",
 	}, nl.Transcript()))
 	d, err = fabric.Verify(nl, site())
 	require.NoError(t, err)

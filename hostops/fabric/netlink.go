@@ -242,6 +242,13 @@ func apply(ctx context.Context, nl Netlink, s Spec) error {
 			return err
 		}
 	}
+	// Address changes can make the kernel flush routes whose gateway
+	// was reachable only through the old address: list them again.
+	if len(changes) > 0 {
+		if o, err = observe(nl, s); err != nil {
+			return fmt.Errorf("read back: %w", err)
+		}
+	}
 	found := false
 	for _, r := range o.routes {
 		if routeMatches(r, s, a.Index) {
@@ -252,7 +259,12 @@ func apply(ctx context.Context, nl Netlink, s Spec) error {
 		if r.Priority == s.Route.Metric {
 			continue
 		}
-		if err := step("remove route "+describeRoute(r, link), func() error { return nl.RouteDel(&r) }); err != nil {
+		if err := step("remove route "+describeRoute(r, link), func() error {
+			if err := nl.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				return err // ESRCH: already gone, which is what we want
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
 	}

@@ -111,7 +111,9 @@ type Route struct {
 
 // Memory is an in-memory netlink: links, their addresses and main-table
 // routes. Like the kernel it refuses a route whose gateway is not on a
-// connected subnet of an up link, and deleting what does not exist. Fail,
+// connected subnet of an up link, flushes routes whose gateway became
+// unreachable when an address is deleted, and refuses deleting what does
+// not exist. Fail,
 // when set, is consulted before every mutation (by method name) to inject
 // errors.
 type Memory struct {
@@ -249,10 +251,32 @@ func (m *Memory) AddrDel(l netlink.Link, a *netlink.Addr) error {
 	for i, have := range k.Addrs {
 		if have == p {
 			k.Addrs = append(k.Addrs[:i], k.Addrs[i+1:]...)
+			m.flushUnreachable(k)
 			return nil
 		}
 	}
 	return syscall.EADDRNOTAVAIL
+}
+
+// flushUnreachable drops k's routes whose gateway is no longer on one of
+// its connected subnets, as the kernel does when an address goes away.
+func (m *Memory) flushUnreachable(k *Link) {
+	kept := m.Routes[:0]
+	for _, r := range m.Routes {
+		if r.LinkIndex != k.Index || onLink(k, r.Via) {
+			kept = append(kept, r)
+		}
+	}
+	m.Routes = kept
+}
+
+func onLink(k *Link, a netip.Addr) bool {
+	for _, p := range k.Addrs {
+		if p.Masked().Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *Memory) RouteListFiltered(family int, f *netlink.Route, mask uint64) ([]netlink.Route, error) {
@@ -290,13 +314,7 @@ func (m *Memory) RouteReplace(r *netlink.Route) error {
 	if k == nil {
 		return syscall.ENODEV
 	}
-	onLink := false
-	for _, p := range k.Addrs {
-		if p.Masked().Contains(want.Via) {
-			onLink = true
-		}
-	}
-	if !k.Up || !onLink {
+	if !k.Up || !onLink(k, want.Via) {
 		return syscall.ENETUNREACH
 	}
 	for i, have := range m.Routes {
