@@ -347,4 +347,6 @@ func TestVerifyReadError(t *testing.T) {
 
 type failingList struct{ *fabrictest.Recorder }
 
-func (failingList) AddrList(netlink.Link, int) ([]netlink.Addr, error) { return nil, errors.New("boom") }
+func (failingList) AddrList(netlink.Link, int) ([]netlink.Addr, error) {
+	return nil, errors.New("boom")
+}
