@@ -3,7 +3,9 @@ package fabric_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -143,8 +145,8 @@ func TestWriteAndCheckNetplan(t *testing.T) {
 	d, err = fabric.CheckNetplan(root, other)
 	require.NoError(t, err)
 	require.Len(t, d, 1)
-	assert.Contains(t, d[0].Got, "different content")
-	assert.Contains(t, d[0].Got, "10.224.3.16/16")
+	assert.Equal(t, `different content: version 2, renderer "networkd"; ibp24s0: addresses [10.224.3.15/16], `+
+		`routes [10.224.0.0/12 via 10.224.0.1 metric 0], mtu 2044, mode "datagram", dhcp4 false, dhcp6 false, optional true`, d[0].Got)
 
 	require.NoError(t, os.Chmod(fabric.NetplanPath(root), 0o644))
 	d, err = fabric.CheckNetplan(root, s)
@@ -174,64 +176,95 @@ func freshIB() *fabrictest.Link {
 	return &fabrictest.Link{Name: "ibp24s0", Index: 7, MTU: 4092, Carrier: true}
 }
 
-func TestApplyTranscript(t *testing.T) {
-	t.Parallel()
+// convergeScenario is the contract every fabric.Netlink must honour, run
+// against the in-memory fake (TestApplyContractFake) and against the real
+// kernel (TestPrivilegedApplyInNetns) with the same expected transcripts.
+// next holds a fresh, down link named ifname with an MTU other than 2044;
+// drift is injected through next itself, unrecorded.
+func convergeScenario(t *testing.T, next fabric.Netlink, ifname string) {
+	t.Helper()
 	ctx := context.Background()
-	nl, mem := fabrictest.NewFake(freshIB())
-	require.NoError(t, fabric.Apply(ctx, nl, site()))
-	assert.Empty(t, cmp.Diff([]string{
-		"link set ibp24s0 mtu 2044",
-		"link set ibp24s0 up",
-		"addr replace 10.224.3.15/16 dev ibp24s0",
-		"route replace 10.224.0.0/12 via 10.224.0.1 ifindex 7 metric 0",
-	}, nl.Transcript()))
-	d, err := fabric.Verify(nl, site())
+	s := site()
+	s.Interface = ifname
+	nl := &fabrictest.Recorder{Next: next}
+	link, err := next.LinkByName(ifname)
 	require.NoError(t, err)
-	assert.Empty(t, d)
-
-	// Converged: a second Apply changes nothing.
-	require.NoError(t, fabric.Apply(ctx, nl, site()))
-	assert.Empty(t, nl.Transcript())
-
-	// Drift: wrong prefix length, a stale route with another metric, a
-	// route through the wrong gateway.
-	mem.Links[0].Addrs = []netip.Prefix{netip.MustParsePrefix("10.224.3.15/24")}
-	mem.Routes = []fabrictest.Route{
-		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.3.1"), LinkIndex: 7, Metric: 0},
-		{To: netip.MustParsePrefix("10.224.0.0/12"), Via: netip.MustParseAddr("10.224.3.1"), LinkIndex: 7, Metric: 50},
+	idx := link.Attrs().Index
+	route := func(via string, metric int) string {
+		return fmt.Sprintf("10.224.0.0/12 via %s ifindex %d metric %d", via, idx, metric)
 	}
-	d, err = fabric.Verify(nl, site())
+
+	d, err := fabric.Verify(nl, s)
 	require.NoError(t, err)
+	assert.Equal(t, []string{"link", "mtu", "address", "route"}, whats(d), "fresh link: %v", d)
+
+	require.NoError(t, fabric.Apply(ctx, nl, s))
+	assert.Empty(t, cmp.Diff([]string{
+		"link set " + ifname + " mtu 2044",
+		"link set " + ifname + " up",
+		"addr replace 10.224.3.15/16 dev " + ifname,
+		"route replace " + route("10.224.0.1", 0),
+	}, nl.Transcript()))
+	d, err = fabric.Verify(nl, s)
+	require.NoError(t, err)
+	assert.Empty(t, d)
+
+	require.NoError(t, fabric.Apply(ctx, nl, s))
+	assert.Empty(t, nl.Transcript(), "converged: a second Apply changes nothing")
+
+	// Drift behind our back: MTU, /24 instead of /16 (dropping the /16
+	// flushes the fabric route), a route through another gateway with
+	// another metric.
+	link, err = next.LinkByName(ifname)
+	require.NoError(t, err)
+	require.NoError(t, next.LinkSetMTU(link, 1400))
+	require.NoError(t, next.AddrDel(link, &netlink.Addr{IPNet: mustIPNet("10.224.3.15/16")}))
+	require.NoError(t, next.AddrReplace(link, &netlink.Addr{IPNet: mustIPNet("10.224.3.15/24")}))
+	require.NoError(t, next.RouteReplace(&netlink.Route{LinkIndex: idx, Dst: mustIPNet("10.224.0.0/12"), Gw: net.ParseIP("10.224.3.1"), Priority: 50}))
+	d, err = fabric.Verify(nl, s)
+	require.NoError(t, err)
+	want := "10.224.0.0/12 via 10.224.0.1 dev " + ifname + " metric 0"
 	assert.Equal(t, fabric.Drift{
-		{What: "address", Want: "10.224.3.15/16 on ibp24s0", Got: "10.224.3.15/24 (wrong prefix length)"},
-		{What: "address", Want: "10.224.3.15/16 on ibp24s0", Got: "absent"},
-		{What: "route", Want: "10.224.0.0/12 via 10.224.0.1 dev ibp24s0 metric 0", Got: "10.224.0.0/12 via 10.224.3.1 dev ibp24s0 metric 0"},
-		{What: "route", Want: "10.224.0.0/12 via 10.224.0.1 dev ibp24s0 metric 0", Got: "10.224.0.0/12 via 10.224.3.1 dev ibp24s0 metric 50"},
+		{What: "mtu", Want: "2044", Got: "1400"},
+		{What: "address", Want: "10.224.3.15/16 on " + ifname, Got: "10.224.3.15/24 (wrong prefix length)"},
+		{What: "address", Want: "10.224.3.15/16 on " + ifname, Got: "absent"},
+		{What: "route", Want: want, Got: "10.224.0.0/12 via 10.224.3.1 dev " + ifname + " metric 50"},
 	}, d)
-	require.ErrorContains(t, d.Err(), "fabric drift: address: want 10.224.3.15/16 on ibp24s0, got 10.224.3.15/24")
+	require.ErrorContains(t, d.Err(), "fabric drift: mtu: want 2044, got 1400; address: want 10.224.3.15/16 on "+ifname)
 
-	require.NoError(t, fabric.Apply(ctx, nl, site()))
-	// Deleting the /24 flushes both routes through 10.224.3.1 (as the
-	// kernel does), so only the fabric route is installed.
+	require.NoError(t, fabric.Apply(ctx, nl, s))
+	// Deleting the /24 flushes the route through 10.224.3.1 too.
 	assert.Empty(t, cmp.Diff([]string{
-		"addr del 10.224.3.15/24 dev ibp24s0",
-		"addr replace 10.224.3.15/16 dev ibp24s0",
-		"route replace 10.224.0.0/12 via 10.224.0.1 ifindex 7 metric 0",
+		"link set " + ifname + " mtu 2044",
+		"addr del 10.224.3.15/24 dev " + ifname,
+		"addr replace 10.224.3.15/16 dev " + ifname,
+		"route replace " + route("10.224.0.1", 0),
 	}, nl.Transcript()))
-	d, err = fabric.Verify(nl, site())
+	d, err = fabric.Verify(nl, s)
 	require.NoError(t, err)
 	assert.Empty(t, d)
 
-	// A competing route with another metric, address intact: removed.
-	mem.Routes = append(mem.Routes, fabrictest.Route{To: netip.MustParsePrefix("10.224.0.0/12"),
-		Via: netip.MustParseAddr("10.224.0.2"), LinkIndex: 7, Metric: 50})
-	require.NoError(t, fabric.Apply(ctx, nl, site()))
-	assert.Empty(t, cmp.Diff([]string{
-		"route del 10.224.0.0/12 via 10.224.0.2 ifindex 7 metric 50",
-	}, nl.Transcript()))
-	d, err = fabric.Verify(nl, site())
+	// A competing route with another metric, the address intact: removed.
+	require.NoError(t, next.RouteReplace(&netlink.Route{LinkIndex: idx, Dst: mustIPNet("10.224.0.0/12"), Gw: net.ParseIP("10.224.0.2"), Priority: 50}))
+	require.NoError(t, fabric.Apply(ctx, nl, s))
+	assert.Empty(t, cmp.Diff([]string{"route del " + route("10.224.0.2", 50)}, nl.Transcript()))
+	d, err = fabric.Verify(nl, s)
 	require.NoError(t, err)
 	assert.Empty(t, d)
+}
+
+func whats(d fabric.Drift) []string {
+	var w []string
+	for _, it := range d {
+		w = append(w, it.What)
+	}
+	return w
+}
+
+func TestApplyContractFake(t *testing.T) {
+	t.Parallel()
+	_, mem := fabrictest.NewFake(freshIB())
+	convergeScenario(t, mem, "ibp24s0")
 }
 
 func TestApplyRefusals(t *testing.T) {
