@@ -92,7 +92,7 @@ func Check(topo Topology, needs ...Need) error {
 		}
 		// Reserved pages are promised to mappings already made (only the
 		// system-wide pools report them).
-		free := p.Free - p.Reserved
+		free := p.Free - min(p.Reserved, p.Free)
 		if free < sum[k] {
 			errs = append(errs, &ShortageError{Node: k.node, Size: k.size, Free: free, Need: sum[k]})
 		}

@@ -201,6 +201,14 @@ func TestCheck(t *testing.T) {
 	err = Check(topo, Need{Node: 0, Size: 16, Count: 1})
 	require.EqualError(t, err, "NUMA node 0 has no 16kB hugepage pool")
 
+	// Reserved pages are promised to existing mappings: not free to give.
+	reserved := topo
+	reserved.Global = []Pool{{Size: Size2M, Total: 65536, Free: 30120, Reserved: 30000}}
+	err = Check(reserved, Need{Node: AnyNode, Size: Size2M, Count: 121})
+	require.EqualError(t, err, "host has 120 free 2048kB hugepages, profile needs 121 (242 MiB)")
+	reserved.Global[0].Reserved = 99999 // hand-built, inconsistent: never wraps around
+	require.Error(t, Check(reserved, Need{Node: AnyNode, Size: Size2M, Count: 1}))
+
 	err = Check(topo, Need{Node: AnyNode, Size: Size2M, Count: 40000})
 	require.EqualError(t, err, "host has 30120 free 2048kB hugepages, profile needs 40000 (78.13 GiB)")
 }

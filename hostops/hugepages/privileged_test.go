@@ -1,6 +1,7 @@
 package hugepages
 
 import (
+	"errors"
 	"os"
 	"strconv"
 	"testing"
@@ -81,6 +82,39 @@ func TestPrivilegedReserve(t *testing.T) {
 		n1, _ := after.Pool(0, Size2M)
 		assert.Equal(t, n0.Persistent()+4, n1.Persistent())
 		assert.GreaterOrEqual(t, n1.Free, n0.Free+4, "node 0 free pages rose")
+	}
+
+	// 1 GiB pages go through the system-wide sysfs file. The kernel may not
+	// find a free contiguous GiB: then Reserve must say so with the numbers
+	// and put the pool back.
+	if g, ok := before.Pool(AnyNode, Size1G); ok {
+		orig1G := g.Persistent()
+		gbPath := real.SysPath("kernel", "mm", "hugepages", "hugepages-1048576kB", "nr_hugepages")
+		t.Cleanup(func() {
+			require.NoError(t, KernelWriter{}.WriteValue(gbPath, strconv.FormatUint(orig1G, 10)))
+		})
+		err := Reserve(real, AnyNode, Size1G, orig1G+1)
+		after, rerr := Read(real)
+		require.NoError(t, rerr)
+		p, _ := after.Pool(AnyNode, Size1G)
+		var re *ResizeError
+		switch {
+		case err == nil:
+			assert.Equal(t, orig1G+1, p.Persistent())
+			assert.Equal(t, g.Free+1, p.Free, "free 1 GiB pages rose")
+			require.NoError(t, Release(real, AnyNode, Size1G, orig1G))
+			after, rerr = Read(real)
+			require.NoError(t, rerr)
+			p, _ = after.Pool(AnyNode, Size1G)
+			assert.Equal(t, orig1G, p.Persistent(), "1 GiB pool released")
+		case errors.As(err, &re):
+			t.Logf("kernel could not give a 1 GiB page: %v", err)
+			assert.True(t, re.Restored)
+			assert.Less(t, re.Got, re.Asked)
+			assert.Equal(t, orig1G, p.Persistent(), "1 GiB pool restored")
+		default:
+			require.NoError(t, err)
+		}
 	}
 
 	// Release back to the original size.
