@@ -21,6 +21,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
 	"github.com/gpuaas/gpuaas/hostops/fabric/fabrictest"
+	"github.com/gpuaas/gpuaas/hostops/units"
 )
 
 // site is j22u15's fabric: 10.224.3.15/16 on ibp24s0, the fabric /12
@@ -382,4 +383,66 @@ type failingList struct{ *fabrictest.Recorder }
 
 func (failingList) AddrList(netlink.Link, int) ([]netlink.Addr, error) {
 	return nil, errors.New("boom")
+}
+
+// writeActiveIB writes a minimal /sys/class/infiniband/mlx5_0 whose port 1
+// is ACTIVE/LinkUp and which carries netdev.
+func writeActiveIB(t *testing.T, root hostops.Root, netdev string) {
+	t.Helper()
+	port := root.SysPath("class", "infiniband", "mlx5_0", "ports", "1")
+	require.NoError(t, os.MkdirAll(port, 0o755))
+	for name, v := range map[string]string{"state": "4: ACTIVE\n", "phys_state": "5: LinkUp\n",
+		"rate": "400 Gb/sec (4X NDR)\n", "link_layer": "InfiniBand\n"} {
+		require.NoError(t, os.WriteFile(filepath.Join(port, name), []byte(v), 0o444))
+	}
+	require.NoError(t, os.MkdirAll(root.SysPath("class", "infiniband", "mlx5_0", "device", "net", netdev), 0o755))
+}
+
+// TestReadiness: j22u15 (converged) passes every fabric requirement;
+// j22u11 (node active, but no IPoIB netplan and no fabric route, seed 002)
+// is blocked with each missing piece named.
+func TestReadiness(t *testing.T) {
+	t.Parallel()
+	s := site()
+
+	j22u15, err := hostops.NewRoot(t.TempDir())
+	require.NoError(t, err)
+	writeActiveIB(t, j22u15, "ibp24s0")
+	_, err = fabric.WriteNetplan(j22u15, s)
+	require.NoError(t, err)
+	nl, _ := fabrictest.NewFake(freshIB())
+	require.NoError(t, fabric.Apply(context.Background(), nl, s))
+	ev, err := fabric.Readiness(j22u15, nl, s)
+	require.NoError(t, err)
+	assert.Equal(t, []units.Evidence{
+		{Subject: "ipoib netplan " + fabric.NetplanPath(j22u15), State: units.Up, Detail: "present, describes 10.224.3.15/16 on ibp24s0"},
+		{Subject: "ib port of ibp24s0", State: units.Up, Detail: "mlx5_0 port 1 ACTIVE LinkUp, 400 Gb/sec (4X NDR)"},
+		{Subject: "fabric address on ibp24s0", State: units.Up, Detail: "10.224.3.15/16, link up"},
+		{Subject: "fabric route 10.224.0.0/12", State: units.Up, Detail: "via 10.224.0.1 dev ibp24s0"},
+	}, ev)
+	assert.Empty(t, units.Blockers(ev...))
+
+	j22u11, err := hostops.NewRoot(t.TempDir())
+	require.NoError(t, err)
+	writeActiveIB(t, j22u11, "ibp24s0")
+	ib := freshIB()
+	ib.Up, ib.MTU, ib.Addrs = true, 2044, []netip.Prefix{s.Address}
+	nl, _ = fabrictest.NewFake(ib)
+	ev, err = fabric.Readiness(j22u11, nl, s)
+	require.NoError(t, err)
+	assert.Equal(t, []string{
+		"ipoib netplan " + fabric.NetplanPath(j22u11) + ": down: netplan: want file " + fabric.NetplanPath(j22u11) +
+			" describing 10.224.3.15/16 on ibp24s0, got absent",
+		"fabric route 10.224.0.0/12: down: route: want 10.224.0.0/12 via 10.224.0.1 dev ibp24s0 metric 0, got absent",
+	}, units.Blockers(ev...))
+
+	// No InfiniBand device under the interface.
+	empty, err := hostops.NewRoot(t.TempDir())
+	require.NoError(t, err)
+	ev, err = fabric.Readiness(empty, nl, s)
+	require.NoError(t, err)
+	assert.Equal(t, units.Evidence{Subject: "ib port of ibp24s0", State: units.Down, Detail: "no InfiniBand device carries ibp24s0"}, ev[1])
+
+	_, err = fabric.Readiness(empty, nl, fabric.Spec{})
+	require.ErrorContains(t, err, "fabric readiness: interface name: empty")
 }
