@@ -30,6 +30,26 @@ func Host(t testing.TB, profile string) (hostops.Root, *hostsim.Kernel) {
 	return root, k
 }
 
+// HostFrom generates the named profile after edit has changed it (e.g. a
+// baremetal host being converted to a slice host).
+func HostFrom(t testing.TB, profile string, edit func(*hostsim.Profile)) (hostops.Root, *hostsim.Kernel) {
+	t.Helper()
+	p, hw, err := hostsim.LoadProfile(profile)
+	if err != nil {
+		t.Fatalf("load %s: %v", profile, err)
+	}
+	edit(&p)
+	root, err := hostsim.GenerateProfile(filepath.Join(Dir(t), profile), p, hw)
+	if err != nil {
+		t.Fatalf("generate edited %s: %v", profile, err)
+	}
+	k, err := hostsim.NewKernel(root)
+	if err != nil {
+		t.Fatalf("kernel of %s: %v", profile, err)
+	}
+	return root, k
+}
+
 // Dir returns an empty temporary directory, on tmpfs when available,
 // removed when the test ends.
 func Dir(t testing.TB) string {
