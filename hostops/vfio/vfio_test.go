@@ -319,3 +319,32 @@ ACTION=="add", SUBSYSTEM=="pci", KERNEL=="0000:19:00.0", ATTR{driver_override}="
 	_, err = b.PersistedAddrs()
 	assert.ErrorContains(t, err, "not a gpuaas vfio-pci rule")
 }
+
+// TestBindFabricVF binds a BlueField-3 VF (the slot's fabric VF) on the
+// primary slice host: mlx5_core is held only by mlx5_ib, so it may go.
+func TestBindFabricVF(t *testing.T) {
+	t.Parallel()
+	root, k := hostsimtest.Host(t, "j22u15")
+	rec := &pci.Recorder{Next: k}
+	b := &vfio.Binder{Root: root, W: rec, Log: quiet}
+	const vf = "0000:58:00.3"
+	require.NoError(t, b.Bind(vf))
+	diff(t, []pci.Write{
+		{Path: "bus/pci/devices/0000:58:00.3/driver_override", Value: "vfio-pci"},
+		{Path: "bus/pci/drivers/mlx5_core/unbind", Value: vf},
+		{Path: "bus/pci/drivers_probe", Value: vf},
+	}, rec)
+	assert.FileExists(t, root.DevPath("vfio", groupOf(t, root, vf)))
+	drv, err := b.Release(vf)
+	require.NoError(t, err)
+	assert.Equal(t, "mlx5_core", drv)
+	assert.NoFileExists(t, root.DevPath("vfio", groupOf(t, root, vf)))
+
+	// j22u15's GPUs are bound at boot by the persistent binding: no writes.
+	rec.Reset()
+	for _, g := range []string{"0000:18:00.0", "0000:bb:00.0"} {
+		require.NoError(t, b.Bind(g))
+	}
+	require.NoError(t, b.BindGroup("0000:9a:00.1"))
+	diff(t, nil, rec)
+}

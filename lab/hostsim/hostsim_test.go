@@ -330,6 +330,12 @@ func TestMutators(t *testing.T) {
 	assert.FileExists(t, root.SysPath("class/block/nvme4n1/holders/dm-0/dev"))
 	assert.FileExists(t, root.SysPath("class/block/dm-0/slaves/nvme4n1/size"))
 
+	require.NoError(t, hostsim.SetDevNumber(root, "nvme5n1", "7:3"))
+	assert.Equal(t, "7:3", read(t, root.SysPath("class/block/nvme5n1/dev")))
+	assert.Error(t, hostsim.SetDevNumber(root, "nvme5n1", "7"))
+	assert.Error(t, hostsim.SetDevNumber(root, "nvme5n1", "a:b"))
+	assert.Error(t, hostsim.SetDevNumber(root, "nvme42n1", "7:3"))
+
 	require.NoError(t, hostsim.TamperFile(root, "sys/bus/pci/devices/0000:18:00.0/vendor", "0xzz\n"))
 	_, err = pci.Read(root, "0000:18:00.0")
 	assert.ErrorContains(t, err, "vendor")

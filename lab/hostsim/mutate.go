@@ -190,3 +190,24 @@ func HoldModule(root hostops.Root, module string, users int) error {
 	}
 	return writeFile(filepath.Join(dir, "refcnt"), strconv.Itoa(len(holders)+users)+"\n")
 }
+
+// SetDevNumber points the block device name's "dev" attribute at
+// major:minor, e.g. a real loop device's "7:3", so disk code can resolve a
+// simulated identity (serial, WWID) to a real device it may write to.
+func SetDevNumber(root hostops.Root, name, majmin string) error {
+	if err := hostops.ValidName(name); err != nil {
+		return fmt.Errorf("set dev number: %w", err)
+	}
+	maj, min, ok := strings.Cut(majmin, ":")
+	if _, err := strconv.ParseUint(maj, 10, 32); err != nil || !ok {
+		return fmt.Errorf("set dev number of %s: %q is not major:minor", name, majmin)
+	}
+	if _, err := strconv.ParseUint(min, 10, 32); err != nil {
+		return fmt.Errorf("set dev number of %s: %q is not major:minor", name, majmin)
+	}
+	p := root.SysPath("class/block", name, "dev")
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("set dev number of %s: %w", name, err)
+	}
+	return writeFile(p, majmin+"\n")
+}
