@@ -50,14 +50,22 @@ func GenerateProfile(base string, p Profile, hw Hardware) (hostops.Root, error) 
 	if err != nil {
 		return hostops.Root{}, fmt.Errorf("generate host %s: %w", p.Hostname, err)
 	}
-	if ents, err := os.ReadDir(base); err == nil && len(ents) > 0 {
+	ents, err := os.ReadDir(base)
+	existed := err == nil
+	switch {
+	case existed && len(ents) > 0:
 		return hostops.Root{}, fmt.Errorf("generate host %s: %s is not empty", p.Hostname, base)
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return hostops.Root{}, fmt.Errorf("generate host %s: %w", p.Hostname, err)
 	}
 	g := &gen{root: root, base: base, p: p, hw: hw, meta: kernelMeta{Native: map[string]string{}, Kinds: map[string]Kind{}, NUMA: map[string]int{}}}
 	if err := g.run(); err != nil {
-		return hostops.Root{}, fmt.Errorf("generate host %s: %w", p.Hostname, err)
+		// Leave base as it was: missing, or empty.
+		cleanup := os.RemoveAll(base)
+		if existed && cleanup == nil {
+			cleanup = os.Mkdir(base, 0o755)
+		}
+		return hostops.Root{}, errors.Join(fmt.Errorf("generate host %s: %w", p.Hostname, err), cleanup)
 	}
 	return root, nil
 }
@@ -189,6 +197,7 @@ func (g *gen) modules() error {
 }
 
 func (g *gen) pciTree() error {
+	seen := map[string]bool{}
 	for _, rc := range g.hw.Roots {
 		host := "pci" + rc.Bus
 		if err := os.MkdirAll(g.sys("devices", host), 0o755); err != nil {
@@ -201,6 +210,10 @@ func (g *gen) pciTree() error {
 				if !ok {
 					return fmt.Errorf("device %s: unknown kind %q", d.Addr, d.Kind)
 				}
+				if seen[d.Addr] {
+					return fmt.Errorf("device %s: listed twice", d.Addr)
+				}
+				seen[d.Addr] = true
 				p := placed{Device: d, kind: k, path: parent + "/" + d.Addr, numa: rc.NUMA}
 				if err := writeFunction(g.root, p.path, d.Addr, k, rc.NUMA); err != nil {
 					return fmt.Errorf("device %s: %w", d.Addr, err)
@@ -223,6 +236,16 @@ func (g *gen) pciTree() error {
 		}
 		if err := walk("devices/"+host, rc.Devices); err != nil {
 			return err
+		}
+	}
+	for kind := range g.p.Bind {
+		if _, ok := g.hw.Catalog[kind]; !ok {
+			return fmt.Errorf("bind: unknown kind %q", kind)
+		}
+	}
+	for pf := range g.p.NumVFs {
+		if _, ok := g.meta.Kinds[pf]; !ok {
+			return fmt.Errorf("num_vfs: %s is not an SR-IOV PF", pf)
 		}
 	}
 	return nil

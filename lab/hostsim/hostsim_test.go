@@ -222,6 +222,63 @@ func TestJ27u15Baremetal(t *testing.T) {
 	assert.Equal(t, "2", read(t, root.SysPath("module/nvidia/refcnt")))
 }
 
+// TestLabIdentitiesUnique: disks are approved by identity, so no two disks
+// of the lab may share a serial, EUI or NGUID; hosts need distinct machine IDs.
+func TestLabIdentitiesUnique(t *testing.T) {
+	t.Parallel()
+	seen := map[string]string{}
+	once := func(kind, v, where string) {
+		t.Helper()
+		require.NotEmpty(t, v, "%s of %s", kind, where)
+		if prev, ok := seen[kind+v]; ok {
+			t.Errorf("%s %s of %s already used by %s", kind, v, where, prev)
+		}
+		seen[kind+v] = where
+	}
+	for _, name := range hostsim.Profiles() {
+		p, _, err := hostsim.LoadProfile(name)
+		require.NoError(t, err)
+		once("machine-id", p.MachineID, name)
+		once("ip", p.MAASIP, name)
+		once("serial", p.BootDisk.Serial, name+" boot")
+		for i, d := range p.Disks {
+			where := fmt.Sprintf("%s disk %d", name, i)
+			once("serial", d.Serial, where)
+			once("eui", d.EUI, where)
+			once("nguid", d.NGUID, where)
+		}
+	}
+}
+
+func TestGenerateRefusesBadProfile(t *testing.T) {
+	t.Parallel()
+	for name, edit := range map[string]func(*hostsim.Profile, *hostsim.Hardware){
+		"unknown bind kind": func(p *hostsim.Profile, _ *hostsim.Hardware) { p.Bind = map[string]string{"tpu": "vfio-pci"} },
+		"VFs on a non-PF":   func(p *hostsim.Profile, _ *hostsim.Hardware) { p.NumVFs = map[string]int{"0000:18:00.0": 2} },
+		"disk on no device": func(p *hostsim.Profile, _ *hostsim.Hardware) { p.Disks[0].PCI = "0000:42:00.0" },
+		"file outside root": func(p *hostsim.Profile, _ *hostsim.Hardware) { p.Files = map[string]string{"../x": ""} },
+		"bad route": func(p *hostsim.Profile, _ *hostsim.Hardware) {
+			p.Runtime.Routes = []hostsim.Route{{Iface: "x", Dst: "10.0.0.0"}}
+		},
+		"duplicate device": func(_ *hostsim.Profile, hw *hostsim.Hardware) {
+			hw.Roots = append(hw.Roots, hostsim.RootComplex{Bus: "0000:f0", Devices: []hostsim.Device{{Addr: "0000:18:00.0", Kind: "gpu"}}})
+		},
+		"bad address": func(_ *hostsim.Profile, hw *hostsim.Hardware) {
+			hw.Roots = append(hw.Roots, hostsim.RootComplex{Bus: "0000:f0", Devices: []hostsim.Device{{Addr: "0000:f0:00.0/..", Kind: "gpu"}}})
+		},
+	} {
+		p, hw, err := hostsim.LoadProfile("j22u15")
+		require.NoError(t, err)
+		edit(&p, &hw)
+		dir := hostsimtest.Dir(t)
+		_, err = hostsim.GenerateProfile(dir, p, hw)
+		assert.Error(t, err, name)
+		ents, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		assert.Empty(t, ents, "%s: a failed generation leaves nothing behind", name)
+	}
+}
+
 func TestGenerateRefuses(t *testing.T) {
 	t.Parallel()
 	_, err := hostsim.Generate("relative", "j22u15")
