@@ -320,7 +320,10 @@ func (b *Binder) bindOne(f pci.Function) error {
 // Release gives addr back to its host driver: clear driver_override, unbind
 // from vfio-pci, drivers_probe (the kernel picks the driver whose ID table
 // matches). It returns the driver bound afterwards ("" when no host driver is
-// loaded for it). Already released: no writes.
+// loaded for it). Already released: no writes. The caller stops the VM
+// using the function first: vfio-pci's unbind waits for the VM to let go of
+// the device (vfio_pci's module refcount counts open devices of every VM,
+// so it cannot tell whether this one is in use).
 func (b *Binder) Release(addr string) (string, error) {
 	f, err := pci.Read(b.Root, addr)
 	if err != nil {
