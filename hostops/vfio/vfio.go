@@ -1,0 +1,391 @@
+// Package vfio binds PCI functions to vfio-pci for passthrough into slice
+// VMs and releases them back to their host drivers for drain and repair.
+//
+// Binding goes through driver_override (never "new_id" or "options vfio-pci
+// ids=", which match by vendor:device and would grab every identical GPU):
+// set driver_override=vfio-pci, unbind from the current driver, then
+// drivers_probe. Every write goes through a pci.Writer, so the same code runs
+// on a real host (pci.SysfsWriter) and on a simulated one
+// (lab/hostsim.Kernel). Operations are idempotent: a function already in the
+// wanted state gets no writes.
+//
+// A function is only usable by a VM when its whole IOMMU group is viable:
+// every member bound to vfio-pci (or pci-stub, or unbound; bridges may stay
+// on pcieport). Bind refuses up front, writing nothing, when another member
+// of the group is on a host driver; BindGroup binds the whole group. A
+// function held by a host driver that is in use (its module has users beyond
+// its dependent modules, e.g. nvidia-persistenced holding /dev/nvidia*) is
+// refused before any write: unbinding it would block in the kernel.
+//
+// Persistence across reboots is a udev rule (Persist), see RenderUdevRule.
+package vfio
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/pci"
+)
+
+// Driver is the VFIO PCI driver name.
+const Driver = "vfio-pci"
+
+// Binder binds and releases PCI functions on one host.
+type Binder struct {
+	Root hostops.Root
+	W    pci.Writer
+	Log  *slog.Logger // nil: slog.Default()
+}
+
+func (b *Binder) log() *slog.Logger {
+	if b.Log != nil {
+		return b.Log
+	}
+	return slog.Default()
+}
+
+// Member is one IOMMU group member that blocks viability.
+type Member struct {
+	Addr   string
+	Driver string
+}
+
+// NotViableError says an IOMMU group cannot be handed to a VM because some
+// members are bound to host drivers.
+type NotViableError struct {
+	Group     int
+	Offenders []Member
+}
+
+func (e *NotViableError) Error() string {
+	parts := make([]string, len(e.Offenders))
+	for i, m := range e.Offenders {
+		parts[i] = m.Addr + " bound to " + m.Driver
+	}
+	return fmt.Sprintf("IOMMU group %d is not viable: %s", e.Group, strings.Join(parts, ", "))
+}
+
+// InUseError refuses to unbind a function whose host driver is in use.
+type InUseError struct {
+	Addr   string
+	Driver string
+	Users  int // module users beyond dependent modules
+}
+
+func (e *InUseError) Error() string {
+	return fmt.Sprintf("%s is held by host driver %s, which is in use (%d users beyond its dependent modules): stop them (e.g. nvidia-persistenced, nv-fabricmanager, DCGM) before binding to vfio-pci",
+		e.Addr, e.Driver, e.Users)
+}
+
+// viableDriver reports whether a group member on drv keeps the group viable.
+func viableDriver(f pci.Function) bool {
+	switch f.Driver {
+	case "", Driver, "pci-stub":
+		return true
+	case "pcieport":
+		return f.IsBridge()
+	}
+	return false
+}
+
+// readBindable reads addr and checks that it can be bound at all.
+func (b *Binder) readBindable(addr string) (pci.Function, error) {
+	f, err := pci.Read(b.Root, addr)
+	if err != nil {
+		return pci.Function{}, err
+	}
+	if f.IOMMUGroup == pci.NoGroup {
+		return pci.Function{}, fmt.Errorf("%s has no IOMMU group: the IOMMU is off (boot with intel_iommu=on iommu=pt)", addr)
+	}
+	if f.IsBridge() {
+		return pci.Function{}, fmt.Errorf("%s is a PCI bridge, not a passthrough device", addr)
+	}
+	if st, err := os.Stat(b.Root.SysPath("bus/pci/drivers", Driver)); err != nil || !st.IsDir() {
+		return pci.Function{}, fmt.Errorf("the vfio-pci driver is not loaded (modprobe vfio-pci)")
+	}
+	return f, nil
+}
+
+// members reads every function of group n.
+func (b *Binder) members(n int) ([]pci.Function, error) {
+	addrs, err := pci.GroupMembers(b.Root, n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]pci.Function, 0, len(addrs))
+	for _, a := range addrs {
+		f, err := pci.Read(b.Root, a)
+		if err != nil {
+			return nil, fmt.Errorf("IOMMU group %d: %w", n, err)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// Viable checks that the IOMMU group of addr can be handed to a VM.
+func (b *Binder) Viable(addr string) error {
+	f, err := pci.Read(b.Root, addr)
+	if err != nil {
+		return fmt.Errorf("check IOMMU group of %s: %w", addr, err)
+	}
+	if f.IOMMUGroup == pci.NoGroup {
+		return fmt.Errorf("check IOMMU group of %s: the IOMMU is off", addr)
+	}
+	ms, err := b.members(f.IOMMUGroup)
+	if err != nil {
+		return fmt.Errorf("check IOMMU group of %s: %w", addr, err)
+	}
+	return notViable(f.IOMMUGroup, ms, "")
+}
+
+// notViable returns a *NotViableError for members (except skip) that are on
+// host drivers, or nil.
+func notViable(group int, ms []pci.Function, skip string) error {
+	var bad []Member
+	for _, m := range ms {
+		if m.Addr != skip && !viableDriver(m) {
+			bad = append(bad, Member{Addr: m.Addr, Driver: m.Driver})
+		}
+	}
+	if len(bad) > 0 {
+		return &NotViableError{Group: group, Offenders: bad}
+	}
+	return nil
+}
+
+// Bind binds addr to vfio-pci. It writes nothing and returns a
+// *NotViableError when another member of its IOMMU group is on a host
+// driver (use BindGroup), and an *InUseError when addr's host driver is in
+// use. Already bound: no writes.
+func (b *Binder) Bind(addr string) error {
+	f, err := b.readBindable(addr)
+	if err != nil {
+		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
+	}
+	ms, err := b.members(f.IOMMUGroup)
+	if err != nil {
+		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
+	}
+	if err := notViable(f.IOMMUGroup, ms, addr); err != nil {
+		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
+	}
+	if err := b.checkInUse(f); err != nil {
+		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
+	}
+	if err := b.bindOne(f); err != nil {
+		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
+	}
+	if err := b.Viable(addr); err != nil {
+		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
+	}
+	return nil
+}
+
+// BindGroup binds every endpoint of addr's IOMMU group to vfio-pci (a GPU
+// and its companion functions). Every member is checked before the first
+// write; already-bound members get no writes.
+func (b *Binder) BindGroup(addr string) error {
+	f, err := b.readBindable(addr)
+	if err != nil {
+		return fmt.Errorf("bind IOMMU group of %s to vfio-pci: %w", addr, err)
+	}
+	ms, err := b.members(f.IOMMUGroup)
+	if err != nil {
+		return fmt.Errorf("bind IOMMU group of %s to vfio-pci: %w", addr, err)
+	}
+	for _, m := range ms {
+		if m.IsBridge() {
+			continue
+		}
+		if err := b.checkInUse(m); err != nil {
+			return fmt.Errorf("bind IOMMU group %d of %s to vfio-pci: %w", f.IOMMUGroup, addr, err)
+		}
+	}
+	for _, m := range ms {
+		if m.IsBridge() {
+			continue
+		}
+		if err := b.bindOne(m); err != nil {
+			return fmt.Errorf("bind IOMMU group %d of %s to vfio-pci: %s: %w", f.IOMMUGroup, addr, m.Addr, err)
+		}
+	}
+	if err := b.Viable(addr); err != nil {
+		return fmt.Errorf("bind IOMMU group of %s to vfio-pci: %w", addr, err)
+	}
+	return nil
+}
+
+// checkInUse refuses a function whose host driver's module has users.
+func (b *Binder) checkInUse(f pci.Function) error {
+	if f.Driver == "" || f.Driver == Driver {
+		return nil
+	}
+	users, err := moduleUsers(b.Root, f.Driver)
+	if err != nil {
+		return fmt.Errorf("check users of %s: %w", f.Driver, err)
+	}
+	if users > 0 {
+		return &InUseError{Addr: f.Addr, Driver: f.Driver, Users: users}
+	}
+	return nil
+}
+
+// moduleUsers reads /sys/module/<mod>/refcnt minus its holders (dependent
+// modules take a reference each; the rest are open files). A built-in
+// driver has no refcnt: 0.
+func moduleUsers(root hostops.Root, drv string) (int, error) {
+	mod := strings.ReplaceAll(drv, "-", "_")
+	raw, err := os.ReadFile(root.SysPath("module", mod, "refcnt"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := parseRefcnt(string(raw))
+	if err != nil {
+		return 0, fmt.Errorf("module %s: %w", mod, err)
+	}
+	holders, err := os.ReadDir(root.SysPath("module", mod, "holders"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, err
+	}
+	return max(n-len(holders), 0), nil
+}
+
+func parseRefcnt(s string) (int, error) {
+	t := strings.TrimSpace(s)
+	n, err := strconv.Atoi(t)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("refcnt %q: want a non-negative count", t)
+	}
+	return n, nil
+}
+
+func devAttr(addr, name string) string { return "bus/pci/devices/" + addr + "/" + name }
+
+// bindOne moves one function to vfio-pci; on a failed step it restores the
+// previous driver_override so nothing is left half-applied.
+func (b *Binder) bindOne(f pci.Function) error {
+	if f.Driver == Driver && f.Override == Driver {
+		return nil
+	}
+	wrote := false
+	if f.Override != Driver {
+		if err := b.W.WriteSysfs(devAttr(f.Addr, "driver_override"), Driver); err != nil {
+			return fmt.Errorf("set driver_override: %w", err)
+		}
+		wrote = true
+	}
+	undo := func(err error) error {
+		if !wrote {
+			return err
+		}
+		old := f.Override
+		if old == "" {
+			old = "\n"
+		}
+		if uerr := b.W.WriteSysfs(devAttr(f.Addr, "driver_override"), old); uerr != nil {
+			return errors.Join(err, fmt.Errorf("restore driver_override: %w", uerr))
+		}
+		return err
+	}
+	if f.Driver != Driver {
+		if f.Driver != "" {
+			if err := b.W.WriteSysfs("bus/pci/drivers/"+f.Driver+"/unbind", f.Addr); err != nil {
+				return undo(fmt.Errorf("unbind from %s: %w", f.Driver, err))
+			}
+		}
+		if err := b.W.WriteSysfs("bus/pci/drivers_probe", f.Addr); err != nil {
+			return fmt.Errorf("drivers_probe: %w", err)
+		}
+	}
+	now, err := pci.Read(b.Root, f.Addr)
+	if err != nil {
+		return err
+	}
+	if now.Driver != Driver {
+		return fmt.Errorf("after drivers_probe the function is bound to %q, not vfio-pci", now.Driver)
+	}
+	b.log().Info("bound to vfio-pci", "addr", f.Addr, "from", f.Driver, "iommu_group", f.IOMMUGroup)
+	return nil
+}
+
+// Release gives addr back to its host driver: clear driver_override, unbind
+// from vfio-pci, drivers_probe (the kernel picks the driver whose ID table
+// matches). It returns the driver bound afterwards ("" when no host driver is
+// loaded for it). Already released: no writes. The caller stops the VM
+// using the function first: vfio-pci's unbind waits for the VM to let go of
+// the device (vfio_pci's module refcount counts open devices of every VM,
+// so it cannot tell whether this one is in use).
+func (b *Binder) Release(addr string) (string, error) {
+	f, err := pci.Read(b.Root, addr)
+	if err != nil {
+		return "", fmt.Errorf("release %s from vfio-pci: %w", addr, err)
+	}
+	drv, err := b.releaseOne(f)
+	if err != nil {
+		return "", fmt.Errorf("release %s from vfio-pci: %w", addr, err)
+	}
+	return drv, nil
+}
+
+// ReleaseGroup releases every endpoint of addr's IOMMU group.
+func (b *Binder) ReleaseGroup(addr string) error {
+	f, err := pci.Read(b.Root, addr)
+	if err != nil {
+		return fmt.Errorf("release IOMMU group of %s: %w", addr, err)
+	}
+	if f.IOMMUGroup == pci.NoGroup {
+		return fmt.Errorf("release IOMMU group of %s: the IOMMU is off", addr)
+	}
+	ms, err := b.members(f.IOMMUGroup)
+	if err != nil {
+		return fmt.Errorf("release IOMMU group of %s: %w", addr, err)
+	}
+	for _, m := range ms {
+		if m.IsBridge() {
+			continue
+		}
+		if _, err := b.releaseOne(m); err != nil {
+			return fmt.Errorf("release IOMMU group %d of %s: %s: %w", f.IOMMUGroup, addr, m.Addr, err)
+		}
+	}
+	return nil
+}
+
+func (b *Binder) releaseOne(f pci.Function) (string, error) {
+	if f.Override == "" && f.Driver != Driver {
+		return f.Driver, nil // on its host driver, or left unbound by a probe that found none
+	}
+	if f.Override != "" {
+		if err := b.W.WriteSysfs(devAttr(f.Addr, "driver_override"), "\n"); err != nil {
+			return "", fmt.Errorf("clear driver_override: %w", err)
+		}
+	}
+	if f.Driver == Driver {
+		if err := b.W.WriteSysfs("bus/pci/drivers/"+Driver+"/unbind", f.Addr); err != nil {
+			return "", fmt.Errorf("unbind from vfio-pci: %w", err)
+		}
+	}
+	if f.Driver == Driver || f.Driver == "" {
+		if err := b.W.WriteSysfs("bus/pci/drivers_probe", f.Addr); err != nil {
+			return "", fmt.Errorf("drivers_probe: %w", err)
+		}
+	}
+	now, err := pci.Read(b.Root, f.Addr)
+	if err != nil {
+		return "", err
+	}
+	if now.Driver == Driver {
+		return "", fmt.Errorf("still bound to vfio-pci after release")
+	}
+	b.log().Info("released from vfio-pci", "addr", f.Addr, "driver", now.Driver)
+	return now.Driver, nil
+}
