@@ -107,7 +107,8 @@ func (s *Switch) AddVMPort(ctx context.Context, spec PortSpec) (Port, error) {
 	if spec.IfaceID == "" {
 		spec.IfaceID = spec.AllocationID
 	}
-	existing, err := s.client(ctx).VSwitch.ListPorts(s.bridge)
+	var existing []string
+	err := s.do(ctx, nil, func(c *goovs.Client) (err error) { existing, err = c.VSwitch.ListPorts(s.bridge); return err })
 	if err != nil {
 		return Port{}, fmt.Errorf("add VM port %s: list ports of %s: %w", spec.Name, s.bridge, err)
 	}
@@ -134,9 +135,22 @@ func (s *Switch) AddVMPort(ctx context.Context, spec PortSpec) (Port, error) {
 	if spec.SlotID != "" {
 		set = append(set, "external_ids:"+KeySlot+"="+quote(spec.SlotID))
 	}
-	if err := s.client(ctx, set...).VSwitch.AddPort(s.bridge, spec.Name); err != nil {
+	if err := s.do(ctx, set, func(c *goovs.Client) error { return c.VSwitch.AddPort(s.bridge, spec.Name) }); err != nil {
 		return Port{}, fmt.Errorf("add VM port %s for allocation %s to %s: %w", spec.Name, spec.AllocationID, s.bridge, err)
 	}
+	port, err := s.attached(ctx, spec)
+	if err != nil {
+		// Leave nothing half-done behind: a port without flows (or without
+		// an interface) must not stay on the bridge.
+		rerr := s.do(ctx, nil, func(c *goovs.Client) error { return c.VSwitch.DeletePort(s.bridge, spec.Name) })
+		return Port{}, errors.Join(err, rerr)
+	}
+	s.log.Info("VM port attached", "allocation", spec.AllocationID, "slot", spec.SlotID, "port", spec.Name, "ofport", port.OFPort, "mac", spec.MAC.String(), "ip", spec.IP.String())
+	return port, nil
+}
+
+// attached reads the port's OpenFlow number and installs its flows.
+func (s *Switch) attached(ctx context.Context, spec PortSpec) (Port, error) {
 	out, err := s.vsctl(ctx, "get", "Interface", spec.Name, "ofport")
 	if err != nil {
 		return Port{}, fmt.Errorf("read ofport of %s: %w", spec.Name, err)
@@ -146,11 +160,7 @@ func (s *Switch) AddVMPort(ctx context.Context, spec PortSpec) (Port, error) {
 		return Port{}, fmt.Errorf("VM port %s for allocation %s has no OpenFlow port (%q): does the interface exist?", spec.Name, spec.AllocationID, strings.TrimSpace(string(out)))
 	}
 	port := Port{Name: spec.Name, OFPort: ofport, AllocationID: spec.AllocationID, SlotID: spec.SlotID, IfaceID: spec.IfaceID, MAC: spec.MAC, IP: spec.IP}
-	if err := s.IsolateVM(ctx, port); err != nil {
-		return Port{}, err
-	}
-	s.log.Info("VM port attached", "allocation", spec.AllocationID, "slot", spec.SlotID, "port", spec.Name, "ofport", ofport, "mac", spec.MAC.String(), "ip", spec.IP.String())
-	return port, nil
+	return port, s.IsolateVM(ctx, port)
 }
 
 // IsolateVM (re)installs the VM's flows atomically: the previous flows of
@@ -171,10 +181,12 @@ func (s *Switch) IsolateVM(ctx context.Context, p Port) error {
 	}
 	cookie := AllocationCookie(p.AllocationID)
 	flows := s.vmFlows(p, cookie)
-	err := s.client(ctx).OpenFlow.AddFlowBundle(s.bridge, func(tx *goovs.FlowTransaction) error {
-		tx.Delete(&goovs.MatchFlow{Cookie: cookie, CookieMask: ^uint64(0), Table: goovs.AnyTable})
-		tx.Add(flows...)
-		return tx.Commit()
+	err := s.do(ctx, nil, func(c *goovs.Client) error {
+		return c.OpenFlow.AddFlowBundle(s.bridge, func(tx *goovs.FlowTransaction) error {
+			tx.Delete(&goovs.MatchFlow{Cookie: cookie, CookieMask: ^uint64(0), Table: goovs.AnyTable})
+			tx.Add(flows...)
+			return tx.Commit()
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("install isolation flows for allocation %s on %s: %w", p.AllocationID, s.bridge, err)
@@ -227,7 +239,7 @@ func (s *Switch) RemoveVMPort(ctx context.Context, allocationID string) error {
 		return fmt.Errorf("remove VM port of allocation %s: %w", allocationID, err)
 	}
 	for _, p := range ports {
-		if err := s.client(ctx).VSwitch.DeletePort(s.bridge, p.Name); err != nil {
+		if err := s.do(ctx, nil, func(c *goovs.Client) error { return c.VSwitch.DeletePort(s.bridge, p.Name) }); err != nil {
 			return fmt.Errorf("remove VM port %s of allocation %s: %w", p.Name, allocationID, err)
 		}
 		s.log.Info("VM port removed", "allocation", allocationID, "port", p.Name)
@@ -236,13 +248,16 @@ func (s *Switch) RemoveVMPort(ctx context.Context, allocationID string) error {
 }
 
 func (s *Switch) removeFlows(ctx context.Context, cookie uint64) error {
-	return s.client(ctx).OpenFlow.DelFlows(s.bridge, &goovs.MatchFlow{Cookie: cookie, CookieMask: ^uint64(0), Table: goovs.AnyTable})
+	return s.do(ctx, nil, func(c *goovs.Client) error {
+		return c.OpenFlow.DelFlows(s.bridge, &goovs.MatchFlow{Cookie: cookie, CookieMask: ^uint64(0), Table: goovs.AnyTable})
+	})
 }
 
 // Ports lists the VM ports this package manages (interfaces tagged with
 // gpuaas-allocation) that are attached to the bridge, sorted by name.
 func (s *Switch) Ports(ctx context.Context) ([]Port, error) {
-	attached, err := s.client(ctx).VSwitch.ListPorts(s.bridge)
+	var attached []string
+	err := s.do(ctx, nil, func(c *goovs.Client) (err error) { attached, err = c.VSwitch.ListPorts(s.bridge); return err })
 	if err != nil {
 		return nil, fmt.Errorf("list ports of %s: %w", s.bridge, err)
 	}
@@ -285,7 +300,11 @@ func (s *Switch) StalePorts(ctx context.Context, live []string) ([]Port, error) 
 // StaleFlows lists the cookies of per-allocation flows on the bridge whose
 // allocation is not in live (the base flows are never stale).
 func (s *Switch) StaleFlows(ctx context.Context, live []string) ([]uint64, error) {
-	out, err := s.client(ctx).OpenFlow.DumpFlowsWithFlowArgs(s.bridge, &goovs.MatchFlow{Cookie: CookieMarker, CookieMask: CookieMask, Table: goovs.AnyTable})
+	var out []*goovs.Flow
+	err := s.do(ctx, nil, func(c *goovs.Client) (err error) {
+		out, err = c.OpenFlow.DumpFlowsWithFlowArgs(s.bridge, &goovs.MatchFlow{Cookie: CookieMarker, CookieMask: CookieMask, Table: goovs.AnyTable})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("dump flows of %s: %w", s.bridge, err)
 	}
@@ -327,7 +346,7 @@ func (s *Switch) RemoveStale(ctx context.Context, live []string) (Stale, error) 
 		st.Cookies = append(st.Cookies, c)
 	}
 	for _, p := range ports {
-		if err := s.client(ctx).VSwitch.DeletePort(s.bridge, p.Name); err != nil {
+		if err := s.do(ctx, nil, func(c *goovs.Client) error { return c.VSwitch.DeletePort(s.bridge, p.Name) }); err != nil {
 			return st, fmt.Errorf("remove stale VM port %s (allocation %s): %w", p.Name, p.AllocationID, err)
 		}
 		st.Ports = append(st.Ports, p)

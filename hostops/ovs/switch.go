@@ -164,25 +164,40 @@ func New(opts Options) (*Switch, error) {
 // Bridge returns the bridge name.
 func (s *Switch) Bridge() string { return s.bridge }
 
-// client returns a go-openvswitch client bound to ctx whose commands go
-// through s.run. extra is appended to the next ovs-vsctl command as further
+// do calls fn with a go-openvswitch client bound to ctx whose commands go
+// through s.run. extra is appended to ovs-vsctl commands as further
 // "--"-separated commands of the same transaction (go-openvswitch cannot
-// set datapath_type or external_ids itself).
-func (s *Switch) client(ctx context.Context, extra ...string) *goovs.Client {
+// set datapath_type or external_ids itself). When a command fails, the
+// runner's error (which names the command and carries its stderr) is
+// returned rather than go-openvswitch's wrapper, which does not unwrap.
+func (s *Switch) do(ctx context.Context, extra []string, fn func(c *goovs.Client) error) error {
+	var runErr error
 	exec := func(cmd string, args ...string) ([]byte, error) {
 		if cmd == "ovs-vsctl" && len(extra) > 0 {
 			args = append(append([]string(nil), args...), extra...)
 		}
-		return s.run.Run(ctx, command.Cmd{Name: cmd, Args: args})
+		out, err := s.run.Run(ctx, command.Cmd{Name: cmd, Args: args})
+		if err != nil {
+			runErr = err
+		}
+		return out, err
 	}
 	pipe := func(stdin io.Reader, cmd string, args ...string) ([]byte, error) {
 		b, err := io.ReadAll(stdin)
 		if err != nil {
 			return nil, err
 		}
-		return s.run.Run(ctx, command.Cmd{Name: cmd, Args: args, Stdin: string(b)})
+		out, err := s.run.Run(ctx, command.Cmd{Name: cmd, Args: args, Stdin: string(b)})
+		if err != nil {
+			runErr = err
+		}
+		return out, err
 	}
-	return goovs.New(goovs.Timeout(s.timeout), goovs.Exec(exec), goovs.Pipe(pipe))
+	err := fn(goovs.New(goovs.Timeout(s.timeout), goovs.Exec(exec), goovs.Pipe(pipe)))
+	if err != nil && runErr != nil {
+		return runErr
+	}
+	return err
 }
 
 // vsctl runs ovs-vsctl directly, for the queries go-openvswitch lacks.
@@ -196,7 +211,8 @@ var ErrNoBridge = errors.New("ovs bridge does not exist")
 // BridgeExists returns nil when the bridge exists in OVS and its internal
 // port carries the gateway address: the check a VM launch must pass.
 func (s *Switch) BridgeExists(ctx context.Context) error {
-	bridges, err := s.client(ctx).VSwitch.ListBridges()
+	var bridges []string
+	err := s.do(ctx, nil, func(c *goovs.Client) (err error) { bridges, err = c.VSwitch.ListBridges(); return err })
 	if err != nil {
 		return fmt.Errorf("list ovs bridges: %w", err)
 	}
@@ -236,7 +252,7 @@ func (s *Switch) EnsureBridge(ctx context.Context) error {
 	if s.datapath != "" {
 		extra = append(extra, "--", "set", "bridge", s.bridge, "datapath_type="+s.datapath)
 	}
-	if err := s.client(ctx, extra...).VSwitch.AddBridge(s.bridge); err != nil {
+	if err := s.do(ctx, extra, func(c *goovs.Client) error { return c.VSwitch.AddBridge(s.bridge) }); err != nil {
 		return fmt.Errorf("create ovs bridge %s: %w", s.bridge, err)
 	}
 	link, err := s.nl.LinkByName(s.bridge)
@@ -250,9 +266,11 @@ func (s *Switch) EnsureBridge(ctx context.Context) error {
 	if err := s.nl.LinkSetUp(link); err != nil {
 		return fmt.Errorf("bring up %s: %w", s.bridge, err)
 	}
-	if err := s.client(ctx).OpenFlow.AddFlowBundle(s.bridge, func(tx *goovs.FlowTransaction) error {
-		tx.Add(baseFlows()...)
-		return tx.Commit()
+	if err := s.do(ctx, nil, func(c *goovs.Client) error {
+		return c.OpenFlow.AddFlowBundle(s.bridge, func(tx *goovs.FlowTransaction) error {
+			tx.Add(baseFlows()...)
+			return tx.Commit()
+		})
 	}); err != nil {
 		return fmt.Errorf("install base flows on %s: %w", s.bridge, err)
 	}

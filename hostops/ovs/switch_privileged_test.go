@@ -72,6 +72,7 @@ func TestPrivilegedSwitch(t *testing.T) {
 	require.ErrorContains(t, err, "used by allocation alloc-a")
 	_, err = s.AddVMPort(ctx, ovs.PortSpec{Name: "nosuch" + sfx, AllocationID: "alloc-x", MAC: pa.MAC, IP: netip.MustParseAddr("10.77.0.21")})
 	require.Error(t, err, "an interface that does not exist has no OpenFlow port")
+	assert.NotContains(t, o.Vsctl(t, "list-ports", "ovsbr0"), "nosuch"+sfx, "a failed AddVMPort must roll back")
 	require.NoError(t, s.RemoveVMPort(ctx, "alloc-x"))
 
 	ports, err := s.Ports(ctx)
