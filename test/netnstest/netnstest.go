@@ -126,6 +126,8 @@ func (ns *NS) Exec(env ...string) command.Exec {
 	return command.Exec{Netns: ns.Path, Env: env}
 }
 
+func cmd(name string, args ...string) command.Cmd { return command.Cmd{Name: name, Args: args} }
+
 // Run runs a program inside ns and returns its standard output.
 func (ns *NS) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
 	return ns.Exec().Run(ctx, command.Cmd{Name: name, Args: args})
