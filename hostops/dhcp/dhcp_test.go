@@ -1,9 +1,14 @@
 package dhcp_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 )
 
@@ -284,4 +290,39 @@ func TestServerArgsAndReload(t *testing.T) {
 	} {
 		assert.Error(t, bad.WriteFiles(nil), "%+v", bad)
 	}
+}
+
+func TestServerAdoptsRunningDnsmasq(t *testing.T) {
+	t.Parallel()
+	root, err := hostops.NewRoot(t.TempDir())
+	require.NoError(t, err)
+	dir := dhcp.DefaultDir(root)
+	var sent []string
+	s := &dhcp.Server{Dir: dir, Interface: "ovsbr0", Gateway: gw, Root: root}
+	cmdline := root.ProcPath("777", "cmdline")
+	s.Signal = func(pid int, sig syscall.Signal) error {
+		sent = append(sent, fmt.Sprintf("%d %s", pid, sig))
+		if sig == syscall.SIGTERM {
+			return os.Remove(cmdline)
+		}
+		return nil
+	}
+	require.NoError(t, os.MkdirAll(filepath.Dir(cmdline), 0o755))
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, writePid(s.PidFile(), "777\n"))
+
+	// A pid file naming some other program is not adopted.
+	require.NoError(t, os.WriteFile(cmdline, []byte("/usr/bin/sleep\x00100\x00"), 0o644))
+	_, ok := s.Running()
+	assert.False(t, ok)
+	require.NoError(t, os.WriteFile(cmdline, []byte(strings.Join(append([]string{"/usr/sbin/dnsmasq"}, s.Args()...), "\x00")+"\x00"), 0o644))
+	pid, ok := s.Running()
+	require.True(t, ok)
+	assert.Equal(t, 777, pid)
+
+	require.NoError(t, s.Start(context.Background(), []dhcp.Reservation{res(t, "alloc-a", "52:54:00:00:00:0a", "10.77.0.10", "")}))
+	require.Error(t, s.Start(context.Background(), nil), "already started")
+	require.NoError(t, s.Stop())
+	assert.Equal(t, []string{"777 hangup", "777 terminated"}, sent)
+	require.NoError(t, s.Stop(), "stopping twice is not an error")
 }

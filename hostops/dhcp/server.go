@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,11 +39,18 @@ type Server struct {
 	// Signal delivers a signal to a process (default syscall.Kill);
 	// tests record it.
 	Signal func(pid int, sig syscall.Signal) error
+	// Root locates /proc, used to recognise a dnsmasq left running by a
+	// previous agent (zero value: the real host).
+	Root   hostops.Root
 	Logger *slog.Logger
 
-	mu   sync.Mutex
-	proc *proc
+	mu      sync.Mutex
+	proc    *proc
+	adopted int // pid of a running dnsmasq found at Start
 }
+
+// DefaultDir is the server's state directory on a host.
+func DefaultDir(root hostops.Root) string { return root.VarPath("lib", "gpuaas", "dhcp") }
 
 // proc is a started dnsmasq; err is valid once done is closed.
 type proc struct {
@@ -152,17 +160,50 @@ func (s *Server) WriteFiles(reservations []Reservation) error {
 	return nil
 }
 
+// Running returns the pid of the dnsmasq serving this server's files, if
+// one is alive (its pid file names a live dnsmasq using that pid file).
+func (s *Server) Running() (int, bool) {
+	pid, err := s.pid()
+	if err != nil {
+		return 0, false
+	}
+	root := s.Root
+	if root == (hostops.Root{}) {
+		root = hostops.RealRoot()
+	}
+	cmdline, err := os.ReadFile(root.ProcPath(strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return 0, false
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	if len(args) == 0 || filepath.Base(args[0]) != "dnsmasq" || !slices.Contains(args, "--pid-file="+s.PidFile()) {
+		return 0, false
+	}
+	return pid, true
+}
+
 // Start writes the configuration for reservations and starts dnsmasq in the
 // foreground as a child process; it returns once dnsmasq has written its
-// pid file (it has bound the interface and is serving).
+// pid file (it has bound the interface and is serving). A dnsmasq already
+// serving the same files (left by a previous agent) is adopted instead:
+// it re-reads the reservations and Stop will terminate it.
 func (s *Server) Start(ctx context.Context, reservations []Reservation) error {
 	if err := s.WriteFiles(reservations); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	if s.proc != nil {
+	if s.proc != nil || s.adopted != 0 {
 		s.mu.Unlock()
 		return fmt.Errorf("dnsmasq on %s: already started", s.Interface)
+	}
+	if pid, ok := s.Running(); ok {
+		s.adopted = pid
+		s.mu.Unlock()
+		if err := s.Reload(); err != nil {
+			return err
+		}
+		s.logger().Info("dnsmasq adopted", "interface", s.Interface, "pid", pid, "reservations", len(reservations))
+		return nil
 	}
 	_ = os.Remove(s.PidFile())
 	name, args := s.command()
@@ -249,9 +290,12 @@ func (s *Server) Reload() error {
 // after 5 s). Stopping a stopped server is not an error.
 func (s *Server) Stop() error {
 	s.mu.Lock()
-	p := s.proc
-	s.proc = nil
+	p, adopted := s.proc, s.adopted
+	s.proc, s.adopted = nil, 0
 	s.mu.Unlock()
+	if adopted != 0 {
+		return s.stopAdopted(adopted)
+	}
 	if p == nil {
 		return nil
 	}
@@ -266,6 +310,26 @@ func (s *Server) Stop() error {
 	var ee *exec.ExitError
 	if p.err != nil && !errors.As(p.err, &ee) {
 		return fmt.Errorf("stop dnsmasq on %s: %w", s.Interface, p.err)
+	}
+	return nil
+}
+
+func (s *Server) stopAdopted(pid int) error {
+	signal := s.Signal
+	if signal == nil {
+		signal = syscall.Kill
+	}
+	if err := signal(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("stop dnsmasq on %s (pid %d): %w", s.Interface, pid, err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, ok := s.Running(); !ok {
+			s.logger().Info("dnsmasq stopped", "interface", s.Interface, "pid", pid)
+			return nil
+		}
+	}
+	if err := signal(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill dnsmasq on %s (pid %d): %w", s.Interface, pid, err)
 	}
 	return nil
 }

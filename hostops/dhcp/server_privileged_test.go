@@ -96,4 +96,17 @@ func TestPrivilegedDnsmasqReservationsOnly(t *testing.T) {
 		dhcp.StateBound:      {"52:54:00:79:00:0b"},
 		dhcp.StateUnreserved: {"52:54:00:79:00:0a"}, // the old lease stays until it expires
 	}, byState)
+
+	// A restarted agent adopts the running dnsmasq instead of starting a
+	// second one, and can stop it.
+	pid, ok := s.Running()
+	require.True(t, ok)
+	again := &dhcp.Server{Dir: s.Dir, Interface: "gw0", Gateway: gw, Netns: srv.Path, LeaseTime: time.Hour}
+	require.NoError(t, again.Start(ctx, rs.List()))
+	adopted, ok := again.Running()
+	require.True(t, ok)
+	assert.Equal(t, pid, adopted)
+	require.NoError(t, again.Stop())
+	_, ok = s.Running()
+	assert.False(t, ok, "dnsmasq must be gone")
 }

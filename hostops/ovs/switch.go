@@ -45,6 +45,7 @@ import (
 	goovs "github.com/digitalocean/go-openvswitch/ovs"
 	"github.com/vishvananda/netlink"
 
+	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/command"
 )
 
@@ -67,6 +68,9 @@ const (
 
 // DefaultBridge is the guest bridge's name on a slice host.
 const DefaultBridge = "ovsbr0"
+
+// DefaultRunDir is Open vSwitch's OVS_RUNDIR on a Debian host.
+func DefaultRunDir(root hostops.Root) string { return root.RunPath("openvswitch") }
 
 // Netlink is the part of *netlink.Handle the switch uses to put the gateway
 // address on the bridge's internal port.
