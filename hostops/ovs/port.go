@@ -98,39 +98,45 @@ func quote(s string) string { return strconv.Quote(s) }
 // AddVMPort attaches the existing interface spec.Name to the bridge, tags
 // it with the allocation in external_ids (one ovs-vsctl transaction), and
 // installs its isolation flows. Adding the same spec again is a no-op
-// apart from refreshing tags and flows; a name already used by another
-// allocation or by a port this package does not own is refused.
+// apart from refreshing tags and flows. A port already on the bridge that
+// no allocation owns is claimed only when its external_ids:attached-mac is
+// the spec's MAC (the port libvirt creates for
+// <virtualport type='openvswitch'>); a name used by another allocation or
+// by any other port is refused.
 func (s *Switch) AddVMPort(ctx context.Context, spec PortSpec) (Port, error) {
 	if err := s.validateSpec(spec); err != nil {
 		return Port{}, fmt.Errorf("add VM port to %s: %w", s.bridge, err)
 	}
-	if spec.IfaceID == "" {
-		spec.IfaceID = spec.AllocationID
-	}
-	var existing []string
-	err := s.do(ctx, nil, func(c *goovs.Client) (err error) { existing, err = c.VSwitch.ListPorts(s.bridge); return err })
+	ifaces, err := s.attachedInterfaces(ctx)
 	if err != nil {
-		return Port{}, fmt.Errorf("add VM port %s: list ports of %s: %w", spec.Name, s.bridge, err)
+		return Port{}, fmt.Errorf("add VM port %s: %w", spec.Name, err)
 	}
-	if slices.Contains(existing, spec.Name) {
-		owned, err := s.Ports(ctx)
-		if err != nil {
-			return Port{}, fmt.Errorf("add VM port %s: %w", spec.Name, err)
-		}
-		i := slices.IndexFunc(owned, func(p Port) bool { return p.Name == spec.Name })
-		if i < 0 || owned[i].AllocationID != spec.AllocationID {
-			owner := "a port not managed by gpuaas"
-			if i >= 0 {
-				owner = "allocation " + owned[i].AllocationID
+	claim := false
+	if i := slices.IndexFunc(ifaces, func(p Port) bool { return p.Name == spec.Name }); i >= 0 {
+		have := ifaces[i]
+		switch {
+		case have.AllocationID == spec.AllocationID:
+		case have.AllocationID != "":
+			return Port{}, fmt.Errorf("add VM port %s for allocation %s: the name is used by allocation %s", spec.Name, spec.AllocationID, have.AllocationID)
+		case have.MAC != nil && have.MAC.String() == spec.MAC.String():
+			claim = true
+			if spec.IfaceID == "" {
+				spec.IfaceID = have.IfaceID
 			}
-			return Port{}, fmt.Errorf("add VM port %s for allocation %s: the name is used by %s", spec.Name, spec.AllocationID, owner)
+		default:
+			return Port{}, fmt.Errorf("add VM port %s for allocation %s: the name is used by a port not managed by gpuaas (attached-mac %q)", spec.Name, spec.AllocationID, have.MAC)
 		}
+	}
+	if spec.IfaceID == "" && !claim {
+		spec.IfaceID = spec.AllocationID
 	}
 	set := []string{"--", "set", "Interface", spec.Name,
 		"external_ids:" + KeyAllocation + "=" + quote(spec.AllocationID),
-		"external_ids:" + KeyIfaceID + "=" + quote(spec.IfaceID),
 		"external_ids:" + KeyMAC + "=" + quote(spec.MAC.String()),
 		"external_ids:" + KeyIP + "=" + quote(spec.IP.String()),
+	}
+	if spec.IfaceID != "" {
+		set = append(set, "external_ids:"+KeyIfaceID+"="+quote(spec.IfaceID))
 	}
 	if spec.SlotID != "" {
 		set = append(set, "external_ids:"+KeySlot+"="+quote(spec.SlotID))
@@ -256,6 +262,16 @@ func (s *Switch) removeFlows(ctx context.Context, cookie uint64) error {
 // Ports lists the VM ports this package manages (interfaces tagged with
 // gpuaas-allocation) that are attached to the bridge, sorted by name.
 func (s *Switch) Ports(ctx context.Context) ([]Port, error) {
+	all, err := s.attachedInterfaces(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(p Port) bool { return p.AllocationID == "" }), nil
+}
+
+// attachedInterfaces lists every interface attached to the bridge, tagged
+// or not, sorted by name.
+func (s *Switch) attachedInterfaces(ctx context.Context) ([]Port, error) {
 	var attached []string
 	err := s.do(ctx, nil, func(c *goovs.Client) (err error) { attached, err = c.VSwitch.ListPorts(s.bridge); return err })
 	if err != nil {
@@ -269,14 +285,9 @@ func (s *Switch) Ports(ctx context.Context) ([]Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list interfaces of %s: %w", s.bridge, err)
 	}
-	var ports []Port
-	for _, p := range all {
-		if p.AllocationID != "" && slices.Contains(attached, p.Name) {
-			ports = append(ports, p)
-		}
-	}
-	sortPorts(ports)
-	return ports, nil
+	all = slices.DeleteFunc(all, func(p Port) bool { return !slices.Contains(attached, p.Name) })
+	sortPorts(all)
+	return all, nil
 }
 
 // PortsByAllocation lists the VM ports tagged with allocationID.

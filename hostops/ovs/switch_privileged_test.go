@@ -75,6 +75,21 @@ func TestPrivilegedSwitch(t *testing.T) {
 	assert.NotContains(t, o.Vsctl(t, "list-ports", "ovsbr0"), "nosuch"+sfx, "a failed AddVMPort must roll back")
 	require.NoError(t, s.RemoveVMPort(ctx, "alloc-x"))
 
+	// A port added the way libvirt adds <virtualport type='openvswitch'>
+	// is claimed when its attached-mac is the VM's MAC.
+	lv := netnstest.New(t, "lv")
+	netnstest.Veth(t, lv, "eth0", nil, sw, "lv"+sfx)
+	o.Vsctl(t, "--", "--if-exists", "del-port", "lv"+sfx, "--", "add-port", "ovsbr0", "lv"+sfx,
+		"--", "set", "Interface", "lv"+sfx, `external-ids:attached-mac="52:54:00:00:00:0c"`, `external-ids:iface-id="6f1c2b8e-7d1e-4c55-9d0f-0a8b7e3c2d11"`)
+	_, err = s.AddVMPort(ctx, ovs.PortSpec{Name: "lv" + sfx, AllocationID: "alloc-lv", MAC: mustMAC(t, "52:54:00:00:00:0d"), IP: netip.MustParseAddr("10.77.0.22")})
+	require.ErrorContains(t, err, "not managed by gpuaas", "another MAC's port is not claimed")
+	plv, err := s.AddVMPort(ctx, ovs.PortSpec{Name: "lv" + sfx, AllocationID: "alloc-lv", MAC: mustMAC(t, "52:54:00:00:00:0c"), IP: netip.MustParseAddr("10.77.0.22")})
+	require.NoError(t, err)
+	assert.Equal(t, "6f1c2b8e-7d1e-4c55-9d0f-0a8b7e3c2d11", plv.IfaceID)
+	assert.Contains(t, o.Vsctl(t, "get", "Interface", "lv"+sfx, "external_ids"), "gpuaas-allocation=alloc-lv")
+	require.NoError(t, s.RemoveVMPort(ctx, "alloc-lv"))
+	assert.NotContains(t, o.Vsctl(t, "list-ports", "ovsbr0"), "lv"+sfx)
+
 	ports, err := s.Ports(ctx)
 	require.NoError(t, err)
 	require.Len(t, ports, 2)

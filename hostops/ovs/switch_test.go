@@ -125,12 +125,15 @@ func TestBridgeExists(t *testing.T) {
 const ifacesJSON = `{"data":[["ovsbr0",65534,["map",[]]],` +
 	`["vma",3,["map",[["attached-mac","52:54:00:00:00:0a"],["gpuaas-allocation","alloc-a"],["gpuaas-ip","10.77.0.10"],["gpuaas-slot","s0"],["iface-id","alloc-a"]]]],` +
 	`["vmb",["set",[]],["map",[["gpuaas-allocation","alloc-b"]]]],` +
-	`["elsewhere",7,["map",[["gpuaas-allocation","alloc-c"]]]]],` +
+	`["elsewhere",7,["map",[["gpuaas-allocation","alloc-c"]]]],` +
+	`["uplink0",1,["map",[]]],` +
+	`["vnet0",5,["map",[["attached-mac","52:54:00:00:00:0c"],["iface-id","6f1c2b8e-7d1e-4c55-9d0f-0a8b7e3c2d11"],["vm-id","6f1c2b8e"]]]],` +
+	`["vnet1",6,["map",[["attached-mac","52:54:00:00:00:0d"]]]]],` +
 	`"headings":["name","ofport","external_ids"]}`
 
 func TestAddVMPortTranscript(t *testing.T) {
 	t.Parallel()
-	s, rec, _ := newFake(t, &fakeOVS{ofport: "3"})
+	s, rec, _ := newFake(t, &fakeOVS{ofport: "3", ifaces: `{"data":[],"headings":["name","ofport","external_ids"]}`})
 	mac, _ := net.ParseMAC("52:54:00:00:00:0a")
 	p, err := s.AddVMPort(context.Background(), ovs.PortSpec{Name: "vma", AllocationID: "alloc-a", SlotID: "s0", MAC: mac, IP: netip.MustParseAddr("10.77.0.10")})
 	require.NoError(t, err)
@@ -138,7 +141,8 @@ func TestAddVMPortTranscript(t *testing.T) {
 	c := fmt.Sprintf("%#x", ovs.AllocationCookie("alloc-a"))
 	want := []string{
 		"ovs-vsctl --timeout=10 list-ports ovsbr0",
-		`ovs-vsctl --timeout=10 --may-exist add-port ovsbr0 vma -- set Interface vma external_ids:gpuaas-allocation="alloc-a" external_ids:iface-id="alloc-a" external_ids:attached-mac="52:54:00:00:00:0a" external_ids:gpuaas-ip="10.77.0.10" external_ids:gpuaas-slot="s0"`,
+		"ovs-vsctl --timeout=10 --format=json --columns=name,ofport,external_ids list Interface",
+		`ovs-vsctl --timeout=10 --may-exist add-port ovsbr0 vma -- set Interface vma external_ids:gpuaas-allocation="alloc-a" external_ids:attached-mac="52:54:00:00:00:0a" external_ids:gpuaas-ip="10.77.0.10" external_ids:iface-id="alloc-a" external_ids:gpuaas-slot="s0"`,
 		"ovs-vsctl --timeout=10 get Interface vma ofport",
 		"ovs-ofctl --timeout=10 --bundle add-flow ovsbr0 -\n<<<\n" +
 			"delete cookie=" + c + "/0xffffffffffffffff\n" +
@@ -161,14 +165,30 @@ func TestAddVMPortRefusesForeignName(t *testing.T) {
 	for _, tc := range []struct{ port, alloc, want string }{
 		{"vma", "alloc-x", "used by allocation alloc-a"},
 		{"uplink0", "alloc-x", "used by a port not managed by gpuaas"},
+		{"vnet1", "alloc-x", "used by a port not managed by gpuaas (attached-mac \"52:54:00:00:00:0d\")"},
 	} {
-		s, rec, _ := newFake(t, &fakeOVS{ports: []string{"uplink0", "vma"}, ifaces: ifacesJSON, ofport: "3"})
+		s, rec, _ := newFake(t, &fakeOVS{ports: []string{"uplink0", "vma", "vnet1"}, ifaces: ifacesJSON, ofport: "3"})
 		_, err := s.AddVMPort(context.Background(), ovs.PortSpec{Name: tc.port, AllocationID: tc.alloc, MAC: mac, IP: netip.MustParseAddr("10.77.0.12")})
 		require.ErrorContains(t, err, tc.want)
 		for _, c := range rec.Transcript() {
 			assert.NotContains(t, c.Args, "add-port", "refusal must change nothing")
 		}
 	}
+}
+
+// A port libvirt created for this VM (attached-mac = the VM's MAC) is
+// claimed: tagged, its iface-id kept, and isolated.
+func TestAddVMPortClaimsLibvirtPort(t *testing.T) {
+	t.Parallel()
+	s, rec, _ := newFake(t, &fakeOVS{ports: []string{"vma", "vnet0"}, ifaces: ifacesJSON, ofport: "5"})
+	mac, _ := net.ParseMAC("52:54:00:00:00:0c")
+	p, err := s.AddVMPort(context.Background(), ovs.PortSpec{Name: "vnet0", AllocationID: "alloc-c", MAC: mac, IP: netip.MustParseAddr("10.77.0.12")})
+	require.NoError(t, err)
+	assert.Equal(t, "6f1c2b8e-7d1e-4c55-9d0f-0a8b7e3c2d11", p.IfaceID)
+	assert.Equal(t, 5, p.OFPort)
+	lines := rec.Lines()
+	require.Len(t, lines, 5)
+	assert.Equal(t, `ovs-vsctl --timeout=10 --may-exist add-port ovsbr0 vnet0 -- set Interface vnet0 external_ids:gpuaas-allocation="alloc-c" external_ids:attached-mac="52:54:00:00:00:0c" external_ids:gpuaas-ip="10.77.0.12" external_ids:iface-id="6f1c2b8e-7d1e-4c55-9d0f-0a8b7e3c2d11"`, lines[2])
 }
 
 func TestAddVMPortValidation(t *testing.T) {
