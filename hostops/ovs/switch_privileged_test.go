@@ -131,3 +131,48 @@ func mustMAC(t testing.TB, s string) net.HardwareAddr {
 	require.NoError(t, err)
 	return m
 }
+
+// TestPrivilegedReconcileAfterSwitchRestart: flows do not survive an
+// ovs-vswitchd restart; Reconcile rebuilds them from OVSDB and sweeps what
+// is not live.
+func TestPrivilegedReconcileAfterSwitchRestart(t *testing.T) {
+	testenv.Root(t)
+	testenv.Commands(t, "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "nsenter")
+	t.Parallel()
+	ctx := context.Background()
+	sw := netnstest.New(t, "ovr")
+	o := ovstest.Start(t, sw.Path)
+	s, err := ovs.New(ovs.Options{DatapathType: "netdev", Gateway: netip.MustParsePrefix("10.77.0.1/24"), Runner: o.Runner(), Netlink: sw.Handle()})
+	require.NoError(t, err)
+	require.NoError(t, s.EnsureBridge(ctx))
+	sfx := netnstest.Suffix(t)
+	var ports []ovs.Port
+	for i, alloc := range []string{"alloc-a", "alloc-b"} {
+		g := netnstest.New(t, "g")
+		name := fmt.Sprintf("vm%d%s", i, sfx)
+		netnstest.Veth(t, g, "eth0", nil, sw, name)
+		p, err := s.AddVMPort(ctx, ovs.PortSpec{Name: name, AllocationID: alloc, MAC: mustMAC(t, fmt.Sprintf("52:54:00:00:01:%02x", i)), IP: netip.MustParseAddr(fmt.Sprintf("10.77.0.%d", 20+i))})
+		require.NoError(t, err)
+		ports = append(ports, p)
+	}
+	countFlows := func() int { return strings.Count(o.Ofctl(t, "dump-flows", "ovsbr0"), "cookie=") }
+	require.Equal(t, 2+7+7, countFlows())
+
+	o.RestartSwitch(t)
+	assert.Equal(t, 0, countFlows(), "OpenFlow flows are not persistent")
+
+	r, err := s.Reconcile(ctx, []string{"alloc-a"})
+	require.NoError(t, err)
+	assert.Equal(t, []ovs.Port{ports[0]}, r.Isolated)
+	assert.Empty(t, r.Missing)
+	assert.Equal(t, []ovs.Port{ports[1]}, r.Stale.Ports)
+	assert.Empty(t, r.Stale.Cookies, "the restart already dropped alloc-b's flows")
+	require.NoError(t, s.BridgeExists(ctx))
+	assert.Equal(t, 2+7, countFlows())
+	assert.Equal(t, 7, strings.Count(o.Ofctl(t, "dump-flows", "ovsbr0", fmt.Sprintf("cookie=%#x/-1", ovs.AllocationCookie("alloc-a"))), "cookie="))
+
+	again, err := s.Reconcile(ctx, []string{"alloc-a"})
+	require.NoError(t, err)
+	assert.Empty(t, again.Stale.Ports)
+	assert.Equal(t, 2+7, countFlows(), "reconcile is idempotent")
+}

@@ -76,6 +76,9 @@ func (f *fakeOVS) reply(c command.Cmd) ([]byte, error) {
 	case c.Name == "ovs-vsctl" && args[0] == "get":
 		return []byte(f.ofport), nil
 	case c.Name == "ovs-ofctl" && args[0] == "dump-flows":
+		if f.flows == "" {
+			return []byte("NXST_FLOW reply (xid=0x4):\n"), nil
+		}
 		return []byte(f.flows), nil
 	}
 	return nil, nil
@@ -307,4 +310,27 @@ func TestAllocationCookie(t *testing.T) {
 		assert.Equal(t, ovs.CookieMarker, c&ovs.CookieMask)
 		assert.NotEqual(t, ovs.BaseCookie, c)
 	}
+}
+
+func TestReconcileTranscript(t *testing.T) {
+	t.Parallel()
+	s, rec, _ := newFake(t, &fakeOVS{ports: []string{"vma", "vmb"}, ifaces: ifacesJSON})
+	r, err := s.Reconcile(context.Background(), []string{"alloc-a", "alloc-b"})
+	require.NoError(t, err)
+	require.Len(t, r.Isolated, 1)
+	assert.Equal(t, "vma", r.Isolated[0].Name)
+	require.Len(t, r.Missing, 1)
+	assert.Equal(t, "vmb", r.Missing[0].Name, "no OpenFlow number: the caller must re-add it")
+	assert.Empty(t, r.Stale.Ports)
+
+	var bundles []string
+	for _, l := range rec.Lines() {
+		if strings.HasPrefix(l, "ovs-ofctl --timeout=10 --bundle add-flow ovsbr0 -") {
+			bundles = append(bundles, strings.SplitN(l, "\n", 4)[2])
+		}
+	}
+	assert.Equal(t, []string{
+		"add priority=0,table=0,idle_timeout=0,cookie=0x6770000000000000,actions=drop",
+		fmt.Sprintf("delete cookie=%#x/0xffffffffffffffff", ovs.AllocationCookie("alloc-a")),
+	}, bundles, "base flows, then alloc-a's flows replaced atomically")
 }

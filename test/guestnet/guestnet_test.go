@@ -141,6 +141,20 @@ func TestPrivilegedGuestNetwork(t *testing.T) {
 		assert.NotContains(t, []string{g1.ip.String(), g2.ip.String()}, src, "a guest address leaked past the NAT")
 	}
 
+	// ovs-vswitchd restarts (crash, upgrade): the flows are gone and with
+	// fail_mode=secure the guests are cut off, never left unisolated;
+	// Reconcile restores them from OVSDB, and DHCP keeps working.
+	o.RestartSwitch(t)
+	pingFails(t, g1.ns, outsideIP)
+	r, err := s.Reconcile(ctx, []string{g1.alloc, g2.alloc, g3.alloc})
+	require.NoError(t, err)
+	require.Len(t, r.Isolated, 3)
+	pingOK(t, g1.ns, outsideIP)
+	pingFails(t, g1.ns, g2.ip.String())
+	got, ok := g2.ns.DHCPLease(t, "eth0")
+	require.True(t, ok, "DHCP after the switch restart")
+	require.Equal(t, netip.PrefixFrom(g2.ip, 24), got)
+
 	// Release alloc-1: port, flows, reservation, NAT element.
 	require.NoError(t, s.RemoveVMPort(ctx, g1.alloc))
 	rs.Remove(g1.alloc)

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +32,8 @@ type OVS struct {
 	LogDir string // OVS_LOGDIR
 	DBDir  string // OVS_DBDIR
 	Netns  string // path of the namespace ovs-vswitchd runs in
+
+	stopSwitch func()
 }
 
 // Env is the environment every OVS client of this instance needs.
@@ -101,13 +104,27 @@ func Start(t testing.TB, netnsPath string) *OVS {
 	if out, err := o.run("ovs-vsctl", "--timeout=10", "--no-wait", "init"); err != nil {
 		t.Fatalf("ovs-vsctl init: %v: %s", err, out)
 	}
-	o.daemon(t, "nsenter", "--net="+netnsPath, "--", "ovs-vswitchd", "unix:"+sock, "--pidfile", "--log-file")
+	o.startSwitch(t)
+	return o
+}
+
+func (o *OVS) startSwitch(t testing.TB) {
+	t.Helper()
+	sock := filepath.Join(o.RunDir, "db.sock")
+	o.stopSwitch = o.daemon(t, "nsenter", "--net="+o.Netns, "--", "ovs-vswitchd", "unix:"+sock, "--pidfile", "--log-file")
 	// Without --no-wait, ovs-vsctl returns once ovs-vswitchd has applied the
 	// change: that proves the switch daemon is up and connected.
-	if out, err := o.run("ovs-vsctl", "--timeout=15", "set", "Open_vSwitch", ".", "external_ids:gpuaas-test=1"); err != nil {
+	if out, err := o.run("ovs-vsctl", "--timeout=15", "set", "Open_vSwitch", ".", "external_ids:gpuaas-test="+time.Now().Format(time.RFC3339Nano)); err != nil {
 		t.Fatalf("ovs-vswitchd did not come up: %v: %s", err, out)
 	}
-	return o
+}
+
+// RestartSwitch stops and starts ovs-vswitchd, as a crash or an upgrade
+// would: the database survives, OpenFlow flows do not.
+func (o *OVS) RestartSwitch(t testing.TB) {
+	t.Helper()
+	o.stopSwitch()
+	o.startSwitch(t)
 }
 
 func (o *OVS) run(name string, args ...string) ([]byte, error) {
@@ -117,8 +134,8 @@ func (o *OVS) run(name string, args ...string) ([]byte, error) {
 }
 
 // daemon starts a foreground daemon and stops it on cleanup (SIGTERM, then
-// SIGKILL after 5 s).
-func (o *OVS) daemon(t testing.TB, name string, args ...string) {
+// SIGKILL after 5 s); the returned function stops it earlier.
+func (o *OVS) daemon(t testing.TB, name string, args ...string) func() {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Env = append(os.Environ(), o.Env()...)
@@ -126,17 +143,22 @@ func (o *OVS) daemon(t testing.TB, name string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func waitFor(t testing.TB, what string, ok func() bool) {
