@@ -4,7 +4,9 @@
 // for established/related traffic back; nothing from outside gets in, and
 // routed guest-to-guest (hairpin) traffic through the bridge is dropped (the
 // switch's OpenFlow rules already keep VM ports apart: this is the second
-// wall). Each guest address is a set element whose comment names its
+// wall). Guests reach the host itself only for DHCP and ping (input chain),
+// so the agent's and the host's services are not exposed to tenants.
+// Each guest address is a set element whose comment names its
 // allocation, so release removes exactly that element and stale elements
 // are found by comparing comments with the live allocations.
 //
@@ -91,14 +93,20 @@ func (n *NAT) RenderBase() string {
 	fmt.Fprintf(&b, "add set %s guests { type ipv4_addr; comment \"gpuaas NATed guest addresses\"; }\n", t)
 	fmt.Fprintf(&b, "add chain %s forward { type filter hook forward priority filter; policy accept; }\n", t)
 	fmt.Fprintf(&b, "add chain %s postrouting { type nat hook postrouting priority srcnat; policy accept; }\n", t)
+	fmt.Fprintf(&b, "add chain %s input { type filter hook input priority filter; policy accept; }\n", t)
 	fmt.Fprintf(&b, "flush chain %s forward\n", t)
 	fmt.Fprintf(&b, "flush chain %s postrouting\n", t)
+	fmt.Fprintf(&b, "flush chain %s input\n", t)
 	fmt.Fprintf(&b, "add rule %s forward iifname %q oifname %q drop comment \"no routed guest-to-guest traffic\"\n", t, c.Bridge, c.Bridge)
 	fmt.Fprintf(&b, "add rule %s forward oifname %q ip daddr %s ct state established,related accept\n", t, c.Bridge, c.Subnet)
 	fmt.Fprintf(&b, "add rule %s forward iifname %q oifname %q ip saddr @guests accept\n", t, c.Bridge, c.Uplink)
 	fmt.Fprintf(&b, "add rule %s forward iifname %q drop comment \"unregistered guest or other destination\"\n", t, c.Bridge)
 	fmt.Fprintf(&b, "add rule %s forward oifname %q drop comment \"nothing from outside in\"\n", t, c.Bridge)
 	fmt.Fprintf(&b, "add rule %s postrouting oifname %q ip saddr @guests masquerade\n", t, c.Uplink)
+	fmt.Fprintf(&b, "add rule %s input iifname %q ct state established,related accept\n", t, c.Bridge)
+	fmt.Fprintf(&b, "add rule %s input iifname %q udp dport 67 accept comment \"DHCP\"\n", t, c.Bridge)
+	fmt.Fprintf(&b, "add rule %s input iifname %q icmp type echo-request accept\n", t, c.Bridge)
+	fmt.Fprintf(&b, "add rule %s input iifname %q drop comment \"guests reach the host only for DHCP and ping\"\n", t, c.Bridge)
 	return b.String()
 }
 

@@ -44,14 +44,20 @@ func TestEnsureTranscript(t *testing.T) {
 add set inet gpuaas guests { type ipv4_addr; comment "gpuaas NATed guest addresses"; }
 add chain inet gpuaas forward { type filter hook forward priority filter; policy accept; }
 add chain inet gpuaas postrouting { type nat hook postrouting priority srcnat; policy accept; }
+add chain inet gpuaas input { type filter hook input priority filter; policy accept; }
 flush chain inet gpuaas forward
 flush chain inet gpuaas postrouting
+flush chain inet gpuaas input
 add rule inet gpuaas forward iifname "ovsbr0" oifname "ovsbr0" drop comment "no routed guest-to-guest traffic"
 add rule inet gpuaas forward oifname "ovsbr0" ip daddr 10.77.0.0/24 ct state established,related accept
 add rule inet gpuaas forward iifname "ovsbr0" oifname "eth1" ip saddr @guests accept
 add rule inet gpuaas forward iifname "ovsbr0" drop comment "unregistered guest or other destination"
 add rule inet gpuaas forward oifname "ovsbr0" drop comment "nothing from outside in"
 add rule inet gpuaas postrouting oifname "eth1" ip saddr @guests masquerade
+add rule inet gpuaas input iifname "ovsbr0" ct state established,related accept
+add rule inet gpuaas input iifname "ovsbr0" udp dport 67 accept comment "DHCP"
+add rule inet gpuaas input iifname "ovsbr0" icmp type echo-request accept
+add rule inet gpuaas input iifname "ovsbr0" drop comment "guests reach the host only for DHCP and ping"
 `}
 	if d := cmp.Diff(want, rec.Lines()); d != "" {
 		t.Errorf("transcript (-want +got):\n%s", d)

@@ -2,6 +2,7 @@ package guestnet_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -42,7 +43,7 @@ type guest struct {
 // removal then finds nothing.
 func TestPrivilegedGuestNetwork(t *testing.T) {
 	testenv.Root(t)
-	testenv.Commands(t, "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "dnsmasq", "nft", "busybox", "nsenter", "ip", "ping")
+	testenv.Commands(t, "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "dnsmasq", "nft", "busybox", "nsenter", "ip", "ping", "ethtool")
 	t.Parallel()
 	ctx := context.Background()
 	gw := netip.MustParsePrefix(gatewayCIDR)
@@ -71,6 +72,10 @@ func TestPrivilegedGuestNetwork(t *testing.T) {
 		require.NoError(t, err)
 		g := &guest{alloc: alloc, ns: netnstest.New(t, "vm"), port: "vm" + string(rune('0'+i)) + sfx, mac: m, ip: netip.MustParseAddr(ip)}
 		netnstest.Veth(t, g.ns, "eth0", m, sw, g.port)
+		// The userspace datapath reads veth frames through AF_PACKET and
+		// does not complete partial checksums: TCP from a guest with TX
+		// checksum offload arrives corrupt. Compute them in the guest.
+		g.ns.MustRun(t, "ethtool", "-K", "eth0", "tx", "off")
 		return g
 	}
 	g1 := mk(1, "alloc-1", "52:54:00:77:00:01", "10.77.0.11")
@@ -135,6 +140,28 @@ func TestPrivilegedGuestNetwork(t *testing.T) {
 	require.NoError(t, n.Ensure(ctx))
 	pingFails(t, out, g1.ip.String())
 
+	// The host's own services are closed to guests (DHCP and ping only):
+	// a TCP listener on the gateway cannot be reached unless the input
+	// chain is flushed (control).
+	var ln net.Listener
+	require.NoError(t, sw.Do(func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:0"); return err }))
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	hostSvc := net.JoinHostPort("10.77.0.1", fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+	require.Error(t, dial(g1.ns, hostSvc), "a guest reached a host service")
+	sw.MustRun(t, "nft", "flush", "chain", "inet", "gpuaas", "input")
+	require.NoError(t, dial(g1.ns, hostSvc), "control: without the input rules the service is reachable")
+	require.NoError(t, n.Ensure(ctx))
+	require.Error(t, dial(g1.ns, hostSvc))
+
 	seen := sources()
 	assert.Contains(t, seen, uplinkHost, "the outside must see the NATed source")
 	for _, src := range seen {
@@ -190,6 +217,17 @@ func TestPrivilegedGuestNetwork(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, ports)
 	pingFails(t, g2.ns, outsideIP)
+}
+
+// dial connects to addr over TCP from inside ns.
+func dial(ns *netnstest.NS, addr string) error {
+	return ns.Do(func() error {
+		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 }
 
 func mustRead(t testing.TB, p string) []byte {
