@@ -131,8 +131,8 @@ func New(opts Options) (*Switch, error) {
 	if !opts.Gateway.IsValid() || !opts.Gateway.Addr().Is4() || opts.Gateway.Bits() > 30 {
 		return nil, fmt.Errorf("ovs switch %s: gateway %v: want an IPv4 address with a prefix of at most /30, e.g. 10.77.0.1/24", opts.Bridge, opts.Gateway)
 	}
-	if opts.Gateway.Addr() == opts.Gateway.Masked().Addr() {
-		return nil, fmt.Errorf("ovs switch %s: gateway %v is the network address", opts.Bridge, opts.Gateway)
+	if opts.Gateway.Addr() == opts.Gateway.Masked().Addr() || opts.Gateway.Addr() == broadcast(opts.Gateway) {
+		return nil, fmt.Errorf("ovs switch %s: gateway %v is the network or broadcast address", opts.Bridge, opts.Gateway)
 	}
 	if opts.Runner == nil {
 		var env []string

@@ -236,7 +236,8 @@ func TestNewValidation(t *testing.T) {
 		{ovs.Options{Gateway: netip.MustParsePrefix("10.77.0.1/24"), Bridge: "br/0"}, "interface name"},
 		{ovs.Options{Gateway: netip.MustParsePrefix("10.77.0.1/24"), DatapathType: "dpdk"}, "datapath type"},
 		{ovs.Options{}, "gateway"},
-		{ovs.Options{Gateway: netip.MustParsePrefix("10.77.0.0/24")}, "network address"},
+		{ovs.Options{Gateway: netip.MustParsePrefix("10.77.0.0/24")}, "network or broadcast"},
+		{ovs.Options{Gateway: netip.MustParsePrefix("10.77.0.255/24")}, "network or broadcast"},
 		{ovs.Options{Gateway: netip.MustParsePrefix("10.77.0.1/31")}, "at most /30"},
 	} {
 		_, err := ovs.New(tc.opts)
