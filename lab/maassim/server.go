@@ -752,4 +752,3 @@ func subnetJSON(sn *Subnet) map[string]any {
 		"resource_uri": fmt.Sprintf("%ssubnets/%d/", APIPrefix, sn.ID),
 	}
 }
-
