@@ -400,7 +400,7 @@ func (s *Server) deploy(c *reqCtx, m *machine) error {
 		}
 		st = StatusAllocated
 	}
-	if !CanTransition(st, StatusDeploying) {
+	if !listed(st, StatusDeploying) {
 		return stateViolation("Can't deploy a machine that is in the '%s' state", m.status)
 	}
 	osys, series, err := s.resolveSeries(c.get("osystem"), c.get("distro_series"))

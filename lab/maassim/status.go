@@ -199,6 +199,10 @@ func CanTransition(from, to Status) bool {
 	return slices.Contains(transitions[from], to)
 }
 
+// listed reports whether to is in NODE_TRANSITIONS[from] (no same-status
+// shortcut: MAAS's deploy checks membership directly).
+func listed(from, to Status) bool { return slices.Contains(transitions[from], to) }
+
 // releasableStatuses is RELEASABLE_STATUSES (maasserver/models/node.py).
 var releasableStatuses = []Status{
 	StatusAllocated, StatusReserved, StatusBroken, StatusDeploying, StatusDeployed,
