@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,13 +90,12 @@ func (f *fixture) raw(t testing.TB, method, path string, form url.Values) (int, 
 	return rawWithAuth(t, method, f.ts.URL+"/MAAS/api/2.0/"+path, form, oauthHeader(maassim.DefaultAPIKey, ""))
 }
 
-var nonceSeq int
+var nonceSeq atomic.Int64
 
 func oauthHeader(key, nonce string) string {
 	parts := strings.Split(key, ":")
 	if nonce == "" {
-		nonceSeq++
-		nonce = "n" + strconv.Itoa(nonceSeq) + strconv.FormatInt(time.Now().UnixNano(), 36)
+		nonce = "n" + strconv.FormatInt(nonceSeq.Add(1), 10) + strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
 	return `OAuth realm="", oauth_consumer_key="` + parts[0] + `", oauth_token="` + parts[1] +
 		`", oauth_signature_method="PLAINTEXT", oauth_signature="%26` + parts[2] +
