@@ -664,6 +664,7 @@ func (s *Server) createMachine(c *reqCtx) (*response, error) {
 	}
 	s.machines[m.systemID] = m
 	s.order = append(s.order, m.systemID)
+	c.systemID = m.systemID
 	s.event(m, levelInfo, "New", "")
 	if commission {
 		if err := s.startCommissioning(m, c); err != nil {

@@ -33,6 +33,10 @@ func TestRequestLogRedactsSecrets(t *testing.T) {
 	assert.Equal(t, maassim.Redacted, got.Get("power_parameters_power_pass"))
 	assert.Equal(t, "10.0.0.9", got.Get("power_parameters_power_address"))
 	assert.Equal(t, "secret", got.Get("hostname"))
+	assert.Equal(t, id, creates[0].SystemID, "a create is logged against the machine it made")
+	assert.Equal(t, 1, f.sim.Mutations(id, "create"))
+	assert.Equal(t, 1, f.sim.Mutations(id, "commission"))
+	assert.Equal(t, 0, f.sim.Mutations(id, "update"))
 
 	deploys := f.sim.Requests(func(r maassim.Request) bool { return r.Op == "deploy" })
 	require.Len(t, deploys, 1)

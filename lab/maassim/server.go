@@ -692,12 +692,30 @@ func (s *Server) Requests(match func(Request) bool) []Request {
 	return out
 }
 
-// Mutations counts applied requests with the given op on a machine ("" op
-// with method PUT/DELETE for update/delete).
+// Mutations counts applied requests of one kind on a machine: op is the
+// ?op= name ("deploy", "release", "set_boot_disk", "link_subnet"...), or
+// "create", "update" or "delete" for the plain POST, PUT and DELETE.
 func (s *Server) Mutations(systemID, op string) int {
 	return len(s.Requests(func(r Request) bool {
-		return r.Applied && r.SystemID == systemID && r.Op == op
+		return r.Applied && r.SystemID == systemID && r.Kind() == op
 	}))
+}
+
+// Kind is the request's op, or "create"/"update"/"delete"/"read" for the
+// plain POST/PUT/DELETE/GET.
+func (r Request) Kind() string {
+	if r.Op != "" {
+		return r.Op
+	}
+	switch r.Method {
+	case http.MethodPost:
+		return "create"
+	case http.MethodPut:
+		return "update"
+	case http.MethodDelete:
+		return "delete"
+	}
+	return "read"
 }
 
 // ---------------------------------------------------------------------------

@@ -37,20 +37,31 @@ func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
-	if err := run(); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], nil); err != nil {
 		fmt.Fprintln(os.Stderr, "maassim:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
-	listen := flag.String("listen", "127.0.0.1:5240", "listen address (loopback only)")
-	speed := flag.Float64("speed", 600, "virtual-time speed factor; 0 = manual clock")
-	deployedDir := flag.String("deployed-dir", "", "directory receiving <system_id>.user-data when a machine is Deployed")
+// run serves until ctx ends; ready (if non-nil) receives the bound address.
+func run(ctx context.Context, args []string, ready func(addr string)) error {
+	fs := flag.NewFlagSet("maassim", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:5240", "listen address (loopback only)")
+	speed := fs.Float64("speed", 600, "virtual-time speed factor; 0 = manual clock")
+	deployedDir := fs.String("deployed-dir", "", "directory receiving <system_id>.user-data when a machine is Deployed")
 	var keys, subnets listFlag
-	flag.Var(&keys, "api-key", "accepted API key consumer:token:secret (repeatable)")
-	flag.Var(&subnets, "subnet", "subnet CIDR[,vid[,gateway]] (repeatable)")
-	flag.Parse()
+	fs.Var(&keys, "api-key", "accepted API key consumer:token:secret (repeatable)")
+	fs.Var(&subnets, "subnet", "subnet CIDR[,vid[,gateway]] (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("parse flags: %w", err)
+	}
+	for _, k := range keys {
+		if len(strings.Split(k, ":")) != 3 {
+			return fmt.Errorf("-api-key %q: want consumer:token:secret", k)
+		}
+	}
 
 	host, _, err := net.SplitHostPort(*listen)
 	if err != nil {
@@ -101,8 +112,9 @@ func run() error {
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("maassim serving", "url", "http://"+ln.Addr().String()+"/MAAS/", "speed", *speed)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
 	go func() {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
