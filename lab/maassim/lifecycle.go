@@ -41,6 +41,13 @@ type Event struct {
 }
 
 func (s *Server) event(m *machine, level int, typ, desc string) {
+	// MAAS shows the latest user-facing event as the machine's status_message.
+	if level >= levelInfo {
+		m.statusMessage = typ
+		if desc != "" {
+			m.statusMessage = typ + " - " + desc
+		}
+	}
 	s.events = append(s.events, &Event{
 		ID: len(s.events) + 1, SystemID: m.systemID, Hostname: m.hostname,
 		Level: levelNames[level], level: level, Type: typ, Description: desc,
@@ -90,7 +97,6 @@ func (s *Server) setStatus(m *machine, to Status) error {
 	if t, ok := statusEventTypes[to]; ok {
 		s.event(m, levelInfo, t, "")
 	}
-	m.statusMessage = to.String()
 	return nil
 }
 

@@ -649,6 +649,15 @@ func (s *Server) createMachine(c *reqCtx) (*response, error) {
 		}
 		commission = v
 	}
+	deployed, err := c.boolParam("deployed")
+	if err != nil {
+		return nil, err
+	}
+	if deployed {
+		// MAAS: deployed=true adopts a running machine; it implies
+		// commission=false.
+		commission = false
+	}
 	s.nextID++
 	devID := 0
 	m := &machine{
@@ -666,6 +675,10 @@ func (s *Server) createMachine(c *reqCtx) (*response, error) {
 	s.order = append(s.order, m.systemID)
 	c.systemID = m.systemID
 	s.event(m, levelInfo, "New", "")
+	if deployed {
+		m.status, m.owner, m.powerState = StatusDeployed, c.user, "on"
+		s.event(m, levelInfo, "Deployed", "")
+	}
 	if commission {
 		if err := s.startCommissioning(m, c); err != nil {
 			return nil, err

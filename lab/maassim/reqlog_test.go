@@ -260,3 +260,66 @@ func TestLinkSubnetAndStorageValidation(t *testing.T) {
 	assert.Equal(t, 400, code)
 	assert.Contains(t, body, "Failed to configure storage layout 'bcache'")
 }
+
+type logLine struct {
+	Method, Kind string
+	Status       int
+	Applied      bool
+}
+
+// TestRequestLogTranscript drives an onboarding through gomaasclient and
+// compares the whole request log with the expected transcript.
+func TestRequestLogTranscript(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := f.client
+	no := false
+	m, err := c.Machines.Create(&entity.MachineCreateParams{Architecture: "amd64/generic",
+		MACAddresses: []string{"52:54:00:00:44:01"}, Commission: &no}, nil)
+	require.NoError(t, err)
+	id := m.SystemID
+	_, err = c.Machines.Get(&entity.MachinesParams{MACAddress: []string{"52:54:00:00:44:01"}})
+	require.NoError(t, err)
+	_, err = c.Machine.Commission(id, &entity.MachineCommissionParams{})
+	require.NoError(t, err)
+	f.clock.Advance(time.Hour)
+	_, err = c.Machine.Deploy(id, &entity.MachineDeployParams{})
+	require.NoError(t, err)
+	_, err = c.Machine.Deploy(id, &entity.MachineDeployParams{}) // second deploy: Deploying -> refused
+	require.Error(t, err)
+	_, err = c.Machine.Get(id)
+	require.NoError(t, err)
+
+	var got []logLine
+	for _, r := range f.sim.Requests(nil) {
+		got = append(got, logLine{r.Method, r.Kind(), r.Status, r.Applied})
+	}
+	want := []logLine{
+		{"POST", "create", 200, true},
+		{"GET", "read", 200, false},
+		{"POST", "commission", 200, true},
+		{"POST", "deploy", 200, true},
+		{"POST", "deploy", 409, false},
+		{"GET", "read", 200, false},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("request log (-want +got):\n%s", diff)
+	}
+}
+
+// TestMultipartForm: MAAS accepts multipart bodies for any op.
+func TestMultipartForm(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := f.ready(t, "mp", "52:54:00:00:45:01")
+	api := machineAPI(f.client, id)
+	err := api.PostFiles("set_storage_layout", url.Values{"storage_layout": {"blank"}},
+		map[string][]byte{"unused": []byte("x")}, func([]byte) error { return nil })
+	require.NoError(t, err)
+	snap, _ := f.sim.Machine(id)
+	assert.Equal(t, "blank", snap.StorageLayout)
+	assert.Zero(t, snap.RootDeviceID)
+	r := f.sim.Requests(func(r maassim.Request) bool { return r.Op == "set_storage_layout" })
+	require.Len(t, r, 1)
+	assert.Equal(t, "<file 1 bytes>", r[0].Params.Get("unused"))
+}

@@ -52,6 +52,20 @@ var DefaultDurations = Durations{
 	HwSyncDelay:   1 * time.Minute,
 }
 
+// fillDurations replaces every zero duration with its default.
+func fillDurations(d *Durations) {
+	def := DefaultDurations
+	for _, p := range []struct{ v, def *time.Duration }{
+		{&d.Commissioning, &def.Commissioning}, {&d.Testing, &def.Testing}, {&d.Deploy, &def.Deploy},
+		{&d.DeployTimeout, &def.DeployTimeout}, {&d.Release, &def.Release}, {&d.Erase, &def.Erase},
+		{&d.QuickErase, &def.QuickErase}, {&d.SecureErase, &def.SecureErase}, {&d.HwSyncDelay, &def.HwSyncDelay},
+	} {
+		if *p.v <= 0 {
+			*p.v = *p.def
+		}
+	}
+}
+
 // Subnet is a MAAS subnet the simulator knows (interfaces link to it).
 type Subnet struct {
 	ID        int
@@ -135,9 +149,7 @@ func New(opts Options) *Server {
 	if opts.Version == "" {
 		opts.Version = "3.4.2"
 	}
-	if opts.Durations == (Durations{}) {
-		opts.Durations = DefaultDurations
-	}
+	fillDurations(&opts.Durations)
 	if len(opts.DistroSeries) == 0 {
 		opts.DistroSeries = []string{"focal", "jammy", "noble"}
 	}
