@@ -19,6 +19,7 @@ import (
 //	DELETE /_sim/machines/{id}/faults         disarm all faults
 //	POST   /_sim/hardware                     {"mac":"..","hardware":{...Hardware...}}
 //	POST   /_sim/clock/advance?d=10m          advance a ManualClock
+//	POST   /_sim/enlist                       {"Hostname":..,"MACs":[..],"PowerType":..,"PowerParams":{..}}
 //	POST   /_sim/subnets                      {"ID":..,"Name":..,"CIDR":..,"VID":..,"GatewayIP":..}
 
 // FaultRequest is the admin endpoint's fault body.
@@ -95,6 +96,18 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && len(segs) == 1 && segs[0] == "enlist":
+		var e Enlistment
+		if err := json.Unmarshal(body, &e); err != nil {
+			adminErr(w, http.StatusBadRequest, fmt.Errorf("decode enlistment: %w", err))
+			return
+		}
+		id, err := s.Enlist(e)
+		if err != nil {
+			adminErr(w, http.StatusBadRequest, err)
+			return
+		}
+		adminJSON(w, http.StatusOK, map[string]string{"system_id": id})
 	case r.Method == http.MethodPost && len(segs) == 1 && segs[0] == "subnets":
 		var sn Subnet
 		if err := json.Unmarshal(body, &sn); err != nil || sn.CIDR == "" {

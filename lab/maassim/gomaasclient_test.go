@@ -38,6 +38,9 @@ func TestGomaasclientLifecycle(t *testing.T) {
 		o.OnDeployed = func(d maassim.Deployed) { mu.Lock(); deployed = append(deployed, d); mu.Unlock() }
 	})
 	c := f.client
+	hw := maassim.DefaultHardware
+	hw.Interfaces = []maassim.InterfaceSpec{{Name: "ens1f0np0", MAC: "52:54:00:00:00:02"}}
+	require.NoError(t, f.sim.SetHardware("52:54:00:00:00:01", hw))
 
 	v, err := c.Version.Get()
 	require.NoError(t, err)
@@ -130,15 +133,19 @@ func TestGomaasclientLifecycle(t *testing.T) {
 	// Phase-2 RoCE address via link_subnet, verified by read-back.
 	ifs, err := c.NetworkInterfaces.Get(id)
 	require.NoError(t, err)
-	require.Len(t, ifs, 1)
-	ni, err := c.NetworkInterface.LinkSubnet(id, ifs[0].ID, &entity.NetworkInterfaceLinkParams{
+	require.Len(t, ifs, 2)
+	require.Len(t, ifs[0].Links, 1)
+	assert.Equal(t, "auto", ifs[0].Links[0].Mode)
+	assert.Equal(t, "pxe", ifs[0].Links[0].Subnet.Name)
+	assert.Equal(t, "ens1f0np0", ifs[1].Name)
+	ni, err := c.NetworkInterface.LinkSubnet(id, ifs[1].ID, &entity.NetworkInterfaceLinkParams{
 		Mode: "STATIC", Subnet: 2, IPAddress: "192.168.50.15",
 	})
 	require.NoError(t, err)
 	require.Len(t, ni.Links, 1)
 	assert.Equal(t, "192.168.50.15", ni.Links[0].IPAddress)
 	assert.Equal(t, "192.168.50.0/24", ni.Links[0].Subnet.CIDR)
-	back, err := c.NetworkInterface.Get(id, ifs[0].ID)
+	back, err := c.NetworkInterface.Get(id, ifs[1].ID)
 	require.NoError(t, err)
 	assert.Equal(t, ni.Links, back.Links)
 
@@ -159,7 +166,7 @@ func TestGomaasclientLifecycle(t *testing.T) {
 	require.Len(t, deployed, 1)
 	assert.Equal(t, userData, string(deployed[0].UserData))
 	assert.Equal(t, "noble", deployed[0].DistroSeries)
-	assert.Equal(t, []string{"192.168.50.15"}, deployed[0].IPs)
+	assert.Equal(t, []string{"10.10.0.2", "192.168.50.15"}, deployed[0].IPs, "auto IP claimed at deploy + RoCE")
 	mu.Unlock()
 
 	// Hardware sync fields appear after the first sync.

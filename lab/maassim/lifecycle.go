@@ -352,6 +352,16 @@ func (s *Server) applyHardware(m *machine) {
 		}
 		m.ifaces = append(m.ifaces, &iface{id: m.newDevID(), name: spec.Name, mac: mac, enabled: true})
 	}
+	// MAAS links the boot interface to the subnet it PXE-booted from, in
+	// auto mode (the address is claimed at deploy time).
+	if len(m.ifaces) > 0 && len(m.ifaces[0].links) == 0 {
+		for _, sn := range s.subnets {
+			if sn.VID == 0 {
+				m.ifaces[0].links = append(m.ifaces[0].links, &ifLink{id: m.newDevID(), mode: "auto", subnetID: sn.ID})
+				break
+			}
+		}
+	}
 	if len(m.disks) == 0 {
 		for _, spec := range hw.BlockDevices {
 			m.disks = append(m.disks, &blockDevice{id: m.newDevID(), name: spec.Name, model: spec.Model,
@@ -446,6 +456,7 @@ func (s *Server) startDeploying(m *machine) error {
 	m.gen++
 	m.powerState = "on"
 	m.errorDesc = ""
+	s.claimAutoIPs(m)
 	stuck := s.takeFault(m, FaultDeployStuck, "") != nil
 	curtin := s.takeFault(m, FaultCurtinFailure, "") != nil
 	d := s.opts.Durations.Deploy
@@ -489,6 +500,25 @@ func (s *Server) startDeploying(m *machine) error {
 		}
 	})
 	return nil
+}
+
+// claimAutoIPs gives every auto link an address from its subnet, as MAAS
+// does when deployment starts.
+func (s *Server) claimAutoIPs(m *machine) {
+	for _, i := range m.ifaces {
+		for _, l := range i.links {
+			if l.mode != "auto" || l.ip != "" {
+				continue
+			}
+			sn := s.subnetByID(l.subnetID)
+			if sn == nil {
+				continue
+			}
+			if p, err := netip.ParsePrefix(sn.CIDR); err == nil {
+				l.ip = s.nextFreeIP(p, sn.GatewayIP)
+			}
+		}
+	}
 }
 
 func (s *Server) queueDeployedHook(m *machine) {
@@ -588,6 +618,13 @@ func (s *Server) startReleasing(m *machine) error {
 		s.mustStatus(m, StatusReady)
 		s.event(m, levelInfo, "Released", "")
 		m.owner, m.osystem, m.distroSeries, m.userData = "", "", "", nil
+		for _, i := range m.ifaces {
+			for _, l := range i.links {
+				if l.mode == "auto" {
+					l.ip = ""
+				}
+			}
+		}
 		m.enableHwSync, m.lastSync, m.errorDesc = false, time.Time{}, ""
 	})
 	return nil

@@ -633,13 +633,6 @@ func (s *Server) createMachine(c *reqCtx) (*response, error) {
 		if s.hostnameTaken(hostname, nil) {
 			return nil, fieldError("hostname", "Node with this Hostname already exists.")
 		}
-	} else {
-		for {
-			hostname = petAdjectives[s.rng.Intn(len(petAdjectives))] + "-" + petNouns[s.rng.Intn(len(petNouns))]
-			if !s.hostnameTaken(hostname, nil) {
-				break
-			}
-		}
 	}
 	commission := true
 	if c.has("commission") {
@@ -658,23 +651,8 @@ func (s *Server) createMachine(c *reqCtx) (*response, error) {
 		// commission=false.
 		commission = false
 	}
-	s.nextID++
-	devID := 0
-	m := &machine{
-		id: s.nextID, systemID: s.newSystemID(), hostname: hostname, description: c.get("description"),
-		architecture: arch, status: StatusNew, powerType: pt, powerParams: powerParamsFrom(c.form),
-		powerState: "off", cpuCount: 1, memoryMiB: 1024, nextDevID: &devID,
-	}
-	if pt == "manual" {
-		m.powerState = "unknown"
-	}
-	for n, mac := range macs {
-		m.ifaces = append(m.ifaces, &iface{id: m.newDevID(), name: fmt.Sprintf("eth%d", n), mac: mac, enabled: true})
-	}
-	s.machines[m.systemID] = m
-	s.order = append(s.order, m.systemID)
+	m := s.newMachineLocked(hostname, c.get("description"), arch, pt, powerParamsFrom(c.form), macs)
 	c.systemID = m.systemID
-	s.event(m, levelInfo, "New", "")
 	if deployed {
 		m.status, m.owner, m.powerState = StatusDeployed, c.user, "on"
 		s.event(m, levelInfo, "Deployed", "")
@@ -685,6 +663,87 @@ func (s *Server) createMachine(c *reqCtx) (*response, error) {
 		}
 	}
 	return jsonResponse(s.machineJSON(m)), nil
+}
+
+// newMachineLocked adds a New machine with one interface per MAC (already
+// validated) and a generated hostname if none is given.
+func (s *Server) newMachineLocked(hostname, description, arch, powerType string, powerParams map[string]string, macs []string) *machine {
+	for hostname == "" || s.hostnameTaken(hostname, nil) {
+		hostname = petAdjectives[s.rng.Intn(len(petAdjectives))] + "-" + petNouns[s.rng.Intn(len(petNouns))]
+	}
+	s.nextID++
+	devID := 0
+	m := &machine{
+		id: s.nextID, systemID: s.newSystemID(), hostname: hostname, description: description,
+		architecture: arch, status: StatusNew, powerType: powerType, powerParams: powerParams,
+		powerState: "off", cpuCount: 1, memoryMiB: 1024, nextDevID: &devID,
+	}
+	if powerType == "manual" {
+		m.powerState = "unknown"
+	}
+	for n, mac := range macs {
+		m.ifaces = append(m.ifaces, &iface{id: m.newDevID(), name: fmt.Sprintf("eth%d", n), mac: mac, enabled: true})
+	}
+	s.machines[m.systemID] = m
+	s.order = append(s.order, m.systemID)
+	s.event(m, levelInfo, "New", "")
+	return m
+}
+
+// Enlistment is a machine that PXE-boots into MAAS by itself.
+type Enlistment struct {
+	Hostname     string // generated if empty
+	Architecture string // default amd64/generic
+	MACs         []string
+	PowerType    string            // default ipmi
+	PowerParams  map[string]string // power_address, power_user, ...
+}
+
+// Enlist adds a machine the way MAAS enlistment does (PXE boot of an
+// unknown host): it appears in New without any API request. It returns the
+// system_id.
+func (s *Server) Enlist(e Enlistment) (string, error) {
+	if len(e.MACs) == 0 {
+		return "", fmt.Errorf("enlist %q: no MAC address", e.Hostname)
+	}
+	if e.Architecture == "" {
+		e.Architecture = "amd64/generic"
+	}
+	if !slices.Contains(validArchitectures, e.Architecture) {
+		return "", fmt.Errorf("enlist %q: unknown architecture %q", e.Hostname, e.Architecture)
+	}
+	if e.PowerType == "" {
+		e.PowerType = "ipmi"
+	}
+	if !slices.Contains(validPowerTypes, e.PowerType) {
+		return "", fmt.Errorf("enlist %q: unknown power type %q", e.Hostname, e.PowerType)
+	}
+	if e.Hostname != "" {
+		if err := validHostname(e.Hostname); err != nil {
+			return "", fmt.Errorf("enlist %q: %w", e.Hostname, err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var macs []string
+	for _, raw := range e.MACs {
+		n, err := normalizeMAC(raw)
+		if err != nil {
+			return "", fmt.Errorf("enlist %q: %w", e.Hostname, err)
+		}
+		if o := s.macOwner(n); o != nil || slices.Contains(macs, n) {
+			return "", fmt.Errorf("enlist %q: MAC address %s already in use", e.Hostname, n)
+		}
+		macs = append(macs, n)
+	}
+	if e.Hostname != "" && s.hostnameTaken(e.Hostname, nil) {
+		return "", fmt.Errorf("enlist %q: hostname already in use", e.Hostname)
+	}
+	pp := map[string]string{}
+	for k, v := range e.PowerParams {
+		pp[k] = v
+	}
+	return s.newMachineLocked(e.Hostname, "", e.Architecture, e.PowerType, pp, macs).systemID, nil
 }
 
 func (m *machine) newDevID() int {

@@ -210,6 +210,10 @@ func TestLinkSubnetAndStorageValidation(t *testing.T) {
 		{url.Values{"mode": {"static"}, "subnet": {"2"}, "ip_address": {"192.168.50.7"}}, "ip_address"},
 		{url.Values{"mode": {"dhcp"}, "ip_address": {"192.168.50.8"}}, "ip_address"},
 	}
+	before, _ := f.sim.Machine(id)
+	require.Len(t, before.Links, 1)
+	assert.Equal(t, maassim.LinkSnapshot{Interface: "eth0", Mode: "auto", SubnetID: 1}, before.Links[0],
+		"commissioning links the boot NIC to the PXE subnet in auto mode")
 	for _, c := range cases {
 		code, hdr, body := f.raw(t, "POST", ifPath, c.form)
 		assert.Equal(t, 400, code, "%v: %s", c.form, body)
@@ -219,13 +223,13 @@ func TestLinkSubnetAndStorageValidation(t *testing.T) {
 		assert.Contains(t, fields, c.field, "%v", c.form)
 	}
 	snap, _ := f.sim.Machine(id)
-	assert.Empty(t, snap.Links, "refused links change nothing")
+	assert.Equal(t, before.Links, snap.Links, "refused links change nothing")
 	// static without an address allocates one; the gateway is skipped.
 	code, _, body = f.raw(t, "POST", ifPath, url.Values{"mode": {"static"}, "subnet": {"pxe"}})
 	require.Equal(t, 200, code, body)
 	snap, _ = f.sim.Machine(id)
-	require.Len(t, snap.Links, 1)
-	assert.Equal(t, "10.10.0.2", snap.Links[0].IP)
+	require.Len(t, snap.Links, 2)
+	assert.Equal(t, "10.10.0.2", snap.Links[1].IP)
 
 	// Deployed machines refuse link changes.
 	_, err = f.client.Machine.Deploy(id, &entity.MachineDeployParams{})

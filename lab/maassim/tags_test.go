@@ -1,8 +1,12 @@
 package maassim_test
 
 import (
+	"encoding/json"
+	"net/http"
 	"net/url"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/canonical/gomaasclient/entity"
 	"github.com/stretchr/testify/assert"
@@ -63,4 +67,51 @@ func TestTagsAndListFilters(t *testing.T) {
 	_, err = f.client.Machine.Update(b, &entity.MachineUpdateParams{Hostname: "fa"}, nil)
 	assert.JSONEq(t, `{"hostname":["Node with this Hostname already exists."]}`, serverError(t, err).BodyMessage)
 	_ = maassim.StatusNew
+}
+
+// TestEnlistAndAutoIP: an enlisted machine appears in New without an API
+// call (auto_claim_single_new_machine finds it by status); its boot NIC's
+// auto address is claimed at deploy and given back at release.
+func TestEnlistAndAutoIP(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	body := `{"Hostname":"j27u15","MACs":["52:54:00:00:61:01"],"PowerParams":{"power_address":"10.0.0.27"}}`
+	resp, err := http.Post(f.ts.URL+"/_sim/enlist", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	var out map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	resp.Body.Close()
+	id := out["system_id"]
+	require.NotEmpty(t, id)
+	_, err = f.sim.Enlist(maassim.Enlistment{MACs: []string{"52:54:00:00:61:01"}})
+	assert.Error(t, err, "duplicate MAC")
+	_, err = f.sim.Enlist(maassim.Enlistment{})
+	assert.Error(t, err, "no MAC")
+	assert.Empty(t, f.sim.Requests(nil), "enlistment is not an API request")
+
+	news, err := f.client.Machines.Get(&entity.MachinesParams{Status: []string{"new"}})
+	require.NoError(t, err)
+	require.Len(t, news, 1)
+	assert.Equal(t, "j27u15", news[0].Hostname)
+	pp, err := f.client.Machine.GetPowerParameters(id)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.27", pp["power_address"])
+
+	_, err = f.client.Machine.Commission(id, &entity.MachineCommissionParams{})
+	require.NoError(t, err)
+	f.clock.Advance(time.Hour)
+	_, err = f.client.Machine.Deploy(id, &entity.MachineDeployParams{})
+	require.NoError(t, err)
+	m, err := f.client.Machine.Get(id)
+	require.NoError(t, err)
+	require.Len(t, m.IPAddresses, 1)
+	assert.Equal(t, "10.10.0.2", m.IPAddresses[0].String())
+	f.clock.Advance(time.Hour)
+	_, err = f.client.Machine.Release(id, &entity.MachineReleaseParams{})
+	require.NoError(t, err)
+	f.clock.Advance(time.Hour)
+	m, err = f.client.Machine.Get(id)
+	require.NoError(t, err)
+	assert.Empty(t, m.IPAddresses)
+	assert.Equal(t, "Released", m.StatusMessage)
 }
