@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/canonical/gomaasclient/client"
 	"github.com/canonical/gomaasclient/entity"
@@ -115,5 +114,4 @@ func TestOpDispatch(t *testing.T) {
 	code, _, body = f.raw(t, "GET", "machines/", url.Values{"mac_address": {"zz"}})
 	assert.Equal(t, 400, code)
 	assert.Equal(t, "Invalid MAC address(es): zz", body)
-	_ = time.Second
 }

@@ -377,11 +377,6 @@ func (s *Server) machineJSON(m *machine) map[string]any {
 	for i := 0; i < m.cpuCount; i++ {
 		cores = append(cores, i)
 	}
-	pp := map[string]any{}
-	for k, v := range m.powerParams {
-		pp[k] = v
-	}
-	_ = pp
 	return map[string]any{
 		"system_id": m.systemID, "hostname": m.hostname, "description": m.description,
 		"hardware_uuid": fmt.Sprintf("4c4c4544-%04d-4000-8000-%012d", m.id, m.id),
@@ -785,9 +780,6 @@ func (s *Server) machineResource(c *reqCtx, id string) (*response, error) {
 		m.gen++
 		delete(s.machines, id)
 		s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == id })
-		for _, t := range s.tags {
-			_ = t
-		}
 		return &response{status: http.StatusNoContent, ctype: "text/plain; charset=utf-8"}, nil
 	case http.MethodPost:
 		var err error

@@ -448,11 +448,6 @@ func (s *Server) uploadBootResource(c *reqCtx) (*response, error) {
 	}
 	file, ok := uploadFileTypes[ft]
 	if !ok {
-		keys := make([]string, 0, len(uploadFileTypes))
-		for k := range uploadFileTypes {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
 		return nil, fieldError("filetype", "Select a valid choice. %s is not one of the available choices.", ft)
 	}
 	content, ok := c.files["content"]

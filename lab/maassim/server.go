@@ -674,6 +674,14 @@ func isSecretParam(k string) bool {
 	return false
 }
 
+func cloneValues(v url.Values) url.Values {
+	out := make(url.Values, len(v))
+	for k, vs := range v {
+		out[k] = append([]string(nil), vs...)
+	}
+	return out
+}
+
 func redact(form url.Values, files map[string][]byte) url.Values {
 	out := url.Values{}
 	for k, vs := range form {
@@ -698,6 +706,7 @@ func (s *Server) Requests(match func(Request) bool) []Request {
 	var out []Request
 	for _, r := range s.reqlog {
 		if match == nil || match(r) {
+			r.Params = cloneValues(r.Params)
 			out = append(out, r)
 		}
 	}

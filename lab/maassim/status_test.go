@@ -62,8 +62,6 @@ func TestStatusCodesMatchGomaasclient(t *testing.T) {
 
 func TestCanTransitionKnownRules(t *testing.T) {
 	t.Parallel()
-	S := maassim.StatusReady
-	_ = S
 	cases := []struct {
 		from, to maassim.Status
 		ok       bool
@@ -140,7 +138,6 @@ func TestTransitionMatrix(t *testing.T) {
 	}
 	f := newFixture(t)
 	id := f.ready(t, "matrix", "52:54:00:00:10:01")
-	snap, _ := f.sim.Machine(id)
 	var disks []struct {
 		ID int `json:"id"`
 	}
@@ -153,7 +150,6 @@ func TestTransitionMatrix(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &ifs))
 	require.NotEmpty(t, disks)
 	require.NotEmpty(t, ifs)
-	_ = snap
 
 	for _, o := range ops {
 		for _, from := range maassim.AllStatuses {

@@ -66,7 +66,6 @@ func TestTagsAndListFilters(t *testing.T) {
 	// Renaming onto an existing hostname is a field error.
 	_, err = f.client.Machine.Update(b, &entity.MachineUpdateParams{Hostname: "fa"}, nil)
 	assert.JSONEq(t, `{"hostname":["Node with this Hostname already exists."]}`, serverError(t, err).BodyMessage)
-	_ = maassim.StatusNew
 }
 
 // TestEnlistAndAutoIP: an enlisted machine appears in New without an API
