@@ -665,6 +665,9 @@ func (s *Server) powerOff(c *reqCtx, m *machine) error {
 
 func (s *Server) queryPowerState(m *machine) (*response, error) {
 	switch {
+	case m.powerType == "manual":
+		// MAAS cannot query a manually powered machine.
+		return jsonResponse(map[string]string{"state": "unknown"}), nil
 	case s.takeFault(m, FaultPowerError, "") != nil:
 		s.event(m, levelWarning, "Failed to query node's BMC", "Power state could not be queried: connection timed out")
 		m.powerState = "error"
