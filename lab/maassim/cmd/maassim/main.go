@@ -2,7 +2,7 @@
 // loopback address for the lab.
 //
 //	maassim -listen 127.0.0.1:5240 -speed 600 -api-key consumer:token:secret \
-//	        -subnet 10.10.0.0/24 -deployed-dir /run/lab/deployed
+//	        -subnet 10.10.0.0/24 -hardware 52:54:00:00:00:15=j22u15 -deployed-dir /run/lab/deployed
 //
 // With -speed 600 virtual time runs 600 times faster than real time (a
 // 12-minute deploy takes 1.2 s); -speed 0 uses a manual clock advanced
@@ -51,7 +51,8 @@ func run(ctx context.Context, args []string, ready func(addr string)) error {
 	listen := fs.String("listen", "127.0.0.1:5240", "listen address (loopback only)")
 	speed := fs.Float64("speed", 600, "virtual-time speed factor; 0 = manual clock")
 	deployedDir := fs.String("deployed-dir", "", "directory receiving <system_id>.user-data when a machine is Deployed")
-	var keys, subnets listFlag
+	var keys, subnets, hardware listFlag
+	fs.Var(&hardware, "hardware", "MAC=hostsim-profile: what commissioning finds on the machine with that MAC (repeatable)")
 	fs.Var(&keys, "api-key", "accepted API key consumer:token:secret (repeatable)")
 	fs.Var(&subnets, "subnet", "subnet CIDR[,vid[,gateway]] (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -106,6 +107,19 @@ func run(ctx context.Context, args []string, ready func(addr string)) error {
 		}
 	}
 	srv := maassim.New(opts)
+	for _, h := range hardware {
+		mac, profile, ok := strings.Cut(h, "=")
+		if !ok {
+			return fmt.Errorf("-hardware %q: want MAC=profile", h)
+		}
+		hw, err := maassim.HardwareFromHostsim(profile)
+		if err != nil {
+			return fmt.Errorf("-hardware %q: %w", h, err)
+		}
+		if err := srv.SetHardware(mac, hw); err != nil {
+			return fmt.Errorf("-hardware %q: %w", h, err)
+		}
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *listen, err)

@@ -25,7 +25,7 @@ func TestRunServesAndRecordsDeployed(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		errc <- run(ctx, []string{"-listen", "127.0.0.1:0", "-speed", "100000", "-api-key", "a:b:c",
-			"-subnet", "10.20.0.0/24,0,10.20.0.1", "-deployed-dir", dir}, func(a string) { addrc <- a })
+			"-subnet", "10.20.0.0/24,0,10.20.0.1", "-hardware", "52:54:00:00:50:01=j22u15", "-deployed-dir", dir}, func(a string) { addrc <- a })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -57,6 +57,9 @@ func TestRunServesAndRecordsDeployed(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "#cloud-config\n", string(ud))
+	bds, err := c.BlockDevices.Get(m.SystemID)
+	require.NoError(t, err)
+	assert.Equal(t, "Micron_5400_MTFDDAK480TGA", bds[0].Model, "-hardware applied the j22u15 profile")
 }
 
 func TestRunRejectsBadFlags(t *testing.T) {
@@ -67,6 +70,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"-api-key", "only:two"},
 		{"-subnet", "not-a-cidr"},
 		{"-nosuchflag"},
+		{"-hardware", "52:54:00:00:50:01"},
+		{"-hardware", "52:54:00:00:50:01=nosuchhost"},
 	} {
 		err := run(context.Background(), args, nil)
 		assert.Error(t, err, "%v", args)
