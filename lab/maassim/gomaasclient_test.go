@@ -148,6 +148,21 @@ func TestGomaasclientLifecycle(t *testing.T) {
 	back, err := c.NetworkInterface.Get(id, ifs[1].ID)
 	require.NoError(t, err)
 	assert.Equal(t, ni.Links, back.Links)
+	// unlink + relink (what a correction of a wrong address looks like).
+	un, err := c.NetworkInterface.UnlinkSubnet(id, ifs[1].ID, ni.Links[0].ID)
+	require.NoError(t, err)
+	assert.Empty(t, un.Links)
+	ni, err = c.NetworkInterface.LinkSubnet(id, ifs[1].ID, &entity.NetworkInterfaceLinkParams{
+		Mode: "STATIC", Subnet: 2, IPAddress: "192.168.50.15",
+	})
+	require.NoError(t, err)
+	subnets, err := c.Subnets.Get()
+	require.NoError(t, err)
+	require.Len(t, subnets, 2)
+	assert.Equal(t, 50, subnets[1].VLAN.VID)
+	sn, err := c.Subnet.Get(2)
+	require.NoError(t, err)
+	assert.Equal(t, "192.168.50.0/24", sn.CIDR)
 
 	// Deploy with cloud-init user_data and hardware sync.
 	userData := "#cloud-config\nruncmd:\n - [gpuaas-bootstrap, --token, s3cret-token]\n"
