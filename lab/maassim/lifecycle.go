@@ -93,6 +93,7 @@ func (s *Server) setStatus(m *machine, to Status) error {
 		return nil
 	}
 	m.status = to
+	s.log.Debug("maassim: status change", "system_id", m.systemID, "hostname", m.hostname, "from", from.String(), "to", to.String())
 	s.event(m, levelDebug, "Node changed status", fmt.Sprintf("From '%s' to '%s'", from, to))
 	if t, ok := statusEventTypes[to]; ok {
 		s.event(m, levelInfo, t, "")
@@ -929,7 +930,9 @@ func (s *Server) linkSubnet(c *reqCtx, m *machine, i *iface) error {
 		} else {
 			ip = s.nextFreeIP(prefix, sn.GatewayIP)
 			if ip == "" {
-				return &apiError{status: 503, msg: fmt.Sprintf("No more IPs available in subnet: %s.", sn.CIDR), retryAfter: max(s.opts.RetryAfterUnavailable, 0)}
+				// StaticIPAddressExhaustion: a plain MAASAPIException, so
+				// no Retry-After (only rack/RPC trouble gets one).
+				return &apiError{status: 503, msg: fmt.Sprintf("No more IPs available in subnet: %s.", sn.CIDR), retryAfter: -1}
 			}
 		}
 	}

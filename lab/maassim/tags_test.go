@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -113,4 +114,31 @@ func TestEnlistAndAutoIP(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, m.IPAddresses)
 	assert.Equal(t, "Released", m.StatusMessage)
+}
+
+// TestStaticIPExhaustion: a full subnet is MAAS's 503 without Retry-After
+// (not retryable by gomaasapi), and nothing is linked.
+func TestStaticIPExhaustion(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(o *maassim.Options) {
+		o.Subnets = append(o.Subnets, maassim.Subnet{ID: 3, Name: "tiny", CIDR: "172.16.0.0/30", GatewayIP: "172.16.0.1"})
+	})
+	a := f.ready(t, "ip-a", "52:54:00:00:62:01")
+	b := f.ready(t, "ip-b", "52:54:00:00:62:02")
+	link := func(id string) (int, http.Header, string) {
+		ifs, err := f.client.NetworkInterfaces.Get(id)
+		require.NoError(t, err)
+		return f.raw(t, "POST", "nodes/"+id+"/interfaces/"+strconv.Itoa(ifs[0].ID)+"/?op=link_subnet",
+			url.Values{"mode": {"static"}, "subnet": {"3"}})
+	}
+	code, _, body := link(a)
+	require.Equal(t, 200, code, body)
+	code, hdr, body := link(b)
+	assert.Equal(t, 503, code)
+	assert.Equal(t, "No more IPs available in subnet: 172.16.0.0/30.", body)
+	assert.Empty(t, hdr.Get("Retry-After"))
+	snap, _ := f.sim.Machine(b)
+	for _, l := range snap.Links {
+		assert.NotEqual(t, 3, l.SubnetID)
+	}
 }
