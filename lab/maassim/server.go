@@ -381,6 +381,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) finish(w http.ResponseWriter, c *reqCtx, resp *response, err error, fault string) {
 	status := 0
+	if err == nil && resp == nil {
+		err = &apiError{status: http.StatusInternalServerError, msg: "maassim: handler returned no response", retryAfter: -1}
+	}
 	if err != nil {
 		var ae *apiError
 		if !errors.As(err, &ae) {
