@@ -335,6 +335,16 @@ func TestGomaasclientBootResourceUpload(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "custom", dm.OSystem)
 	assert.Equal(t, "gpuaas-h200-host-ubuntu2404", dm.DistroSeries)
+	f.clock.Advance(maassim.DefaultDurations.Deploy)
+	f.requireStatus(t, id, maassim.StatusDeployed)
+
+	// A dd image on the flat layout fails in curtin (seed 002).
+	dd := f.ready(t, "h2", "52:54:00:00:02:02")
+	_, err = f.client.Machine.Deploy(dd, &entity.MachineDeployParams{DistroSeries: "custom/disk-image"})
+	require.NoError(t, err)
+	f.clock.Advance(maassim.DefaultDurations.Deploy)
+	f.requireStatus(t, dd, maassim.StatusFailedDeployment)
+	assert.Contains(t, errorDescription(t, f, dd), "grub-install failed: ddgz image")
 	require.NoError(t, f.client.BootResource.Delete(list[0].ID))
 }
 

@@ -460,6 +460,14 @@ func (s *Server) startDeploying(m *machine) error {
 	s.claimAutoIPs(m)
 	stuck := s.takeFault(m, FaultDeployStuck, "") != nil
 	curtin := s.takeFault(m, FaultCurtinFailure, "") != nil
+	curtinMsg := "curtin command install failed"
+	if ft := s.imageFileType(m); strings.HasPrefix(ft, "dd") && (m.layout == "flat" || m.layout == "lvm") {
+		// Seed 002: a ddgz full-disk image reached curtin but failed at
+		// GRUB/EFI because the image's root and the MAAS-made EFI partition
+		// did not line up; a tgz root filesystem lets MAAS own partitioning.
+		curtin = true
+		curtinMsg = fmt.Sprintf("curtin: grub-install failed: %s image does not match the %s storage layout's EFI partition", ft, m.layout)
+	}
 	d := s.opts.Durations.Deploy
 	stage := func(frac float64) time.Duration { return time.Duration(float64(d) * frac) }
 	s.after(m, stage(0.05), func() { s.event(m, levelInfo, "Performing PXE boot", "") })
@@ -469,7 +477,7 @@ func (s *Server) startDeploying(m *machine) error {
 	if curtin {
 		s.after(m, stage(0.60), func() {
 			s.event(m, levelError, "Node installation failure", "Installation failed (refer to the installation log for more information).")
-			m.errorDesc = "curtin command install failed"
+			m.errorDesc = curtinMsg
 			s.mustStatus(m, StatusFailedDeployment)
 		})
 		return nil
@@ -501,6 +509,17 @@ func (s *Server) startDeploying(m *machine) error {
 		}
 	})
 	return nil
+}
+
+// imageFileType is the upload file type (tgz, ddgz, ...) of the custom image
+// a machine is deploying, or "" for a synced Ubuntu image.
+func (s *Server) imageFileType(m *machine) string {
+	for _, r := range s.resources {
+		if r.name == m.distroSeries || r.name == m.osystem+"/"+m.distroSeries {
+			return r.sets[len(r.sets)-1].filetype
+		}
+	}
+	return ""
 }
 
 // claimAutoIPs gives every auto link an address from its subnet, as MAAS
