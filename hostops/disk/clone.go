@@ -482,6 +482,9 @@ func cloneQemuImg(ctx context.Context, r Runner, bd *blockDev, img Image, virt i
 		return 0, 0, err
 	}
 	tail := (virt + int64(bd.bs) - 1) &^ (int64(bd.bs) - 1)
+	if tail > pw.last {
+		tr.add(tail - pw.last) // qemu-img's last percentage is rounded
+	}
 	if tail < bd.size {
 		if discardZeroes {
 			err = bd.DiscardRange(ctx, tail, bd.size-tail, tr.add)
