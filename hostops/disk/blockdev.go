@@ -2,6 +2,7 @@ package disk
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"unsafe"
@@ -65,9 +66,9 @@ func (d *blockDev) Sync() error {
 	return nil
 }
 
-// rangeIoctl issues BLKZEROOUT or BLKDISCARD over [off, off+n) in chunks,
-// checking ctx between chunks and reporting progress via done.
-func (d *blockDev) rangeIoctl(ctx context.Context, req uint, what string, off, n int64, done func(int64)) error {
+// rangeOp applies op over [off, off+n) in chunks, checking ctx between
+// chunks and reporting progress via done.
+func (d *blockDev) rangeOp(ctx context.Context, what string, off, n int64, done func(int64), op func(off, n int64) error) error {
 	if off%512 != 0 || n%512 != 0 || off < 0 || off+n > d.size {
 		return fmt.Errorf("%s %s [%d,+%d): range not 512-aligned or beyond %d bytes", what, d.path, off, n, d.size)
 	}
@@ -77,8 +78,7 @@ func (d *blockDev) rangeIoctl(ctx context.Context, req uint, what string, off, n
 			return fmt.Errorf("%s %s at %d: %w", what, d.path, off, err)
 		}
 		c := min(n, int64(chunk))
-		r := [2]uint64{uint64(off), uint64(c)}
-		if err := ioctlPtr(int(d.f.Fd()), req, unsafe.Pointer(&r[0])); err != nil {
+		if err := op(off, c); err != nil {
 			return fmt.Errorf("%s %s [%d,+%d): %w", what, d.path, off, c, err)
 		}
 		off += c
@@ -90,16 +90,33 @@ func (d *blockDev) rangeIoctl(ctx context.Context, req uint, what string, off, n
 	return nil
 }
 
-// ZeroRange makes [off, off+n) read as zeros (BLKZEROOUT: the kernel uses
-// Write Zeroes, with deallocation where the device guarantees zeroes).
-func (d *blockDev) ZeroRange(ctx context.Context, off, n int64, done func(int64)) error {
-	return d.rangeIoctl(ctx, unix.BLKZEROOUT, "zero", off, n, done)
+func (d *blockDev) ioctlRange(req uint) func(off, n int64) error {
+	return func(off, n int64) error {
+		r := [2]uint64{uint64(off), uint64(n)}
+		return ioctlPtr(int(d.f.Fd()), req, unsafe.Pointer(&r[0]))
+	}
 }
 
-// DiscardRange deallocates [off, off+n) (BLKDISCARD). Reads afterwards are
-// zeros only if the device says so.
-func (d *blockDev) DiscardRange(ctx context.Context, off, n int64, done func(int64)) error {
-	return d.rangeIoctl(ctx, unix.BLKDISCARD, "discard", off, n, done)
+// ZeroRange makes [off, off+n) read as zeros by writing zeroes
+// (BLKZEROOUT: Write Zeroes without deallocation, or zero pages).
+func (d *blockDev) ZeroRange(ctx context.Context, off, n int64, done func(int64)) error {
+	return d.rangeOp(ctx, "zero", off, n, done, d.ioctlRange(unix.BLKZEROOUT))
+}
+
+// ZeroRangeUnmap makes [off, off+n) read as zeros, letting the device
+// deallocate the blocks: fallocate(PUNCH_HOLE) on a block device is a
+// Write Zeroes that may unmap (NVMe: with DEAC), and the kernel only
+// accepts it when the result reads as zeros. Devices without it fall back
+// to BLKZEROOUT.
+func (d *blockDev) ZeroRangeUnmap(ctx context.Context, off, n int64, done func(int64)) error {
+	fallback := d.ioctlRange(unix.BLKZEROOUT)
+	return d.rangeOp(ctx, "zero", off, n, done, func(off, n int64) error {
+		err := unix.Fallocate(int(d.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
+			return fallback(off, n)
+		}
+		return err
+	})
 }
 
 // alignedBuf returns an n-byte slice aligned to 4096 bytes for O_DIRECT.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -52,11 +53,54 @@ type CloneOptions struct {
 	Runner   Runner         // external programs; nil means ExecRunner
 	Method   CloneMethod    // MethodAuto by default
 	Progress func(Progress) // optional structured progress
-	// DiscardZeroes says the device guarantees zeroes after deallocation
-	// (NVMe DLFEAT); gaps are then discarded rather than zeroed. Leave it
-	// false unless the device reports it: BLKZEROOUT already deallocates
-	// where the device makes that safe.
-	DiscardZeroes bool
+	// Digests remembers verified images so one image cloned onto the
+	// disks of a multi-GPU slice is hashed once; nil hashes every time.
+	Digests *DigestCache
+}
+
+// DigestCache remembers which image files were verified against which
+// digest, keyed by the file's device, inode, size, mtime and ctime: any
+// write to the file changes its ctime and forces a new hash. Safe for
+// concurrent use; the agent keeps one for its image cache.
+type DigestCache struct {
+	mu sync.Mutex
+	ok map[digestKey]bool
+}
+
+type digestKey struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64
+	digest       string
+}
+
+// NewDigestCache returns an empty cache.
+func NewDigestCache() *DigestCache { return &DigestCache{ok: map[digestKey]bool{}} }
+
+func imageKey(path, digest string) (digestKey, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return digestKey{}, fmt.Errorf("stat image %s: %w", path, err)
+	}
+	return digestKey{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), digest: digest}, nil
+}
+
+func (c *DigestCache) has(k digestKey) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ok[k]
+}
+
+func (c *DigestCache) add(k digestKey) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ok[k] = true
 }
 
 // CloneResult describes a finished clone.
@@ -128,14 +172,23 @@ func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (Clone
 
 	// Digest first: nothing is written for an image that is not approved.
 	t0 := time.Now()
-	got, err := fileSHA256(ctx, img.Path, newTracker("digest", fileSize(img.Path), opts.Progress))
+	key, err := imageKey(img.Path, hex.EncodeToString(want))
 	if err != nil {
 		return res, err
 	}
-	res.DigestDuration = time.Since(t0)
-	if !bytes.Equal(got, want) {
-		return res, &DigestMismatchError{Image: img.Path, Want: hex.EncodeToString(want), Got: hex.EncodeToString(got)}
+	if !opts.Digests.has(key) {
+		got, err := fileSHA256(ctx, img.Path, newTracker("digest", key.size, opts.Progress))
+		if err != nil {
+			return res, err
+		}
+		if !bytes.Equal(got, want) {
+			return res, &DigestMismatchError{Image: img.Path, Want: hex.EncodeToString(want), Got: hex.EncodeToString(got)}
+		}
+		if after, err := imageKey(img.Path, key.digest); err == nil && after == key {
+			opts.Digests.add(key) // unchanged while hashed
+		}
 	}
+	res.DigestDuration = time.Since(t0)
 
 	virt, err := virtualSize(ctx, opts.Runner, img)
 	if err != nil {
@@ -155,9 +208,9 @@ func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (Clone
 	tr := newTracker("write", bd.size, opts.Progress)
 	switch method {
 	case MethodNative:
-		res.DataBytes, res.ZeroedBytes, err = cloneNative(ctx, bd, img.Path, virt, tr, opts.DiscardZeroes)
+		res.DataBytes, res.ZeroedBytes, err = cloneNative(ctx, bd, img.Path, virt, tr)
 	case MethodQemuImg:
-		res.DataBytes, res.ZeroedBytes, err = cloneQemuImg(ctx, opts.Runner, bd, img, virt, tr, opts.DiscardZeroes)
+		res.DataBytes, res.ZeroedBytes, err = cloneQemuImg(ctx, opts.Runner, bd, img, virt, tr)
 	}
 	if err != nil {
 		return res, fmt.Errorf("clone %s onto %s: %w", img.Path, dev.Name, err)
@@ -193,13 +246,6 @@ func checkFormatMagic(img Image) error {
 		return fmt.Errorf("image %s is declared qcow2 but has no qcow2 header", img.Path)
 	}
 	return nil
-}
-
-func fileSize(path string) int64 {
-	if fi, err := os.Stat(path); err == nil {
-		return fi.Size()
-	}
-	return 0
 }
 
 // fileSHA256 hashes a file, checking ctx between reads.
@@ -352,7 +398,7 @@ const (
 
 // cloneNative copies the data extents of a raw image with O_DIRECT writes
 // (several in flight) while zeroing every gap and the device tail.
-func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr *tracker, discardZeroes bool) (data, zeroed int64, err error) {
+func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr *tracker) (data, zeroed int64, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, 0, fmt.Errorf("open image: %w", err)
@@ -381,13 +427,7 @@ func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr 
 	// Gaps are disjoint from the data, so they are zeroed alongside it.
 	g.Go(func() error {
 		for _, e := range gs {
-			var err error
-			if discardZeroes {
-				err = bd.DiscardRange(gctx, e.off, e.n, tr.add)
-			} else {
-				err = bd.ZeroRange(gctx, e.off, e.n, tr.add)
-			}
-			if err != nil {
+			if err := bd.ZeroRangeUnmap(gctx, e.off, e.n, tr.add); err != nil {
 				return err
 			}
 			zeroed += e.n
@@ -431,7 +471,7 @@ func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr 
 			for j := range jobs {
 				var err error
 				if j.zero {
-					err = bd.ZeroRange(gctx, j.off, int64(len(j.buf)), nil)
+					err = bd.ZeroRangeUnmap(gctx, j.off, int64(len(j.buf)), nil)
 				} else {
 					err = bd.writeFull(j.buf, j.off)
 					written[w] += int64(len(j.buf))
@@ -476,7 +516,7 @@ var zeroPage = make([]byte, 4096)
 
 // cloneQemuImg writes the image with qemu-img convert (which already turns
 // zero regions into write-zeroes), then zeroes the device past the image.
-func cloneQemuImg(ctx context.Context, r Runner, bd *blockDev, img Image, virt int64, tr *tracker, discardZeroes bool) (data, zeroed int64, err error) {
+func cloneQemuImg(ctx context.Context, r Runner, bd *blockDev, img Image, virt int64, tr *tracker) (data, zeroed int64, err error) {
 	pw := &qemuProgress{total: virt, tr: tr}
 	if err := r.Run(ctx, pw, "qemu-img", qemuImgArgs(img, bd.path)...); err != nil {
 		return 0, 0, err
@@ -486,12 +526,7 @@ func cloneQemuImg(ctx context.Context, r Runner, bd *blockDev, img Image, virt i
 		tr.add(tail - pw.last) // qemu-img's last percentage is rounded
 	}
 	if tail < bd.size {
-		if discardZeroes {
-			err = bd.DiscardRange(ctx, tail, bd.size-tail, tr.add)
-		} else {
-			err = bd.ZeroRange(ctx, tail, bd.size-tail, tr.add)
-		}
-		if err != nil {
+		if err := bd.ZeroRangeUnmap(ctx, tail, bd.size-tail, tr.add); err != nil {
 			return virt, 0, err
 		}
 	}

@@ -211,6 +211,37 @@ func TestPrivilegedCloneBadDigestWritesNothing(t *testing.T) {
 	assert.Equal(t, before, fileDigest(t, node))
 }
 
+func TestPrivilegedCloneDigestCache(t *testing.T) {
+	t.Parallel()
+	testenv.Root(t)
+	node, _ := loopDevice(t, 64<<20, false)
+	_, dev := simDisk(t, node, true)
+	raw, digest := smallImage(t, 16<<20)
+	img := Image{Path: raw, Format: FormatRaw, SHA256: digest}
+	cache := NewDigestCache()
+	clone := func() ([]string, error) {
+		var phases []string
+		_, err := Clone(context.Background(), dev, img, CloneOptions{Digests: cache, Progress: func(p Progress) {
+			if len(phases) == 0 || phases[len(phases)-1] != p.Phase {
+				phases = append(phases, p.Phase)
+			}
+		}})
+		return phases, err
+	}
+	phases, err := clone()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"digest", "write"}, phases)
+	phases, err = clone()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"write"}, phases, "an unchanged verified image is not hashed again")
+
+	// Any write to the image (same size, same bytes count) forces a hash.
+	fillRandom(t, raw, 4096, 4096, 99)
+	_, err = clone()
+	var dm *DigestMismatchError
+	require.ErrorAs(t, err, &dm)
+}
+
 // A qcow2 image whose backing file points at a host device is refused:
 // cloning it would copy host data into the tenant's disk.
 func TestPrivilegedCloneRefusesBackingFile(t *testing.T) {
