@@ -3,10 +3,12 @@ package disk
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/gpuaas/gpuaas/test/testenv"
@@ -257,4 +259,47 @@ func TestAllZero(t *testing.T) {
 	b[9999], b[3] = 0, 7
 	assert.Equal(t, 3, firstNonZero(b))
 	assert.True(t, allZero(nil))
+}
+
+func TestTracker(t *testing.T) {
+	t.Parallel()
+	var got []Progress
+	tr := newTracker("write", 1000, func(p Progress) { got = append(got, p) })
+	tr.start = tr.start.Add(-2 * time.Second) // 2 s in
+	tr.every = 0
+	tr.add(250)
+	require.Len(t, got, 1)
+	p := got[0]
+	assert.Equal(t, "write", p.Phase)
+	assert.Equal(t, int64(250), p.Done)
+	assert.InDelta(t, 125, p.BytesPerSec, 5)
+	assert.InDelta(t, 6*time.Second, p.ETA, float64(300*time.Millisecond))
+	tr.add(750)
+	tr.finish()
+	last := got[len(got)-1]
+	assert.Equal(t, last.Total, last.Done)
+	assert.Zero(t, last.ETA)
+	var nilTracker *tracker
+	nilTracker.add(1) // a nil tracker is a no-op
+	nilTracker.finish()
+}
+
+// The proof is what the coordinator stores on a slot: its JSON names are
+// part of the contract.
+func TestProofJSON(t *testing.T) {
+	t.Parallel()
+	p := Proof{
+		Method: PolicyDiscard, Device: "nvme3n1", Identity: Identity{Serial: "S1", DeviceName: "nvme3n1"},
+		Bytes: 3840755982336, Duration: 1500 * time.Millisecond, VerifyDuration: time.Second, Seed: 7,
+		Samples:      []Sample{{Kind: "head", Offset: 0, Length: 1 << 20}},
+		SampleDigest: "ab", VerifiedAt: time.Date(2026, 11, 21, 19, 0, 0, 0, time.UTC),
+	}
+	b, err := json.Marshal(p)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"method":"blkdiscard","device":"nvme3n1","identity":{"serial":"S1","device_name":"nvme3n1"},
+		"bytes":3840755982336,"duration_ns":1500000000,"verify_duration_ns":1000000000,"seed":7,
+		"samples":[{"kind":"head","offset":0,"length":1048576}],"sample_sha256":"ab","verified_at":"2026-11-21T19:00:00Z"}`, string(b))
+	var back Proof
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Empty(t, cmp.Diff(p, back))
 }

@@ -320,6 +320,17 @@ func TestPrivilegedWipeVerify(t *testing.T) {
 		assert.Contains(t, err.Error(), "tail range has data at byte 536870400 (gpt_backup signature)")
 	})
 
+	t.Run("cancelled", func(t *testing.T) {
+		plant(t, file, size, 6)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err := Wipe(cctx, dev, PolicyZero, WipeOptions{})
+		require.ErrorIs(t, err, context.Canceled)
+		_, err = Verify(ctx, dev, VerifyOptions{})
+		var ve *VerifyError
+		require.ErrorAs(t, err, &ve, "a cancelled wipe must not verify")
+	})
+
 	t.Run("zero", func(t *testing.T) {
 		off := plant(t, file, size, 2)
 		proof, err := Wipe(ctx, dev, PolicyZero, WipeOptions{Verify: VerifyOptions{Samples: 64, Seed: 99}})
