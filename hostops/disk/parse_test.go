@@ -21,24 +21,24 @@ func TestParseMountinfo(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		in      string
-		want    []Mount
+		want    []mountEntry
 		wantErr string
 	}{
 		{name: "empty", in: ""},
 		{
 			name: "proc(5) example with optional fields",
 			in:   "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n",
-			want: []Mount{{Major: 98, Minor: 0, Root: "/mnt1", MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root"}},
+			want: []mountEntry{{Major: 98, Minor: 0, Root: "/mnt1", MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root"}},
 		},
 		{
 			name: "no optional fields, escaped space",
 			in:   "43 27 259:0 / /tmp/cap\\040mnt rw,relatime - ext4 /dev/loop0p1 rw\n",
-			want: []Mount{{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}},
+			want: []mountEntry{{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}},
 		},
 		{
 			name: "several optional fields",
 			in:   "50 29 0:45 / /var/lib/x rw shared:5 master:2 propagate_from:1 - btrfs /dev/nvme1n1p2 rw,ssd\n",
-			want: []Mount{{Major: 0, Minor: 45, Root: "/", MountPoint: "/var/lib/x", FSType: "btrfs", Source: "/dev/nvme1n1p2"}},
+			want: []mountEntry{{Major: 0, Minor: 45, Root: "/", MountPoint: "/var/lib/x", FSType: "btrfs", Source: "/dev/nvme1n1p2"}},
 		},
 		{name: "truncated", in: "36 35 98:0 /mnt1 /mnt2\n", wantErr: "line 1: malformed"},
 		{name: "no separator", in: "36 35 98:0 /mnt1 /mnt2 rw a b c d e\n", wantErr: "malformed"},
@@ -65,15 +65,15 @@ func TestParseMountinfoCapture(t *testing.T) {
 	ms, err := parseMountinfo(string(b))
 	require.NoError(t, err)
 	require.Greater(t, len(ms), 10)
-	var found *Mount
+	var found *mountEntry
 	for i := range ms {
 		if ms[i].MountPoint == "/tmp/cap mnt" {
 			found = &ms[i]
 		}
 	}
 	require.NotNil(t, found)
-	assert.Equal(t, Mount{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}, *found)
-	assert.Equal(t, Mount{Major: 0, Minor: 21, Root: "/", MountPoint: "/proc", FSType: "proc", Source: "proc"}, ms[0])
+	assert.Equal(t, mountEntry{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}, *found)
+	assert.Equal(t, mountEntry{Major: 0, Minor: 21, Root: "/", MountPoint: "/proc", FSType: "proc", Source: "proc"}, ms[0])
 }
 
 func TestParseSwaps(t *testing.T) {
@@ -302,4 +302,14 @@ func TestProofJSON(t *testing.T) {
 	var back Proof
 	require.NoError(t, json.Unmarshal(b, &back))
 	assert.Empty(t, cmp.Diff(p, back))
+}
+
+func TestVerifyErrorMessage(t *testing.T) {
+	t.Parallel()
+	e := &VerifyError{Device: "nvme0n1", Findings: []Finding{{Kind: "tail", Offset: 1<<30 - 512, Signature: "gpt_backup"}}}
+	assert.Equal(t, "wipe verification of nvme0n1 failed: tail range has data at byte 1073741312 (gpt_backup signature)", e.Error())
+	for i := 0; i < 7; i++ {
+		e.Findings = append(e.Findings, Finding{Kind: "random", Offset: int64(i) << 20})
+	}
+	assert.Contains(t, e.Error(), "; and 3 more ranges")
 }

@@ -85,12 +85,18 @@ type Finding struct {
 }
 
 func (e *VerifyError) Error() string {
-	s := make([]string, len(e.Findings))
+	const show = 5
+	var s []string
 	for i, f := range e.Findings {
-		s[i] = fmt.Sprintf("%s range has data at byte %d", f.Kind, f.Offset)
-		if f.Signature != "" {
-			s[i] += " (" + f.Signature + " signature)"
+		if i == show {
+			s = append(s, fmt.Sprintf("and %d more ranges", len(e.Findings)-show))
+			break
 		}
+		msg := fmt.Sprintf("%s range has data at byte %d", f.Kind, f.Offset)
+		if f.Signature != "" {
+			msg += " (" + f.Signature + " signature)"
+		}
+		s = append(s, msg)
 	}
 	return fmt.Sprintf("wipe verification of %s failed: %s", e.Device, strings.Join(s, "; "))
 }
@@ -127,7 +133,9 @@ func Wipe(ctx context.Context, dev Device, policy Policy, opts WipeOptions) (Pro
 	if err != nil {
 		return Proof{}, fmt.Errorf("wipe %s by %s: %w", dev.Name, policy, err)
 	}
-	tr.add(0)
+	if policy != PolicyZero {
+		tr.add(dev.SizeBytes) // one command did it all
+	}
 	tr.finish()
 	wiped := time.Since(t0)
 	if bd, err := openBlock(dev.Path, false); err == nil {
