@@ -199,7 +199,7 @@ func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (Clone
 	}
 	res.ImageBytes = virt
 
-	bd, err := openBlock(dev.Path, true)
+	bd, err := openDevice(dev, true)
 	if err != nil {
 		return res, fmt.Errorf("clone onto %s: %w", dev.Name, err)
 	}

@@ -331,6 +331,29 @@ func TestPrivilegedWipeVerify(t *testing.T) {
 		require.ErrorAs(t, err, &ve, "a cancelled wipe must not verify")
 	})
 
+	t.Run("wipe that skips a quarter in the middle is caught", func(t *testing.T) {
+		plant(t, file, size, 7)
+		fillRandom(t, file, size/2, size/4, 8)
+		bd, err := openBlock(dev.Path, true)
+		require.NoError(t, err)
+		require.NoError(t, bd.ZeroRange(ctx, 0, size/2, nil))
+		require.NoError(t, bd.ZeroRange(ctx, size/2+size/4, size/4, nil))
+		require.NoError(t, bd.Close())
+		_, err = Verify(ctx, dev, VerifyOptions{}) // 256 samples: missing 1/4 has odds 0.75^256
+		var ve *VerifyError
+		require.ErrorAs(t, err, &ve)
+		random := 0
+		for _, f := range ve.Findings {
+			if f.Kind == "random" {
+				random++
+			}
+			assert.Contains(t, []string{"random", "superblock"}, f.Kind)
+			assert.GreaterOrEqual(t, f.Offset, int64(size/2))
+			assert.Less(t, f.Offset, int64(size/2+size/4))
+		}
+		assert.Greater(t, random, 20, "about a quarter of 256 samples land there")
+	})
+
 	t.Run("zero", func(t *testing.T) {
 		off := plant(t, file, size, 2)
 		proof, err := Wipe(ctx, dev, PolicyZero, WipeOptions{Verify: VerifyOptions{Samples: 64, Seed: 99}})
@@ -443,8 +466,13 @@ func TestPrivilegedRefuseMountedPartition(t *testing.T) {
 	assert.Equal(t, before, fileDigest(t, node), "a refused device was modified")
 	// The kernel's own guard, used when Clone and Wipe open the disk:
 	// no exclusive open of a disk with a mounted partition.
-	_, err := openBlock(dev.Path, true)
+	_, err := openDevice(dev, true)
 	require.ErrorContains(t, err, "device or resource busy")
+	// A node that no longer is the resolved device is not opened.
+	other := dev
+	other.Minor++
+	_, err = openDevice(other, false)
+	require.ErrorContains(t, err, "not "+other.DevT())
 
 	// Unmounted, the partition table is still an unexpected signature
 	// for a clone, but is what a wipe removes.

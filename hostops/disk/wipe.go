@@ -128,7 +128,7 @@ func Wipe(ctx context.Context, dev Device, policy Policy, opts WipeOptions) (Pro
 	case PolicyNVMeFormat:
 		err = opts.Runner.Run(ctx, nil, "nvme", nvmeFormatArgs(dev.Path)...)
 	case PolicyZero:
-		err = zeroDevice(ctx, dev.Path, tr)
+		err = zeroDevice(ctx, dev, tr)
 	}
 	if err != nil {
 		return Proof{}, fmt.Errorf("wipe %s by %s: %w", dev.Name, policy, err)
@@ -138,7 +138,7 @@ func Wipe(ctx context.Context, dev Device, policy Policy, opts WipeOptions) (Pro
 	}
 	tr.finish()
 	wiped := time.Since(t0)
-	if bd, err := openBlock(dev.Path, false); err == nil {
+	if bd, err := openDevice(dev, false); err == nil {
 		if err := bd.rereadPartitions(); err != nil {
 			slog.Warn("partition table not re-read after wipe", "disk", dev.Name, "err", err)
 		}
@@ -161,8 +161,8 @@ func nvmeFormatArgs(dev string) []string {
 	return []string{"format", dev, "--ses=1", "--force"}
 }
 
-func zeroDevice(ctx context.Context, path string, tr *tracker) error {
-	bd, err := openBlock(path, true)
+func zeroDevice(ctx context.Context, dev Device, tr *tracker) error {
+	bd, err := openDevice(dev, true)
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ func Verify(ctx context.Context, dev Device, opts VerifyOptions) (Proof, error) 
 		opts.Seed = binary.LittleEndian.Uint64(b[:]) | 1
 	}
 	t0 := time.Now()
-	bd, err := openBlock(dev.Path, false)
+	bd, err := openDevice(dev, false)
 	if err != nil {
 		return Proof{}, fmt.Errorf("verify %s: %w", dev.Name, err)
 	}
