@@ -52,7 +52,7 @@ const (
 type CloneOptions struct {
 	Runner   Runner         // external programs; nil means ExecRunner
 	Method   CloneMethod    // MethodAuto by default
-	Progress func(Progress) // optional structured progress
+	Progress func(Progress) // optional; called one report at a time, in order; keep it quick
 	// Digests remembers verified images so one image cloned onto the
 	// disks of a multi-GPU slice is hashed once; nil hashes every time.
 	Digests *DigestCache
