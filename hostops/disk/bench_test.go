@@ -115,6 +115,7 @@ func TestBenchDisk(t *testing.T) {
 	)
 	rounds := benchRounds()
 	dir := t.TempDir()
+	benchStart := time.Now()
 
 	// One loop device for every clone, direct I/O so the timings are the
 	// backing store's and not the page cache's.
@@ -144,6 +145,7 @@ func TestBenchDisk(t *testing.T) {
 	}
 	denseImg, _ := approve(dense)
 	sparseImg, sparseDigest := approve(sparse)
+	t.Logf("images ready after %.1fs", time.Since(benchStart).Seconds())
 
 	// Plain qemu-img (5-15 s here: page-cache writeback) and dd on the
 	// sparse image (10 GiB of zeros) are far off; one round each keeps the
@@ -165,6 +167,8 @@ func TestBenchDisk(t *testing.T) {
 	common := fmt.Sprintf("median of %d rounds (plain qemu-img and sparse dd: 1) on one 10 GiB loop device (--direct-io=on), discarded before each run, times include the final flush", rounds)
 	denseNote := fmt.Sprintf("1 GiB random raw image; %s; %s", secs(d), common)
 	sparseNote := fmt.Sprintf("10 GiB raw image holding 1 GiB in 16 extents; %s; %s; the sha256 check of the image (%.1fs, once per image with a DigestCache) is not in the time", secs(s), common, sparseDigest.Seconds())
+
+	t.Logf("clones done after %.1fs", time.Since(benchStart).Seconds())
 
 	// Wipe + verify of a 100 GiB sparse device that a tenant used.
 	wipeNode, wipeFile := loopDevice(t, 100<<30, true)
