@@ -2,6 +2,8 @@ package disk
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"os"
@@ -312,4 +314,33 @@ func TestVerifyErrorMessage(t *testing.T) {
 		e.Findings = append(e.Findings, Finding{Kind: "random", Offset: int64(i) << 20})
 	}
 	assert.Contains(t, e.Error(), "; and 3 more ranges")
+}
+
+// Hashing skips reading holes but must equal hashing every byte.
+func TestFileSHA256Sparse(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "sparse.raw")
+	require.NoError(t, os.WriteFile(p, nil, 0o644))
+	require.NoError(t, os.Truncate(p, 64<<20+1234))
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	for _, off := range []int64{0, 5 << 20, 17<<20 + 3, 64<<20 + 1000} {
+		_, err := f.WriteAt(bytes.Repeat([]byte{byte(off), 0xa5}, 100), off)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Close())
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	want := sha256.Sum256(b)
+	var last Progress
+	tr := newTracker("digest", int64(len(b)), func(p Progress) { last = p })
+	got, err := fileSHA256(context.Background(), p, tr)
+	require.NoError(t, err)
+	assert.Equal(t, want[:], got)
+	assert.Equal(t, int64(len(b)), last.Done)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = fileSHA256(ctx, p, nil)
+	assert.ErrorIs(t, err, context.Canceled)
 }
