@@ -213,7 +213,11 @@ func checkIndex(t *testing.T, st *schedtest.State, regions ...string) {
 			}
 		}
 		for _, id := range st.RegionNodes(region) {
-			require.Equal(t, 1, seen[id], "node %s in exactly one bucket", id)
+			want := 1
+			if n, _ := st.Node(id); n.ProfileIntent != proto.IntentSliceVM {
+				want = 0
+			}
+			require.Equal(t, want, seen[id], "node %s: buckets holding it", id)
 		}
 	}
 }
@@ -267,6 +271,26 @@ func TestPlaceSliceProperty(t *testing.T) {
 						ids = append(ids, e.SlotID)
 					}
 					live = append(live, ids)
+				}
+				// Operators and agents change nodes between batches.
+				if ids := st.RegionNodes("r"); r.IntN(4) == 0 && len(ids) > 0 {
+					n, _ := st.Node(ids[r.IntN(len(ids))])
+					c := *n
+					switch r.IntN(4) {
+					case 0:
+						c.Draining = !c.Draining
+					case 1:
+						c.Readiness = &proto.Readiness{Active: true, SliceReady: c.Readiness == nil || !c.Readiness.SliceReady}
+					case 2:
+						if c.ProfileIntent == proto.IntentSliceVM {
+							c.ProfileIntent = proto.IntentBaremetal
+						} else {
+							c.ProfileIntent = proto.IntentSliceVM
+						}
+					case 3:
+						c.State = proto.NodeActive
+					}
+					require.NoError(t, st.UpdateNode(&c))
 				}
 				// Release some slices so capacity keeps moving.
 				for len(live) > 0 && r.IntN(3) == 0 {

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -48,7 +49,9 @@ func PlaceSlice(st State, req SliceRequest) (SlicePlan, error) {
 	if err := checkRegion(st, req.Region); err != nil {
 		return SlicePlan{}, err
 	}
-	p := &slicePlanner{st: st, req: req, ev: newEvaluator(req.GPUCount, req.Taken)}
+	p := scratchPool.Get().(*slicePlanner)
+	defer p.release()
+	p.reset(st, req)
 	p.indexed()
 	if p.found {
 		return p.plan(), nil
@@ -60,6 +63,23 @@ func PlaceSlice(st State, req SliceRequest) (SlicePlan, error) {
 		return p.plan(), nil
 	}
 	return SlicePlan{}, stats.noFit(req)
+}
+
+// scratchPool recycles planners so a decision allocates only its plan.
+var scratchPool = sync.Pool{New: func() any { return &slicePlanner{ev: &evaluator{}} }}
+
+func (p *slicePlanner) reset(st State, req SliceRequest) {
+	p.st, p.req = st, req
+	p.ev.n, p.ev.taken = req.GPUCount, req.Taken
+	p.found, p.bestID, p.bestNode, p.bestScore, p.evaluated = false, "", nil, Score{}, 0
+	p.bestSlots, p.affected = p.bestSlots[:0], p.affected[:0]
+}
+
+// release drops references into the state and returns p to the pool.
+func (p *slicePlanner) release() {
+	clear(p.bestSlots)
+	p.st, p.req, p.bestNode, p.ev.taken, p.ev.slots = nil, SliceRequest{}, nil, nil, nil
+	scratchPool.Put(p)
 }
 
 // checkRegion refuses unknown and disabled regions.
@@ -260,7 +280,9 @@ func (p *slicePlanner) scanAll() sliceStats {
 		if onNode > s.maxOnNode {
 			s.maxOnNode, s.maxNode = onNode, id
 		}
-		p.consider(n, slotClaims, slots, true)
+		if onNode >= p.req.GPUCount {
+			p.consider(n, slotClaims, slots, true)
+		}
 	}
 	return s
 }
