@@ -18,7 +18,7 @@ func TestImports(t *testing.T) {
 	t.Parallel()
 	allowed := map[string][]string{
 		".": {"errors", "fmt", "slices", "strings", "sync", "github.com/gpuaas/gpuaas/proto"},
-		"schedtest": {"fmt", "hash/fnv", "maps", "slices",
+		"schedtest": {"encoding/json", "errors", "fmt", "hash/fnv", "maps", "slices",
 			"github.com/gpuaas/gpuaas/proto", "github.com/gpuaas/gpuaas/sched"},
 	}
 	for dir, ok := range allowed {

@@ -165,3 +165,56 @@ func TestPutNodeValidates(t *testing.T) {
 	_, ok := st.Slot("a-s7")
 	assert.False(t, ok)
 }
+
+// mirror copies st by replaying its nodes and slots into a fresh State.
+func mirror(t *testing.T, st *schedtest.State) *schedtest.State {
+	t.Helper()
+	m := schedtest.New()
+	for _, id := range st.Nodes() {
+		n, _ := st.Node(id)
+		require.NoError(t, m.PutNode(n, st.NodeSlots(id)...))
+	}
+	return m
+}
+
+// skewed is a State whose index drops one node and whose claims lie:
+// CheckState must notice both.
+type skewed struct{ *schedtest.State }
+
+func (s skewed) NodesByAvailable(region string, k int) []string {
+	var out []string
+	for _, id := range s.State.NodesByAvailable(region, k) {
+		if id != "a" {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (s skewed) NodeClaims(id string) (bool, int) {
+	e, c := s.State.NodeClaims(id)
+	return e, c + 1
+}
+
+func TestCheckState(t *testing.T) {
+	t.Parallel()
+	st := newState(t)
+	_, err := st.ApplySlice(expect(st, "a", 0, 1))
+	require.NoError(t, err)
+	m := mirror(t, st)
+	require.NoError(t, schedtest.CheckState(m, st, "r"), "an equal state passes")
+
+	err = schedtest.CheckState(skewed{m}, st, "r")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "omits slice_vm node a")
+	assert.Contains(t, err.Error(), `NodeClaims("a") = false, 3; want false, 2`)
+	// The hidden node is still found (the scheduler scans when the index
+	// shows nothing), but the lying claim count changes a decision.
+	assert.NotContains(t, err.Error(), "PlaceSlice(")
+	assert.Contains(t, err.Error(), "PlaceBaremetal(r) = error no_capacity")
+
+	require.NoError(t, m.Release("a-s0"))
+	err = schedtest.CheckState(m, st, "r")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `NodeSlots("a")[0] claim ""; want claimed=true`)
+}
