@@ -320,6 +320,10 @@ func maps(m map[string]bool) map[string]bool {
 func TestPlaceSliceDeterministic(t *testing.T) {
 	t.Parallel()
 	hosts := randomCluster(rand.New(rand.NewPCG(7, 7)), 60)
+	for _, id := range []string{"bm2", "bm1"} {
+		n, s := schedtest.BaremetalHost(id, "r")
+		hosts = append(hosts, host{n, s})
+	}
 	reqs := [][]int{{1}, {2, 2, 1}, {4}, {8}, {1, 1, 1, 1}, {2, 4}, {8, 8}, {1}, {4, 4, 2}, {2}}
 	sku := sliceSKU(t)
 	run := func(order []host) string {
@@ -341,9 +345,14 @@ func TestPlaceSliceDeterministic(t *testing.T) {
 				fmt.Fprintf(&b, "%s %v %s\n", plans[i].NodeID, plans[i].SlotIndexes, plans[i].Score)
 			}
 		}
+		for range 3 {
+			p, _, err := h.Baremetal(sched.BaremetalRequest{SKU: bmSKU(t), Region: "r"})
+			fmt.Fprintf(&b, "bm %s %v\n", p.NodeID, err)
+		}
 		return b.String()
 	}
 	want := run(hosts)
+	require.Contains(t, want, "bm bm1 <nil>\nbm bm2 <nil>\nbm  no_capacity", "the sequence places baremetal too")
 	require.NotEmpty(t, want)
 	require.Contains(t, want, "[0 1 2 3 4 5 6 7]", "the sequence exercises 8-GPU slices")
 	for i := range 1000 {

@@ -88,6 +88,7 @@ func (p *slicePlanner) reset(st State, req SliceRequest) {
 // release drops references into the state and returns p to the pool.
 func (p *slicePlanner) release() {
 	clear(p.bestSlots)
+	clear(p.affected)
 	p.st, p.req, p.bestNode, p.ev.taken, p.ev.slots = nil, SliceRequest{}, nil, nil, nil
 	scratchPool.Put(p)
 }
