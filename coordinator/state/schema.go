@@ -144,19 +144,18 @@ func table(name string, indexes ...*memdb.IndexSchema) *memdb.TableSchema {
 
 // Index names.
 const (
-	idxID            = "id"
-	idxRegion        = "region"
-	idxNodeIndex     = "node_index"
-	idxStatus        = "status"
-	idxIdemKey       = "idempotency_key"
-	idxState         = "state"
-	idxLiveSlot      = "live_slot"
-	idxLiveNode      = "live_node"
-	idxAllocation    = "allocation"
-	idxNode          = "node"
-	idxRegionAvail   = "region_available"
-	idxRegionTotal   = "region_total"
-	idxAllocationSeq = "allocation_seq"
+	idxID          = "id"
+	idxRegion      = "region"
+	idxNodeIndex   = "node_index"
+	idxStatus      = "status"
+	idxIdemKey     = "idempotency_key"
+	idxState       = "state"
+	idxLiveSlot    = "live_slot"
+	idxLiveNode    = "live_node"
+	idxAllocation  = "allocation"
+	idxNode        = "node"
+	idxRegionAvail = "region_available"
+	idxRegionTotal = "region_total"
 )
 
 func schema() *memdb.DBSchema {
