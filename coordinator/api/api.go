@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -40,7 +39,7 @@ type Backend interface {
 	// Barrier waits until everything committed before it is applied
 	// locally (leader only).
 	Barrier(ctx context.Context) error
-	Peers() ([]server.Peer, error)
+	Peers() ([]Peer, error)
 	AddVoter(ctx context.Context, id, raftAddr, httpAddr string) error
 	RemoveServer(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, id string) error

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -24,11 +23,11 @@ func (c *call) peers() error {
 	if err != nil {
 		return err
 	}
-	items := make([]*server.Peer, len(ps))
+	items := make([]*Peer, len(ps))
 	for i := range ps {
 		items[i] = &ps[i]
 	}
-	slices.SortFunc(items, func(x, y *server.Peer) int { return strings.Compare(x.ID, y.ID) })
+	slices.SortFunc(items, func(x, y *Peer) int { return strings.Compare(x.ID, y.ID) })
 	c.index = c.a.b.Store().Snapshot().Index()
 	return c.reply(http.StatusOK, list(items, "", c.index))
 }
