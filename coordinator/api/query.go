@@ -16,11 +16,11 @@ import (
 
 // Query parameters every read accepts besides its own filters.
 var (
-	readParams    = []string{"consistent"}
-	blockingParams   = []string{"index", "wait"}
-	pagingParams  = []string{"limit", "after"}
-	errWaitNoIdx  = proto.Errorf(proto.CodeInvalidArgument, "wait is only meaningful with index")
-	waitUnitsHelp = "a duration such as 500ms, 30s or 5m"
+	readParams     = []string{"consistent"}
+	blockingParams = []string{"index", "wait"}
+	pagingParams   = []string{"limit", "after"}
+	errWaitNoIdx   = proto.Errorf(proto.CodeInvalidArgument, "wait is only meaningful with index")
+	waitUnitsHelp  = "a duration such as 500ms, 30s or 5m"
 )
 
 // query checks that only allowed parameters are present, each at most
