@@ -45,6 +45,8 @@ type Config struct {
 	// Now is the clock commands are stamped with (the FSM never reads a
 	// clock); default time.Now.
 	Now func() time.Time
+	// Inventory, if set, is loaded by the leader into an empty ledger.
+	Inventory *Inventory
 	// Logger receives structured logs; default slog.Default().
 	Logger *slog.Logger
 
