@@ -22,8 +22,8 @@ const (
 func (f *FSM) applyOutboxDeliver(body []byte, index uint64) any {
 	req := decode[proto.OutboxDeliverRequest](proto.OutboxDeliverType, body, index)
 	return f.write(index, func(tx *state.Txn) (any, error) {
-		if len(req.IDs) > maxDeliver {
-			return nil, invalid("outbox_deliver: %d ids; at most %d per command", len(req.IDs), maxDeliver)
+		if len(req.IDs) == 0 || len(req.IDs) > maxDeliver {
+			return nil, invalid("outbox_deliver: %d ids; 1 to %d per command", len(req.IDs), maxDeliver)
 		}
 		resp := &proto.OutboxDeliverResponse{Tasks: []string{}}
 		for _, id := range req.IDs {

@@ -356,7 +356,7 @@ func (s *Snapshot) AllTimeline() []*proto.TimelineEvent {
 
 // LastTimelineSeq returns the Seq of an allocation's last event (0: none).
 func (s *Snapshot) LastTimelineSeq(allocID string) uint64 {
-	o, err := s.txn.Last(TableTimeline, idxID, allocID)
+	o, err := s.txn.Last(TableTimeline, idxID+"_prefix", allocID)
 	must(err)
 	if o == nil {
 		return 0
