@@ -224,3 +224,51 @@ func TestRouteRoles(t *testing.T) {
 		}
 	}
 }
+
+// sampleValue is a valid query value for a documented parameter schema.
+func sampleValue(s *openapi3.Schema) string {
+	switch {
+	case len(s.Enum) > 0:
+		return fmt.Sprint(s.Enum[0])
+	case s.Type.Is("boolean"):
+		return "true"
+	case s.Type.Is("integer"):
+		return "1"
+	case s.Format == "date-time":
+		return "2026-11-21T00:00:00Z"
+	}
+	return "x1"
+}
+
+// TestContractQueryParameters: each route accepts exactly the query
+// parameters its operation documents; anything else is a 400 naming it.
+func TestContractQueryParameters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	for _, rt := range e.api.Routes() {
+		op := e.doc.Paths.Find(rt.Pattern).GetOperation(rt.Method)
+		path := concrete(rt.Pattern)
+		for _, p := range op.Parameters {
+			if p.Value.In != openapi3.ParameterInQuery {
+				continue
+			}
+			v := sampleValue(p.Value.Schema.Value)
+			switch p.Value.Name {
+			case "wait":
+				v = "10ms"
+			case "index":
+				v = "0" // answers at once
+			}
+			q := p.Value.Name + "=" + v
+			if p.Value.Name == "wait" {
+				q += "&index=1"
+			}
+			r := e.do(RoleAdmin, rt.Method, path+"?"+q, nil)
+			assert.NotContains(t, string(r.body), "unknown query parameter", "%s %s?%s is documented", rt.Method, rt.Pattern, q)
+		}
+		r := e.do(RoleAdmin, rt.Method, path+"?zzz=1", nil)
+		p := r.requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)
+		assert.Contains(t, p.Detail, `unknown query parameter "zzz"`, "%s %s", rt.Method, rt.Pattern)
+	}
+}
