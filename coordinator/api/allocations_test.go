@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -256,4 +257,84 @@ func TestAllocationReleaseAndForceRelease(t *testing.T) {
 	for _, c := range e.b.Store().Snapshot().ClaimsByAllocation(b.ID) {
 		assert.False(t, c.Live)
 	}
+}
+
+// deliver turns every outbox entry into a node task, as the leader's
+// outbox pump does.
+func (e *env) deliver() {
+	e.t.Helper()
+	var ids []string
+	for _, o := range e.b.Store().Snapshot().Outbox() {
+		ids = append(ids, o.ID)
+	}
+	if len(ids) > 0 {
+		e.apply(proto.OutboxDeliverType, proto.OutboxDeliverRequest{At: fixtureAt, IDs: ids})
+	}
+}
+
+// TestTasksPagingAndUsage: delivered tasks page per node and per
+// allocation; activation opens a usage record and release closes it.
+func TestTasksPagingAndUsage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	var allocs []proto.Allocation
+	for i := range 3 {
+		allocs = append(allocs, e.mustCreate(fmt.Sprintf("t%d", i), 1))
+	}
+	e.deliver()
+	node := allocs[0].NodeID
+	var seen []string
+	after := ""
+	for range 10 {
+		r := e.do(RoleViewer, http.MethodGet, "/v1/nodes/"+node+"/tasks?limit=1&after="+after, nil)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		var l proto.List[proto.Task]
+		r.decode(t, &l)
+		for _, tk := range l.Items {
+			assert.Equal(t, node, tk.NodeID)
+			assert.Equal(t, proto.TaskSliceProvision, tk.Type)
+			seen = append(seen, tk.ID)
+		}
+		if l.Next == "" {
+			break
+		}
+		after = l.Next
+	}
+	onNode := 0
+	for _, a := range allocs {
+		if a.NodeID == node {
+			onNode++
+		}
+	}
+	assert.Len(t, seen, onNode)
+	r := e.do(RoleViewer, http.MethodGet, "/v1/allocations/"+allocs[1].ID+"/tasks", nil)
+	var l proto.List[proto.Task]
+	r.decode(t, &l)
+	require.Len(t, l.Items, 1)
+	assert.Equal(t, allocs[1].ID, l.Items[0].AllocationID)
+	e.do(RoleViewer, http.MethodGet, "/v1/nodes/nope/tasks", nil).requireProblem(t, 404, proto.CodeNotFound)
+
+	// Activate the first allocation: a usage record opens.
+	a := allocs[0]
+	for _, to := range []proto.AllocState{proto.AllocProvisioning, proto.AllocActive} {
+		e.apply(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: fixtureAt.Add(time.Hour), AllocationID: a.ID, To: to})
+	}
+	r = e.do(RoleViewer, http.MethodGet, "/v1/usage", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var u proto.List[proto.UsageRecord]
+	r.decode(t, &u)
+	require.Len(t, u.Items, 1)
+	assert.Equal(t, a.ID, u.Items[0].AllocationID)
+	assert.Nil(t, u.Items[0].End)
+	assert.Equal(t, fixtureAt.Add(time.Hour), u.Items[0].Start)
+	// Force-release closes it; a since after the end filters it out.
+	e.do(RoleAdmin, http.MethodPost, "/v1/allocations/"+a.ID+"/force-release", nil)
+	u = proto.List[proto.UsageRecord]{}
+	e.do(RoleViewer, http.MethodGet, "/v1/usage?allocation="+a.ID, nil).decode(t, &u)
+	require.Len(t, u.Items, 1)
+	require.NotNil(t, u.Items[0].End)
+	u = proto.List[proto.UsageRecord]{}
+	e.do(RoleViewer, http.MethodGet, "/v1/usage?since="+time.Now().Add(time.Hour).UTC().Format(time.RFC3339), nil).decode(t, &u)
+	assert.Empty(t, u.Items)
 }

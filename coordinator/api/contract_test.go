@@ -141,7 +141,7 @@ func TestContractCodesAndEnums(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	strs := func(vs ...string) []string { slices.Sort(vs); return vs }
+	strs := func(vs ...string) []string { vs = slices.Clone(vs); slices.Sort(vs); return vs }
 	var codes, slots, allocs []string
 	for _, c := range proto.Codes {
 		codes = append(codes, string(c))
@@ -163,6 +163,16 @@ func TestContractCodesAndEnums(t *testing.T) {
 	assert.Equal(t, strs(string(proto.IntentSliceVM), string(proto.IntentBaremetal)), enum("ProfileIntent"))
 	assert.Equal(t, strs(string(proto.ClaimNodeExclusive), string(proto.ClaimSlot)), enum("ClaimKind"))
 	assert.Equal(t, strs(string(proto.NodeRegistered), string(proto.NodeActive), string(proto.NodeUnreachable), string(proto.NodeDisabled)), enum("NodeState"))
+	prop := func(schema, field string) []string {
+		var out []string
+		for _, v := range doc.Components.Schemas[schema].Value.Properties[field].Value.Enum {
+			out = append(out, v.(string))
+		}
+		slices.Sort(out)
+		return out
+	}
+	assert.Equal(t, strs(proto.TimelineStatuses...), prop("TimelineEvent", "status"))
+	assert.Equal(t, strs(proto.WipeMethods...), prop("WipeProof", "method"))
 	assert.Equal(t, strs(string(proto.TaskQueued), string(proto.TaskRunning), string(proto.TaskSucceeded), string(proto.TaskFailed), string(proto.TaskCancelled)), enum("TaskState"))
 }
 
