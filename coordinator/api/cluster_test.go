@@ -59,7 +59,18 @@ func startReplicas(t *testing.T, n int) []*replica {
 		go hs.Serve(ln)
 		t.Cleanup(func() {
 			hs.Close()
-			srv.Shutdown()
+			// Bounded: a server loop blocked in a raft future that
+			// Shutdown never resolves must not hang the test binary.
+			done := make(chan struct{})
+			go func() {
+				srv.Shutdown()
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(15 * time.Second):
+				t.Errorf("server %s did not shut down within 15s", cfg.NodeID)
+			}
 		})
 		e := &env{t: t, b: srv, api: a, url: "http://" + cfg.HTTPAddr, tok: tok, doc: loadDoc(t), logs: logs}
 		out = append(out, &replica{srv: srv, env: e})
@@ -185,7 +196,8 @@ func TestClusterAPI(t *testing.T) {
 	target := followers[0].srv.NodeID()
 	r = f2.do(RoleAdmin, http.MethodPost, "/v1/operator/transfer-leadership", proto.TransferLeadershipBody{ID: target})
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
-	require.Eventually(t, func() bool { return followers[0].srv.IsLeader() }, 10*time.Second, 20*time.Millisecond)
+	newLeader, _ := leaderOf(t, rs)
+	require.Equal(t, target, newLeader.srv.NodeID())
 	r = f2.do(RoleViewer, http.MethodGet, "/v1/status", nil)
 	var st proto.Status
 	r.decode(t, &st)
