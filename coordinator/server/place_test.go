@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -75,6 +76,7 @@ func TestPlaceConcurrentNoDoubleClaimsAndIdempotency(t *testing.T) {
 	assert.EqualValues(t, 16, wins.Load())
 	snap := leader.srv.Store().Snapshot()
 	require.NoError(t, checkLiveClaims(snap))
+	require.NoError(t, fsm.CheckInvariants(snap))
 	live := 0
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		if a.Live() {
