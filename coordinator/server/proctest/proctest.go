@@ -26,7 +26,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -43,9 +42,11 @@ func Build(dir string) (string, error) {
 
 // Options shape a cluster.
 type Options struct {
-	Size      int               // servers (default 3)
-	Inventory *server.Inventory // loaded by the first leader
-	Args      []string          // extra flags for every server
+	Size int // servers (default 3)
+	// Inventory (a server.Inventory, JSON-encoded into the -inventory
+	// file) is loaded by the first leader.
+	Inventory any
+	Args      []string // extra flags for every server
 }
 
 // Cluster is a set of coordinator processes.
