@@ -159,8 +159,26 @@ func (c *placeCall) attach(f *placeCall) {
 	c.mu.Unlock()
 }
 
-// run is the leader-only planner loop.
+// run is the leader-only planner loop. A new leader first waits for its
+// FSM to apply everything committed in earlier terms (a barrier), so it
+// never plans on a state older than the log it leads.
 func (p *planner) run(ctx context.Context) {
+	for {
+		err := p.s.Barrier(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || proto.CodeOf(err) == proto.CodeNotLeader {
+			p.stop(nil, 0, nil)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			p.stop(nil, 0, nil)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	var (
 		pending  []*placeCall
 		inFlight int
