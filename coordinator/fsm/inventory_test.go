@@ -122,7 +122,11 @@ func TestCandidateTopologyIsNeverSchedulable(t *testing.T) {
 		{Index: 2, Capacity: fsmtest.Capacity("fresh", 2), DiskSignatures: []string{"ext4"}},
 		{Index: 3, Capacity: fsmtest.Capacity("fresh", 3), Problems: []string{"IOMMU group shared with NIC"}},
 		{Index: 4, Capacity: func() proto.SlotCapacity { c := fsmtest.Capacity("fresh", 4); c.FabricClaimMode = "shared"; return c }()},
-		{Index: 5, Capacity: func() proto.SlotCapacity { c := fsmtest.Capacity("fresh", 5); c.FabricVFPCIAddress = fsmtest.Capacity("fresh", 0).FabricVFPCIAddress; return c }()},
+		{Index: 5, Capacity: func() proto.SlotCapacity {
+			c := fsmtest.Capacity("fresh", 5)
+			c.FabricVFPCIAddress = fsmtest.Capacity("fresh", 0).FabricVFPCIAddress
+			return c
+		}()},
 	}}
 	h.Refuse(proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: h.At(), Topology: proto.CandidateTopology{NodeID: "nope"}}, proto.CodeNotFound)
 	dup := topo
