@@ -1,0 +1,263 @@
+package state_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+var _ sched.State = (*state.Snapshot)(nil)
+
+func put(t *testing.T, s *state.Store, index uint64, fn func(tx *state.Txn) error) {
+	t.Helper()
+	tx := s.Begin(index)
+	require.NoError(t, fn(tx))
+	require.NoError(t, tx.Commit())
+}
+
+func node(id, region string) *proto.Node {
+	return &proto.Node{ID: id, Hostname: id, Region: region, Pool: region + "-p", ProfileIntent: proto.IntentSliceVM, State: proto.NodeActive}
+}
+
+func slot(nodeID string, i int, st proto.SlotStatus) *proto.Slot {
+	return &proto.Slot{ID: proto.SlotID(nodeID, i), NodeID: nodeID, Index: i, Status: st}
+}
+
+func TestPutStampsIndexesAndCommitPublishes(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 5, func(tx *state.Txn) error { return tx.PutRegion(&proto.Region{Name: "r"}) })
+	before := s.Snapshot()
+	tx := s.Begin(9)
+	require.NoError(t, tx.PutRegion(&proto.Region{Name: "r", Disabled: true}))
+	// Visible inside the txn, not outside before commit.
+	r, _ := tx.Region("r")
+	assert.True(t, r.Disabled)
+	r, _ = s.Snapshot().Region("r")
+	assert.False(t, r.Disabled)
+	require.NoError(t, tx.Commit())
+	r, _ = s.Snapshot().Region("r")
+	assert.Equal(t, proto.Meta{CreateIndex: 5, ModifyIndex: 9}, r.Meta)
+	// Snapshots are isolated from later writes.
+	r, _ = before.Region("r")
+	assert.False(t, r.Disabled)
+	assert.Equal(t, uint64(5), before.Index())
+	assert.Equal(t, uint64(9), s.Snapshot().Index())
+	assert.Equal(t, uint64(9), s.Snapshot().TableIndex(state.TableRegions))
+	assert.Zero(t, s.Snapshot().TableIndex(state.TableSlots))
+	assert.Error(t, tx.Commit(), "commit twice")
+}
+
+func TestAbortDiscardsEverything(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	tx := s.Begin(3)
+	require.NoError(t, tx.PutNode(node("n1", "r")))
+	require.NoError(t, tx.PutSlot(slot("n1", 0, proto.SlotAvailable)))
+	tx.Abort()
+	tx.Abort()
+	snap := s.Snapshot()
+	assert.Empty(t, snap.Nodes())
+	assert.Empty(t, snap.NodesByAvailable("r", 1))
+	assert.Zero(t, snap.Index())
+}
+
+func TestNodeSummaryIndexes(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		for _, n := range []string{"c", "a", "b"} {
+			if err := tx.PutNode(node(n, "r1")); err != nil {
+				return err
+			}
+		}
+		if err := tx.PutNode(node("z", "r2")); err != nil {
+			return err
+		}
+		for i := 0; i < 4; i++ {
+			for _, n := range []string{"a", "b", "c"} {
+				if err := tx.PutSlot(slot(n, i, proto.SlotAvailable)); err != nil {
+					return err
+				}
+			}
+		}
+		return tx.PutSlot(slot("a", 4, proto.SlotDisabled))
+	})
+	snap := s.Snapshot()
+	assert.Equal(t, []string{"a", "b", "c"}, snap.RegionNodes("r1"))
+	assert.Equal(t, []string{"a", "b", "c"}, snap.NodesByAvailable("r1", 4))
+	assert.Equal(t, 5, snap.MaxSlotsPerNode("r1"))
+	assert.Zero(t, snap.MaxSlotsPerNode("r2"))
+	assert.Equal(t, []string{"z"}, snap.NodesByAvailable("r2", 0))
+	assert.Empty(t, snap.NodesByAvailable("r", 4), "region names are not prefixes of each other")
+
+	// Reserve two slots of b and claim them; take one slot of c away.
+	put(t, s, 2, func(tx *state.Txn) error {
+		for i := 0; i < 2; i++ {
+			sl := slot("b", i, proto.SlotReserved)
+			sl.ClaimID = fmt.Sprintf("c%d", i)
+			if err := tx.PutSlot(sl); err != nil {
+				return err
+			}
+			if err := tx.PutClaim(&proto.Claim{ID: sl.ClaimID, AllocationID: "x", Kind: proto.ClaimSlot, NodeID: "b", SlotID: sl.ID, Live: true}); err != nil {
+				return err
+			}
+		}
+		return tx.PutSlot(slot("c", 3, proto.SlotDisabled))
+	})
+	snap = s.Snapshot()
+	assert.Equal(t, []string{"a"}, snap.NodesByAvailable("r1", 4))
+	assert.Equal(t, []string{"c"}, snap.NodesByAvailable("r1", 3))
+	assert.Equal(t, []string{"b"}, snap.NodesByAvailable("r1", 2))
+	excl, n := snap.NodeClaims("b")
+	assert.False(t, excl)
+	assert.Equal(t, 2, n)
+	c, ok := snap.LiveClaimForSlot(proto.SlotID("b", 1))
+	require.True(t, ok)
+	assert.Equal(t, "c1", c.ID)
+	assert.Equal(t, state.RegionAvailability{Region: "r1", Nodes: 3, Slots: 13, AvailableSlots: 9, FreeNodes: 2, LargestFreeGroup: 4}, snap.Availability("r1"))
+
+	// Ending a claim drops it from the live indexes.
+	put(t, s, 3, func(tx *state.Txn) error {
+		return tx.PutClaim(&proto.Claim{ID: "c1", AllocationID: "x", Kind: proto.ClaimSlot, NodeID: "b", SlotID: proto.SlotID("b", 1)})
+	})
+	snap = s.Snapshot()
+	_, ok = snap.LiveClaimForSlot(proto.SlotID("b", 1))
+	assert.False(t, ok)
+	_, n = snap.NodeClaims("b")
+	assert.Equal(t, 1, n)
+	assert.Len(t, snap.LiveNodeClaims("b"), 1)
+	assert.Len(t, snap.ClaimsByAllocation("x"), 2)
+
+	// A node moving region takes its summary along.
+	put(t, s, 4, func(tx *state.Txn) error { return tx.PutNode(node("a", "r2")) })
+	snap = s.Snapshot()
+	assert.Equal(t, []string{"a"}, snap.NodesByAvailable("r2", 4))
+	assert.Empty(t, snap.NodesByAvailable("r1", 4))
+}
+
+func TestAllocationsFilterAndPage(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		for i := 0; i < 10; i++ {
+			a := &proto.Allocation{ID: fmt.Sprintf("a%02d", i), Region: []string{"r1", "r2"}[i%2], Owner: []string{"o1", "o2", "o3"}[i%3],
+				State: []proto.AllocState{proto.AllocActive, proto.AllocReleased}[i/5], IdempotencyKey: fmt.Sprintf("k%d", i)}
+			if err := tx.PutAllocation(a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	snap := s.Snapshot()
+	ids := func(as []*proto.Allocation) []string {
+		out := []string{}
+		for _, a := range as {
+			out = append(out, a.ID)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"a00", "a01", "a02"}, ids(snap.Allocations(state.AllocationFilter{Limit: 3})))
+	assert.Equal(t, []string{"a03", "a04", "a05"}, ids(snap.Allocations(state.AllocationFilter{AfterID: "a02", Limit: 3})))
+	assert.Equal(t, []string{"a01", "a03"}, ids(snap.Allocations(state.AllocationFilter{State: proto.AllocActive, Region: "r2"})))
+	assert.Equal(t, []string{"a06", "a09"}, ids(snap.Allocations(state.AllocationFilter{State: proto.AllocReleased, Owner: "o1"})))
+	assert.Equal(t, []string{"a08"}, ids(snap.Allocations(state.AllocationFilter{State: proto.AllocReleased, AfterID: "a07", Limit: 1})))
+	a, ok := snap.AllocationByKey("k7")
+	require.True(t, ok)
+	assert.Equal(t, "a07", a.ID)
+	_, ok = snap.AllocationByKey("")
+	assert.False(t, ok)
+}
+
+func TestWaitBlocksUntilTableMoves(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 4, func(tx *state.Txn) error { return tx.PutRegion(&proto.Region{Name: "r"}) })
+
+	// Already past: returns at once.
+	idx, err := s.Wait(context.Background(), 3, state.TableRegions)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(4), idx)
+
+	got := make(chan uint64, 1)
+	go func() {
+		idx, err := s.Wait(context.Background(), 4, state.TableSlots)
+		assert.NoError(t, err)
+		got <- idx
+	}()
+	// A write to another table does not wake a slots watcher for good.
+	put(t, s, 5, func(tx *state.Txn) error { return tx.PutRegion(&proto.Region{Name: "r2"}) })
+	select {
+	case idx := <-got:
+		t.Fatalf("woke at %d on a regions write", idx)
+	case <-time.After(50 * time.Millisecond):
+	}
+	put(t, s, 6, func(tx *state.Txn) error {
+		if err := tx.PutNode(node("n", "r")); err != nil {
+			return err
+		}
+		return tx.PutSlot(slot("n", 0, proto.SlotAvailable))
+	})
+	select {
+	case idx := <-got:
+		assert.Equal(t, uint64(6), idx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("slots watcher not woken")
+	}
+
+	// No table named: any table.
+	idx, err = s.Wait(context.Background(), 5)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(6), idx)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	idx, err = s.Wait(ctx, 6, state.TableSlots, state.TableNodes)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, uint64(6), idx)
+
+	_, err = s.Wait(context.Background(), 0, "bogus")
+	assert.ErrorContains(t, err, `no such table`)
+
+	s.Abandon()
+	_, err = s.Wait(context.Background(), 6, state.TableSlots)
+	assert.ErrorIs(t, err, state.ErrAbandoned)
+}
+
+func TestTimelineIsAppendOnly(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		return tx.PutTimeline(&proto.TimelineEvent{AllocationID: "a", Seq: 1, Stage: "x"})
+	})
+	tx := s.Begin(2)
+	defer tx.Abort()
+	assert.ErrorContains(t, tx.PutTimeline(&proto.TimelineEvent{AllocationID: "a", Seq: 1, Stage: "y"}), "append-only")
+	assert.Equal(t, uint64(1), tx.LastTimelineSeq("a"))
+	assert.Zero(t, tx.LastTimelineSeq("b"))
+}
+
+func TestRestoreTxnKeepsIndexes(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	tx := s.BeginRestore()
+	require.NoError(t, tx.PutRegion(&proto.Region{Name: "r", Meta: proto.Meta{CreateIndex: 3, ModifyIndex: 8}}))
+	require.NoError(t, tx.RestoreIndex(&state.IndexEntry{Table: state.TableRegions, Index: 8}))
+	assert.Error(t, tx.RestoreIndex(&state.IndexEntry{Table: "bogus", Index: 1}))
+	require.NoError(t, tx.Commit())
+	r, _ := s.Snapshot().Region("r")
+	assert.Equal(t, proto.Meta{CreateIndex: 3, ModifyIndex: 8}, r.Meta)
+	assert.Equal(t, uint64(8), s.Snapshot().Index())
+
+	normal := s.Begin(9)
+	defer normal.Abort()
+	assert.Error(t, normal.RestoreIndex(&state.IndexEntry{Table: state.TableRegions, Index: 1}))
+}
