@@ -31,7 +31,8 @@ func TestCheckInvariantsDetectsCorruption(t *testing.T) {
 		want  string
 	}{
 		{"two live claims on one slot", func(t *testing.T, h *fsmtest.Harness, tx *state.Txn) {
-			require.NoError(t, tx.PutClaim(&proto.Claim{ID: "zz", AllocationID: "a1", Kind: proto.ClaimSlot, NodeID: n0, SlotID: slot(n0, 0), Live: true}))
+			require.NoError(t, tx.PutAllocation(&proto.Allocation{ID: "a2", Shape: proto.ShapeGPUSlice, GPUCount: 1, NodeID: n0, ClaimIDs: []string{"zz"}, State: proto.AllocPlaced}))
+			require.NoError(t, tx.PutClaim(&proto.Claim{ID: "zz", AllocationID: "a2", Kind: proto.ClaimSlot, NodeID: n0, SlotID: slot(n0, 0), Live: true}))
 		}, "held by two live claims"},
 		{"slot points elsewhere", func(t *testing.T, h *fsmtest.Harness, tx *state.Txn) {
 			s := *h.Slot(slot(n0, 0))
@@ -55,7 +56,8 @@ func TestCheckInvariantsDetectsCorruption(t *testing.T) {
 			require.NoError(t, tx.PutClaim(&proto.Claim{ID: "a1-c9", AllocationID: "a1", Kind: proto.ClaimSlot, NodeID: n1, SlotID: s.ID, Live: true}))
 		}, "allocation a1"},
 		{"exclusive and slot claims on one node", func(t *testing.T, h *fsmtest.Harness, tx *state.Txn) {
-			require.NoError(t, tx.PutClaim(&proto.Claim{ID: "x", AllocationID: "a1", Kind: proto.ClaimNodeExclusive, NodeID: n0, Live: true}))
+			require.NoError(t, tx.PutAllocation(&proto.Allocation{ID: "bm", Shape: proto.ShapeBaremetal, NodeID: n0, ClaimIDs: []string{"x"}, State: proto.AllocPlaced}))
+			require.NoError(t, tx.PutClaim(&proto.Claim{ID: "x", AllocationID: "bm", Kind: proto.ClaimNodeExclusive, NodeID: n0, Live: true}))
 		}, "node_exclusive claim x and 2 slot claims"},
 		{"touched slot available", func(t *testing.T, h *fsmtest.Harness, tx *state.Txn) {
 			s := *h.Slot(slot(n0, 5))

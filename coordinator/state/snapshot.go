@@ -14,6 +14,7 @@ import (
 // modified. A Snapshot is safe for concurrent use.
 type Snapshot struct {
 	txn *memdb.Txn
+	idx [numTables]uint64
 	// pending holds node summaries changed by an open write Txn that are
 	// not yet flushed into the table (nil for read snapshots).
 	pending map[string]*NodeSummary
@@ -50,22 +51,33 @@ func list[T any](s *Snapshot, table, index string, args ...any) []*T {
 // Index returns the highest index written to any table.
 func (s *Snapshot) Index() uint64 {
 	var max uint64
-	for _, e := range list[IndexEntry](s, TableIndex, idxID) {
-		max = maxU(max, e.Index)
+	for _, i := range s.idx {
+		max = maxU(max, i)
 	}
 	return max
 }
 
-// TableIndex returns the index of the last write to table (0 if never).
+// TableIndex returns the index of the last write to table (0 if never or
+// unknown).
 func (s *Snapshot) TableIndex(table string) uint64 {
-	if e, ok := first[IndexEntry](s, TableIndex, idxID, table); ok {
-		return e.Index
+	if i := tableNum(table); i >= 0 {
+		return s.idx[i]
 	}
 	return 0
 }
 
-// IndexEntries returns every row of the index table, sorted by table.
-func (s *Snapshot) IndexEntries() []*IndexEntry { return list[IndexEntry](s, TableIndex, idxID) }
+// IndexEntries returns the per-table index records of the tables ever
+// written, sorted by table name.
+func (s *Snapshot) IndexEntries() []*IndexEntry {
+	var out []*IndexEntry
+	for i, t := range Tables {
+		if s.idx[i] != 0 {
+			out = append(out, &IndexEntry{Table: t, Index: s.idx[i]})
+		}
+	}
+	slices.SortFunc(out, func(a, b *IndexEntry) int { return cmpString(a.Table, b.Table) })
+	return out
+}
 
 // Regions returns every region sorted by name.
 func (s *Snapshot) Regions() []*proto.Region { return list[proto.Region](s, TableRegions, idxID) }
@@ -147,12 +159,10 @@ func (s *Snapshot) NodesByAvailable(region string, k int) []string {
 
 // MaxSlotsPerNode returns the largest slot count of any node in region.
 func (s *Snapshot) MaxSlotsPerNode(region string) int {
-	o, err := s.txn.Last(tableNodeSummary, idxRegionTotal, region)
-	must(err)
-	if o == nil {
-		return 0
+	if r, ok := first[regionSummary](s, tableRegionSummary, idxID, region); ok {
+		return r.MaxSlots
 	}
-	return o.(*NodeSummary).Total
+	return 0
 }
 
 // RegionAvailability is the aggregate capacity of a region, without any
@@ -195,7 +205,13 @@ func (s *Snapshot) Slots(nodeID string, status proto.SlotStatus) []*proto.Slot {
 		}
 		slices.SortFunc(out, func(a, b *proto.Slot) int { return cmpString(a.ID, b.ID) })
 	case status != "":
-		out = list[proto.Slot](s, TableSlots, idxStatus, status)
+		// No status index: it would cost every slot write an index
+		// update; a scan of all slots is cheap for list reads.
+		for _, sl := range list[proto.Slot](s, TableSlots, idxID) {
+			if sl.Status == status {
+				out = append(out, sl)
+			}
+		}
 	default:
 		out = list[proto.Slot](s, TableSlots, idxID)
 	}
@@ -272,9 +288,21 @@ func (s *Snapshot) AllocationByKey(key string) (*proto.Allocation, bool) {
 // Claims returns every claim (live and ended) sorted by ID.
 func (s *Snapshot) Claims() []*proto.Claim { return list[proto.Claim](s, TableClaims, idxID) }
 
-// ClaimsByAllocation returns an allocation's claims sorted by ID.
+// ClaimsByAllocation returns an allocation's claims (those its ClaimIDs
+// name, written with it in one command) sorted by ID.
 func (s *Snapshot) ClaimsByAllocation(allocID string) []*proto.Claim {
-	return list[proto.Claim](s, TableClaims, idxAllocation, allocID)
+	a, ok := s.Allocation(allocID)
+	if !ok {
+		return nil
+	}
+	out := make([]*proto.Claim, 0, len(a.ClaimIDs))
+	for _, id := range a.ClaimIDs {
+		if c, ok := s.Claim(id); ok {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(x, y *proto.Claim) int { return cmpString(x.ID, y.ID) })
+	return out
 }
 
 // Claim returns the claim with id.
@@ -282,10 +310,19 @@ func (s *Snapshot) Claim(id string) (*proto.Claim, bool) {
 	return first[proto.Claim](s, TableClaims, idxID, id)
 }
 
-// LiveClaimForSlot returns the live claim holding slot id, if any. (A
-// node_exclusive claim holds every slot of its node; see LiveNodeClaims.)
+// LiveClaimForSlot returns the live claim holding slot id, if any: its
+// slot claim, or the node_exclusive claim that reserved it. (It follows
+// Slot.ClaimID; LiveNodeClaims lists claims from the claims side.)
 func (s *Snapshot) LiveClaimForSlot(slotID string) (*proto.Claim, bool) {
-	return first[proto.Claim](s, TableClaims, idxLiveSlot, slotID)
+	sl, ok := s.Slot(slotID)
+	if !ok || sl.ClaimID == "" {
+		return nil, false
+	}
+	c, ok := s.Claim(sl.ClaimID)
+	if !ok || !c.Live {
+		return nil, false
+	}
+	return c, true
 }
 
 // LiveNodeClaims returns the live claims on a node sorted by ID.

@@ -111,6 +111,9 @@ func TestNodeSummaryIndexes(t *testing.T) {
 				return err
 			}
 		}
+		if err := tx.PutAllocation(&proto.Allocation{ID: "x", ClaimIDs: []string{"c1", "c0"}, State: proto.AllocPlaced}); err != nil {
+			return err
+		}
 		return tx.PutSlot(slot("c", 3, proto.SlotDisabled))
 	})
 	snap = s.Snapshot()
@@ -135,7 +138,10 @@ func TestNodeSummaryIndexes(t *testing.T) {
 	_, n = snap.NodeClaims("b")
 	assert.Equal(t, 1, n)
 	assert.Len(t, snap.LiveNodeClaims("b"), 1)
-	assert.Len(t, snap.ClaimsByAllocation("x"), 2)
+	cs := snap.ClaimsByAllocation("x")
+	require.Len(t, cs, 2)
+	assert.Equal(t, "c0", cs[0].ID)
+	assert.False(t, cs[1].Live)
 
 	// A node moving region takes its summary along.
 	put(t, s, 4, func(tx *state.Txn) error { return tx.PutNode(node("a", "r2")) })

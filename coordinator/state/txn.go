@@ -20,6 +20,10 @@ type Txn struct {
 	tables  uint16 // bit per table in Tables written by this txn
 	changes Changes
 	done    bool
+	// regions whose largest node may have changed, with a lower bound.
+	regionMax map[string]int
+	// restored holds index records loaded by a restore transaction.
+	restored [numTables]uint64
 }
 
 // Changes names what a transaction touched: the nodes whose slots, claims
@@ -33,6 +37,9 @@ type Changes struct {
 // Begin opens the write transaction of the command at Raft index.
 func (s *Store) Begin(index uint64) *Txn {
 	t := &Txn{store: s, index: index}
+	s.mu.RLock()
+	t.idx = s.idx
+	s.mu.RUnlock()
 	t.txn = s.db.Txn(true)
 	t.pending = map[string]*NodeSummary{}
 	return t
@@ -52,7 +59,8 @@ func (t *Txn) Abort() {
 	}
 }
 
-// Commit flushes derived summaries and index rows and publishes the writes.
+// Commit flushes derived summaries, publishes the writes and advances the
+// indexes of the tables written (waking blocking queries).
 func (t *Txn) Commit() error {
 	if t.done {
 		return fmt.Errorf("commit txn at index %d: already finished", t.index)
@@ -63,20 +71,74 @@ func (t *Txn) Commit() error {
 			return fmt.Errorf("commit txn at index %d: node summary %s: %w", t.index, sum.NodeID, err)
 		}
 	}
-	if !t.restore {
-		for i, name := range Tables {
-			if t.tables&(1<<i) == 0 {
-				continue
-			}
-			if err := t.txn.Insert(TableIndex, &IndexEntry{Table: name, Index: t.index}); err != nil {
-				t.Abort()
-				return fmt.Errorf("commit txn at index %d: index row %s: %w", t.index, name, err)
-			}
-		}
+	if err := t.flushRegionMax(); err != nil {
+		t.Abort()
+		return fmt.Errorf("commit txn at index %d: %w", t.index, err)
 	}
 	t.done = true
-	t.txn.Commit()
+	if t.restore {
+		var written uint16
+		for i, v := range t.restored {
+			if v != 0 {
+				written |= 1 << i
+			}
+		}
+		t.store.publish(t.txn, written, func(i int) uint64 { return t.restored[i] })
+		return nil
+	}
+	t.store.publish(t.txn, t.tables, func(int) uint64 { return t.index })
 	return nil
+}
+
+// flushRegionMax recomputes the largest node of each region marked dirty.
+// A region only grows through slot approvals (cheap: compare), it may
+// shrink when a node moves away (rare: scan the region's summaries, which
+// the pending ones were just flushed into).
+func (t *Txn) flushRegionMax() error {
+	for region, atLeast := range t.regionMax {
+		max := atLeast
+		if atLeast < 0 {
+			max = 0
+			it, err := t.txn.Get(tableNodeSummary, idxRegionAvail, region)
+			if err != nil {
+				return fmt.Errorf("region summary %s: %w", region, err)
+			}
+			for o := it.Next(); o != nil; o = it.Next() {
+				max = maxInt(max, o.(*NodeSummary).Total)
+			}
+		} else if cur, ok := first[regionSummary](&t.Snapshot, tableRegionSummary, idxID, region); ok && cur.MaxSlots >= max {
+			continue
+		}
+		if err := t.txn.Insert(tableRegionSummary, &regionSummary{Region: region, MaxSlots: max}); err != nil {
+			return fmt.Errorf("region summary %s: %w", region, err)
+		}
+	}
+	return nil
+}
+
+func maxInt(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// growRegion notes that region has a node with total slots; shrinkRegion
+// that a node left it (forces a rescan).
+func (t *Txn) growRegion(region string, total int) {
+	if t.regionMax == nil {
+		t.regionMax = map[string]int{}
+	}
+	if cur, ok := t.regionMax[region]; !ok || cur >= 0 && total > cur {
+		t.regionMax[region] = total
+	}
+}
+
+func (t *Txn) shrinkRegion(region string) {
+	if t.regionMax == nil {
+		t.regionMax = map[string]int{}
+	}
+	t.regionMax[region] = -1
 }
 
 func (t *Txn) stamp(table string, m *proto.Meta, old *proto.Meta) {
@@ -125,7 +187,13 @@ func (t *Txn) PutNode(n *proto.Node) error {
 	old, ok := t.Node(n.ID)
 	t.stamp(TableNodes, &n.Meta, metaOf(old, ok, func(o *proto.Node) *proto.Meta { return &o.Meta }))
 	sum := t.editSummary(n.ID)
-	sum.Region = n.Region
+	if sum.Region != n.Region {
+		if ok {
+			t.shrinkRegion(sum.Region)
+		}
+		sum.Region = n.Region
+		t.growRegion(n.Region, sum.Total)
+	}
 	t.changes.Nodes = append(t.changes.Nodes, n.ID)
 	return t.insert(TableNodes, n)
 }
@@ -162,6 +230,7 @@ func (t *Txn) PutSlot(s *proto.Slot) error {
 	sum := t.editSummary(s.NodeID)
 	if !ok {
 		sum.Total++
+		t.growRegion(sum.Region, sum.Total)
 	} else if old.Status == proto.SlotAvailable {
 		sum.Available--
 	}
@@ -262,8 +331,10 @@ func (t *Txn) RestoreIndex(e *IndexEntry) error {
 	if !t.restore {
 		return fmt.Errorf("restore index row %s: not a restore transaction", e.Table)
 	}
-	if !knownTable(e.Table) {
+	i := tableNum(e.Table)
+	if i < 0 {
 		return fmt.Errorf("restore index row %s: no such table", e.Table)
 	}
-	return t.insert(TableIndex, e)
+	t.restored[i] = e.Index
+	return nil
 }
