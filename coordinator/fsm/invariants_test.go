@@ -122,16 +122,40 @@ func TestCheckerReportsViolationAtIndex(t *testing.T) {
 // invariant at every index, checked incrementally and in full.
 func TestRandomCommandsKeepInvariants(t *testing.T) {
 	t.Parallel()
+	h := randomLog(t, 7)
+	c := fsm.NewChecker()
+	for _, e := range h.Log {
+		_, err := c.Apply(e.Index, e.Data)
+		require.NoError(t, err)
+	}
+	require.NoError(t, fsm.CheckInvariants(h.Snap()))
+	// The mix must have exercised the interesting paths.
+	snap := h.Snap()
+	counts := map[proto.AllocState]int{}
+	for _, a := range snap.Allocations(state.AllocationFilter{}) {
+		counts[a.State]++
+	}
+	t.Logf("allocations by state: %v, log %d entries", counts, len(h.Log))
+	for _, st := range []proto.AllocState{proto.AllocPlaced, proto.AllocReleasing, proto.AllocReleased, proto.AllocFailed} {
+		assert.NotZero(t, counts[st], "no allocation ended %s", st)
+	}
+	assert.GreaterOrEqual(t, len(snap.Usage()), 10, "allocations that were ever active")
+	assert.NotEmpty(t, snap.Slots("", proto.SlotCleanupBlocked), "some slots blocked")
+}
+
+// randomLog applies a long seeded random mix of commands (valid and
+// refused) and returns the harness with its log.
+func randomLog(t *testing.T, seed uint64) *fsmtest.Harness {
+	t.Helper()
 	h := fsmtest.New(t)
 	h.Load(fsmtest.Inventory{SliceNodes: 6, BaremetalNodes: 2, SlotsPerNode: 8})
-	rng := rand.New(rand.NewPCG(7, 11))
+	rng := rand.New(rand.NewPCG(seed, 11))
 	snap := h.Snap()
 	var nodes []string
 	for _, n := range snap.Nodes() {
 		nodes = append(nodes, n.ID)
 	}
 	var allocs []string
-	refusals := 0
 	for i := 0; i < 1500; i++ {
 		snap := h.Snap()
 		node := nodes[rng.IntN(len(nodes))]
@@ -155,7 +179,6 @@ func TestRandomCommandsKeepInvariants(t *testing.T) {
 			}
 			if e, ok := h.Apply(proto.AllocationPlaceType, req).(*proto.Error); ok {
 				require.Contains(t, []proto.Code{proto.CodeConflict, proto.CodeAlreadyExists}, e.Code, "%v", e)
-				refusals++
 				continue
 			}
 			allocs = append(allocs, id)
@@ -213,22 +236,5 @@ func TestRandomCommandsKeepInvariants(t *testing.T) {
 			}
 		}
 	}
-	c := fsm.NewChecker()
-	for _, e := range h.Log {
-		_, err := c.Apply(e.Index, e.Data)
-		require.NoError(t, err)
-	}
-	require.NoError(t, fsm.CheckInvariants(h.Snap()))
-	// The mix must have exercised the interesting paths.
-	snap = h.Snap()
-	counts := map[proto.AllocState]int{}
-	for _, a := range snap.Allocations(state.AllocationFilter{}) {
-		counts[a.State]++
-	}
-	t.Logf("allocations by state: %v, log %d entries, %d placements refused", counts, len(h.Log), refusals)
-	for _, st := range []proto.AllocState{proto.AllocPlaced, proto.AllocReleasing, proto.AllocReleased, proto.AllocFailed} {
-		assert.NotZero(t, counts[st], "no allocation ended %s", st)
-	}
-	assert.GreaterOrEqual(t, len(snap.Usage()), 10, "allocations that were ever active")
-	assert.NotEmpty(t, snap.Slots("", proto.SlotCleanupBlocked), "some slots blocked")
+	return h
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -266,4 +267,70 @@ func TestRestoreTxnKeepsIndexes(t *testing.T) {
 	normal := s.Begin(9)
 	defer normal.Abort()
 	assert.Error(t, normal.RestoreIndex(&state.IndexEntry{Table: state.TableRegions, Index: 1}))
+}
+
+// dump lists everything a snapshot shows, derived read models included.
+func dump(s *state.Snapshot) map[string]any {
+	out := map[string]any{
+		"regions": s.Regions(), "nodes": s.Nodes(), "slots": s.Slots("", ""), "claims": s.Claims(),
+		"allocs": s.Allocations(state.AllocationFilter{}), "outbox": s.Outbox(), "tasks": s.Tasks("", "", "", 0),
+		"timeline": s.AllTimeline(), "usage": s.Usage(), "r1max": s.MaxSlotsPerNode("r1"), "r2max": s.MaxSlotsPerNode("r2"),
+		"r1avail": s.Availability("r1"), "r2avail": s.Availability("r2"), "live": s.LiveNodeClaims("a"),
+	}
+	for k := 0; k <= 3; k++ {
+		out[fmt.Sprintf("r1-%d", k)] = s.NodesByAvailable("r1", k)
+		out[fmt.Sprintf("r2-%d", k)] = s.NodesByAvailable("r2", k)
+	}
+	for _, n := range []string{"a", "b"} {
+		sum, _ := s.NodeSummary(n)
+		out["sum-"+n] = sum
+	}
+	return out
+}
+
+func TestRollbackToSavepointUndoesEveryKindOfWrite(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		for _, n := range []*proto.Node{node("a", "r1"), node("b", "r1")} {
+			if err := tx.PutNode(n); err != nil {
+				return err
+			}
+		}
+		for i := 0; i < 2; i++ {
+			if err := tx.PutSlot(slot("a", i, proto.SlotAvailable)); err != nil {
+				return err
+			}
+		}
+		return tx.PutOutbox(&proto.OutboxEntry{ID: "o1", Task: proto.Task{ID: "o1", NodeID: "a"}})
+	})
+	tx := s.Begin(2)
+	// Batch: a kept command, then one rolled back.
+	require.NoError(t, tx.PutRegion(&proto.Region{Name: "r1"}))
+	require.NoError(t, tx.PutSlot(slot("b", 0, proto.SlotAvailable)))
+	sp := tx.Savepoint()
+	before := dump(&tx.Snapshot)
+	tx.SetIndex(3)
+	require.NoError(t, tx.PutSlot(slot("b", 1, proto.SlotAvailable)))               // new row, region max grows
+	require.NoError(t, tx.PutSlot(slot("b", 0, proto.SlotDisabled)))                // update of a row written earlier in the txn
+	require.NoError(t, tx.PutSlot(slot("a", 0, proto.SlotReserved)))                // update of a committed row
+	require.NoError(t, tx.PutClaim(&proto.Claim{ID: "c", NodeID: "a", Live: true})) // summary counts
+	require.NoError(t, tx.DeleteOutbox("o1"))
+	require.NoError(t, tx.PutNode(node("a", "r2"))) // region move: summary and both region maxes
+	require.NoError(t, tx.PutTimeline(&proto.TimelineEvent{AllocationID: "x", Seq: 1}))
+	require.NoError(t, tx.PutUsage(&proto.UsageRecord{AllocationID: "x"}))
+	require.NotEqual(t, before, dump(&tx.Snapshot))
+	require.NoError(t, tx.RollbackTo(sp))
+	assert.Empty(t, cmp.Diff(before, dump(&tx.Snapshot)))
+	require.NoError(t, tx.Commit())
+
+	snap := s.Snapshot()
+	assert.Equal(t, uint64(2), snap.TableIndex(state.TableSlots), "rolled-back writes do not advance table indexes")
+	assert.Equal(t, uint64(1), snap.TableIndex(state.TableOutbox))
+	assert.Zero(t, snap.TableIndex(state.TableUsage))
+	assert.Equal(t, []string{"a"}, snap.NodesByAvailable("r1", 2))
+	assert.Equal(t, []string{"b"}, snap.NodesByAvailable("r1", 1))
+	assert.Equal(t, 2, snap.MaxSlotsPerNode("r1"))
+	_, ok := snap.OutboxEntry("o1")
+	assert.True(t, ok)
 }
