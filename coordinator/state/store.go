@@ -7,8 +7,10 @@
 // open and never blocks the writer. Snapshot implements sched.State, so
 // the scheduler plans directly on it. The only writer is the FSM, through
 // a Txn opened at a Raft index: every object it puts is stamped with that
-// index, and the index table records each table's last change so blocking
-// queries (Store.Wait) can sleep until a table moves past an index.
+// index, and the store tracks each table's last write index so blocking
+// queries (Store.Wait) can sleep until a table moves past an index. A
+// Txn may carry several commands (Raft batches) with savepoints between
+// them.
 //
 // Objects are stored as pointers and never modified after insertion:
 // callers copy, change the copy and put it.
