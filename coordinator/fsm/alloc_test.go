@@ -2,6 +2,7 @@ package fsm_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -141,6 +142,11 @@ func TestPlaceRefusals(t *testing.T) {
 			h.Place(h.SliceRequest("x", "", n1, slot(n1, 0)))
 		}, mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Task.ID = "x-provision" },
 			code: proto.CodeAlreadyExists},
+		{name: "task payload too large", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) {
+			r.Task.Payload = json.RawMessage(`"` + strings.Repeat("a", 70000) + `"`)
+		}, code: proto.CodeInvalidArgument, detail: "payload is 70002 bytes"},
+		{name: "task type mismatch", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Task.Type = proto.TaskSliceRelease },
+			code: proto.CodeInvalidArgument, detail: "does not match"},
 		{name: "bad allocation id", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Allocation.ID = "../x" },
 			code: proto.CodeInvalidArgument},
 		{name: "bad idempotency key", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Allocation.IdempotencyKey = "a b" },

@@ -306,6 +306,9 @@ func putOutboxTask(tx *state.Txn, t proto.Task, typ string, a *proto.Allocation,
 	if t.Type != typ {
 		return invalid("task %s: type %q does not match %s", t.ID, t.Type, typ)
 	}
+	if len(t.Payload) > maxPayload {
+		return invalid("task %s: payload is %d bytes; at most %d are allowed", t.ID, len(t.Payload), maxPayload)
+	}
 	t.NodeID, t.AllocationID, t.State = a.NodeID, a.ID, proto.TaskQueued
 	t.Progress, t.Result, t.Error = "", nil, ""
 	t.CreatedAt, t.UpdatedAt, t.Meta = now, now, proto.Meta{}

@@ -102,7 +102,10 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		panic(fmt.Sprintf("fsm: index %d: %v", index, err))
 	}
 	f.last = state.Changes{}
-	switch t {
+	// A known type carrying the ignore flag is applied like any other; the
+	// flag only matters to replicas that do not know the type.
+	ignorable := t&proto.IgnoreUnknownTypeFlag != 0
+	switch t &^ proto.IgnoreUnknownTypeFlag {
 	case proto.RegionUpsertType:
 		return f.applyRegionUpsert(body, index)
 	case proto.PoolUpsertType:
@@ -148,7 +151,7 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 	case proto.SlotHealthType:
 		return f.applySlotHealth(body, index)
 	default:
-		if t&proto.IgnoreUnknownTypeFlag != 0 {
+		if ignorable {
 			f.log.Warn("ignoring unknown command type", "type", uint8(t), "index", index)
 			return nil
 		}
