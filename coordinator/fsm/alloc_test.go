@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
+	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -37,6 +38,8 @@ func TestPlaceSliceWritesEverythingAtomically(t *testing.T) {
 			Generation: 1, Live: true, Meta: proto.Meta{CreateIndex: idx, ModifyIndex: idx}}, *c)
 	}
 	assert.Equal(t, []string{bm0, n1}, snap.NodesByAvailable(region, 8))
+	assert.Equal(t, state.RegionAvailability{Region: region, Nodes: 3, Slots: 24, SliceNodes: 2, AvailableSlots: 14,
+		LargestFreeGroup: 8, BaremetalFree: 1}, snap.Availability(region))
 	assert.Equal(t, []string{n0}, snap.NodesByAvailable(region, 6))
 	excl, sc := snap.NodeClaims(n0)
 	assert.False(t, excl)

@@ -166,29 +166,53 @@ func (s *Snapshot) MaxSlotsPerNode(region string) int {
 }
 
 // RegionAvailability is the aggregate capacity of a region, without any
-// host detail.
+// host detail (no PCI addresses, no node names).
 type RegionAvailability struct {
-	Region         string `json:"region"`
-	Nodes          int    `json:"nodes"`
-	Slots          int    `json:"slots"`
-	AvailableSlots int    `json:"available_slots"`
-	// FreeNodes counts nodes with no live claim at all.
-	FreeNodes int `json:"free_nodes"`
-	// LargestFreeGroup is the most available slots on one node.
+	Region   string `json:"region"`
+	Disabled bool   `json:"disabled"`
+	Nodes    int    `json:"nodes"`
+	Slots    int    `json:"slots"`
+	// SliceNodes are active, not draining, slice_vm, slice-ready nodes
+	// without a baremetal claim; AvailableSlots counts their available
+	// slots and LargestFreeGroup the most on one of them (the largest
+	// slice that could fit, before the scheduler's finer checks).
+	SliceNodes       int `json:"slice_nodes"`
+	AvailableSlots   int `json:"available_slots"`
 	LargestFreeGroup int `json:"largest_free_group"`
+	// BaremetalFree counts active, not draining, baremetal-intent nodes
+	// with no live claim.
+	BaremetalFree int `json:"baremetal_free"`
 }
 
-// Availability aggregates the node summaries of region.
+// Availability aggregates region's nodes for the public read model.
 func (s *Snapshot) Availability(region string) RegionAvailability {
 	a := RegionAvailability{Region: region}
-	for _, n := range list[NodeSummary](s, tableNodeSummary, idxRegionAvail, region) {
-		a.Nodes++
-		a.Slots += n.Total
-		a.AvailableSlots += n.Available
-		if n.ExclusiveClaims == 0 && n.SlotClaims == 0 {
-			a.FreeNodes++
+	if r, ok := s.Region(region); ok {
+		a.Disabled = r.Disabled
+	}
+	for _, n := range list[proto.Node](s, TableNodes, idxRegion, region) {
+		sum, _ := s.summary(n.ID)
+		if sum == nil {
+			sum = &NodeSummary{}
 		}
-		a.LargestFreeGroup = max(a.LargestFreeGroup, n.Available)
+		a.Nodes++
+		a.Slots += sum.Total
+		if n.State != proto.NodeActive || n.Draining {
+			continue
+		}
+		switch n.ProfileIntent {
+		case proto.IntentSliceVM:
+			if n.Readiness == nil || !n.Readiness.SliceReady || sum.ExclusiveClaims > 0 {
+				continue
+			}
+			a.SliceNodes++
+			a.AvailableSlots += sum.Available
+			a.LargestFreeGroup = max(a.LargestFreeGroup, sum.Available)
+		case proto.IntentBaremetal:
+			if sum.ExclusiveClaims == 0 && sum.SlotClaims == 0 {
+				a.BaremetalFree++
+			}
+		}
 	}
 	return a
 }
