@@ -79,7 +79,7 @@ type NodeSummary struct {
 	NodeID          string
 	Region          string
 	Total           int // approved slots
-	Available       int // slots in status available
+	Available       int // schedulable slots (sched.Schedulable)
 	ExclusiveClaims int // live node_exclusive claims
 	SlotClaims      int // live slot claims
 }

@@ -145,8 +145,9 @@ func (s *Snapshot) NodeClaims(nodeID string) (exclusive bool, slotClaims int) {
 }
 
 // NodesByAvailable returns the sorted IDs of the nodes in region with
-// exactly k slots in status available. Inside a write Txn it reflects the
-// state at the start of the transaction.
+// exactly k schedulable slots (sched.Schedulable: available, unclaimed,
+// complete); every node of the region is in one bucket. Inside a write
+// Txn it reflects the state at the start of the transaction.
 func (s *Snapshot) NodesByAvailable(region string, k int) []string {
 	it, err := s.txn.Get(tableNodeSummary, idxRegionAvail, region, k)
 	must(err)

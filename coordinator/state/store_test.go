@@ -28,8 +28,12 @@ func node(id, region string) *proto.Node {
 	return &proto.Node{ID: id, Hostname: id, Region: region, Pool: region + "-p", ProfileIntent: proto.IntentSliceVM, State: proto.NodeActive}
 }
 
+// slot returns a slot with a complete binding (schedulable when available).
 func slot(nodeID string, i int, st proto.SlotStatus) *proto.Slot {
-	return &proto.Slot{ID: proto.SlotID(nodeID, i), NodeID: nodeID, Index: i, Status: st}
+	return &proto.Slot{ID: proto.SlotID(nodeID, i), NodeID: nodeID, Index: i, Status: st, Capacity: proto.SlotCapacity{
+		GPUPCIAddress: fmt.Sprintf("0000:%02x:00.0", 0x18+i), NVMe: proto.DiskIdentity{Serial: fmt.Sprintf("S%s%d", nodeID, i)},
+		ManagementMAC: fmt.Sprintf("02:00:00:00:00:%02x", i), PrivateIP: fmt.Sprintf("10.0.0.%d", i+1),
+		FabricClaimMode: proto.FabricPerSlotVF, FabricVFPCIAddress: fmt.Sprintf("0000:03:01.%d", i)}}
 }
 
 func TestPutStampsIndexesAndCommitPublishes(t *testing.T) {
@@ -144,8 +148,16 @@ func TestNodeSummaryIndexes(t *testing.T) {
 	assert.Equal(t, "c0", cs[0].ID)
 	assert.False(t, cs[1].Live)
 
+	// An available slot missing a binding is not schedulable: not counted.
+	put(t, s, 4, func(tx *state.Txn) error {
+		sl := slot("c", 3, proto.SlotAvailable)
+		sl.Capacity.FabricVFPCIAddress = ""
+		return tx.PutSlot(sl)
+	})
+	assert.Equal(t, []string{"c"}, s.Snapshot().NodesByAvailable("r1", 3))
+
 	// A node moving region takes its summary along.
-	put(t, s, 4, func(tx *state.Txn) error { return tx.PutNode(node("a", "r2")) })
+	put(t, s, 5, func(tx *state.Txn) error { return tx.PutNode(node("a", "r2")) })
 	snap = s.Snapshot()
 	assert.Equal(t, []string{"a"}, snap.NodesByAvailable("r2", 4))
 	assert.Empty(t, snap.NodesByAvailable("r1", 4))
