@@ -275,7 +275,8 @@ func (s *Snapshot) Allocations(f AllocationFilter) []*proto.Allocation {
 	var it memdb.ResultIterator
 	var err error
 	if f.State != "" {
-		it, err = s.txn.Get(TableAllocations, idxState, f.State)
+		// The state index keys are state + ID: start right at AfterID.
+		it, err = s.txn.LowerBound(TableAllocations, idxState, f.State, f.AfterID)
 	} else {
 		it, err = s.txn.LowerBound(TableAllocations, idxID, f.AfterID)
 	}
@@ -283,6 +284,9 @@ func (s *Snapshot) Allocations(f AllocationFilter) []*proto.Allocation {
 	var out []*proto.Allocation
 	for o := it.Next(); o != nil; o = it.Next() {
 		a := o.(*proto.Allocation)
+		if f.State != "" && a.State != f.State {
+			break // past the state's range
+		}
 		if a.ID <= f.AfterID && f.AfterID != "" ||
 			f.Region != "" && a.Region != f.Region ||
 			f.Owner != "" && a.Owner != f.Owner ||
