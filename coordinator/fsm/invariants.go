@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 // Ledger invariants (DESIGN.md "Invariants"), checked on a snapshot:
@@ -45,8 +46,14 @@ func checkNode(snap *state.Snapshot, nodeID string) error {
 	bySlot := map[string]*proto.Claim{}
 	slotClaims := 0
 	for _, c := range live {
-		if a, ok := snap.Allocation(c.AllocationID); !ok || !a.Live() {
+		a, ok := snap.Allocation(c.AllocationID)
+		switch {
+		case !ok || !a.Live():
 			return fmt.Errorf("node %s: live claim %s belongs to allocation %s which is not live", nodeID, c.ID, c.AllocationID)
+		case !slices.Contains(a.ClaimIDs, c.ID):
+			return fmt.Errorf("node %s: live claim %s is not in the claim_ids of allocation %s", nodeID, c.ID, a.ID)
+		case a.NodeID != nodeID:
+			return fmt.Errorf("node %s: live claim %s of allocation %s, which is on node %s (spans nodes)", nodeID, c.ID, a.ID, a.NodeID)
 		}
 		switch c.Kind {
 		case proto.ClaimNodeExclusive:
@@ -79,8 +86,10 @@ func checkNode(snap *state.Snapshot, nodeID string) error {
 	available := 0
 	slots := snap.NodeSlots(nodeID)
 	for _, s := range slots {
-		if s.Status == proto.SlotAvailable {
+		if sched.Schedulable(s) {
 			available++
+		}
+		if s.Status == proto.SlotAvailable {
 			if s.Touched {
 				return fmt.Errorf("slot %s: available but touched without a wipe proof", s.ID)
 			}

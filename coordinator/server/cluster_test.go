@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -360,4 +361,78 @@ func TestConfigValidation(t *testing.T) {
 		_, err := New(c)
 		assert.Error(t, err, name)
 	}
+}
+
+func TestJoinEndpointAuthAndValidation(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, Config{NodeID: "solo", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, JoinToken: "s3cret", fsm: &countFSM{}})
+	waitLeader(t, []*testNode{n})
+	post := func(token, body string) int {
+		req, err := http.NewRequest(http.MethodPost, "http://"+n.cfg.HTTPAddr+JoinPath, strings.NewReader(body))
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	good := `{"self":{"id":"x1","raft_addr":"127.0.0.1:1","http_addr":"127.0.0.1:2"}}`
+	assert.Equal(t, http.StatusUnauthorized, post("", good))
+	assert.Equal(t, http.StatusUnauthorized, post("wrong", good))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"x1"},"extra":1}`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"../x","raft_addr":"a:1","http_addr":"b:2"}}`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"x1"}}`))
+	assert.Equal(t, http.StatusOK, post("s3cret", good))
+	// A plain exchange (no want_voter) changes no membership.
+	ids, err := n.srv.voterIDs()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"solo"}, ids)
+}
+
+// batchFSM records what reached it and how.
+type batchFSM struct {
+	countFSM
+	batches [][]uint64
+}
+
+func (f *batchFSM) ApplyBatch(logs []*raft.Log) []any {
+	var idx []uint64
+	out := make([]any, len(logs))
+	for i, l := range logs {
+		idx = append(idx, l.Index)
+		out[i] = f.countFSM.Apply(l)
+	}
+	f.batches = append(f.batches, idx)
+	return out
+}
+
+func TestPeerFSMApplyBatchSplitsAroundPeerCommands(t *testing.T) {
+	t.Parallel()
+	peer, err := proto.Encode(proto.PeerUpsertType|proto.IgnoreUnknownTypeFlag, proto.PeerUpsertRequest{Peer: proto.Peer{ID: "c9", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}})
+	require.NoError(t, err)
+	cmd := noopCmd(t)
+	logs := []*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: cmd},
+		{Index: 2, Type: raft.LogCommand, Data: cmd},
+		{Index: 3, Type: raft.LogCommand, Data: peer},
+		{Index: 4, Type: raft.LogCommand, Data: cmd},
+		{Index: 5, Type: raft.LogConfiguration},
+	}
+	inner := &batchFSM{}
+	f := newPeerFSM(inner)
+	out := f.ApplyBatch(logs)
+	assert.Equal(t, []any{uint64(1), uint64(2), nil, uint64(3), uint64(4)}, out)
+	assert.Equal(t, [][]uint64{{1, 2}, {4, 5}}, inner.batches)
+	p, ok := f.Peer("c9")
+	require.True(t, ok)
+	assert.Equal(t, "127.0.0.1:2", p.HTTPAddr)
+
+	// A non-batching ledger gets the entries one by one.
+	plain := &countFSM{}
+	out = newPeerFSM(plain).ApplyBatch(logs)
+	assert.Equal(t, []any{uint64(1), uint64(2), nil, uint64(3), nil}, out)
 }
