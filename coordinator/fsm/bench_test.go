@@ -186,4 +186,7 @@ func BenchmarkWriteSnapshot(b *testing.B) {
 
 type countingWriter int
 
-func (w *countingWriter) Write(p []byte) (int, error) { *w += countingWriter(len(p)); return len(p), nil }
+func (w *countingWriter) Write(p []byte) (int, error) {
+	*w += countingWriter(len(p))
+	return len(p), nil
+}
