@@ -346,3 +346,38 @@ func TestRollbackToSavepointUndoesEveryKindOfWrite(t *testing.T) {
 	_, ok := snap.OutboxEntry("o1")
 	assert.True(t, ok)
 }
+
+// Read snapshots memoize the scheduler's lists; a write Txn never does
+// (it must see its own writes).
+func TestSnapshotListsAreStableAndTxnSeesOwnWrites(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		if err := tx.PutNode(node("a", "r1")); err != nil {
+			return err
+		}
+		return tx.PutSlot(slot("a", 0, proto.SlotAvailable))
+	})
+	old := s.Snapshot()
+	require.Equal(t, []string{"a"}, old.NodesByAvailable("r1", 1))
+	require.Len(t, old.NodeSlots("a"), 1)
+
+	tx := s.Begin(2)
+	require.NoError(t, tx.PutSlot(slot("a", 1, proto.SlotAvailable)))
+	require.NoError(t, tx.PutNode(node("b", "r1")))
+	assert.Len(t, tx.NodeSlots("a"), 2, "the txn sees its own slot")
+	assert.Equal(t, []string{"a", "b"}, tx.RegionNodes("r1"))
+	require.NoError(t, tx.Commit())
+
+	assert.Equal(t, []string{"a"}, old.NodesByAvailable("r1", 1))
+	assert.Len(t, old.NodeSlots("a"), 1)
+	assert.Equal(t, []string{"a"}, old.RegionNodes("r1"))
+	now := s.Snapshot()
+	assert.Equal(t, []string{"a"}, now.NodesByAvailable("r1", 2))
+	assert.Equal(t, []string{"b"}, now.NodesByAvailable("r1", 0))
+	assert.Len(t, now.NodeSlots("a"), 2)
+	// Slots(node, "") hands out a copy the caller may sort or trim.
+	mine := now.Slots("a", "")
+	mine[0] = nil
+	assert.NotNil(t, now.NodeSlots("a")[0])
+}
