@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -44,6 +45,12 @@ type Backend interface {
 	RemoveServer(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, id string) error
 }
+
+// A coordinator replica is a Backend as is.
+var _ Backend = (*server.Server)(nil)
+
+// Peer is one server of the Raft configuration.
+type Peer = server.Peer
 
 // Route is one entry of the route table.
 type Route struct {

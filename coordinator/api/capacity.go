@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 func (a *API) listRegions(c *call) error {
@@ -108,18 +109,20 @@ func (a *API) getAvailability(c *call) error {
 	})
 }
 
-// availability aggregates what one SKU can get in one region now, by the
-// scheduler's eligibility rules: slices only on active, slice-ready,
-// slice_vm nodes that are not draining and not held by a baremetal claim,
-// on available slots with every runtime binding; baremetal only on whole,
-// unsliced, active baremetal nodes that are not draining. Host detail
-// (names, PCI addresses, MACs) never leaves this function.
+// availability aggregates what one SKU can get in one region now.
+// Placeable counts come from the scheduler itself (a dry-run plan per
+// allowed GPU count on the same snapshot), so they never disagree with
+// what a request would get. The free counts follow the scheduler's
+// eligibility rules: slices only on active, slice-ready, slice_vm nodes
+// that are not draining and not held by a baremetal claim, on
+// schedulable slots; baremetal only on whole, unsliced, active baremetal
+// nodes that are not draining. Host detail (names, PCI addresses, MACs)
+// never leaves this function.
 func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Availability {
 	av := proto.Availability{Region: r.Name, SKU: sku.Name, CapacityShape: sku.Shape, Placeable: []int{}, RegionDisabled: r.Disabled}
 	if r.Disabled {
 		return av
 	}
-	largestGroup := 0
 	for _, id := range s.RegionNodes(r.Name) {
 		n, ok := s.Node(id)
 		if !ok || n.State != proto.NodeActive || n.Draining {
@@ -137,32 +140,37 @@ func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Avail
 			}
 			free := 0
 			for _, sl := range slots {
-				if sl.Status == proto.SlotAvailable && len(sl.Capacity.MissingBindings()) == 0 {
+				if sched.Schedulable(sl) {
 					free++
 				}
 			}
 			if free > 0 {
 				av.FreeGPUs += free
 				av.FreeNodes++
-				largestGroup = max(largestGroup, free)
 			}
 		case proto.ShapeBaremetal:
-			if n.ProfileIntent != proto.IntentBaremetal || slotClaims > 0 || len(slots) == 0 {
+			if n.ProfileIntent != proto.IntentBaremetal || slotClaims > 0 {
 				continue
 			}
-			untouched := true
+			whole := true
 			for _, sl := range slots {
-				untouched = untouched && sl.Status == proto.SlotAvailable
+				whole = whole && sl.Status == proto.SlotAvailable && sl.ClaimID == "" && !sl.Touched
 			}
-			if untouched {
+			if whole {
 				av.FreeGPUs += len(slots)
 				av.FreeNodes++
-				largestGroup = max(largestGroup, len(slots))
 			}
 		}
 	}
 	for _, n := range sku.AllowedGPUCounts {
-		if n <= largestGroup {
+		var err error
+		switch sku.Shape {
+		case proto.ShapeGPUSlice:
+			_, err = sched.PlaceSlice(s, sched.SliceRequest{SKU: sku, GPUCount: n, Region: r.Name})
+		case proto.ShapeBaremetal:
+			_, err = sched.PlaceBaremetal(s, sched.BaremetalRequest{SKU: sku, Region: r.Name})
+		}
+		if err == nil {
 			av.Placeable = append(av.Placeable, n)
 		}
 	}

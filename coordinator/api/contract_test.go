@@ -62,6 +62,7 @@ func TestContractRoutesMatchDocument(t *testing.T) {
 		if assert.Len(t, m, 2, "%s: summary %q must name its role as (role X)", k, op.Summary) {
 			assert.Equal(t, rt.Role.String(), m[1], "%s: documented role differs from the route table", k)
 		}
+		assert.Equal(t, rt.Role.String(), op.Extensions["x-gpuaas-min-role"], "%s: x-gpuaas-min-role differs from the route table", k)
 		assert.NotEmpty(t, op.OperationID, k)
 		assert.NotNil(t, op.Responses.Default(), "%s: needs a default problem response", k)
 		if rt.Method == http.MethodGet {
@@ -141,7 +142,7 @@ func TestContractCodesAndEnums(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	strs := func(vs ...string) []string { slices.Sort(vs); return vs }
+	strs := func(vs ...string) []string { vs = slices.Clone(vs); slices.Sort(vs); return vs }
 	var codes, slots, allocs []string
 	for _, c := range proto.Codes {
 		codes = append(codes, string(c))
@@ -163,6 +164,16 @@ func TestContractCodesAndEnums(t *testing.T) {
 	assert.Equal(t, strs(string(proto.IntentSliceVM), string(proto.IntentBaremetal)), enum("ProfileIntent"))
 	assert.Equal(t, strs(string(proto.ClaimNodeExclusive), string(proto.ClaimSlot)), enum("ClaimKind"))
 	assert.Equal(t, strs(string(proto.NodeRegistered), string(proto.NodeActive), string(proto.NodeUnreachable), string(proto.NodeDisabled)), enum("NodeState"))
+	prop := func(schema, field string) []string {
+		var out []string
+		for _, v := range doc.Components.Schemas[schema].Value.Properties[field].Value.Enum {
+			out = append(out, v.(string))
+		}
+		slices.Sort(out)
+		return out
+	}
+	assert.Equal(t, strs(proto.TimelineStatuses...), prop("TimelineEvent", "status"))
+	assert.Equal(t, strs(proto.WipeMethods...), prop("WipeProof", "method"))
 	assert.Equal(t, strs(string(proto.TaskQueued), string(proto.TaskRunning), string(proto.TaskSucceeded), string(proto.TaskFailed), string(proto.TaskCancelled)), enum("TaskState"))
 }
 
@@ -222,5 +233,53 @@ func TestRouteRoles(t *testing.T) {
 		if rt.Method == http.MethodGet {
 			assert.Equal(t, RoleViewer, rt.Role, "every read is open to viewers: %s", rt.Pattern)
 		}
+	}
+}
+
+// sampleValue is a valid query value for a documented parameter schema.
+func sampleValue(s *openapi3.Schema) string {
+	switch {
+	case len(s.Enum) > 0:
+		return fmt.Sprint(s.Enum[0])
+	case s.Type.Is("boolean"):
+		return "true"
+	case s.Type.Is("integer"):
+		return "1"
+	case s.Format == "date-time":
+		return "2026-11-21T00:00:00Z"
+	}
+	return "x1"
+}
+
+// TestContractQueryParameters: each route accepts exactly the query
+// parameters its operation documents; anything else is a 400 naming it.
+func TestContractQueryParameters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	for _, rt := range e.api.Routes() {
+		op := e.doc.Paths.Find(rt.Pattern).GetOperation(rt.Method)
+		path := concrete(rt.Pattern)
+		for _, p := range op.Parameters {
+			if p.Value.In != openapi3.ParameterInQuery {
+				continue
+			}
+			v := sampleValue(p.Value.Schema.Value)
+			switch p.Value.Name {
+			case "wait":
+				v = "10ms"
+			case "index":
+				v = "0" // answers at once
+			}
+			q := p.Value.Name + "=" + v
+			if p.Value.Name == "wait" {
+				q += "&index=1"
+			}
+			r := e.do(RoleAdmin, rt.Method, path+"?"+q, nil)
+			assert.NotContains(t, string(r.body), "unknown query parameter", "%s %s?%s is documented", rt.Method, rt.Pattern, q)
+		}
+		r := e.do(RoleAdmin, rt.Method, path+"?zzz=1", nil)
+		p := r.requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)
+		assert.Contains(t, p.Detail, `unknown query parameter "zzz"`, "%s %s", rt.Method, rt.Pattern)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 // ledgerBackend is an in-process Backend over the real FSM and store:
@@ -426,7 +427,7 @@ func (e *env) index() uint64 {
 	return e.b.Store().Snapshot().Index()
 }
 
-// Place plans with the scheduler on the current snapshot and applies the
+// Place plans with the scheduler (package sched) on the current snapshot and applies the
 // placement command, as the server's planner does (one request per
 // batch).
 func (b *ledgerBackend) Place(_ context.Context, req proto.AllocationCreateRequest, key string) (proto.Allocation, bool, error) {
@@ -440,9 +441,21 @@ func (b *ledgerBackend) Place(_ context.Context, req proto.AllocationCreateReque
 		return proto.Allocation{}, false, proto.Errorf(proto.CodeInvalidArgument, "sku %q is unknown", req.SKU)
 	}
 	snap := b.fsm.Store().Snapshot()
-	nodeID, nodeIdx, slots, err := plan(snap, sku, req)
-	if err != nil {
-		return proto.Allocation{}, false, err
+	var nodeID string
+	var nodeIdx uint64
+	var slots []proto.SlotExpect
+	if sku.Shape == proto.ShapeGPUSlice {
+		p, err := sched.PlaceSlice(snap, sched.SliceRequest{SKU: sku, GPUCount: req.GPUCount, Region: req.Region})
+		if err != nil {
+			return proto.Allocation{}, false, err
+		}
+		nodeID, nodeIdx, slots = p.NodeID, p.NodeModifyIndex, p.Slots
+	} else {
+		p, err := sched.PlaceBaremetal(snap, sched.BaremetalRequest{SKU: sku, Region: req.Region})
+		if err != nil {
+			return proto.Allocation{}, false, err
+		}
+		nodeID, nodeIdx, slots = p.NodeID, p.NodeModifyIndex, p.Slots
 	}
 	id := "a-" + randomHex(6)
 	claims := []string{"c-" + id[2:] + "-0"}

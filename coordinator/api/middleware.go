@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"regexp"
 	"runtime/debug"
 	"strings"
@@ -257,15 +258,37 @@ func describeJSONError(err error) string {
 		return fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)
 	case errors.As(err, &te):
 		if te.Field != "" {
-			return fmt.Sprintf("field %q must be %s, not JSON %s", te.Field, te.Type, te.Value)
+			return fmt.Sprintf("field %q must be %s, not JSON %s", te.Field, jsonKind(te.Type), te.Value)
 		}
-		return fmt.Sprintf("expected %s, not JSON %s", te.Type, te.Value)
+		return fmt.Sprintf("must be %s, not JSON %s", jsonKind(te.Type), te.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return "truncated JSON"
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
 	}
 	return err.Error()
+}
+
+// jsonKind names the JSON type a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return t.String()
 }
 
 // pathID returns the validated path parameter name.

@@ -218,11 +218,14 @@ func (c *call) wait(ctx context.Context, bl blocking, tables []string) error {
 	}
 }
 
+// tablesIndex is the index a read reports: the largest index of the
+// tables it read, and at least 1, so a watcher of a table never written
+// still blocks (?index=0 answers at once) instead of spinning.
 func tablesIndex(s *state.Snapshot, tables []string) uint64 {
+	var m uint64 = 1
 	if len(tables) == 0 {
-		return s.Index()
+		return max(m, s.Index())
 	}
-	var m uint64
 	for _, t := range tables {
 		m = max(m, s.TableIndex(t))
 	}
