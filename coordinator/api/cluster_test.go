@@ -1,12 +1,14 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -69,7 +71,9 @@ func startReplicas(t *testing.T, n int) []*replica {
 			select {
 			case <-done:
 			case <-time.After(15 * time.Second):
-				t.Errorf("server %s did not shut down within 15s", cfg.NodeID)
+				var buf bytes.Buffer
+				_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+				t.Errorf("server %s did not shut down within 15s; goroutines:\n%s", cfg.NodeID, buf.String())
 			}
 		})
 		e := &env{t: t, b: srv, api: a, url: "http://" + cfg.HTTPAddr, tok: tok, doc: loadDoc(t), logs: logs}
@@ -202,6 +206,10 @@ func TestClusterAPI(t *testing.T) {
 	var st proto.Status
 	r.decode(t, &st)
 	assert.False(t, st.IsLeader)
+	assert.Equal(t, newLeader.env.url, "http://"+st.LeaderHTTPAddr)
+	// Writes through the remaining follower reach the new leader.
+	r = f2.do(RoleOperator, http.MethodPost, "/v1/allocations", sliceReq(2), proto.IdempotencyKeyHeader, "cluster-2")
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
 
 	// Bad operator input is refused with a problem and changes nothing.
 	f2.do(RoleAdmin, http.MethodDelete, "/v1/operator/peers/c9", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
