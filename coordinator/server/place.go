@@ -65,6 +65,9 @@ type planner struct {
 	queue chan *placeCall
 	// replans counts placements re-planned after a conflict.
 	replans atomic.Int64
+	// planned, if set, sees each command after planning and before it is
+	// proposed (tests use it to move a slot under a plan).
+	planned func(*proto.AllocationPlaceRequest)
 }
 
 func newPlanner(s *Server) *planner {
@@ -301,6 +304,9 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 		if err != nil {
 			c.finish(placeResult{err: err})
 			continue
+		}
+		if p.planned != nil {
+			p.planned(cmd)
 		}
 		buf, err := proto.Encode(proto.AllocationPlaceType, cmd)
 		if err != nil {
