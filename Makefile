@@ -15,7 +15,7 @@ deps:
 
 build: deps
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $$($(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -v /test/)
+	$(GO) build -o $(BIN)/ $$($(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -v -e /test/ -e /images/)
 
 vet:
 	$(GO) vet ./...

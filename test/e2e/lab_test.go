@@ -1,0 +1,170 @@
+// Package e2e drives the real binaries the way an operator does: `make
+// lab` (gpuaas-lab), then gpuaasctl against it.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// buildBinaries builds the lab's binaries once into a temp dir.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	out, err := exec.Command("go", "build", "-o", bin+"/",
+		"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator",
+		"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaasctl",
+		"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+type lab struct {
+	cmd    *exec.Cmd
+	out    *bytes.Buffer
+	dir    string
+	bin    string
+	env    []string
+	exited chan error
+}
+
+func startLab(t *testing.T, bin, dir string) *lab {
+	t.Helper()
+	l := &lab{dir: dir, bin: bin, out: &bytes.Buffer{}, exited: make(chan error, 1)}
+	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), "-dir", dir)
+	l.cmd.Stdout, l.cmd.Stderr = l.out, l.out
+	require.NoError(t, l.cmd.Start())
+	go func() { l.exited <- l.cmd.Wait() }()
+	t.Cleanup(func() {
+		if l.cmd.ProcessState == nil {
+			_ = l.cmd.Process.Signal(syscall.SIGINT)
+			select {
+			case <-l.exited:
+			case <-time.After(30 * time.Second):
+				_ = l.cmd.Process.Kill()
+			}
+		}
+	})
+	require.Eventually(t, func() bool { return strings.Contains(l.out.String(), "gpuaas lab is up") }, 90*time.Second, 100*time.Millisecond,
+		"lab output:\n%s", l.out)
+	envFile, err := os.ReadFile(filepath.Join(dir, "env"))
+	require.NoError(t, err)
+	sc := bufio.NewScanner(bytes.NewReader(envFile))
+	for sc.Scan() {
+		l.env = append(l.env, strings.TrimPrefix(sc.Text(), "export "))
+	}
+	return l
+}
+
+func (l *lab) ctl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(l.bin, "gpuaasctl"), args...)
+	cmd.Env = append(os.Environ(), l.env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String() + stderr.String(), err
+	}
+	return stdout.String(), nil
+}
+
+func (l *lab) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, l.cmd.Process.Signal(syscall.SIGINT))
+	select {
+	case err := <-l.exited:
+		require.NoError(t, err, "the lab exits cleanly on Ctrl-C:\n%s", l.out)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("lab did not stop within 60s:\n%s", l.out)
+	}
+}
+
+// TestLabOperatorPath is the README's first five minutes: start the lab,
+// look at nodes and availability, take a 2-GPU slice, see it, release it,
+// stop with Ctrl-C, start again and find the state kept.
+func TestLabOperatorPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the lab's processes")
+	}
+	bin := buildBinaries(t)
+	dir := filepath.Join(t.TempDir(), "lab")
+	l := startLab(t, bin, dir)
+
+	out, err := l.ctl(t, "node", "list")
+	require.NoError(t, err, out)
+	for _, n := range []string{"j22u15", "j22u11", "j27u15"} {
+		require.Contains(t, out, n)
+	}
+	out, err = l.ctl(t, "availability", "-o", "json")
+	require.NoError(t, err, out)
+	require.NotContains(t, out, "0000:", "availability never exposes PCI addresses")
+
+	out, err = l.ctl(t, "alloc", "create", "--gpus", "2", "--region", "lab-east", "--idempotency-key", "e2e-lab-1", "-o", "json")
+	require.NoError(t, err, out)
+	var alloc struct {
+		ID       string   `json:"id"`
+		State    string   `json:"state"`
+		NodeID   string   `json:"node_id"`
+		ClaimIDs []string `json:"claim_ids"`
+		GPUCount int      `json:"gpu_count"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &alloc), out)
+	require.Equal(t, 2, alloc.GPUCount)
+	require.Len(t, alloc.ClaimIDs, 2, "one slot claim per GPU")
+	require.Contains(t, []string{"j22u15", "j22u11"}, alloc.NodeID, "slices go to slice hosts")
+
+	// The same key returns the same allocation.
+	out, err = l.ctl(t, "alloc", "create", "--gpus", "2", "--region", "lab-east", "--idempotency-key", "e2e-lab-1", "-o", "json")
+	require.NoError(t, err, out)
+	require.Contains(t, out, alloc.ID)
+
+	// Bad input is refused with a clear message and a non-zero exit.
+	out, err = l.ctl(t, "alloc", "create", "--gpus", "3", "--region", "lab-east")
+	require.Error(t, err)
+	require.Contains(t, out, "gpu_count 3 is not allowed")
+
+	out, err = l.ctl(t, "alloc", "show", alloc.ID)
+	require.NoError(t, err, out)
+	require.Contains(t, out, alloc.ID)
+
+	l.stop(t)
+
+	// Restart: same ports, same state.
+	l2 := startLab(t, bin, dir)
+	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+	require.NoError(t, err, out)
+	require.Contains(t, out, alloc.ID)
+	// An operator releases; with no agent yet to wipe, it stays releasing.
+	out, err = l2.ctl(t, "alloc", "release", alloc.ID)
+	require.NoError(t, err, out)
+	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+	require.NoError(t, err, out)
+	require.Contains(t, out, `"releasing"`)
+	// Force-release is an admin's.
+	out, err = l2.ctl(t, "alloc", "force-release", alloc.ID, "--reason", "e2e")
+	require.Error(t, err)
+	require.Contains(t, out, "needs role admin")
+	var toks struct {
+		Admin string `json:"admin"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &toks))
+	out, err = l2.ctl(t, "--token", toks.Admin, "alloc", "force-release", alloc.ID, "--reason", "e2e")
+	require.NoError(t, err, out)
+	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+	require.NoError(t, err, out)
+	require.Contains(t, out, `"released"`)
+	l2.stop(t)
+}
