@@ -156,7 +156,7 @@ func (s *Server) knownMembers() []member {
 
 func (s *Server) voterIDs() ([]string, error) {
 	f := s.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
+	if err := s.await(f); err != nil {
 		return nil, err
 	}
 	var ids []string

@@ -15,7 +15,7 @@ import (
 // addresses (from the replicated peers table) and who leads.
 func (s *Server) Peers() ([]Peer, error) {
 	f := s.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
+	if err := s.await(f); err != nil {
 		return nil, fmt.Errorf("read raft configuration: %w", err)
 	}
 	leader := s.LeaderID()
@@ -61,7 +61,7 @@ func (s *Server) AddVoter(ctx context.Context, id, raftAddr, httpAddr string) er
 	if err := s.upsertPeer(ctx, proto.Peer{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}); err != nil {
 		return err
 	}
-	if err := s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, max(s.timeout(ctx), time.Millisecond)).Error(); err != nil {
+	if err := s.await(s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, max(s.timeout(ctx), time.Millisecond))); err != nil {
 		return s.mapRaftErr("add voter "+id, err)
 	}
 	s.log.Info("added voter", "server", id, "raft_addr", raftAddr, "http_addr", httpAddr)
@@ -96,7 +96,7 @@ func (s *Server) RemoveServer(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if err := s.raft.RemoveServer(raft.ServerID(id), 0, max(s.timeout(ctx), time.Millisecond)).Error(); err != nil {
+	if err := s.await(s.raft.RemoveServer(raft.ServerID(id), 0, max(s.timeout(ctx), time.Millisecond))); err != nil {
 		return s.mapRaftErr("remove server "+id, err)
 	}
 	s.log.Info("removed server", "server", id)
@@ -131,7 +131,7 @@ func (s *Server) TransferLeadership(ctx context.Context, id string) error {
 		}
 		f = s.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(addr))
 	}
-	if err := f.Error(); err != nil {
+	if err := s.await(f); err != nil {
 		return s.mapRaftErr("transfer leadership", err)
 	}
 	s.log.Info("transferred leadership", "to", id)

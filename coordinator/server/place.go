@@ -370,7 +370,7 @@ func (p *planner) wait(b *batch, doneCh chan<- *batch) {
 	s := p.s
 	for _, it := range b.items {
 		c := it.call
-		if err := it.future.Error(); err != nil {
+		if err := s.await(it.future); err != nil {
 			c.finish(placeResult{err: s.mapRaftErr("place", err)})
 			continue
 		}

@@ -260,7 +260,7 @@ func (s *Server) applyRaw(ctx context.Context, t proto.MessageType, buf []byte) 
 		return nil, 0, fmt.Errorf("apply %s: %w", t, context.DeadlineExceeded)
 	}
 	f := s.raft.Apply(buf, timeout)
-	if err := f.Error(); err != nil {
+	if err := s.await(f); err != nil {
 		return nil, 0, s.mapRaftErr("apply "+t.String(), err)
 	}
 	resp := f.Response()
@@ -294,10 +294,24 @@ func (s *Server) Barrier(ctx context.Context) error {
 	if timeout <= 0 {
 		return fmt.Errorf("barrier: %w", context.DeadlineExceeded)
 	}
-	if err := s.raft.Barrier(timeout).Error(); err != nil {
+	if err := s.await(s.raft.Barrier(timeout)); err != nil {
 		return s.mapRaftErr("barrier", err)
 	}
 	return nil
+}
+
+// await waits for a Raft future, or for the server to shut down: a future
+// enqueued just before raft.Shutdown may never be answered, and a leader
+// loop blocked on it would hang Shutdown forever.
+func (s *Server) await(f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-s.ctx.Done():
+		return raft.ErrRaftShutdown
+	}
 }
 
 // WaitLeader blocks until some server is leader (any server) or ctx ends.
