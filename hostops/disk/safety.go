@@ -1,0 +1,170 @@
+package disk
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpuaas/gpuaas/hostops"
+)
+
+// MountedError refuses a device that is mounted (or used as swap), itself
+// or through one of its partitions.
+type MountedError struct {
+	Device     string // whole disk
+	Node       string // the disk or partition that is in use
+	MountPoint string // or "[swap]"
+	FSType     string
+}
+
+func (e *MountedError) Error() string {
+	what := "disk " + e.Device
+	if e.Node != e.Device {
+		what = fmt.Sprintf("disk %s: partition %s", e.Device, e.Node)
+	}
+	return fmt.Sprintf("refusing %s: mounted on %s (%s); unmount it through the infra ownership workflow first", what, e.MountPoint, e.FSType)
+}
+
+// HeldError refuses a device that is a member of something (LVM, MD,
+// device-mapper): sysfs lists holders of the disk or of a partition.
+type HeldError struct {
+	Device  string
+	Node    string
+	Holders []string
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("refusing disk %s: %s is held by %s (LVM/MD/device-mapper member)", e.Device, e.Node, strings.Join(e.Holders, ", "))
+}
+
+// SignatureError refuses a device that carries partition tables,
+// filesystems or volume-manager labels the caller did not expect.
+type SignatureError struct {
+	Device     string
+	Signatures []Signature
+}
+
+func (e *SignatureError) Error() string {
+	s := make([]string, len(e.Signatures))
+	for i, sig := range e.Signatures {
+		s[i] = sig.String()
+	}
+	return fmt.Sprintf("refusing disk %s: unexpected signatures %s; wipe it through the release workflow first", e.Device, strings.Join(s, ", "))
+}
+
+// ReadOnlyError refuses writing to a read-only device.
+type ReadOnlyError struct{ Device string }
+
+func (e *ReadOnlyError) Error() string {
+	return fmt.Sprintf("refusing disk %s: device is read-only", e.Device)
+}
+
+// CheckSafe refuses, before a byte is written, a device that is not the
+// approved identity, is mounted or has a mounted partition, is swap, is
+// held by LVM/MD/device-mapper, is read-only, or carries any known
+// signature. It is what slot approval and Clone run.
+func CheckSafe(root hostops.Root, dev Device, want Identity) error {
+	return checkSafe(root, dev, want, false)
+}
+
+// CheckSafeToWipe is CheckSafe without the signature check: a released
+// disk carries the tenant's partitions and filesystems, which is what the
+// wipe removes. Mounts, holders and identity are still refused.
+func CheckSafeToWipe(root hostops.Root, dev Device, want Identity) error {
+	return checkSafe(root, dev, want, true)
+}
+
+func checkSafe(root hostops.Root, dev Device, want Identity, allowSignatures bool) error {
+	if err := want.Validate(); err != nil {
+		return err
+	}
+	// Re-read the device now: the Device value may be stale.
+	fresh, err := readDevice(root, dev.Name)
+	if err != nil {
+		return fmt.Errorf("check disk %s: %w", dev.Name, err)
+	}
+	if fresh.Major != dev.Major || fresh.Minor != dev.Minor {
+		return &IdentityMismatchError{Want: want, Device: dev.Name,
+			Reason: fmt.Sprintf("device number changed from %s to %s", dev.DevT(), fresh.DevT())}
+	}
+	if why := matchIdentity(want, fresh); why != "" {
+		return &IdentityMismatchError{Want: want, Device: dev.Name, Reason: why}
+	}
+	if want.DeviceName != "" && want.DeviceName != dev.Name {
+		return &IdentityMismatchError{Want: want, Device: dev.Name, Reason: "device name differs from the approved " + want.DeviceName}
+	}
+	if !rdevIs(dev.Path, dev.Major, dev.Minor) {
+		return &IdentityMismatchError{Want: want, Device: dev.Name,
+			Reason: fmt.Sprintf("node %s is not block device %s", dev.Path, dev.DevT())}
+	}
+	if fresh.ReadOnly {
+		return &ReadOnlyError{Device: dev.Name}
+	}
+
+	// Nodes: the disk and each partition, by device number and by name.
+	type node struct {
+		name     string
+		maj, min uint32
+		holders  []string
+	}
+	nodes := []node{{fresh.Name, fresh.Major, fresh.Minor, fresh.Holders}}
+	for _, p := range fresh.Partitions {
+		nodes = append(nodes, node{p.Name, p.Major, p.Minor, p.Holders})
+	}
+	for _, n := range nodes {
+		if len(n.holders) > 0 {
+			return &HeldError{Device: fresh.Name, Node: n.name, Holders: n.holders}
+		}
+	}
+	isNode := func(src string) (node, bool) {
+		if !strings.HasPrefix(src, "/dev/") {
+			return node{}, false
+		}
+		rel := strings.TrimPrefix(src, "/dev/")
+		for _, n := range nodes {
+			if rel == n.name || filepath.Base(src) == n.name || rdevIs(root.DevPath(rel), n.maj, n.min) {
+				return n, true
+			}
+		}
+		return node{}, false
+	}
+	mounts, err := readMountinfo(root)
+	if err != nil {
+		return fmt.Errorf("check disk %s: %w", dev.Name, err)
+	}
+	for _, m := range mounts {
+		for _, n := range nodes {
+			if m.Major == n.maj && m.Minor == n.min {
+				return &MountedError{Device: fresh.Name, Node: n.name, MountPoint: m.MountPoint, FSType: m.FSType}
+			}
+		}
+		if n, ok := isNode(m.Source); ok {
+			return &MountedError{Device: fresh.Name, Node: n.name, MountPoint: m.MountPoint, FSType: m.FSType}
+		}
+	}
+	swaps, err := readSwaps(root)
+	if err != nil {
+		return fmt.Errorf("check disk %s: %w", dev.Name, err)
+	}
+	for _, s := range swaps {
+		if n, ok := isNode(s); ok {
+			return &MountedError{Device: fresh.Name, Node: n.name, MountPoint: "[swap]", FSType: "swap"}
+		}
+	}
+	if allowSignatures {
+		return nil
+	}
+	bd, err := openBlock(dev.Path, false)
+	if err != nil {
+		return fmt.Errorf("check disk %s: %w", dev.Name, err)
+	}
+	defer bd.Close()
+	sigs, err := scanSignatures(bd, bd.size)
+	if err != nil {
+		return fmt.Errorf("check disk %s: %w", dev.Name, err)
+	}
+	if len(sigs) > 0 {
+		return &SignatureError{Device: fresh.Name, Signatures: sigs}
+	}
+	return nil
+}
