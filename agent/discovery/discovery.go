@@ -143,20 +143,12 @@ func Discover(ctx context.Context, root hostops.Root, opts Options) (Report, err
 		return Report{}, fmt.Errorf("discover %s: guest gateway %v: want an IPv4 prefix", opts.NodeID, opts.GuestGateway)
 	}
 	r := Report{NodeID: opts.NodeID}
-	fns, err := pci.Scan(root)
+	hw, err := ReadHardware(root)
 	if err != nil {
 		return Report{}, fmt.Errorf("discover %s: %w", opts.NodeID, err)
 	}
-	byAddr := map[string]pci.Function{}
-	for _, f := range fns {
-		byAddr[f.Addr] = f
-	}
-	if r.GPUs, err = gpus(root, fns); err != nil {
-		return Report{}, fmt.Errorf("discover %s: %w", opts.NodeID, err)
-	}
-	if r.Disks, err = readDisks(root, byAddr); err != nil {
-		return Report{}, fmt.Errorf("discover %s: %w", opts.NodeID, err)
-	}
+	fns, byAddr := hw.Functions, hw.ByAddr
+	r.GPUs, r.Disks = hw.GPUs, hw.Disks
 	if r.IBPorts, err = fabric.ReadIBPorts(root); err != nil {
 		return Report{}, fmt.Errorf("discover %s: %w", opts.NodeID, err)
 	}
@@ -173,6 +165,34 @@ func Discover(ctx context.Context, root hostops.Root, opts Options) (Report, err
 	}
 	r.Topology = Candidates(opts, r, byAddr)
 	return r, nil
+}
+
+// Hardware is the PCI functions, GPUs and NVMe disks of a host.
+type Hardware struct {
+	Functions []pci.Function
+	ByAddr    map[string]pci.Function
+	GPUs      []GPU
+	Disks     []Disk
+}
+
+// ReadHardware reads the PCI functions, GPUs and NVMe disks of the host
+// at root (what the node scheduler re-validates before a lease).
+func ReadHardware(root hostops.Root) (Hardware, error) {
+	fns, err := pci.Scan(root)
+	if err != nil {
+		return Hardware{}, err
+	}
+	hw := Hardware{Functions: fns, ByAddr: map[string]pci.Function{}}
+	for _, f := range fns {
+		hw.ByAddr[f.Addr] = f
+	}
+	if hw.GPUs, err = gpus(root, fns); err != nil {
+		return Hardware{}, err
+	}
+	if hw.Disks, err = readDisks(root, hw.ByAddr); err != nil {
+		return Hardware{}, err
+	}
+	return hw, nil
 }
 
 func gpus(root hostops.Root, fns []pci.Function) ([]GPU, error) {
