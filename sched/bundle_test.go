@@ -122,13 +122,15 @@ func TestPlanBundleRefusals(t *testing.T) {
 		edit func(*HostView, *BundleRequest)
 		want string
 	}{
-		"gpu unplugged":    {func(h *HostView, _ *BundleRequest) { delete(h.GPUs, "0000:18:00.0") }, "GPU 0000:18:00.0 is not present"},
-		"group not viable": {func(_ *HostView, r *BundleRequest) { r.Slots[0] = slot("n-s4", "0000:9a:00.0", 1, "S0", "0000:58:00.2") }, "not viable"},
-		"disk mounted":     {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Serial = "S2" }, "nvme2n1 is mounted"},
-		"disk gone":        {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Serial = "S9" }, "no NVMe disk with identity serial=S9"},
-		"disk renamed":     {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Device = "nvme5n1" }, "rediscover topology"},
-		"vf missing":       {func(h *HostView, _ *BundleRequest) { delete(h.VFs, "0000:58:00.2") }, "fabric VF 0000:58:00.2 is not present"},
-		"bridge missing":   {func(h *HostView, _ *BundleRequest) { h.BridgeProblem = "bridge absent from ovsdb" }, "OVS bridge ovsbr0: bridge absent"},
+		"gpu unplugged": {func(h *HostView, _ *BundleRequest) { delete(h.GPUs, "0000:18:00.0") }, "GPU 0000:18:00.0 is not present"},
+		"group not viable": {func(_ *HostView, r *BundleRequest) {
+			r.Slots[0] = slot("n-s4", "0000:9a:00.0", 1, "S0", "0000:58:00.2")
+		}, "not viable"},
+		"disk mounted":   {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Serial = "S2" }, "nvme2n1 is mounted"},
+		"disk gone":      {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Serial = "S9" }, "no NVMe disk with identity serial=S9"},
+		"disk renamed":   {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Device = "nvme5n1" }, "rediscover topology"},
+		"vf missing":     {func(h *HostView, _ *BundleRequest) { delete(h.VFs, "0000:58:00.2") }, "fabric VF 0000:58:00.2 is not present"},
+		"bridge missing": {func(h *HostView, _ *BundleRequest) { h.BridgeProblem = "bridge absent from ovsdb" }, "OVS bridge ovsbr0: bridge absent"},
 		"no hugepages": {func(h *HostView, _ *BundleRequest) {
 			n := h.NUMA[0]
 			n.HugepagesFree = 10
