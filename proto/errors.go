@@ -24,6 +24,8 @@ const (
 	CodeUnavailable       Code = "unavailable"        // no leader, shutting down
 	CodeTooLarge          Code = "too_large"          // request body over the limit
 	CodeInternal          Code = "internal"
+	// CodeMethodNotAllowed: the route exists but not for this HTTP method.
+	CodeMethodNotAllowed Code = "method_not_allowed"
 )
 
 // HTTPStatus maps a code to its HTTP status.
@@ -45,6 +47,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusServiceUnavailable
 	case CodeTooLarge:
 		return http.StatusRequestEntityTooLarge
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	default:
 		return http.StatusInternalServerError
 	}

@@ -54,6 +54,9 @@ type Node struct {
 	// Draining nodes take no new claims; existing ones run to release.
 	Draining  bool       `json:"draining"`
 	Readiness *Readiness `json:"readiness,omitempty"`
+	// Generation increases each time a node_exclusive claim takes the
+	// node; it is that claim's fencing token.
+	Generation uint64 `json:"generation,omitempty"`
 	Meta
 }
 
@@ -172,6 +175,8 @@ type Slot struct {
 	// DrainRequested makes the slot go to disabled instead of available
 	// when its claim ends.
 	DrainRequested bool `json:"drain_requested,omitempty"`
+	// StatusReason says why the slot is disabled or cleanup_blocked.
+	StatusReason string `json:"status_reason,omitempty"`
 	Meta
 }
 

@@ -1,0 +1,140 @@
+// Package api is the coordinator's operator HTTP API: JSON over net/http,
+// described by proto/openapi.yaml.
+//
+// Every route needs a bearer token whose role (viewer < operator < admin)
+// is at least the route's; the route table below is the single source of
+// the routes, their roles and whether they write. Writes reaching a
+// follower are reverse-proxied to the leader once; reads are served from
+// the local replica (stale) unless ?consistent=true asks for a Raft
+// barrier. Lists are blocking queries (?index=N&wait=30s) and every read
+// returns X-Gpuaas-Index. Errors are application/problem+json bodies with
+// a stable proto.Code. A refused request changes nothing: validation runs
+// before any command is proposed.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/gpuaas/gpuaas/coordinator/server"
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Backend is the part of a coordinator replica (*server.Server) the API
+// uses. Tests run the API against a real single-node server or an
+// in-process ledger.
+type Backend interface {
+	// Store is the local replica's ledger (it changes after a snapshot
+	// restore: always call it, never cache).
+	Store() *state.Store
+	// Apply proposes one command; a follower returns an error whose code
+	// is proto.CodeNotLeader.
+	Apply(ctx context.Context, t proto.MessageType, req any) (any, uint64, error)
+	// Place plans and commits one allocation (leader only).
+	Place(ctx context.Context, req proto.AllocationCreateRequest, idemKey string) (proto.Allocation, bool, error)
+	IsLeader() bool
+	// LeaderHTTPAddr is the leader's API address, "" when unknown.
+	LeaderHTTPAddr() string
+	// Barrier waits until everything committed before it is applied
+	// locally (leader only).
+	Barrier(ctx context.Context) error
+	Peers() ([]Peer, error)
+	AddVoter(ctx context.Context, id, raftAddr, httpAddr string) error
+	RemoveServer(ctx context.Context, id string) error
+	TransferLeadership(ctx context.Context, id string) error
+}
+
+// Peer is one server of the Raft configuration.
+type Peer = server.Peer
+
+// Route is one entry of the route table.
+type Route struct {
+	Method  string
+	Pattern string // net/http pattern path, also the OpenAPI path
+	Role    Role   // minimum role
+	Write   bool   // proposes a command: forwarded to the leader
+	handle  func(*call) error
+}
+
+// API serves the operator API.
+type API struct {
+	b      Backend
+	auth   Authenticator
+	log    *slog.Logger
+	skus   []proto.SKU
+	mux    *http.ServeMux
+	routes []Route
+	proxy  *forwarder
+}
+
+// New returns the operator API handler over backend b.
+func New(b Backend, auth Authenticator, log *slog.Logger) *API {
+	if log == nil {
+		log = slog.Default()
+	}
+	a := &API{b: b, auth: auth, log: log, skus: proto.DefaultSKUs(), mux: http.NewServeMux()}
+	a.proxy = newForwarder(log)
+	a.routes = a.routeTable()
+	allowed := map[string][]string{}
+	for _, rt := range a.routes {
+		a.mux.Handle(rt.Method+" "+rt.Pattern, a.wrap(rt))
+		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
+	}
+	// The same paths without a method answer 405 with Allow.
+	for p, methods := range allowed {
+		a.mux.Handle(p, a.methodNotAllowed(methods))
+	}
+	a.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, proto.Errorf(proto.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+	}))
+	return a
+}
+
+// Routes returns the route table (for contract tests and docs).
+func (a *API) Routes() []Route { return append([]Route(nil), a.routes...) }
+
+// ServeHTTP implements http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.serve(w, r) }
+
+func (a *API) routeTable() []Route {
+	return []Route{
+		{http.MethodPost, "/v1/allocations", RoleOperator, true, a.createAllocation},
+		{http.MethodGet, "/v1/allocations", RoleViewer, false, a.listAllocations},
+		{http.MethodGet, "/v1/allocations/{id}", RoleViewer, false, a.getAllocation},
+		{http.MethodPost, "/v1/allocations/{id}/release", RoleOperator, true, a.releaseAllocation},
+		{http.MethodPost, "/v1/allocations/{id}/force-release", RoleAdmin, true, a.forceReleaseAllocation},
+		{http.MethodGet, "/v1/allocations/{id}/timeline", RoleViewer, false, a.getTimeline},
+		{http.MethodGet, "/v1/allocations/{id}/claims", RoleViewer, false, a.getClaims},
+		{http.MethodGet, "/v1/allocations/{id}/tasks", RoleViewer, false, a.listAllocationTasks},
+
+		{http.MethodGet, "/v1/nodes", RoleViewer, false, a.listNodes},
+		{http.MethodGet, "/v1/nodes/{id}", RoleViewer, false, a.getNode},
+		{http.MethodPost, "/v1/nodes/{id}/drain", RoleAdmin, true, a.drainNode(true)},
+		{http.MethodPost, "/v1/nodes/{id}/undrain", RoleAdmin, true, a.drainNode(false)},
+		{http.MethodPut, "/v1/nodes/{id}/intent", RoleAdmin, true, a.setIntent},
+		{http.MethodGet, "/v1/nodes/{id}/topology", RoleViewer, false, a.getTopology},
+		{http.MethodPost, "/v1/nodes/{id}/slots", RoleAdmin, true, a.approveSlot},
+		{http.MethodGet, "/v1/nodes/{id}/tasks", RoleViewer, false, a.listNodeTasks},
+
+		{http.MethodGet, "/v1/slots", RoleViewer, false, a.listSlots},
+		{http.MethodGet, "/v1/slots/{id}", RoleViewer, false, a.getSlot},
+		{http.MethodPost, "/v1/slots/{id}/disable", RoleAdmin, true, a.disableSlot},
+		{http.MethodPost, "/v1/slots/{id}/repair", RoleAdmin, true, a.repairSlot},
+
+		{http.MethodGet, "/v1/regions", RoleViewer, false, a.listRegions},
+		{http.MethodPut, "/v1/regions/{name}", RoleAdmin, true, a.putRegion},
+		{http.MethodGet, "/v1/pools", RoleViewer, false, a.listPools},
+		{http.MethodPut, "/v1/pools/{name}", RoleAdmin, true, a.putPool},
+
+		{http.MethodGet, "/v1/availability", RoleViewer, false, a.getAvailability},
+		{http.MethodGet, "/v1/usage", RoleViewer, false, a.getUsage},
+
+		{http.MethodGet, "/v1/status", RoleViewer, false, a.getStatus},
+		{http.MethodGet, "/v1/operator/peers", RoleViewer, false, a.listPeers},
+		{http.MethodPost, "/v1/operator/peers", RoleAdmin, true, a.addPeer},
+		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},
+		{http.MethodPost, "/v1/operator/transfer-leadership", RoleAdmin, true, a.transferLeadership},
+	}
+}

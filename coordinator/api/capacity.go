@@ -1,0 +1,207 @@
+package api
+
+import (
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+func (a *API) listRegions(c *call) error {
+	o := readOpts{tables: []string{state.TableRegions}, block: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+		return list(s.Regions(), "", c.index), nil
+	})
+}
+
+func (a *API) putRegion(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	name, err := c.pathID("name", "region name")
+	if err != nil {
+		return err
+	}
+	var body proto.RegionPutBody
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if err := c.apply(proto.RegionUpsertType, proto.RegionUpsertRequest{At: now(), Region: proto.Region{Name: name, Disabled: body.Disabled}}); err != nil {
+		return err
+	}
+	r, ok := a.b.Store().Snapshot().Region(name)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "region %s does not exist", name)
+	}
+	return c.reply(http.StatusOK, r)
+}
+
+func (a *API) listPools(c *call) error {
+	o := readOpts{tables: []string{state.TablePools}, block: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+		return list(s.Pools(), "", c.index), nil
+	})
+}
+
+func (a *API) putPool(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	name, err := c.pathID("name", "pool name")
+	if err != nil {
+		return err
+	}
+	var body proto.PoolPutBody
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if err := proto.ValidateID("region", body.Region); err != nil {
+		return err
+	}
+	if _, ok := a.b.Store().Snapshot().Region(body.Region); !ok {
+		return proto.Errorf(proto.CodeInvalidArgument, "region %s does not exist; PUT /v1/regions/%s first", body.Region, body.Region)
+	}
+	if err := c.apply(proto.PoolUpsertType, proto.PoolUpsertRequest{At: now(), Pool: proto.Pool{Name: name, Region: body.Region}}); err != nil {
+		return err
+	}
+	p, ok := a.b.Store().Snapshot().Pool(name)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "pool %s does not exist", name)
+	}
+	return c.reply(http.StatusOK, p)
+}
+
+func (a *API) getAvailability(c *call) error {
+	o := readOpts{tables: []string{state.TableRegions, state.TableNodes, state.TableSlots, state.TableClaims}, filters: []string{"region", "sku"}}
+	return c.read(o, func(s *state.Snapshot, q url.Values, _ page) (any, error) {
+		region, err := idParam(q, "region")
+		if err != nil {
+			return nil, err
+		}
+		skus := a.skus
+		if name := q.Get("sku"); name != "" {
+			sku, ok := proto.FindSKU(a.skus, name)
+			if !ok {
+				return nil, proto.Errorf(proto.CodeInvalidArgument, "sku=%q is not in the catalog", name)
+			}
+			skus = []proto.SKU{sku}
+		}
+		regions := s.Regions()
+		if region != "" {
+			r, ok := s.Region(region)
+			if !ok {
+				return nil, proto.Errorf(proto.CodeNotFound, "region %s does not exist", region)
+			}
+			regions = []*proto.Region{r}
+		}
+		out := []*proto.Availability{}
+		for _, r := range regions {
+			for _, sku := range skus {
+				av := availability(s, r, sku)
+				out = append(out, &av)
+			}
+		}
+		return list(out, "", c.index), nil
+	})
+}
+
+// availability aggregates what one SKU can get in one region now.
+// Placeable counts come from the scheduler itself (a dry-run plan per
+// allowed GPU count on the same snapshot), so they never disagree with
+// what a request would get. The free counts follow the scheduler's
+// eligibility rules: slices only on active, slice-ready, slice_vm nodes
+// that are not draining and not held by a baremetal claim, on
+// schedulable slots; baremetal only on whole, unsliced, active baremetal
+// nodes that are not draining. Host detail (names, PCI addresses, MACs)
+// never leaves this function.
+func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Availability {
+	av := proto.Availability{Region: r.Name, SKU: sku.Name, CapacityShape: sku.Shape, Placeable: []int{}, RegionDisabled: r.Disabled}
+	if r.Disabled {
+		return av
+	}
+	for _, id := range s.RegionNodes(r.Name) {
+		n, ok := s.Node(id)
+		if !ok || n.State != proto.NodeActive || n.Draining {
+			continue
+		}
+		exclusive, slotClaims := s.NodeClaims(id)
+		if exclusive {
+			continue
+		}
+		slots := s.NodeSlots(id)
+		switch sku.Shape {
+		case proto.ShapeGPUSlice:
+			if n.ProfileIntent != proto.IntentSliceVM || n.Readiness == nil || !n.Readiness.SliceReady {
+				continue
+			}
+			free := 0
+			for _, sl := range slots {
+				if sched.Schedulable(sl) {
+					free++
+				}
+			}
+			if free > 0 {
+				av.FreeGPUs += free
+				av.FreeNodes++
+			}
+		case proto.ShapeBaremetal:
+			if n.ProfileIntent != proto.IntentBaremetal || slotClaims > 0 {
+				continue
+			}
+			whole := true
+			for _, sl := range slots {
+				whole = whole && sl.Status == proto.SlotAvailable && sl.ClaimID == "" && !sl.Touched
+			}
+			if whole {
+				av.FreeGPUs += len(slots)
+				av.FreeNodes++
+			}
+		}
+	}
+	for _, n := range sku.AllowedGPUCounts {
+		var err error
+		switch sku.Shape {
+		case proto.ShapeGPUSlice:
+			_, err = sched.PlaceSlice(s, sched.SliceRequest{SKU: sku, GPUCount: n, Region: r.Name})
+		case proto.ShapeBaremetal:
+			_, err = sched.PlaceBaremetal(s, sched.BaremetalRequest{SKU: sku, Region: r.Name})
+		}
+		if err == nil {
+			av.Placeable = append(av.Placeable, n)
+		}
+	}
+	slices.Sort(av.Placeable)
+	if len(av.Placeable) > 0 {
+		av.LargestPlaceable = av.Placeable[len(av.Placeable)-1]
+	}
+	return av
+}
+
+func (a *API) getUsage(c *call) error {
+	o := readOpts{tables: []string{state.TableUsage}, paging: true, filters: []string{"allocation", "since"}}
+	return c.read(o, func(s *state.Snapshot, q url.Values, p page) (any, error) {
+		alloc, err := idParam(q, "allocation")
+		if err != nil {
+			return nil, err
+		}
+		var since time.Time
+		if v := q.Get("since"); v != "" {
+			if since, err = time.Parse(time.RFC3339, v); err != nil {
+				return nil, proto.Errorf(proto.CodeInvalidArgument, "since=%q is not an RFC 3339 time such as 2026-11-21T00:00:00Z", v)
+			}
+		}
+		var out []*proto.UsageRecord
+		for _, u := range s.Usage() {
+			if alloc != "" && u.AllocationID != alloc || !since.IsZero() && u.End != nil && u.End.Before(since) {
+				continue
+			}
+			out = append(out, u)
+		}
+		items, next := cut(out, func(u *proto.UsageRecord) string { return u.AllocationID }, p)
+		return list(items, next, c.index), nil
+	})
+}

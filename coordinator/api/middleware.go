@@ -1,0 +1,304 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"reflect"
+	"regexp"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// call is one authenticated request to a route.
+type call struct {
+	a     *API
+	w     http.ResponseWriter
+	r     *http.Request
+	rt    Route
+	p     Principal
+	body  []byte
+	index uint64 // set by reads and writes for X-Gpuaas-Index
+}
+
+var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		// crypto/rand never fails on Linux; a failure is unrecoverable.
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	n, err := s.ResponseWriter.Write(b)
+	s.bytes += n
+	return n, err
+}
+
+// Flush lets the reverse proxy stream.
+func (s *statusWriter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+type principalKey struct{}
+
+// serve assigns the request ID, logs the request and turns a panic into
+// a 500 problem.
+func (a *API) serve(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id := r.Header.Get(proto.RequestIDHeader)
+	if !requestIDPattern.MatchString(id) {
+		id = randomHex(8)
+	}
+	w.Header().Set(proto.RequestIDHeader, id)
+	sw := &statusWriter{ResponseWriter: w}
+	who := new(string)
+	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			a.log.Error("api handler panicked", "request_id", id, "panic", v, "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				writeProblem(sw, r, proto.Errorf(proto.CodeInternal, "internal error (request %s)", id))
+			}
+		}
+		lvl := slog.LevelInfo
+		if sw.status >= 500 {
+			lvl = slog.LevelWarn
+		}
+		a.log.Log(r.Context(), lvl, "api request", "request_id", id, "method", r.Method, "path", r.URL.Path,
+			"status", sw.status, "bytes", sw.bytes, "principal", *who, "duration_ms", time.Since(start).Milliseconds(),
+			"forwarded", r.Header.Get(proto.ForwardedHeader) != "")
+	}()
+	a.mux.ServeHTTP(sw, r)
+}
+
+func (a *API) methodNotAllowed(methods []string) http.Handler {
+	allow := strings.Join(methods, ", ")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeProblem(w, r, proto.Errorf(proto.CodeMethodNotAllowed, "%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow))
+	})
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// wrap authenticates, checks the role, buffers the body, forwards writes
+// from a follower and renders the handler's error.
+func (a *API) wrap(rt Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := bearer(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas"`)
+			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "an Authorization: Bearer <token> header is required"))
+			return
+		}
+		p, ok := a.auth.Authenticate(tok)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas", error="invalid_token"`)
+			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the bearer token is not known"))
+			return
+		}
+		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
+			*who = p.Name
+		}
+		if p.Role < rt.Role {
+			writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
+			return
+		}
+		c := &call{a: a, w: w, r: r, rt: rt, p: p}
+		if r.Body != nil && r.Method != http.MethodGet {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
+			var mbe *http.MaxBytesError
+			switch {
+			case errors.As(err, &mbe):
+				writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
+				return
+			case err != nil:
+				writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
+				return
+			}
+			c.body = body
+		}
+		forwarded := r.Header.Get(proto.ForwardedHeader) != ""
+		// Writes are validated and proposed on the leader only, so a
+		// follower's stale view never refuses (or accepts) a write.
+		if rt.Write && !forwarded && !a.b.IsLeader() {
+			a.forward(c, nil)
+			return
+		}
+		err := rt.handle(c)
+		if err == nil {
+			return
+		}
+		if proto.CodeOf(err) == proto.CodeNotLeader && !forwarded {
+			a.forward(c, err)
+			return
+		}
+		if proto.CodeOf(err) == proto.CodeInternal {
+			a.log.Error("api request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
+		}
+		writeProblem(w, r, err)
+	})
+}
+
+// writeProblem renders err as application/problem+json. Errors without a
+// code are internal; their text is logged, not returned.
+func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
+	code := proto.CodeOf(err)
+	var detail string
+	var pe *proto.Error
+	switch {
+	case errors.As(err, &pe):
+		detail = pe.Detail
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		code = proto.CodeUnavailable
+		detail = "the request timed out before the ledger answered"
+	default:
+		detail = "internal error; the coordinator log has the cause under this request id"
+	}
+	p := proto.ProblemFor(code, detail)
+	p.Instance = r.URL.Path
+	p.RequestID = w.Header().Get(proto.RequestIDHeader)
+	w.Header().Set("Content-Type", proto.ProblemContentType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// reply writes v as JSON with status and the index header.
+func (c *call) reply(status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s response: %w", c.rt.Pattern, err)
+	}
+	h := c.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set(proto.IndexHeader, fmt.Sprint(c.index))
+	h.Set(proto.KnownLeaderHeader, fmt.Sprint(c.a.b.IsLeader() || c.a.b.LeaderHTTPAddr() != ""))
+	c.w.WriteHeader(status)
+	_, err = c.w.Write(append(b, '\n'))
+	if err != nil {
+		// The client went away; nothing to render.
+		c.a.log.Debug("write response", "path", c.r.URL.Path, "err", err)
+	}
+	return nil
+}
+
+// decode parses the buffered body into v: unknown fields and trailing
+// data are refused. An empty body is allowed when optional.
+func (c *call) decode(v any, optional bool) error {
+	if len(bytes.TrimSpace(c.body)) == 0 {
+		if optional {
+			return nil
+		}
+		return proto.Errorf(proto.CodeInvalidArgument, "a JSON request body is required")
+	}
+	if ct := c.r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return proto.Errorf(proto.CodeInvalidArgument, "Content-Type %q is not application/json", ct)
+	}
+	dec := json.NewDecoder(bytes.NewReader(c.body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return proto.Errorf(proto.CodeInvalidArgument, "request body: %s", describeJSONError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return proto.Errorf(proto.CodeInvalidArgument, "request body: unexpected data after the JSON object")
+	}
+	return nil
+}
+
+func describeJSONError(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)
+	case errors.As(err, &te):
+		if te.Field != "" {
+			return fmt.Sprintf("field %q must be %s, not JSON %s", te.Field, jsonKind(te.Type), te.Value)
+		}
+		return fmt.Sprintf("must be %s, not JSON %s", jsonKind(te.Type), te.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "truncated JSON"
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
+	}
+	return err.Error()
+}
+
+// jsonKind names the JSON type a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return t.String()
+}
+
+// pathID returns the validated path parameter name.
+func (c *call) pathID(name, what string) (string, error) {
+	v := c.r.PathValue(name)
+	if err := proto.ValidateID(what, v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// now is the proposer's clock for the At of commands.
+func now() time.Time { return time.Now().UTC() }

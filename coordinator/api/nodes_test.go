@@ -1,0 +1,228 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func TestNodesListShowDrainIntent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	a := e.mustCreate("n1", 2)
+
+	r := e.do(RoleViewer, http.MethodGet, "/v1/nodes", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var nodes proto.List[proto.Node]
+	r.decode(t, &nodes)
+	require.Len(t, nodes.Items, 3)
+	assert.Equal(t, []string{"j22u11", "j22u15", "j27u15"}, []string{nodes.Items[0].ID, nodes.Items[1].ID, nodes.Items[2].ID})
+
+	r = e.do(RoleViewer, http.MethodGet, "/v1/nodes?intent=baremetal", nil)
+	nodes = proto.List[proto.Node]{}
+	r.decode(t, &nodes)
+	require.Len(t, nodes.Items, 1)
+	assert.Equal(t, "j27u15", nodes.Items[0].ID)
+	r = e.do(RoleViewer, http.MethodGet, "/v1/nodes?region=us-east&pool=h200-a&state=active&limit=1", nil)
+	nodes = proto.List[proto.Node]{}
+	r.decode(t, &nodes)
+	require.Len(t, nodes.Items, 1)
+	assert.Equal(t, "j22u11", nodes.Next)
+	e.do(RoleViewer, http.MethodGet, "/v1/nodes?intent=gpu", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+	e.do(RoleViewer, http.MethodGet, "/v1/nodes?state=gone", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+
+	r = e.do(RoleViewer, http.MethodGet, "/v1/nodes/"+a.NodeID, nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var d proto.NodeDetail
+	r.decode(t, &d)
+	assert.Equal(t, a.NodeID, d.Node.ID)
+	require.NotNil(t, d.Node.Readiness)
+	assert.True(t, d.Node.Readiness.SliceReady)
+	assert.NotEmpty(t, d.Node.Readiness.Evidence)
+	assert.Equal(t, 8, d.SlotSummary.Total)
+	assert.Equal(t, 6, d.SlotSummary.ByStatus[proto.SlotAvailable])
+	assert.Equal(t, 2, d.SlotSummary.ByStatus[proto.SlotReserved])
+	assert.Equal(t, 2, d.SlotSummary.LiveSlotClaims)
+	assert.False(t, d.SlotSummary.NodeExclusive)
+	e.do(RoleViewer, http.MethodGet, "/v1/nodes/nope", nil).requireProblem(t, 404, proto.CodeNotFound)
+
+	// Drain and undrain.
+	r = e.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/drain", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var n proto.Node
+	r.decode(t, &n)
+	assert.True(t, n.Draining)
+	r = e.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/undrain", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r.decode(t, &n)
+	assert.False(t, n.Draining)
+	e.do(RoleAdmin, http.MethodPost, "/v1/nodes/nope/drain", nil).requireProblem(t, 404, proto.CodeNotFound)
+
+	// Intent: bad enum and unknown fields change nothing.
+	before := e.index()
+	for body, detail := range map[string]string{
+		`{"intent":"gpu"}`:                      `intent "gpu" is not one of`,
+		`{"intent":"baremetal","force":true}`:   `unknown field "force"`,
+		`{"intent":7}`:                          `field "intent" must be`,
+		``:                                      "body is required",
+		`{"intent":"baremetal"}{"intent":"x"}`:  "after the JSON object",
+		`{"intent":"baremetal"`:                 "truncated",
+		`["intent"]`:                            "must be an object, not JSON array",
+		`{"intent":"baremetal","intent2":null}`: "unknown field",
+	} {
+		p := e.do(RoleAdmin, http.MethodPut, "/v1/nodes/j22u11/intent", body).requireProblem(t, 400, proto.CodeInvalidArgument)
+		assert.Contains(t, p.Detail, detail, body)
+	}
+	e.do(RoleAdmin, http.MethodPut, "/v1/nodes/Bad..ID/intent", proto.NodeIntentBody{Intent: proto.IntentBaremetal}).requireProblem(t, 400, proto.CodeInvalidArgument)
+	// The ledger refuses to re-purpose a node that holds slice claims.
+	e.do(RoleAdmin, http.MethodPut, "/v1/nodes/"+a.NodeID+"/intent", proto.NodeIntentBody{Intent: proto.IntentBaremetal}).requireProblem(t, 409, proto.CodeIllegalTransition)
+	assert.Equal(t, before, e.index())
+	free := "j22u15"
+	if a.NodeID == free {
+		free = "j22u11"
+	}
+	r = e.do(RoleAdmin, http.MethodPut, "/v1/nodes/"+free+"/intent", proto.NodeIntentBody{Intent: proto.IntentBaremetal})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r.decode(t, &n)
+	assert.Equal(t, proto.IntentBaremetal, n.ProfileIntent)
+}
+
+func TestTopologyAndSlotApproval(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedRegion("us-east", "h200-a")
+	e.seedNode("j22u15", "us-east", "h200-a", proto.IntentSliceVM, 8, 6)
+
+	r := e.do(RoleViewer, http.MethodGet, "/v1/nodes/j22u15/topology", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var topo proto.CandidateTopology
+	r.decode(t, &topo)
+	require.Len(t, topo.Candidates, 8)
+	e.seedNode("j22u11", "us-east", "h200-a", proto.IntentSliceVM, 0, 0)
+	e.do(RoleViewer, http.MethodGet, "/v1/nodes/nope/topology", nil).requireProblem(t, 404, proto.CodeNotFound)
+
+	// Approve candidate 6 with an override of its private IP.
+	ip := "10.77.9.99"
+	body := proto.SlotApproveBody{Index: 6, Capacity: &proto.SlotCapacityOverride{PrivateIP: &ip}}
+	r = e.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/slots", body)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	var sl proto.Slot
+	r.decode(t, &sl)
+	assert.Equal(t, proto.SlotID("j22u15", 6), sl.ID)
+	assert.Equal(t, ip, sl.Capacity.PrivateIP)
+	assert.Equal(t, capacity("j22u15", 6).GPUPCIAddress, sl.Capacity.GPUPCIAddress, "not overridden: the candidate's")
+	assert.Equal(t, proto.SlotAvailable, sl.Status)
+
+	before := e.index()
+	e.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/slots", proto.SlotApproveBody{Index: 30}).requireProblem(t, 404, proto.CodeNotFound)
+	e.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/slots", proto.SlotApproveBody{Index: -1}).requireProblem(t, 400, proto.CodeInvalidArgument)
+	e.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/slots", `{"index":1,"capacity":{"gpu":"x"}}`).requireProblem(t, 400, proto.CodeInvalidArgument)
+	e.do(RoleAdmin, http.MethodPost, "/v1/nodes/nope/slots", proto.SlotApproveBody{Index: 0}).requireProblem(t, 404, proto.CodeNotFound)
+	assert.Equal(t, before, e.index())
+
+	// List with filters.
+	r = e.do(RoleViewer, http.MethodGet, "/v1/slots?node=j22u15&status=available", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var slots proto.List[proto.Slot]
+	r.decode(t, &slots)
+	assert.Len(t, slots.Items, 7)
+	e.do(RoleViewer, http.MethodGet, "/v1/slots?status=broken", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+
+	// Disable and repair.
+	r = e.do(RoleAdmin, http.MethodPost, "/v1/slots/j22u15-s0/disable", proto.SlotDisableBody{Reason: "XID 79"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r.decode(t, &sl)
+	assert.Equal(t, proto.SlotDisabled, sl.Status)
+	r = e.do(RoleViewer, http.MethodGet, "/v1/slots/j22u15-s0", nil)
+	r.decode(t, &sl)
+	assert.Equal(t, proto.SlotDisabled, sl.Status)
+	before = e.index()
+	e.do(RoleAdmin, http.MethodPost, "/v1/slots/j22u15-s0/disable", nil).requireProblem(t, http.StatusConflict, proto.CodeIllegalTransition)
+	assert.Equal(t, before, e.index())
+	r = e.do(RoleAdmin, http.MethodPost, "/v1/slots/j22u15-s0/repair", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r.decode(t, &sl)
+	assert.Equal(t, proto.SlotAvailable, sl.Status)
+	e.do(RoleAdmin, http.MethodPost, "/v1/slots/nope-s9/repair", nil).requireProblem(t, 404, proto.CodeNotFound)
+}
+
+func TestRegionsPoolsAvailabilityUsage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+
+	r := e.do(RoleAdmin, http.MethodPut, "/v1/regions/eu-west", proto.RegionPutBody{Disabled: true})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r = e.do(RoleAdmin, http.MethodPut, "/v1/pools/h200-b", proto.PoolPutBody{Region: "eu-west"})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	before := e.index()
+	p := e.do(RoleAdmin, http.MethodPut, "/v1/pools/h200-c", proto.PoolPutBody{Region: "mars"}).requireProblem(t, 400, proto.CodeInvalidArgument)
+	assert.Contains(t, p.Detail, "region mars does not exist")
+	e.do(RoleAdmin, http.MethodPut, "/v1/pools/h200-c", `{}`).requireProblem(t, 400, proto.CodeInvalidArgument)
+	assert.Equal(t, before, e.index())
+
+	var regions proto.List[proto.Region]
+	e.do(RoleViewer, http.MethodGet, "/v1/regions", nil).decode(t, &regions)
+	require.Len(t, regions.Items, 2)
+	var pools proto.List[proto.Pool]
+	e.do(RoleViewer, http.MethodGet, "/v1/pools", nil).decode(t, &pools)
+	require.Len(t, pools.Items, 2)
+
+	e.mustCreate("u1", 4)
+	e.mustCreate("u2", 4)
+	e.mustCreate("u3", 2)
+	r = e.do(RoleViewer, http.MethodGet, "/v1/availability", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	for _, leak := range []string{"0000:", "52:54:", "10.77.", "j22u", "j27u", "S6EX"} {
+		assert.NotContains(t, string(r.body), leak, "availability must not expose host detail")
+	}
+	var av proto.List[proto.Availability]
+	r.decode(t, &av)
+	byKey := map[string]proto.Availability{}
+	for _, a := range av.Items {
+		byKey[a.Region+"/"+a.SKU] = a
+	}
+	slice := byKey["us-east/h200-sxm-slice"]
+	assert.Equal(t, 6, slice.FreeGPUs)
+	assert.Equal(t, 1, slice.FreeNodes)
+	assert.Equal(t, 4, slice.LargestPlaceable)
+	assert.Equal(t, []int{1, 2, 4}, slice.Placeable)
+	bm := byKey["us-east/h200-sxm-baremetal"]
+	assert.Equal(t, 1, bm.FreeNodes)
+	assert.Equal(t, 8, bm.FreeGPUs)
+	assert.Equal(t, 8, bm.LargestPlaceable)
+	assert.True(t, byKey["eu-west/h200-sxm-slice"].RegionDisabled)
+	assert.Zero(t, byKey["eu-west/h200-sxm-slice"].LargestPlaceable)
+
+	r = e.do(RoleViewer, http.MethodGet, "/v1/availability?region=us-east&sku=h200-sxm-slice", nil)
+	av = proto.List[proto.Availability]{}
+	r.decode(t, &av)
+	require.Len(t, av.Items, 1)
+	e.do(RoleViewer, http.MethodGet, "/v1/availability?sku=a100", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+	e.do(RoleViewer, http.MethodGet, "/v1/availability?region=mars", nil).requireProblem(t, 404, proto.CodeNotFound)
+
+	r = e.do(RoleViewer, http.MethodGet, "/v1/usage", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var usage proto.List[proto.UsageRecord]
+	r.decode(t, &usage)
+	assert.Empty(t, usage.Items, "usage starts at activation")
+	e.do(RoleViewer, http.MethodGet, "/v1/usage?since=yesterday", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+	r = e.do(RoleViewer, http.MethodGet, "/v1/usage?since=2026-11-21T00:00:00Z&allocation=a-x&limit=10", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+}
+
+func TestUnknownRouteAndMethod(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.do(RoleViewer, http.MethodGet, "/v1/nothing", nil).requireProblem(t, 404, proto.CodeNotFound)
+	r := e.do(RoleViewer, http.MethodDelete, "/v1/allocations", nil)
+	r.requireProblem(t, http.StatusMethodNotAllowed, proto.CodeMethodNotAllowed)
+	allow := strings.Split(r.header.Get("Allow"), ", ")
+	assert.ElementsMatch(t, []string{"GET", "POST"}, allow)
+}

@@ -1,0 +1,104 @@
+package api
+
+import (
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func (a *API) getStatus(c *call) error {
+	return c.read(readOpts{}, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+		return proto.Status{IsLeader: a.b.IsLeader(), LeaderHTTPAddr: a.b.LeaderHTTPAddr(), Index: c.index}, nil
+	})
+}
+
+// peers answers with the Raft configuration sorted by ID.
+func (c *call) peers() error {
+	ps, err := c.a.b.Peers()
+	if err != nil {
+		return err
+	}
+	items := make([]*Peer, len(ps))
+	for i := range ps {
+		items[i] = &ps[i]
+	}
+	slices.SortFunc(items, func(x, y *Peer) int { return strings.Compare(x.ID, y.ID) })
+	c.index = c.a.b.Store().Snapshot().Index()
+	return c.reply(http.StatusOK, list(items, "", c.index))
+}
+
+func (a *API) listPeers(c *call) error {
+	if _, err := c.query(readParams...); err != nil {
+		return err
+	}
+	return c.peers()
+}
+
+func validHostPort(what, v string) error {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil || host == "" || port == "" || len(v) > 256 {
+		return proto.Errorf(proto.CodeInvalidArgument, "%s %q is not host:port", what, v)
+	}
+	return nil
+}
+
+func (a *API) addPeer(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.PeerAddBody
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if err := proto.ValidateID("id", body.ID); err != nil {
+		return err
+	}
+	if err := validHostPort("raft_addr", body.RaftAddr); err != nil {
+		return err
+	}
+	if err := validHostPort("http_addr", body.HTTPAddr); err != nil {
+		return err
+	}
+	if err := a.b.AddVoter(c.r.Context(), body.ID, body.RaftAddr, body.HTTPAddr); err != nil {
+		return err
+	}
+	return c.peers()
+}
+
+func (a *API) removePeer(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	id, err := c.pathID("id", "server id")
+	if err != nil {
+		return err
+	}
+	if err := a.b.RemoveServer(c.r.Context(), id); err != nil {
+		return err
+	}
+	return c.peers()
+}
+
+func (a *API) transferLeadership(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.TransferLeadershipBody
+	if err := c.decode(&body, true); err != nil {
+		return err
+	}
+	if body.ID != "" {
+		if err := proto.ValidateID("id", body.ID); err != nil {
+			return err
+		}
+	}
+	if err := a.b.TransferLeadership(c.r.Context(), body.ID); err != nil {
+		return err
+	}
+	return c.peers()
+}

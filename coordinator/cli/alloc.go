@@ -1,0 +1,255 @@
+package cli
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func (a *app) allocCmd() *cobra.Command {
+	c := &cobra.Command{Use: "alloc", Aliases: []string{"allocation", "allocations"}, Short: "Create, list, show and release allocations"}
+	c.AddCommand(a.allocCreateCmd(), a.allocListCmd(), a.allocShowCmd(), a.allocReleaseCmd(), a.allocForceReleaseCmd(),
+		a.allocTimelineCmd(), a.allocClaimsCmd(), a.allocTasksCmd())
+	return c
+}
+
+func newIdempotencyKey() (string, error) {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate idempotency key: %w", err)
+	}
+	return "gpuaasctl-" + hex.EncodeToString(b[:]), nil
+}
+
+func (a *app) allocCreateCmd() *cobra.Command {
+	var req proto.AllocationCreateRequest
+	var shape, key string
+	c := &cobra.Command{
+		Use:   "create",
+		Short: "Place an allocation (gpu_slice by default); prints the allocation",
+		Long: "Place an allocation. The idempotency key makes retries safe: the same key returns the\n" +
+			"same allocation. Without --idempotency-key one is generated and printed on stderr;\n" +
+			"re-run with it to retry.",
+		Example: "  gpuaasctl alloc create --gpus 2 --region us-east\n  gpuaasctl alloc create --shape baremetal --region us-east --idempotency-key order-17",
+		Args:    exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req.CapacityShape = proto.CapacityShape(shape)
+			if !req.CapacityShape.Valid() {
+				return usagef("--shape %q: use gpu_slice or baremetal", shape)
+			}
+			if req.SKU == "" {
+				req.SKU = "h200-sxm-slice"
+				if req.CapacityShape == proto.ShapeBaremetal {
+					req.SKU = "h200-sxm-baremetal"
+				}
+			}
+			if req.Region == "" {
+				return usagef("--region is required")
+			}
+			if key == "" {
+				var err error
+				if key, err = newIdempotencyKey(); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.errOut, "idempotency key: %s\n", key)
+			} else if err := proto.ValidateIdempotencyKey(key); err != nil {
+				return usageError{err}
+			}
+			hdr := http.Header{}
+			hdr.Set(proto.IdempotencyKeyHeader, key)
+			r, err := a.call(cmd, http.MethodPost, "/v1/allocations", nil, req, hdr)
+			if err != nil {
+				return err
+			}
+			if r.Status == http.StatusOK {
+				fmt.Fprintf(a.errOut, "idempotency key %s was used before: this is the allocation it created\n", key)
+			}
+			return show(a, r, allocDetail)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&shape, "shape", string(proto.ShapeGPUSlice), "capacity shape: gpu_slice or baremetal")
+	f.StringVar(&req.SKU, "sku", "", "SKU (default h200-sxm-slice, or h200-sxm-baremetal with --shape baremetal)")
+	f.IntVar(&req.GPUCount, "gpus", 0, "GPU count of a slice: 1, 2, 4 or 8")
+	f.StringVar(&req.Region, "region", "", "region (required)")
+	f.StringVar(&req.Image, "image", "", "image name")
+	f.StringArrayVar(&req.SSHPublicKeys, "ssh-key", nil, "OpenSSH public key (repeatable)")
+	f.StringVar(&req.Owner, "owner", "", "owner (default: the token's name)")
+	f.StringVar(&key, "idempotency-key", "", "idempotency key (generated and printed when absent)")
+	return c
+}
+
+func allocTable(w *tabwriter.Writer, l proto.List[proto.Allocation]) {
+	row(w, "ID", "SHAPE", "SKU", "GPUS", "REGION", "NODE", "STATE", "OWNER", "CREATED")
+	for _, x := range l.Items {
+		row(w, x.ID, x.Shape, x.SKU, x.GPUCount, x.Region, x.NodeID, x.State, x.Owner, ts(x.CreatedAt))
+	}
+}
+
+func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
+	row(w, "ID:", x.ID)
+	row(w, "State:", x.State)
+	if x.Reason != "" {
+		row(w, "Reason:", x.Reason)
+	}
+	row(w, "Shape:", x.Shape)
+	row(w, "SKU:", x.SKU)
+	row(w, "GPUs:", x.GPUCount)
+	row(w, "Region:", x.Region)
+	row(w, "Node:", x.NodeID)
+	row(w, "Claims:", strings.Join(x.ClaimIDs, ", "))
+	row(w, "Owner:", x.Owner)
+	row(w, "Image:", x.Image)
+	row(w, "Idempotency key:", x.IdempotencyKey)
+	row(w, "Created:", ts(x.CreatedAt))
+	row(w, "Activated:", tsp(x.ActivatedAt))
+	row(w, "Ended:", tsp(x.EndedAt))
+	row(w, "Index:", fmt.Sprintf("create %d, modify %d", x.CreateIndex, x.ModifyIndex))
+}
+
+func (a *app) allocListCmd() *cobra.Command {
+	var state, node, region, after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List allocations",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string]string{"state": state, "node": node, "region": region, "after": after}
+			if limit > 0 {
+				q["limit"] = strconv.Itoa(limit)
+			}
+			r, err := a.call(cmd, http.MethodGet, "/v1/allocations", q, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Allocation]) {
+				allocTable(w, l)
+				nextHint(a, l.Next)
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&state, "state", "", "only allocations in this state")
+	f.StringVar(&node, "node", "", "only allocations on this node")
+	f.StringVar(&region, "region", "", "only allocations in this region")
+	f.StringVar(&after, "after", "", "page cursor: start after this allocation ID")
+	f.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
+	return c
+}
+
+func (a *app) allocShowCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID",
+		Short: "Show an allocation",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0]), nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, allocDetail)
+		},
+	}
+}
+
+func (a *app) allocReleaseCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "release ID",
+		Short: "Start a graceful release (the agent wipes the disks, then the slots are free)",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodPost, "/v1/allocations/"+pathEscape(args[0])+"/release", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, allocDetail)
+		},
+	}
+}
+
+func (a *app) allocForceReleaseCmd() *cobra.Command {
+	var reason string
+	c := &cobra.Command{
+		Use:   "force-release ID",
+		Short: "Free an allocation at once without the agent (admin); touched slots go cleanup_blocked",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var body any
+			if reason != "" {
+				body = proto.AllocationForceReleaseBody{Reason: reason}
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/allocations/"+pathEscape(args[0])+"/force-release", nil, body, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, allocDetail)
+		},
+	}
+	c.Flags().StringVar(&reason, "reason", "", "why (recorded on the allocation)")
+	return c
+}
+
+func (a *app) allocTimelineCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "timeline ID",
+		Short: "Show an allocation's timeline",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/timeline", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
+				row(w, "SEQ", "AT", "STAGE", "STATUS", "MESSAGE")
+				for _, e := range l.Items {
+					row(w, e.Seq, ts(e.At), e.Stage, e.Status, e.Message)
+				}
+			})
+		},
+	}
+}
+
+func (a *app) allocClaimsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "claims ID",
+		Short: "Show an allocation's resource claims",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/claims", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
+				row(w, "ID", "KIND", "NODE", "SLOT", "GENERATION", "LIVE", "ENDED")
+				for _, c := range l.Items {
+					row(w, c.ID, c.Kind, c.NodeID, c.SlotID, c.Generation, yesNo(c.Live), tsp(c.EndedAt))
+				}
+			})
+		},
+	}
+}
+
+func (a *app) allocTasksCmd() *cobra.Command {
+	var after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "tasks ID",
+		Short: "List an allocation's node tasks",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.listTasks(cmd, "/v1/allocations/"+pathEscape(args[0])+"/tasks", after, limit)
+		},
+	}
+	c.Flags().StringVar(&after, "after", "", "page cursor: start after this task ID")
+	c.Flags().IntVar(&limit, "limit", 0, "page size")
+	return c
+}

@@ -1,0 +1,263 @@
+// Package cli is gpuaasctl, the operator command line for the gpuaas
+// coordinator API: allocations, nodes, slots, topology, availability,
+// tasks, usage, regions and pools, and the Raft peer set. Output is an
+// aligned table by default and the API's JSON with -o json. API errors
+// are printed with their stable code and request ID, and the command
+// exits non-zero.
+//
+// The API address comes from --addr or GPUAAS_ADDR (default
+// http://127.0.0.1:7300, the coordinator's default listener); the bearer
+// token from --token, --token-file, GPUAAS_TOKEN or GPUAAS_TOKEN_FILE.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// DefaultAddr is the coordinator's default API listener.
+const DefaultAddr = "http://127.0.0.1:7300"
+
+// Exit codes.
+const (
+	ExitOK    = 0
+	ExitError = 1 // the API refused, or it could not be reached
+	ExitUsage = 2 // bad command line
+)
+
+// usageError marks a command-line mistake (exit 2).
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// Env is the process environment the CLI reads (os.Getenv in main).
+type Env func(string) string
+
+// app carries the global options of one invocation.
+type app struct {
+	out, errOut io.Writer
+	env         Env
+	http        *http.Client
+
+	addr, token, tokenFile, output string
+	timeout                        time.Duration
+	consistent                     bool
+}
+
+// Run executes gpuaasctl with args and returns the exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, env Env) int {
+	return RunWithClient(ctx, args, stdout, stderr, env, nil)
+}
+
+// RunWithClient is Run with an explicit HTTP client (nil: a default one).
+func RunWithClient(ctx context.Context, args []string, stdout, stderr io.Writer, env Env, hc *http.Client) int {
+	a := &app{out: stdout, errOut: stderr, env: env, http: hc}
+	root := a.root()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var pe *ProblemError
+	var ue usageError
+	switch {
+	case errors.As(err, &pe):
+		fmt.Fprintf(stderr, "Error: %s (%s, HTTP %d)\n  %s\n", pe.Title, pe.Code, pe.Status, pe.Detail)
+		if pe.RequestID != "" {
+			fmt.Fprintf(stderr, "  request id: %s\n", pe.RequestID)
+		}
+		return ExitError
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "Error: %v\nRun 'gpuaasctl --help' for usage.\n", err)
+		return ExitUsage
+	case strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") ||
+		strings.HasPrefix(err.Error(), "unknown shorthand flag") || strings.Contains(err.Error(), "flag needs an argument"):
+		fmt.Fprintf(stderr, "Error: %v\nRun 'gpuaasctl --help' for usage.\n", err)
+		return ExitUsage
+	default:
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return ExitError
+	}
+}
+
+func (a *app) root() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "gpuaasctl",
+		Short:         "Operate a gpuaas coordinator: allocations, nodes, slots, capacity and Raft peers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			switch a.output {
+			case "table", "json":
+			default:
+				return usagef("-o %q: use table or json", a.output)
+			}
+			return nil
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.addr, "addr", "", "coordinator API address (env GPUAAS_ADDR; default "+DefaultAddr+")")
+	pf.StringVar(&a.token, "token", "", "bearer token (env GPUAAS_TOKEN)")
+	pf.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token (env GPUAAS_TOKEN_FILE)")
+	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "timeout of each API call")
+	pf.BoolVar(&a.consistent, "consistent", false, "read through the leader (Raft barrier) instead of the local replica")
+
+	root.AddCommand(a.allocCmd(), a.nodeCmd(), a.slotCmd(), a.topologyCmd(), a.availabilityCmd(),
+		a.tasksCmd(), a.usageCmd(), a.regionCmd(), a.poolCmd(), a.operatorCmd(), a.statusCmd(), a.tokenCmd())
+	return root
+}
+
+// client builds the API client from flags and environment.
+func (a *app) client() (*Client, error) {
+	addr := a.addr
+	if addr == "" {
+		addr = a.env("GPUAAS_ADDR")
+	}
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	base, err := ParseAddr(addr)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	tok, err := a.resolveToken()
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Base: base, Token: tok, HTTP: a.http}, nil
+}
+
+func (a *app) resolveToken() (string, error) {
+	if a.token != "" {
+		return a.token, nil
+	}
+	file := a.tokenFile
+	if file == "" {
+		if t := a.env("GPUAAS_TOKEN"); t != "" {
+			return t, nil
+		}
+		file = a.env("GPUAAS_TOKEN_FILE")
+	}
+	if file == "" {
+		return "", usagef("no token: set --token, --token-file, GPUAAS_TOKEN or GPUAAS_TOKEN_FILE")
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("token file %s is empty", file)
+	}
+	return t, nil
+}
+
+// call runs one API request with the per-call timeout.
+func (a *app) call(cmd *cobra.Command, method, path string, q map[string]string, body any, hdr http.Header) (*Response, error) {
+	c, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), a.timeout)
+	defer cancel()
+	vals := map[string][]string{}
+	for k, v := range q {
+		if v != "" {
+			vals[k] = []string{v}
+		}
+	}
+	if method == http.MethodGet && a.consistent {
+		vals["consistent"] = []string{"true"}
+	}
+	return c.Do(ctx, method, path, vals, body, hdr)
+}
+
+// show prints a response: pretty JSON with -o json, else table(v).
+func show[T any](a *app, r *Response, table func(w *tabwriter.Writer, v T)) error {
+	if a.output == "json" {
+		var raw json.RawMessage = r.Body
+		b, err := json.MarshalIndent(raw, "", "  ")
+		if err != nil {
+			return fmt.Errorf("format answer: %w", err)
+		}
+		_, err = fmt.Fprintln(a.out, string(b))
+		return err
+	}
+	v, err := decode[T](r)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	table(w, v)
+	return w.Flush()
+}
+
+// row writes tab-separated cells.
+func row(w io.Writer, cells ...any) {
+	for i, c := range cells {
+		if i > 0 {
+			fmt.Fprint(w, "\t")
+		}
+		s := fmt.Sprint(c)
+		if s == "" {
+			s = "-"
+		}
+		fmt.Fprint(w, s)
+	}
+	fmt.Fprintln(w)
+}
+
+func ts(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func tsp(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return ts(*t)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// exactArgs is cobra.ExactArgs with a usage error naming the arguments.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != len(names) {
+			return usagef("expected %d argument(s): %s; got %d", len(names), strings.Join(names, " "), len(args))
+		}
+		return nil
+	}
+}
+
+// nextHint tells a table reader how to get the next page.
+func nextHint(a *app, next string) {
+	if next != "" {
+		fmt.Fprintf(a.errOut, "more: pass --after %s\n", next)
+	}
+}

@@ -1,0 +1,297 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func (a *app) availabilityCmd() *cobra.Command {
+	var region, sku string
+	c := &cobra.Command{
+		Use:     "availability",
+		Aliases: []string{"avail"},
+		Short:   "Free GPUs per region and SKU, and the largest request that fits now",
+		Args:    exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/availability", map[string]string{"region": region, "sku": sku}, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
+				row(w, "REGION", "SKU", "SHAPE", "FREE-GPUS", "FREE-NODES", "LARGEST", "PLACEABLE")
+				for _, x := range l.Items {
+					region := x.Region
+					if x.RegionDisabled {
+						region += " (disabled)"
+					}
+					var counts []string
+					for _, n := range x.Placeable {
+						counts = append(counts, strconv.Itoa(n))
+					}
+					row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
+				}
+			})
+		},
+	}
+	c.Flags().StringVar(&region, "region", "", "only this region")
+	c.Flags().StringVar(&sku, "sku", "", "only this SKU")
+	return c
+}
+
+func (a *app) usageCmd() *cobra.Command {
+	var alloc, since, after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "usage",
+		Short: "Usage records for billing export",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string]string{"allocation": alloc, "since": since, "after": after}
+			if limit > 0 {
+				q["limit"] = strconv.Itoa(limit)
+			}
+			r, err := a.call(cmd, http.MethodGet, "/v1/usage", q, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
+				row(w, "ALLOCATION", "SHAPE", "SKU", "GPUS", "NODE", "START", "END")
+				for _, u := range l.Items {
+					row(w, u.AllocationID, u.Shape, u.SKU, u.GPUCount, u.NodeID, ts(u.Start), tsp(u.End))
+				}
+				nextHint(a, l.Next)
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&alloc, "allocation", "", "only this allocation")
+	f.StringVar(&since, "since", "", "only records open or ended at or after this RFC 3339 time")
+	f.StringVar(&after, "after", "", "page cursor")
+	f.IntVar(&limit, "limit", 0, "page size")
+	return c
+}
+
+func (a *app) regionCmd() *cobra.Command {
+	c := &cobra.Command{Use: "region", Aliases: []string{"regions"}, Short: "List and set regions"}
+	c.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List regions",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/regions", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Region]) {
+				row(w, "NAME", "DISABLED")
+				for _, x := range l.Items {
+					row(w, x.Name, yesNo(x.Disabled))
+				}
+			})
+		},
+	})
+	var disabled bool
+	set := &cobra.Command{
+		Use:   "set NAME",
+		Short: "Create or update a region (admin)",
+		Args:  exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodPut, "/v1/regions/"+pathEscape(args[0]), nil, proto.RegionPutBody{Disabled: disabled}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, x proto.Region) {
+				row(w, "NAME", "DISABLED")
+				row(w, x.Name, yesNo(x.Disabled))
+			})
+		},
+	}
+	set.Flags().BoolVar(&disabled, "disabled", false, "take no placements in this region")
+	c.AddCommand(set)
+	return c
+}
+
+func (a *app) poolCmd() *cobra.Command {
+	c := &cobra.Command{Use: "pool", Aliases: []string{"pools"}, Short: "List and set pools"}
+	c.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List pools",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/pools", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Pool]) {
+				row(w, "NAME", "REGION")
+				for _, x := range l.Items {
+					row(w, x.Name, x.Region)
+				}
+			})
+		},
+	})
+	var region string
+	set := &cobra.Command{
+		Use:   "set NAME --region REGION",
+		Short: "Create or update a pool (admin)",
+		Args:  exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if region == "" {
+				return usagef("--region is required")
+			}
+			r, err := a.call(cmd, http.MethodPut, "/v1/pools/"+pathEscape(args[0]), nil, proto.PoolPutBody{Region: region}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, x proto.Pool) {
+				row(w, "NAME", "REGION")
+				row(w, x.Name, x.Region)
+			})
+		},
+	}
+	set.Flags().StringVar(&region, "region", "", "region of the pool (required)")
+	c.AddCommand(set)
+	return c
+}
+
+func peersTable(w *tabwriter.Writer, l proto.List[api.Peer]) {
+	row(w, "ID", "RAFT", "HTTP", "VOTER", "LEADER")
+	for _, p := range l.Items {
+		row(w, p.ID, p.RaftAddr, p.HTTPAddr, yesNo(p.Voter), yesNo(p.Leader))
+	}
+}
+
+func (a *app) operatorCmd() *cobra.Command {
+	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership"}
+	c.AddCommand(&cobra.Command{
+		Use:   "peers",
+		Short: "List the Raft configuration",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, peersTable)
+		},
+	}, &cobra.Command{
+		Use:   "add ID RAFT-ADDR HTTP-ADDR",
+		Short: "Add a voter (admin)",
+		Args:  exactArgs("ID", "RAFT-ADDR", "HTTP-ADDR"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, addr := range args[1:] {
+				if _, _, err := net.SplitHostPort(addr); err != nil {
+					return usagef("%q is not host:port", addr)
+				}
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/operator/peers", nil, proto.PeerAddBody{ID: args[0], RaftAddr: args[1], HTTPAddr: args[2]}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, peersTable)
+		},
+	}, &cobra.Command{
+		Use:   "remove ID",
+		Short: "Remove a server from the Raft configuration (admin)",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodDelete, "/v1/operator/peers/"+pathEscape(args[0]), nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, peersTable)
+		},
+	}, &cobra.Command{
+		Use:   "transfer [ID]",
+		Short: "Hand leadership to a voter (any up-to-date one without ID) (admin)",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usagef("expected at most one argument: ID")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var body any
+			if len(args) == 1 {
+				body = proto.TransferLeadershipBody{ID: args[0]}
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/operator/transfer-leadership", nil, body, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, peersTable)
+		},
+	})
+	return c
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the replica's leadership view and applied index",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/status", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, s proto.Status) {
+				row(w, "Leader:", yesNo(s.IsLeader))
+				row(w, "Leader address:", s.LeaderHTTPAddr)
+				row(w, "Index:", s.Index)
+			})
+		},
+	}
+}
+
+// tokenCmd makes tokens-file entries; it never talks to the API.
+func (a *app) tokenCmd() *cobra.Command {
+	c := &cobra.Command{Use: "token", Short: "Make API tokens and tokens-file entries (offline)"}
+	var name, role string
+	gen := &cobra.Command{
+		Use:   "generate --name NAME --role admin|operator|viewer",
+		Short: "Generate a token; prints it and the tokens-file entry that holds only its SHA-256",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := api.ParseRole(role); err != nil {
+				return usageError{err}
+			}
+			if err := proto.ValidateID("--name", name); err != nil {
+				return usageError{err}
+			}
+			tok, err := api.GenerateToken()
+			if err != nil {
+				return err
+			}
+			entry := api.TokenEntry{Name: name, Role: role, SHA256: api.HashToken(tok)}
+			b, err := json.Marshal(entry)
+			if err != nil {
+				return fmt.Errorf("encode entry: %w", err)
+			}
+			if a.output == "json" {
+				out, err := json.MarshalIndent(map[string]any{"token": tok, "entry": entry}, "", "  ")
+				if err != nil {
+					return fmt.Errorf("encode: %w", err)
+				}
+				_, err = fmt.Fprintln(a.out, string(out))
+				return err
+			}
+			fmt.Fprintf(a.out, "token: %s\nentry: %s\n", tok, b)
+			return nil
+		},
+	}
+	gen.Flags().StringVar(&name, "name", "", "token name (shown in logs and as default allocation owner)")
+	gen.Flags().StringVar(&role, "role", "viewer", "role: admin, operator or viewer")
+	c.AddCommand(gen)
+	return c
+}

@@ -1,0 +1,230 @@
+package cli
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func (a *app) nodeCmd() *cobra.Command {
+	c := &cobra.Command{Use: "node", Aliases: []string{"nodes"}, Short: "List, show, drain and re-purpose nodes"}
+	c.AddCommand(a.nodeListCmd(), a.nodeShowCmd(), a.nodeDrainCmd("drain", true), a.nodeDrainCmd("undrain", false), a.nodeIntentCmd(), a.nodeTasksCmd())
+	return c
+}
+
+func sliceReady(n proto.Node) string {
+	if n.Readiness == nil {
+		return "unknown"
+	}
+	return yesNo(n.Readiness.SliceReady)
+}
+
+func nodeRow(w *tabwriter.Writer, n proto.Node) {
+	row(w, n.ID, n.Region, n.Pool, n.ProfileIntent, n.State, yesNo(n.Draining), sliceReady(n))
+}
+
+func nodeHeader(w *tabwriter.Writer) {
+	row(w, "ID", "REGION", "POOL", "INTENT", "STATE", "DRAINING", "SLICE-READY")
+}
+
+func (a *app) nodeListCmd() *cobra.Command {
+	var region, pool, state, intent, after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List nodes",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string]string{"region": region, "pool": pool, "state": state, "intent": intent, "after": after}
+			if limit > 0 {
+				q["limit"] = strconv.Itoa(limit)
+			}
+			r, err := a.call(cmd, http.MethodGet, "/v1/nodes", q, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Node]) {
+				nodeHeader(w)
+				for _, n := range l.Items {
+					nodeRow(w, n)
+				}
+				nextHint(a, l.Next)
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&region, "region", "", "only nodes of this region")
+	f.StringVar(&pool, "pool", "", "only nodes of this pool")
+	f.StringVar(&state, "state", "", "only nodes in this state")
+	f.StringVar(&intent, "intent", "", "only nodes with this profile intent (slice_vm, baremetal)")
+	f.StringVar(&after, "after", "", "page cursor")
+	f.IntVar(&limit, "limit", 0, "page size")
+	return c
+}
+
+func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
+	n := d.Node
+	row(w, "ID:", n.ID)
+	row(w, "Hostname:", n.Hostname)
+	row(w, "Region/pool:", n.Region+"/"+n.Pool)
+	row(w, "Intent:", n.ProfileIntent)
+	row(w, "State:", n.State)
+	row(w, "Draining:", yesNo(n.Draining))
+	s := d.SlotSummary
+	var counts []string
+	for _, st := range proto.SlotStatuses {
+		if s.ByStatus[st] > 0 {
+			counts = append(counts, fmt.Sprintf("%s %d", st, s.ByStatus[st]))
+		}
+	}
+	row(w, "Slots:", fmt.Sprintf("%d (%s)", s.Total, strings.Join(counts, ", ")))
+	row(w, "Incomplete slots:", s.Incomplete)
+	held := fmt.Sprintf("%d slot claims", s.LiveSlotClaims)
+	if s.NodeExclusive {
+		held = "node_exclusive (baremetal)"
+	}
+	row(w, "Held by:", held)
+	if n.Readiness == nil {
+		row(w, "Readiness:", "no evidence reported")
+		return
+	}
+	rd := n.Readiness
+	row(w, "Active:", yesNo(rd.Active))
+	row(w, "Slice-ready:", yesNo(rd.SliceReady))
+	row(w, "Observed:", ts(rd.ObservedAt))
+	for _, b := range rd.Blockers {
+		row(w, "Blocker:", b)
+	}
+	for _, e := range rd.Evidence {
+		mark := "ok"
+		if !e.OK {
+			mark = "FAIL"
+		}
+		row(w, "Check "+e.Check+":", strings.TrimSpace(mark+" "+e.Detail))
+	}
+}
+
+func (a *app) nodeShowCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a node with its readiness evidence and slot summary",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/nodes/"+pathEscape(args[0]), nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, nodeDetail)
+		},
+	}
+}
+
+func (a *app) nodeDrainCmd(verb string, drain bool) *cobra.Command {
+	short := "Stop new claims on a node; existing ones run to release (admin)"
+	if !drain {
+		short = "Let a drained node take new claims again (admin)"
+	}
+	return &cobra.Command{
+		Use:   verb + " ID",
+		Short: short,
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/"+verb, nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
+				nodeHeader(w)
+				nodeRow(w, n)
+			})
+		},
+	}
+}
+
+func (a *app) nodeIntentCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "intent ID slice_vm|baremetal",
+		Short: "Set what a node sells (admin)",
+		Args:  exactArgs("ID", "INTENT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			intent := proto.ProfileIntent(args[1])
+			if !intent.Valid() {
+				return usagef("intent %q: use slice_vm or baremetal", args[1])
+			}
+			r, err := a.call(cmd, http.MethodPut, "/v1/nodes/"+pathEscape(args[0])+"/intent", nil, proto.NodeIntentBody{Intent: intent}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
+				nodeHeader(w)
+				nodeRow(w, n)
+			})
+		},
+	}
+}
+
+func (a *app) nodeTasksCmd() *cobra.Command {
+	var after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "tasks ID",
+		Short: "List the tasks queued for a node's agent",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.listTasks(cmd, "/v1/nodes/"+pathEscape(args[0])+"/tasks", after, limit)
+		},
+	}
+	c.Flags().StringVar(&after, "after", "", "page cursor: start after this task ID")
+	c.Flags().IntVar(&limit, "limit", 0, "page size")
+	return c
+}
+
+func (a *app) listTasks(cmd *cobra.Command, path, after string, limit int) error {
+	q := map[string]string{"after": after}
+	if limit > 0 {
+		q["limit"] = strconv.Itoa(limit)
+	}
+	r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
+	if err != nil {
+		return err
+	}
+	return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Task]) {
+		row(w, "ID", "NODE", "ALLOCATION", "TYPE", "STATE", "UPDATED", "PROGRESS", "ERROR")
+		for _, t := range l.Items {
+			row(w, t.ID, t.NodeID, t.AllocationID, t.Type, t.State, ts(t.UpdatedAt), t.Progress, t.Error)
+		}
+		nextHint(a, l.Next)
+	})
+}
+
+// tasksCmd is the top-level "tasks --node N | --alloc A".
+func (a *app) tasksCmd() *cobra.Command {
+	var node, alloc, after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "tasks",
+		Short: "List node tasks of a node (--node) or an allocation (--alloc)",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case node != "" && alloc == "":
+				return a.listTasks(cmd, "/v1/nodes/"+pathEscape(node)+"/tasks", after, limit)
+			case alloc != "" && node == "":
+				return a.listTasks(cmd, "/v1/allocations/"+pathEscape(alloc)+"/tasks", after, limit)
+			}
+			return usagef("give exactly one of --node or --alloc")
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&node, "node", "", "node ID")
+	f.StringVar(&alloc, "alloc", "", "allocation ID")
+	f.StringVar(&after, "after", "", "page cursor: start after this task ID")
+	f.IntVar(&limit, "limit", 0, "page size")
+	return c
+}

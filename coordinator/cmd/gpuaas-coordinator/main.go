@@ -1,0 +1,162 @@
+// Command gpuaas-coordinator runs one coordinator replica: the Raft
+// server (coordinator/server) and, on the same HTTP listener, the
+// operator API (coordinator/api) and the server-to-server routes.
+//
+// Three on loopback:
+//
+//	gpuaas-coordinator -node-id c1 -data-dir d1 -raft-addr 127.0.0.1:7301 -http-addr 127.0.0.1:7300 -bootstrap-expect 3
+//	gpuaas-coordinator -node-id c2 -data-dir d2 -raft-addr 127.0.0.1:7311 -http-addr 127.0.0.1:7310 -bootstrap-expect 3 -join 127.0.0.1:7300
+//	gpuaas-coordinator -node-id c3 -data-dir d3 -raft-addr 127.0.0.1:7321 -http-addr 127.0.0.1:7320 -bootstrap-expect 3 -join 127.0.0.1:7300
+//
+// SIGTERM or SIGINT shuts down gracefully (HTTP drained, Raft stopped,
+// store closed).
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/server"
+)
+
+func main() {
+	o, err := parseOptions(os.Args[1:], os.Getenv, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gpuaas-coordinator:", err)
+		os.Exit(2)
+	}
+	log := newLogger(o)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, o, log); err != nil {
+		log.Error("coordinator failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(o *options) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(o.LogLevel))
+	ho := &slog.HandlerOptions{Level: lvl}
+	if o.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(os.Stderr, ho))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, ho))
+}
+
+// backend adapts *server.Server to api.Backend.
+type backend struct{ *server.Server }
+
+func (b backend) Peers() ([]api.Peer, error) {
+	ps, err := b.Server.Peers()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Peer, len(ps))
+	for i, p := range ps {
+		out[i] = api.Peer(p)
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, o *options, log *slog.Logger) error {
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir %s: %w", o.DataDir, err)
+	}
+	auth, err := loadAuth(o, log)
+	if err != nil {
+		return err
+	}
+	joinToken := ""
+	if o.JoinTokenFile != "" {
+		b, err := os.ReadFile(o.JoinTokenFile)
+		if err != nil {
+			return fmt.Errorf("read join token: %w", err)
+		}
+		joinToken = strings.TrimSpace(string(b))
+	}
+	var inv *server.Inventory
+	if o.Inventory != "" {
+		if inv, err = server.ReadInventory(o.Inventory); err != nil {
+			return err
+		}
+	}
+	ln, err := net.Listen("tcp", o.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen http %s: %w", o.HTTPAddr, err)
+	}
+	advertise := o.HTTPAdvertise
+	if advertise == "" {
+		advertise = ln.Addr().String()
+	}
+	srv, err := server.New(server.Config{
+		NodeID: o.NodeID, DataDir: o.DataDir, RaftBind: o.RaftAddr, RaftAdvertise: o.RaftAdvertise,
+		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken,
+		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
+			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
+		Inventory: inv, Logger: log,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/internal/", srv.InternalHandler())
+	mux.Handle("/", api.New(backend{srv}, auth, log.With("component", "api")))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr())
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "node", o.NodeID)
+	case err = <-serveErr:
+		log.Error("http server stopped", "err", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	herr := hs.Shutdown(sctx)
+	serr := srv.Shutdown()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, herr, serr)
+}
+
+// loadAuth reads the tokens file, or, without one, makes an admin token
+// once and keeps it in <data-dir>/admin.token (0600) for the lab.
+func loadAuth(o *options, log *slog.Logger) (api.Authenticator, error) {
+	if o.TokensFile != "" {
+		return api.LoadTokens(o.TokensFile)
+	}
+	path := filepath.Join(o.DataDir, "admin.token")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		var raw [24]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			return nil, fmt.Errorf("generate admin token: %w", err)
+		}
+		b = []byte(hex.EncodeToString(raw[:]))
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return nil, fmt.Errorf("write admin token: %w", err)
+		}
+		log.Info("no -tokens-file: generated an admin token", "path", path)
+	} else if err != nil {
+		return nil, fmt.Errorf("read admin token: %w", err)
+	}
+	return api.NewTokens([]api.TokenEntry{{Name: "local-admin", Role: "admin", SHA256: api.HashToken(strings.TrimSpace(string(b)))}})
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// options are the binary's settings. Precedence, lowest first: defaults,
+// the JSON config file (-config; keys are flag names), GPUAAS_<FLAG>
+// environment variables (dashes become underscores: GPUAAS_NODE_ID), and
+// command-line flags.
+type options struct {
+	NodeID            string
+	DataDir           string
+	RaftAddr          string
+	RaftAdvertise     string
+	HTTPAddr          string
+	HTTPAdvertise     string
+	BootstrapExpect   int
+	Join              []string
+	JoinTokenFile     string
+	TokensFile        string
+	Inventory         string
+	LogLevel          string
+	LogFormat         string
+	HeartbeatTimeout  time.Duration
+	ElectionTimeout   time.Duration
+	LeaderLease       time.Duration
+	SnapshotThreshold uint64
+}
+
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gpuaas-coordinator", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.String("config", "", "optional JSON config file; keys are flag names")
+	fs.StringVar(&o.NodeID, "node-id", "c1", "Raft server ID (stable across restarts)")
+	fs.StringVar(&o.DataDir, "data-dir", "./gpuaas-data", "data directory (raft log, snapshots)")
+	fs.StringVar(&o.RaftAddr, "raft-addr", "127.0.0.1:7301", "Raft transport listen address")
+	fs.StringVar(&o.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default: -raft-addr)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:7300", "HTTP API listen address")
+	fs.StringVar(&o.HTTPAdvertise, "http-advertise", "", "HTTP address peers forward writes to (default: -http-addr)")
+	fs.IntVar(&o.BootstrapExpect, "bootstrap-expect", 1, "servers that form a new cluster together (0: only join)")
+	fs.Func("join", "comma-separated peer HTTP addresses for cluster formation", func(s string) error {
+		o.Join = nil
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.Join = append(o.Join, a)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding the cluster join token (server-to-server routes)")
+	fs.StringVar(&o.TokensFile, "tokens-file", "", "API tokens file (JSON [{name, role, sha256}]); default: a generated admin token in <data-dir>/admin.token")
+	fs.StringVar(&o.Inventory, "inventory", "", "inventory JSON loaded by the leader into an empty ledger")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
+	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")
+	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (default 500ms)")
+	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 250ms)")
+	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")
+	return fs
+}
+
+// parseOptions applies the config file, the environment and args.
+func parseOptions(args []string, getenv func(string) string, out io.Writer) (*options, error) {
+	o := &options{}
+	fs := newFlagSet(o, out)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	onCmdline := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCmdline[f.Name] = true })
+
+	configPath := fs.Lookup("config").Value.String()
+	if !onCmdline["config"] {
+		configPath = getenv("GPUAAS_CONFIG")
+	}
+	fromFile := map[string]string{}
+	if configPath != "" {
+		b, err := os.ReadFile(configPath)
+		if err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+		var raw map[string]any
+		if err := json.Unmarshal(b, &raw); err != nil {
+			return nil, fmt.Errorf("parse config %s: %w", configPath, err)
+		}
+		for k, v := range raw {
+			if fs.Lookup(k) == nil || k == "config" {
+				return nil, fmt.Errorf("config %s: unknown key %q", configPath, k)
+			}
+			switch v := v.(type) {
+			case string:
+				fromFile[k] = v
+			case float64:
+				fromFile[k] = fmt.Sprint(v)
+			case bool:
+				fromFile[k] = fmt.Sprint(v)
+			case []any:
+				parts := make([]string, len(v))
+				for i, p := range v {
+					parts[i] = fmt.Sprint(p)
+				}
+				fromFile[k] = strings.Join(parts, ",")
+			default:
+				return nil, fmt.Errorf("config %s: key %q has an unsupported value", configPath, k)
+			}
+		}
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || onCmdline[f.Name] || f.Name == "config" {
+			return
+		}
+		env := "GPUAAS_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, e)
+			}
+			return
+		}
+		if v, ok := fromFile[f.Name]; ok {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("config %s: %s=%q: %w", configPath, f.Name, v, e)
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	switch o.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return nil, fmt.Errorf("log-level %q is not one of debug, info, warn, error", o.LogLevel)
+	}
+	if o.LogFormat != "json" && o.LogFormat != "text" {
+		return nil, fmt.Errorf("log-format %q is not one of json, text", o.LogFormat)
+	}
+	return o, nil
+}

@@ -1,0 +1,197 @@
+// Package fsm is the coordinator's Raft state machine: it applies the
+// typed commands of proto/commands.go to the claim ledger (package state).
+//
+// Apply decodes the type byte, then one switch calls applyX(body, index)
+// for the command. Each applyX opens one write transaction, validates the
+// command against the current state and the transition tables of proto,
+// writes, and commits; any refusal aborts the transaction, so a refused
+// command changes nothing. Refusals are returned as the Apply response
+// (*proto.Error with a stable code); successes return a typed response
+// or the written object. Timestamps come from the command's At, never
+// the clock, so every replica computes byte-identical state.
+//
+// A log entry that does not decode, or carries an unknown type without
+// proto.IgnoreUnknownTypeFlag, panics: silent divergence between replicas
+// is worse than a crash.
+package fsm
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// FSM implements raft.FSM over a state.Store.
+type FSM struct {
+	store atomic.Pointer[state.Store]
+	log   *slog.Logger
+	skus  []proto.SKU
+	// last is what the most recent successful command touched (for the
+	// invariant Checker). Written only by Apply/Restore.
+	last state.Changes
+}
+
+var _ raft.FSM = (*FSM)(nil)
+
+// New returns an FSM applying to store (a new empty store when nil).
+func New(store *state.Store, logger *slog.Logger) *FSM {
+	if store == nil {
+		store = state.New()
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	f := &FSM{log: logger, skus: proto.DefaultSKUs()}
+	f.store.Store(store)
+	return f
+}
+
+// Store returns the current store. It changes on Restore: always call
+// Store, never keep the result across operations.
+func (f *FSM) Store() *state.Store { return f.store.Load() }
+
+// Apply applies one committed Raft log entry.
+func (f *FSM) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	return f.ApplyCommand(l.Index, l.Data)
+}
+
+// ApplyCommand applies one encoded command (proto.Encode) at index. It is
+// Apply without the raft.Log wrapper, for log replays and tests.
+func (f *FSM) ApplyCommand(index uint64, data []byte) any {
+	t, body, err := proto.Decode(data)
+	if err != nil {
+		panic(fmt.Sprintf("fsm: index %d: %v", index, err))
+	}
+	f.last = state.Changes{}
+	switch t {
+	case proto.RegionUpsertType:
+		return f.applyRegionUpsert(body, index)
+	case proto.PoolUpsertType:
+		return f.applyPoolUpsert(body, index)
+	case proto.NodeUpsertType:
+		return f.applyNodeUpsert(body, index)
+	case proto.NodeSetIntentType:
+		return f.applyNodeSetIntent(body, index)
+	case proto.NodeDrainType:
+		return f.applyNodeDrain(body, index)
+	case proto.NodeReadinessType:
+		return f.applyNodeReadiness(body, index)
+	case proto.NodeSetStateType:
+		return f.applyNodeSetState(body, index)
+	case proto.CandidateTopologyType:
+		return f.applyCandidateTopology(body, index)
+	case proto.SlotApproveType:
+		return f.applySlotApprove(body, index)
+	case proto.SlotDisableType:
+		return f.applySlotDisable(body, index)
+	case proto.SlotRepairType:
+		return f.applySlotRepair(body, index)
+	case proto.AllocationPlaceType:
+		return f.applyAllocationPlace(body, index)
+	case proto.AllocationTransitionType:
+		return f.applyAllocationTransition(body, index)
+	case proto.AllocationReleaseType:
+		return f.applyAllocationRelease(body, index)
+	case proto.AllocationReleasedType:
+		return f.applyAllocationReleased(body, index)
+	case proto.AllocationForceReleaseType:
+		return f.applyAllocationForceRelease(body, index)
+	case proto.SlotCleanedType:
+		return f.applySlotCleaned(body, index)
+	case proto.OutboxDeliverType:
+		return f.applyOutboxDeliver(body, index)
+	case proto.TaskUpdateType:
+		return f.applyTaskUpdate(body, index)
+	case proto.TimelineAppendType:
+		return f.applyTimelineAppend(body, index)
+	case proto.TaskCreateType:
+		return f.applyTaskCreate(body, index)
+	case proto.SlotHealthType:
+		return f.applySlotHealth(body, index)
+	default:
+		if t&proto.IgnoreUnknownTypeFlag != 0 {
+			f.log.Warn("ignoring unknown command type", "type", uint8(t), "index", index)
+			return nil
+		}
+		panic(fmt.Sprintf("fsm: index %d: unknown command type %d (%s)", index, uint8(t), t))
+	}
+}
+
+// decode unmarshals a command body; a failure is fatal (see package doc).
+func decode[T any](t proto.MessageType, body []byte, index uint64) *T {
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		panic(fmt.Sprintf("fsm: index %d: decode %s: %v", index, t, err))
+	}
+	return &v
+}
+
+// write runs fn in one write transaction at index: fn's error aborts (the
+// error is the response), success commits and returns fn's response.
+func (f *FSM) write(index uint64, fn func(tx *state.Txn) (any, error)) any {
+	tx := f.Store().Begin(index)
+	resp, err := fn(tx)
+	if err != nil {
+		tx.Abort()
+		return asProtoError(err)
+	}
+	changes := tx.Changes()
+	if err := tx.Commit(); err != nil {
+		// Commit only fails on a schema/programming error: replicas
+		// would diverge if we went on.
+		panic(fmt.Sprintf("fsm: index %d: %v", index, err))
+	}
+	f.last = changes
+	return resp
+}
+
+// asProtoError keeps domain errors and turns store errors (which a valid
+// command never produces) into CodeInternal.
+func asProtoError(err error) *proto.Error {
+	if pe, ok := err.(*proto.Error); ok {
+		return pe
+	}
+	return proto.Errorf(proto.CodeInternal, "%v", err)
+}
+
+// Snapshot captures the current store for raft (cheap: an MVCC view).
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	return &fsmSnapshot{snap: f.Store().Snapshot()}, nil
+}
+
+// Restore replaces the state with a snapshot: it builds a fresh store from
+// the stream and swaps it in; the old store is abandoned (its waiters
+// wake with state.ErrAbandoned).
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	fresh, err := ReadSnapshot(rc)
+	if err != nil {
+		return fmt.Errorf("restore fsm: %w", err)
+	}
+	old := f.store.Swap(fresh)
+	old.Abandon()
+	f.last = state.Changes{}
+	return nil
+}
+
+type fsmSnapshot struct{ snap *state.Snapshot }
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := WriteSnapshot(sink, s.snap); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist fsm snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) Release() {}

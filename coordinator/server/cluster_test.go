@@ -1,0 +1,363 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// countFSM counts applied commands; enough to prove replication and
+// snapshot/restore without the ledger.
+type countFSM struct {
+	mu sync.Mutex
+	n  uint64
+}
+
+func (f *countFSM) Apply(*raft.Log) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	return f.n
+}
+
+func (f *countFSM) count() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+func (f *countFSM) Snapshot() (raft.FSMSnapshot, error) { return countSnap(f.count()), nil }
+
+func (f *countFSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var b [8]byte
+	if _, err := io.ReadFull(rc, b[:]); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.n = binary.BigEndian.Uint64(b[:])
+	f.mu.Unlock()
+	return nil
+}
+
+type countSnap uint64
+
+func (c countSnap) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(binary.BigEndian.AppendUint64(nil, uint64(c))); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+func (countSnap) Release() {}
+
+// testNode is one in-process server with its HTTP listener.
+type testNode struct {
+	cfg  Config
+	srv  *Server
+	http *http.Server
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("GPUAAS_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// startNode starts a server whose HTTP side serves the internal routes.
+// cfg.HTTPAddr may be "127.0.0.1:0" (a port is picked) or a fixed address
+// from an earlier run (restart).
+func startNode(t testing.TB, cfg Config) *testNode {
+	t.Helper()
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	require.NoError(t, err)
+	cfg.HTTPAddr = ln.Addr().String()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		ln.Close()
+		require.NoError(t, err)
+	}
+	cfg.RaftBind = srv.RaftAddr()
+	hs := &http.Server{Handler: srv.InternalHandler()}
+	go hs.Serve(ln)
+	n := &testNode{cfg: cfg, srv: srv, http: hs}
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *testNode) stop() {
+	n.http.Close()
+	n.srv.Shutdown()
+}
+
+// startCluster starts size servers formed by bootstrap-expect, each
+// joining the first, with FSMs from mk (nil: the ledger).
+func startCluster(t testing.TB, size int, mk func() raft.FSM) []*testNode {
+	t.Helper()
+	var nodes []*testNode
+	var first string
+	for i := range size {
+		cfg := Config{
+			NodeID:          fmt.Sprintf("c%d", i+1),
+			DataDir:         t.TempDir(),
+			RaftBind:        "127.0.0.1:0",
+			HTTPAddr:        "127.0.0.1:0",
+			BootstrapExpect: size,
+		}
+		if mk != nil {
+			cfg.fsm = mk()
+		}
+		if first != "" {
+			cfg.Join = []string{first}
+		}
+		n := startNode(t, cfg)
+		if first == "" {
+			first = n.cfg.HTTPAddr
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
+func waitLeader(t testing.TB, nodes []*testNode) *testNode {
+	t.Helper()
+	var leader *testNode
+	require.Eventually(t, func() bool {
+		leader = nil
+		for _, n := range nodes {
+			if n.srv.IsLeader() {
+				leader = n
+			}
+		}
+		if leader == nil {
+			return false
+		}
+		for _, n := range nodes {
+			if n.srv.LeaderID() != leader.cfg.NodeID {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 20*time.Millisecond, "no agreed leader")
+	return leader
+}
+
+func noopCmd(t testing.TB) []byte { return []byte{byte(proto.TimelineAppendType), '{', '}'} }
+
+func applyN(t testing.TB, n *testNode, count int) {
+	t.Helper()
+	for range count {
+		_, _, err := n.srv.applyRaw(context.Background(), proto.TimelineAppendType, noopCmd(t))
+		require.NoError(t, err)
+	}
+}
+
+func TestClusterFormationPeersAndForwardingAddress(t *testing.T) {
+	t.Parallel()
+	fsms := map[string]*countFSM{}
+	var mu sync.Mutex
+	i := 0
+	nodes := startCluster(t, 3, func() raft.FSM {
+		mu.Lock()
+		defer mu.Unlock()
+		i++
+		f := &countFSM{}
+		fsms[fmt.Sprintf("c%d", i)] = f
+		return f
+	})
+	leader := waitLeader(t, nodes)
+
+	// Every server ends with the same configuration of three voters
+	// (bootstrapped by itself or replicated from whoever bootstrapped).
+	require.Eventually(t, func() bool {
+		for _, n := range nodes {
+			ids, err := n.srv.voterIDs()
+			if err != nil || fmt.Sprint(ids) != "[c1 c2 c3]" {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+	// The peers table fills in: every server knows every HTTP address.
+	require.Eventually(t, func() bool {
+		for _, n := range nodes {
+			if len(n.srv.fsm.Peers()) != 3 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+	for _, n := range nodes {
+		peers, err := n.srv.Peers()
+		require.NoError(t, err)
+		require.Len(t, peers, 3)
+		for _, p := range peers {
+			assert.NotEmpty(t, p.HTTPAddr, p.ID)
+			assert.True(t, p.Voter)
+			assert.Equal(t, p.ID == leader.cfg.NodeID, p.Leader)
+		}
+		assert.Equal(t, leader.cfg.HTTPAddr, n.srv.LeaderHTTPAddr())
+	}
+
+	// A write on a follower is refused with the leader's HTTP address.
+	for _, n := range nodes {
+		if n == leader {
+			continue
+		}
+		_, _, err := n.srv.Apply(context.Background(), proto.TimelineAppendType, proto.TimelineAppendRequest{})
+		var nl *NotLeaderError
+		require.ErrorAs(t, err, &nl)
+		assert.Equal(t, leader.cfg.HTTPAddr, nl.LeaderHTTP)
+		assert.Equal(t, proto.CodeNotLeader, proto.CodeOf(err))
+		require.ErrorAs(t, n.srv.Barrier(context.Background()), &nl)
+	}
+
+	applyN(t, leader, 50)
+	require.NoError(t, leader.srv.Barrier(context.Background()))
+	require.Eventually(t, func() bool {
+		for _, f := range fsms {
+			if f.count() != 50 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+}
+
+func TestClusterRestartKeepsStateAndNeverRebootstraps(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, func() raft.FSM { return &countFSM{} })
+	leader := waitLeader(t, nodes)
+	applyN(t, leader, 20)
+	// Force a snapshot on one server so restore goes through peerFSM's
+	// snapshot framing too.
+	require.NoError(t, leader.srv.raft.Snapshot().Error())
+	applyN(t, leader, 5)
+	require.Eventually(t, func() bool {
+		for _, n := range nodes {
+			if len(n.srv.fsm.Peers()) != 3 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+
+	for _, n := range nodes {
+		n.stop()
+	}
+	// Restart on the same addresses and directories. The join list and
+	// bootstrap-expect are still set: a server with state must ignore them.
+	var again []*testNode
+	fsms := []*countFSM{}
+	for _, n := range nodes {
+		cfg := n.cfg
+		f := &countFSM{}
+		fsms = append(fsms, f)
+		cfg.fsm = f
+		cfg.Logger = nil
+		again = append(again, startNode(t, cfg))
+	}
+	leader = waitLeader(t, again)
+	require.NoError(t, leader.srv.Barrier(context.Background()))
+	applyN(t, leader, 1)
+	require.Eventually(t, func() bool {
+		for _, f := range fsms {
+			if f.count() != 26 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+	for _, n := range again {
+		ids, err := n.srv.voterIDs()
+		require.NoError(t, err)
+		assert.Equal(t, []string{"c1", "c2", "c3"}, ids)
+		assert.Len(t, n.srv.fsm.Peers(), 3, "peers table survives restart (snapshot + log)")
+	}
+}
+
+func TestOperatorMembership(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, func() raft.FSM { return &countFSM{} })
+	leader := waitLeader(t, nodes)
+
+	// A fresh server with bootstrap-expect 0 joins through a follower and
+	// is added by the leader.
+	var follower *testNode
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
+		}
+	}
+	fourth := startNode(t, Config{NodeID: "c4", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Join: []string{follower.cfg.HTTPAddr}, fsm: &countFSM{}})
+	require.Eventually(t, func() bool {
+		ids, err := leader.srv.voterIDs()
+		return err == nil && len(ids) == 4
+	}, 15*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return fourth.srv.LeaderHTTPAddr() == leader.cfg.HTTPAddr }, 10*time.Second, 20*time.Millisecond)
+
+	// Followers refuse operator writes with the leader's address.
+	var nl *NotLeaderError
+	require.ErrorAs(t, follower.srv.RemoveServer(context.Background(), "c4"), &nl)
+	require.ErrorAs(t, follower.srv.AddVoter(context.Background(), "c9", "127.0.0.1:1", "127.0.0.1:2"), &nl)
+	// Bad input is refused and changes nothing.
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(leader.srv.AddVoter(context.Background(), "C 9", "127.0.0.1:1", "127.0.0.1:2")))
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(leader.srv.AddVoter(context.Background(), "c9", "nohostport", "127.0.0.1:2")))
+	assert.Equal(t, proto.CodeNotFound, proto.CodeOf(leader.srv.RemoveServer(context.Background(), "c9")))
+
+	require.NoError(t, leader.srv.RemoveServer(context.Background(), "c4"))
+	ids, err := leader.srv.voterIDs()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"c1", "c2", "c3"}, ids)
+	_, ok := leader.srv.fsm.Peer("c4")
+	assert.False(t, ok, "removed server's peer entry is forgotten")
+
+	// Transfer leadership to a named follower.
+	target := follower.cfg.NodeID
+	require.NoError(t, leader.srv.TransferLeadership(context.Background(), target))
+	require.Eventually(t, func() bool { return follower.srv.IsLeader() }, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, proto.CodeNotFound, proto.CodeOf(follower.srv.TransferLeadership(context.Background(), "c4")))
+	require.True(t, errors.As(leader.srv.TransferLeadership(context.Background(), ""), &nl))
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	base := Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:1", BootstrapExpect: 1}
+	for name, mut := range map[string]func(*Config){
+		"bad id":        func(c *Config) { c.NodeID = "../x" },
+		"no data dir":   func(c *Config) { c.DataDir = "" },
+		"bad bind":      func(c *Config) { c.RaftBind = "nope" },
+		"bad http":      func(c *Config) { c.HTTPAddr = "" },
+		"bad join":      func(c *Config) { c.Join = []string{"x"} },
+		"expect range":  func(c *Config) { c.BootstrapExpect = -1 },
+		"nothing to do": func(c *Config) { c.BootstrapExpect = 0 },
+	} {
+		c := base
+		c.DataDir = t.TempDir()
+		mut(&c)
+		c.fsm = &countFSM{}
+		c.Logger = testLogger(t)
+		_, err := New(c)
+		assert.Error(t, err, name)
+	}
+}

@@ -1,0 +1,139 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Config configures one coordinator server.
+type Config struct {
+	// NodeID is the Raft server ID; stable across restarts.
+	NodeID string
+	// DataDir holds raft/raft.db (log + stable store, bbolt, fsync on) and
+	// raft/snapshots.
+	DataDir string
+	// RaftBind is the host:port the Raft TCP transport listens on. Port 0
+	// picks a free port (tests); a restarted server must reuse its address.
+	RaftBind string
+	// RaftAdvertise is the Raft address peers dial; defaults to RaftBind's
+	// resolved listener address.
+	RaftAdvertise string
+	// HTTPAddr is the advertised host:port of this server's HTTP API, used
+	// by peers to forward writes to the leader and for the join exchange.
+	HTTPAddr string
+	// BootstrapExpect is the number of servers that form a new cluster
+	// together. 0 means: never bootstrap, only join an existing cluster.
+	BootstrapExpect int
+	// Join lists peer HTTP addresses contacted for cluster formation.
+	Join []string
+	// JoinToken, if set, is the bearer token the internal join endpoint
+	// requires and this server presents to its peers.
+	JoinToken string
+	// Timing is the Raft timing; zero fields take DefaultTiming's values.
+	Timing Timing
+	// ApplyTimeout bounds one raft.Apply (enqueue + commit + apply).
+	ApplyTimeout time.Duration
+	// SKUs is the SKU catalog placements validate against; default
+	// proto.DefaultSKUs().
+	SKUs []proto.SKU
+	// Now is the clock commands are stamped with (the FSM never reads a
+	// clock); default time.Now.
+	Now func() time.Time
+	// Inventory, if set, is loaded by the leader into an empty ledger.
+	Inventory *Inventory
+	// Logger receives structured logs; default slog.Default().
+	Logger *slog.Logger
+
+	// fsm replaces the ledger FSM (internal tests and the raw-Raft
+	// benchmark use a no-op FSM); Store and Place are then unavailable.
+	fsm raft.FSM
+}
+
+// Timing is the Raft timing of a LAN control plane.
+type Timing struct {
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	// MaxAppendEntries bounds the entries per AppendEntries RPC and per
+	// leader disk write (with BatchApplyCh, the apply batch).
+	MaxAppendEntries  int
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+}
+
+// DefaultTiming is tuned for three or five servers on one LAN: a dead
+// leader is noticed after 500–1000 ms (hashicorp/raft randomises the
+// follower heartbeat timeout between 1× and 2×), an election takes a
+// round trip plus an fsync, so writes resume well under 2 s. The library
+// defaults (1 s / 1 s / 500 ms) are sized for WANs.
+var DefaultTiming = Timing{
+	HeartbeatTimeout:   500 * time.Millisecond,
+	ElectionTimeout:    500 * time.Millisecond,
+	LeaderLeaseTimeout: 250 * time.Millisecond,
+	CommitTimeout:      5 * time.Millisecond,
+	MaxAppendEntries:   256,
+	SnapshotThreshold:  16384,
+	SnapshotInterval:   60 * time.Second,
+}
+
+func (t Timing) withDefaults() Timing {
+	d := DefaultTiming
+	if t.HeartbeatTimeout > 0 {
+		d.HeartbeatTimeout = t.HeartbeatTimeout
+	}
+	if t.ElectionTimeout > 0 {
+		d.ElectionTimeout = t.ElectionTimeout
+	}
+	if t.LeaderLeaseTimeout > 0 {
+		d.LeaderLeaseTimeout = t.LeaderLeaseTimeout
+	}
+	if t.CommitTimeout > 0 {
+		d.CommitTimeout = t.CommitTimeout
+	}
+	if t.MaxAppendEntries > 0 {
+		d.MaxAppendEntries = t.MaxAppendEntries
+	}
+	if t.SnapshotThreshold > 0 {
+		d.SnapshotThreshold = t.SnapshotThreshold
+	}
+	if t.SnapshotInterval > 0 {
+		d.SnapshotInterval = t.SnapshotInterval
+	}
+	return d
+}
+
+func (c *Config) validate() error {
+	if err := proto.ValidateID("node id", c.NodeID); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if c.DataDir == "" {
+		return fmt.Errorf("config: data dir is required")
+	}
+	if _, _, err := net.SplitHostPort(c.RaftBind); err != nil {
+		return fmt.Errorf("config: raft bind %q: %w", c.RaftBind, err)
+	}
+	if c.RaftAdvertise != "" {
+		if _, _, err := net.SplitHostPort(c.RaftAdvertise); err != nil {
+			return fmt.Errorf("config: raft advertise %q: %w", c.RaftAdvertise, err)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		return fmt.Errorf("config: http addr %q: %w", c.HTTPAddr, err)
+	}
+	if c.BootstrapExpect < 0 || c.BootstrapExpect > 9 {
+		return fmt.Errorf("config: bootstrap expect %d out of range 0..9", c.BootstrapExpect)
+	}
+	for _, j := range c.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return fmt.Errorf("config: join address %q: %w", j, err)
+		}
+	}
+	return nil
+}

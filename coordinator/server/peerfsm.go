@@ -1,0 +1,164 @@
+package server
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// peerFSM wraps the ledger FSM: it handles PeerUpsertType itself (the
+// replicated table mapping Raft server IDs to HTTP addresses) and hands
+// every other command to the ledger. Its snapshot is a small header with
+// the peers table followed by the ledger's own snapshot stream.
+type peerFSM struct {
+	inner raft.FSM
+
+	mu    sync.RWMutex
+	peers map[string]proto.Peer
+}
+
+// snapshotMagic opens every server snapshot; the version follows it.
+const snapshotMagic = "GPUAASRV"
+
+const snapshotVersion uint32 = 1
+
+func newPeerFSM(inner raft.FSM) *peerFSM {
+	return &peerFSM{inner: inner, peers: map[string]proto.Peer{}}
+}
+
+// Apply implements raft.FSM.
+func (f *peerFSM) Apply(l *raft.Log) any {
+	if l.Type == raft.LogCommand && len(l.Data) > 0 &&
+		proto.MessageType(l.Data[0])&^proto.IgnoreUnknownTypeFlag == proto.PeerUpsertType {
+		var req proto.PeerUpsertRequest
+		if err := json.Unmarshal(l.Data[1:], &req); err != nil {
+			panic(fmt.Sprintf("apply peer_upsert at index %d: %v", l.Index, err))
+		}
+		f.mu.Lock()
+		if req.Delete {
+			delete(f.peers, req.Peer.ID)
+		} else {
+			f.peers[req.Peer.ID] = req.Peer
+		}
+		f.mu.Unlock()
+		return nil
+	}
+	return f.inner.Apply(l)
+}
+
+// Peers returns the replicated peers table sorted by ID.
+func (f *peerFSM) Peers() []proto.Peer {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]proto.Peer, 0, len(f.peers))
+	for _, p := range f.peers {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b proto.Peer) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Peer returns one entry of the peers table.
+func (f *peerFSM) Peer(id string) (proto.Peer, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	p, ok := f.peers[id]
+	return p, ok
+}
+
+// Snapshot implements raft.FSM.
+func (f *peerFSM) Snapshot() (raft.FSMSnapshot, error) {
+	inner, err := f.inner.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	return &peerSnapshot{peers: f.Peers(), inner: inner}, nil
+}
+
+// Restore implements raft.FSM.
+func (f *peerFSM) Restore(rc io.ReadCloser) error {
+	br := bufio.NewReader(rc)
+	var hdr [len(snapshotMagic) + 8]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		rc.Close()
+		return fmt.Errorf("restore snapshot header: %w", err)
+	}
+	if string(hdr[:len(snapshotMagic)]) != snapshotMagic {
+		rc.Close()
+		return fmt.Errorf("restore snapshot: bad magic %q", hdr[:len(snapshotMagic)])
+	}
+	if v := binary.BigEndian.Uint32(hdr[len(snapshotMagic):]); v != snapshotVersion {
+		rc.Close()
+		return fmt.Errorf("restore snapshot: version %d, this server reads %d", v, snapshotVersion)
+	}
+	n := binary.BigEndian.Uint32(hdr[len(snapshotMagic)+4:])
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		rc.Close()
+		return fmt.Errorf("restore snapshot peers: %w", err)
+	}
+	var peers []proto.Peer
+	if err := json.Unmarshal(body, &peers); err != nil {
+		rc.Close()
+		return fmt.Errorf("restore snapshot peers: %w", err)
+	}
+	if err := f.inner.Restore(readCloser{br, rc}); err != nil {
+		return err
+	}
+	m := make(map[string]proto.Peer, len(peers))
+	for _, p := range peers {
+		m[p.ID] = p
+	}
+	f.mu.Lock()
+	f.peers = m
+	f.mu.Unlock()
+	return nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+type peerSnapshot struct {
+	peers []proto.Peer
+	inner raft.FSMSnapshot
+}
+
+// Persist implements raft.FSMSnapshot.
+func (s *peerSnapshot) Persist(sink raft.SnapshotSink) error {
+	body, err := json.Marshal(s.peers)
+	if err != nil {
+		sink.Cancel()
+		return fmt.Errorf("persist snapshot peers: %w", err)
+	}
+	hdr := make([]byte, 0, len(snapshotMagic)+8+len(body))
+	hdr = append(hdr, snapshotMagic...)
+	hdr = binary.BigEndian.AppendUint32(hdr, snapshotVersion)
+	hdr = binary.BigEndian.AppendUint32(hdr, uint32(len(body)))
+	hdr = append(hdr, body...)
+	if _, err := sink.Write(hdr); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("persist snapshot header: %w", err)
+	}
+	return s.inner.Persist(sink)
+}
+
+// Release implements raft.FSMSnapshot.
+func (s *peerSnapshot) Release() { s.inner.Release() }

@@ -1,0 +1,312 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+// Planner tuning. A batch is planned against one store snapshot; up to
+// plannerDepth batches are in flight at once (the next one is planned
+// while the previous one commits, with the in-flight batches' slots
+// passed to sched as Taken, so it never needs their results). A placement
+// whose apply finds the slots moved (CodeConflict) is re-planned at most
+// maxPlaceTries times.
+const (
+	plannerMaxBatch = 256
+	plannerDepth    = 2
+	maxPlaceTries   = 8
+	plannerQueueLen = 8192
+)
+
+type placeCall struct {
+	req    proto.AllocationCreateRequest
+	key    string
+	sku    proto.SKU
+	tries  int
+	picked atomic.Bool
+	done   chan placeResult // buffered 1; exactly one send
+}
+
+type placeResult struct {
+	alloc    proto.Allocation
+	existing bool
+	err      error
+}
+
+// planned is one proposed placement of a batch.
+type planned struct {
+	call   *placeCall
+	future raft.ApplyFuture
+	slots  []string
+	node   string // baremetal: the node taken whole
+}
+
+type batch struct {
+	items     []planned
+	conflicts []*placeCall
+}
+
+type planner struct {
+	s     *Server
+	queue chan *placeCall
+}
+
+func newPlanner(s *Server) *planner {
+	return &planner{s: s, queue: make(chan *placeCall, plannerQueueLen)}
+}
+
+// Place creates an allocation: validate, plan with sched on the leader's
+// state, propose one AllocationPlace command, and return the committed
+// allocation. A key already in the store returns the existing allocation
+// (existing=true) without a Raft round trip; two racing requests with one
+// key are deduplicated by the FSM. Leader only: a follower returns
+// *NotLeaderError. Errors are *proto.Error where the caller can act on
+// the code (invalid_argument, no_capacity, conflict after retries,
+// unavailable when the outcome is unknown: retry with the same key).
+func (s *Server) Place(ctx context.Context, req proto.AllocationCreateRequest, idemKey string) (proto.Allocation, bool, error) {
+	if s.ledger == nil {
+		return proto.Allocation{}, false, ErrNoLedger
+	}
+	if err := req.Validate(s.cfg.SKUs); err != nil {
+		return proto.Allocation{}, false, err
+	}
+	if idemKey != "" {
+		if err := proto.ValidateIdempotencyKey(idemKey); err != nil {
+			return proto.Allocation{}, false, err
+		}
+	}
+	if !s.IsLeader() {
+		return proto.Allocation{}, false, s.notLeader()
+	}
+	if idemKey != "" {
+		if a, ok := s.Store().Snapshot().AllocationByKey(idemKey); ok {
+			return *a, true, nil
+		}
+	}
+	sku, _ := proto.FindSKU(s.cfg.SKUs, req.SKU)
+	call := &placeCall{req: req, key: idemKey, sku: sku, done: make(chan placeResult, 1)}
+	select {
+	case s.planner.queue <- call:
+	case <-ctx.Done():
+		return proto.Allocation{}, false, fmt.Errorf("place: queue: %w", ctx.Err())
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-call.done:
+			return r.alloc, r.existing, r.err
+		case <-tick.C:
+			// A call queued just as leadership ended is never picked up.
+			if !call.picked.Load() && !s.IsLeader() {
+				if call.picked.CompareAndSwap(false, true) {
+					return proto.Allocation{}, false, s.notLeader()
+				}
+			}
+		case <-ctx.Done():
+			return proto.Allocation{}, false, proto.Errorf(proto.CodeUnavailable, "place: %v before the placement was known to commit; retry with the same idempotency key", ctx.Err())
+		}
+	}
+}
+
+func (c *placeCall) finish(r placeResult) { c.done <- r }
+
+// run is the leader-only planner loop.
+func (p *planner) run(ctx context.Context) {
+	var (
+		pending  []*placeCall
+		inFlight int
+		doneCh   = make(chan *batch, plannerDepth)
+		taken    = map[string]bool{} // slots of in-flight batches
+		takenN   = map[string]bool{} // baremetal nodes of in-flight batches
+	)
+	complete := func(b *batch) {
+		inFlight--
+		for _, it := range b.items {
+			for _, id := range it.slots {
+				delete(taken, id)
+			}
+			if it.node != "" {
+				delete(takenN, it.node)
+			}
+		}
+		pending = append(b.conflicts, pending...)
+	}
+	take := func(c *placeCall) bool { return c.picked.CompareAndSwap(false, true) }
+	for {
+		if len(pending) == 0 {
+			select {
+			case c := <-p.queue:
+				if take(c) {
+					pending = append(pending, c)
+				}
+			case b := <-doneCh:
+				complete(b)
+				continue
+			case <-ctx.Done():
+				p.stop(pending, inFlight, doneCh)
+				return
+			}
+		}
+	fill:
+		for len(pending) < plannerMaxBatch {
+			select {
+			case c := <-p.queue:
+				if take(c) {
+					pending = append(pending, c)
+				}
+			default:
+				break fill
+			}
+		}
+		if inFlight >= plannerDepth {
+			select {
+			case b := <-doneCh:
+				complete(b)
+			case <-ctx.Done():
+				p.stop(pending, inFlight, doneCh)
+				return
+			}
+			continue
+		}
+		n := min(len(pending), plannerMaxBatch)
+		b := p.plan(pending[:n], taken, takenN)
+		pending = pending[n:]
+		if len(b.items) == 0 {
+			continue
+		}
+		inFlight++
+		go p.wait(b, doneCh)
+	}
+}
+
+// stop answers every call the loop holds once leadership ended.
+func (p *planner) stop(pending []*placeCall, inFlight int, doneCh chan *batch) {
+	for ; inFlight > 0; inFlight-- {
+		b := <-doneCh
+		pending = append(pending, b.conflicts...)
+	}
+	for {
+		select {
+		case c := <-p.queue:
+			if c.picked.CompareAndSwap(false, true) {
+				pending = append(pending, c)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	for _, c := range pending {
+		c.finish(placeResult{err: p.s.notLeader()})
+	}
+}
+
+// plan decides every call of a batch against one snapshot and proposes
+// the commands; raft batches them into few log writes.
+func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool) *batch {
+	s := p.s
+	snap := s.Store().Snapshot()
+	now := s.cfg.Now().UTC()
+	b := &batch{}
+	for _, c := range calls {
+		if c.key != "" {
+			if a, ok := snap.AllocationByKey(c.key); ok {
+				c.finish(placeResult{alloc: *a, existing: true})
+				continue
+			}
+		}
+		it, cmd, err := p.planOne(snap, c, taken, takenN, now)
+		if err != nil {
+			c.finish(placeResult{err: err})
+			continue
+		}
+		buf, err := proto.Encode(proto.AllocationPlaceType, cmd)
+		if err != nil {
+			c.finish(placeResult{err: err})
+			continue
+		}
+		for _, id := range it.slots {
+			taken[id] = true
+		}
+		if it.node != "" {
+			takenN[it.node] = true
+		}
+		it.future = s.raft.Apply(buf, s.cfg.ApplyTimeout)
+		b.items = append(b.items, it)
+	}
+	return b
+}
+
+func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[string]bool, now time.Time) (planned, *proto.AllocationPlaceRequest, error) {
+	r := c.req
+	cmd := &proto.AllocationPlaceRequest{
+		At: now,
+		Allocation: proto.Allocation{ID: newID("alloc"), IdempotencyKey: c.key, Owner: r.Owner, Shape: r.CapacityShape,
+			SKU: r.SKU, GPUCount: r.GPUCount, Region: r.Region, Image: r.Image, SSHPublicKeys: r.SSHPublicKeys},
+		Task: proto.Task{ID: newID("task")},
+	}
+	it := planned{call: c}
+	switch r.CapacityShape {
+	case proto.ShapeGPUSlice:
+		plan, err := sched.PlaceSlice(snap, sched.SliceRequest{SKU: c.sku, GPUCount: r.GPUCount, Region: r.Region, Taken: taken})
+		if err != nil {
+			return it, nil, err
+		}
+		cmd.NodeID, cmd.NodeModifyIndex, cmd.Slots = plan.NodeID, plan.NodeModifyIndex, plan.Slots
+		for range plan.Slots {
+			cmd.ClaimIDs = append(cmd.ClaimIDs, newID("claim"))
+		}
+		for _, e := range plan.Slots {
+			it.slots = append(it.slots, e.SlotID)
+		}
+	case proto.ShapeBaremetal:
+		plan, err := sched.PlaceBaremetal(snap, sched.BaremetalRequest{SKU: c.sku, Region: r.Region, TakenNodes: takenN})
+		if err != nil {
+			return it, nil, err
+		}
+		cmd.NodeID, cmd.NodeModifyIndex, cmd.Slots = plan.NodeID, plan.NodeModifyIndex, plan.Slots
+		cmd.ClaimIDs = []string{newID("claim")}
+		it.node = plan.NodeID
+	default:
+		return it, nil, proto.Errorf(proto.CodeInvalidArgument, "capacity_shape %q is not one of baremetal, gpu_slice", r.CapacityShape)
+	}
+	return it, cmd, nil
+}
+
+// wait collects a batch's outcomes, answers the callers, and hands
+// conflicts back to the loop for re-planning.
+func (p *planner) wait(b *batch, doneCh chan<- *batch) {
+	s := p.s
+	for _, it := range b.items {
+		c := it.call
+		if err := it.future.Error(); err != nil {
+			c.finish(placeResult{err: s.mapRaftErr("place", err)})
+			continue
+		}
+		switch resp := it.future.Response().(type) {
+		case *proto.AllocationPlaceResponse:
+			c.finish(placeResult{alloc: resp.Allocation, existing: resp.Existing})
+		case error:
+			var pe *proto.Error
+			if errors.As(resp, &pe) && pe.Code == proto.CodeConflict && c.tries+1 < maxPlaceTries {
+				c.tries++
+				b.conflicts = append(b.conflicts, c)
+				continue
+			}
+			c.finish(placeResult{err: resp})
+		default:
+			c.finish(placeResult{err: fmt.Errorf("place: unexpected apply response %T", resp)})
+		}
+	}
+	doneCh <- b
+}

@@ -1,0 +1,129 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func sliceReq(gpus int) proto.AllocationCreateRequest {
+	return proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: gpus, Region: "us-east"}
+}
+
+func TestPlaceConcurrentNoDoubleClaimsAndIdempotency(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, nil)
+	leader := waitLeader(t, nodes)
+	ctx := context.Background()
+	require.NoError(t, leader.srv.LoadInventory(ctx, SyntheticInventory("us-east", 4, 8)))
+
+	// Followers refuse placements with the leader's address.
+	for _, n := range nodes {
+		if n != leader {
+			_, _, err := n.srv.Place(ctx, sliceReq(1), "k")
+			var nl *NotLeaderError
+			require.ErrorAs(t, err, &nl)
+		}
+	}
+	// Bad input is refused before any proposal.
+	_, _, err := leader.srv.Place(ctx, sliceReq(3), "k3")
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(err))
+	_, _, err = leader.srv.Place(ctx, sliceReq(1), "bad key")
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(err))
+
+	// 64 clients race for 32 GPUs with 2-GPU slices: exactly 16 win, the
+	// rest get no_capacity naming why; every key used twice maps to one
+	// allocation.
+	var (
+		mu    sync.Mutex
+		byKey = map[string]string{}
+		wins  atomic.Int64
+		noCap atomic.Int64
+		wg    sync.WaitGroup
+	)
+	for c := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("key-%d", c%40) // keys 0..23 are sent twice
+			a, _, err := leader.srv.Place(ctx, sliceReq(2), key)
+			if err != nil {
+				require.Equal(t, proto.CodeNoCapacity, proto.CodeOf(err), err)
+				noCap.Add(1)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if prev, ok := byKey[key]; ok {
+				assert.Equal(t, prev, a.ID, "key %s", key)
+			} else {
+				byKey[key] = a.ID
+				wins.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	assert.EqualValues(t, 16, wins.Load())
+	snap := leader.srv.Store().Snapshot()
+	require.NoError(t, checkLiveClaims(snap))
+	live := 0
+	for _, a := range snap.Allocations(state.AllocationFilter{}) {
+		if a.Live() {
+			live++
+		}
+	}
+	assert.Equal(t, 16, live)
+
+	// A repeated key returns the existing allocation without a proposal.
+	for key, id := range byKey {
+		a, existing, err := leader.srv.Place(ctx, sliceReq(2), key)
+		require.NoError(t, err)
+		assert.True(t, existing)
+		assert.Equal(t, id, a.ID)
+	}
+
+	// Release everything; capacity returns and placements succeed again.
+	for _, id := range byKey {
+		_, _, err := leader.srv.Apply(ctx, proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: time.Now().UTC(), AllocationID: id, Reason: "test"})
+		require.NoError(t, err)
+	}
+	a, existing, err := leader.srv.Place(ctx, sliceReq(8), "after-release")
+	require.NoError(t, err)
+	assert.False(t, existing)
+	assert.Len(t, a.ClaimIDs, 8)
+
+	// The outbox pump turns every placement's outbox entry into a task.
+	require.Eventually(t, func() bool { return len(leader.srv.Store().Snapshot().Outbox()) == 0 }, 10*time.Second, 20*time.Millisecond)
+	tasks := leader.srv.Store().Snapshot().Tasks("", a.ID, "", 0)
+	require.Len(t, tasks, 1)
+	assert.Equal(t, proto.TaskSliceProvision, tasks[0].Type)
+}
+
+// checkLiveClaims: no slot is held by two live claims and every live
+// claim's slot names it.
+func checkLiveClaims(snap *state.Snapshot) error {
+	held := map[string]string{}
+	for _, c := range snap.Claims() {
+		if !c.Live || c.Kind != proto.ClaimSlot {
+			continue
+		}
+		if other, ok := held[c.SlotID]; ok {
+			return fmt.Errorf("slot %s held by live claims %s and %s", c.SlotID, other, c.ID)
+		}
+		held[c.SlotID] = c.ID
+		s, ok := snap.Slot(c.SlotID)
+		if !ok || s.ClaimID != c.ID {
+			return fmt.Errorf("live claim %s: slot %s does not name it", c.ID, c.SlotID)
+		}
+	}
+	return nil
+}

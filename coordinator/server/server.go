@@ -1,0 +1,345 @@
+// Package server runs one coordinator replica: hashicorp/raft over a TCP
+// transport with raft-boltdb (log + stable store, fsync on) and a file
+// snapshot store, cluster formation (bootstrap-expect + join), the
+// replicated peers table used to forward writes to the leader, operator
+// membership changes, the leader-only loops (outbox pump) and the batching
+// placement planner.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Server is one coordinator replica.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	raft   *raft.Raft
+	fsm    *peerFSM
+	ledger *ledger // nil when cfg.fsm replaced the ledger FSM
+	trans  *raft.NetworkTransport
+	store  *raftboltdb.BoltStore
+
+	raftAddr string
+
+	notify chan bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	members map[string]member // formation: servers seen through join
+	leaderC context.CancelFunc
+
+	planner *planner
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// NotLeaderError is returned by writes on a follower. LeaderHTTP is the
+// leader's advertised HTTP address ("" while no leader is known).
+type NotLeaderError struct {
+	LeaderHTTP string
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderHTTP == "" {
+		return "not the leader and no leader is known"
+	}
+	return "not the leader; the leader is at " + e.LeaderHTTP
+}
+
+// Unwrap lets proto.CodeOf see CodeNotLeader.
+func (e *NotLeaderError) Unwrap() error {
+	return &proto.Error{Code: proto.CodeNotLeader, Detail: e.Error()}
+}
+
+// Peer is one voter of the Raft configuration with its HTTP address.
+type Peer struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr,omitempty"`
+	Voter    bool   `json:"voter"`
+	Leader   bool   `json:"leader"`
+}
+
+// New opens the data directory, starts Raft and, for a server with no
+// Raft state, cluster formation. It returns once Raft runs; formation and
+// leader election continue in the background.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.SKUs == nil {
+		cfg.SKUs = proto.DefaultSKUs()
+	}
+	if cfg.ApplyTimeout <= 0 {
+		cfg.ApplyTimeout = 10 * time.Second
+	}
+	cfg.Timing = cfg.Timing.withDefaults()
+	log := cfg.Logger.With("node", cfg.NodeID)
+
+	raftDir := filepath.Join(cfg.DataDir, "raft")
+	if err := os.MkdirAll(raftDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create raft dir %s: %w", raftDir, err)
+	}
+	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	inner := cfg.fsm
+	if inner == nil {
+		s.ledger = newLedger(log)
+		inner = s.ledger.fsm
+	}
+	s.fsm = newPeerFSM(inner)
+
+	hlog := newHCLogger(log)
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(raftDir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("open raft store %s: %w", raftDir, err)
+	}
+	s.store = store
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 3, hlog)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("open snapshot store %s: %w", raftDir, err)
+	}
+	var adv net.Addr
+	if cfg.RaftAdvertise != "" {
+		if adv, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
+			store.Close()
+			return nil, fmt.Errorf("resolve raft advertise %s: %w", cfg.RaftAdvertise, err)
+		}
+	}
+	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 4, 10*time.Second, hlog)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftBind, err)
+	}
+	s.trans = trans
+	s.raftAddr = string(trans.LocalAddr())
+
+	hasState, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		s.closeStores()
+		return nil, fmt.Errorf("read raft state in %s: %w", raftDir, err)
+	}
+	if !hasState && cfg.BootstrapExpect == 0 && len(cfg.Join) == 0 {
+		s.closeStores()
+		return nil, fmt.Errorf("server %s has no raft state: set bootstrap expect or a join address", cfg.NodeID)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.HeartbeatTimeout = cfg.Timing.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.Timing.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.Timing.CommitTimeout
+	rc.MaxAppendEntries = cfg.Timing.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = cfg.Timing.SnapshotThreshold
+	rc.SnapshotInterval = cfg.Timing.SnapshotInterval
+	rc.TrailingLogs = 10240
+	rc.NotifyCh = s.notify
+	rc.Logger = hlog
+	logs, err := raft.NewLogCache(1024, store)
+	if err != nil {
+		s.closeStores()
+		return nil, fmt.Errorf("raft log cache: %w", err)
+	}
+	r, err := raft.NewRaft(rc, s.fsm, logs, store, snaps, trans)
+	if err != nil {
+		s.closeStores()
+		return nil, fmt.Errorf("start raft %s: %w", cfg.NodeID, err)
+	}
+	s.raft = r
+	s.planner = newPlanner(s)
+	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
+
+	s.wg.Add(2)
+	go s.watchLeadership()
+	go s.registerLoop()
+	if !hasState {
+		s.wg.Add(1)
+		go s.formCluster()
+	}
+	return s, nil
+}
+
+func (s *Server) closeStores() {
+	if s.trans != nil {
+		s.trans.Close()
+	}
+	s.store.Close()
+}
+
+// RaftAddr is the Raft transport address peers dial.
+func (s *Server) RaftAddr() string { return s.raftAddr }
+
+// NodeID is the Raft server ID.
+func (s *Server) NodeID() string { return s.cfg.NodeID }
+
+// IsLeader reports whether this server is the Raft leader now.
+func (s *Server) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// LeaderID returns the current leader's server ID, "" if none is known.
+func (s *Server) LeaderID() string {
+	_, id := s.raft.LeaderWithID()
+	return string(id)
+}
+
+// LeaderHTTPAddr returns the leader's advertised HTTP address, "" while
+// no leader (or no address for it) is known.
+func (s *Server) LeaderHTTPAddr() string {
+	_, id := s.raft.LeaderWithID()
+	if id == "" {
+		return ""
+	}
+	return s.httpAddrOf(string(id))
+}
+
+// httpAddrOf looks a server's HTTP address up in the replicated peers
+// table, then in what formation learned.
+func (s *Server) httpAddrOf(id string) string {
+	if id == s.cfg.NodeID {
+		return s.cfg.HTTPAddr
+	}
+	if p, ok := s.fsm.Peer(id); ok {
+		return p.HTTPAddr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.members[id].HTTPAddr
+}
+
+func (s *Server) notLeader() error {
+	return &NotLeaderError{LeaderHTTP: s.LeaderHTTPAddr()}
+}
+
+// Apply proposes one command. On the leader it waits until the command is
+// committed and applied and returns the FSM's response; a *proto.Error
+// response is returned as the error. On a follower it returns
+// *NotLeaderError. If leadership is lost mid-flight the outcome is unknown:
+// the error has CodeUnavailable and the caller retries (placements with the
+// same idempotency key).
+func (s *Server) Apply(ctx context.Context, t proto.MessageType, req any) (any, uint64, error) {
+	if s.raft.State() != raft.Leader {
+		return nil, 0, s.notLeader()
+	}
+	buf, err := proto.Encode(t, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.applyRaw(ctx, t, buf)
+}
+
+func (s *Server) applyRaw(ctx context.Context, t proto.MessageType, buf []byte) (any, uint64, error) {
+	timeout := s.cfg.ApplyTimeout
+	if d, ok := ctx.Deadline(); ok {
+		if left := time.Until(d); left < timeout {
+			timeout = left
+		}
+	}
+	if timeout <= 0 {
+		return nil, 0, fmt.Errorf("apply %s: %w", t, context.DeadlineExceeded)
+	}
+	f := s.raft.Apply(buf, timeout)
+	if err := f.Error(); err != nil {
+		return nil, 0, s.mapRaftErr("apply "+t.String(), err)
+	}
+	resp := f.Response()
+	if e, ok := resp.(error); ok {
+		return nil, f.Index(), e
+	}
+	return resp, f.Index(), nil
+}
+
+func (s *Server) mapRaftErr(op string, err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader):
+		return s.notLeader()
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return &proto.Error{Code: proto.CodeUnavailable, Detail: op + ": leadership lost before the command was known to commit; outcome unknown, retry"}
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return &proto.Error{Code: proto.CodeUnavailable, Detail: op + ": timed out waiting for the raft log"}
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return &proto.Error{Code: proto.CodeUnavailable, Detail: op + ": server is shutting down"}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// Barrier waits until every command committed before the call has been
+// applied on this server (the leader); reads after it are consistent.
+func (s *Server) Barrier(ctx context.Context) error {
+	if s.raft.State() != raft.Leader {
+		return s.notLeader()
+	}
+	timeout := s.cfg.ApplyTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	if err := s.raft.Barrier(timeout).Error(); err != nil {
+		return s.mapRaftErr("barrier", err)
+	}
+	return nil
+}
+
+// WaitLeader blocks until some server is leader (any server) or ctx ends.
+func (s *Server) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if s.LeaderID() != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a leader on %s: %w", s.cfg.NodeID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Stats exposes hashicorp/raft's counters (state, term, indexes...).
+func (s *Server) Stats() map[string]string { return s.raft.Stats() }
+
+// Shutdown stops the leader loops, Raft and the transport, and closes the
+// store. Safe to call more than once.
+func (s *Server) Shutdown() error {
+	s.shutdownOnce.Do(func() {
+		s.cancel()
+		if err := s.raft.Shutdown().Error(); err != nil {
+			s.shutdownErr = fmt.Errorf("shutdown raft %s: %w", s.cfg.NodeID, err)
+		}
+		s.wg.Wait()
+		if err := s.trans.Close(); err != nil && s.shutdownErr == nil {
+			s.shutdownErr = fmt.Errorf("close raft transport: %w", err)
+		}
+		if err := s.store.Close(); err != nil && s.shutdownErr == nil {
+			s.shutdownErr = fmt.Errorf("close raft store: %w", err)
+		}
+		s.log.Info("server stopped")
+	})
+	return s.shutdownErr
+}
