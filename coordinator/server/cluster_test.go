@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -360,4 +361,34 @@ func TestConfigValidation(t *testing.T) {
 		_, err := New(c)
 		assert.Error(t, err, name)
 	}
+}
+
+func TestJoinEndpointAuthAndValidation(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, Config{NodeID: "solo", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, JoinToken: "s3cret", fsm: &countFSM{}})
+	waitLeader(t, []*testNode{n})
+	post := func(token, body string) int {
+		req, err := http.NewRequest(http.MethodPost, "http://"+n.cfg.HTTPAddr+JoinPath, strings.NewReader(body))
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	good := `{"self":{"id":"x1","raft_addr":"127.0.0.1:1","http_addr":"127.0.0.1:2"}}`
+	assert.Equal(t, http.StatusUnauthorized, post("", good))
+	assert.Equal(t, http.StatusUnauthorized, post("wrong", good))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"x1"},"extra":1}`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"../x","raft_addr":"a:1","http_addr":"b:2"}}`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"x1"}}`))
+	assert.Equal(t, http.StatusOK, post("s3cret", good))
+	// A plain exchange (no want_voter) changes no membership.
+	ids, err := n.srv.voterIDs()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"solo"}, ids)
 }

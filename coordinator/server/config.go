@@ -71,12 +71,16 @@ type Timing struct {
 // DefaultTiming is tuned for three or five servers on one LAN: a dead
 // leader is noticed after 500–1000 ms (hashicorp/raft randomises the
 // follower heartbeat timeout between 1× and 2×), an election takes a
-// round trip plus an fsync, so writes resume well under 2 s. The library
-// defaults (1 s / 1 s / 500 ms) are sized for WANs.
+// round trip plus an fsync, so writes resume well under 2 s. The leader
+// lease equals the heartbeat timeout so a leader starved of CPU for a
+// moment does not step down before a follower would have started an
+// election anyway. The library defaults (1 s / 1 s / 500 ms) are sized
+// for WANs; shorter timeouts cause spurious elections when the box is
+// loaded.
 var DefaultTiming = Timing{
 	HeartbeatTimeout:   500 * time.Millisecond,
 	ElectionTimeout:    500 * time.Millisecond,
-	LeaderLeaseTimeout: 250 * time.Millisecond,
+	LeaderLeaseTimeout: 500 * time.Millisecond,
 	CommitTimeout:      5 * time.Millisecond,
 	MaxAppendEntries:   256,
 	SnapshotThreshold:  16384,

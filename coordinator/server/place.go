@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,10 @@ type placeCall struct {
 	tries  int
 	picked atomic.Bool
 	done   chan placeResult // buffered 1; exactly one send
+
+	mu        sync.Mutex
+	finished  *placeResult
+	followers []*placeCall // same key, arrived while this call was in flight
 }
 
 type placeResult struct {
@@ -58,6 +63,8 @@ type batch struct {
 type planner struct {
 	s     *Server
 	queue chan *placeCall
+	// replans counts placements re-planned after a conflict.
+	replans atomic.Int64
 }
 
 func newPlanner(s *Server) *planner {
@@ -118,7 +125,39 @@ func (s *Server) Place(ctx context.Context, req proto.AllocationCreateRequest, i
 	}
 }
 
-func (c *placeCall) finish(r placeResult) { c.done <- r }
+// finish answers the call and every call that attached to it.
+func (c *placeCall) finish(r placeResult) {
+	c.mu.Lock()
+	c.finished = &r
+	fs := c.followers
+	c.followers = nil
+	c.mu.Unlock()
+	c.done <- r
+	for _, f := range fs {
+		f.done <- r.forFollower()
+	}
+}
+
+// forFollower is the answer to a retry: the allocation exists already.
+func (r placeResult) forFollower() placeResult {
+	if r.err == nil {
+		r.existing = true
+	}
+	return r
+}
+
+// attach makes f share c's outcome (f carries the same idempotency key).
+func (c *placeCall) attach(f *placeCall) {
+	c.mu.Lock()
+	if c.finished != nil {
+		r := *c.finished
+		c.mu.Unlock()
+		f.done <- r.forFollower()
+		return
+	}
+	c.followers = append(c.followers, f)
+	c.mu.Unlock()
+}
 
 // run is the leader-only planner loop.
 func (p *planner) run(ctx context.Context) {
@@ -126,8 +165,9 @@ func (p *planner) run(ctx context.Context) {
 		pending  []*placeCall
 		inFlight int
 		doneCh   = make(chan *batch, plannerDepth)
-		taken    = map[string]bool{} // slots of in-flight batches
-		takenN   = map[string]bool{} // baremetal nodes of in-flight batches
+		taken    = map[string]bool{}       // slots of in-flight batches
+		takenN   = map[string]bool{}       // baremetal nodes of in-flight batches
+		keys     = map[string]*placeCall{} // idempotency keys of in-flight calls
 	)
 	complete := func(b *batch) {
 		inFlight--
@@ -137,6 +177,14 @@ func (p *planner) run(ctx context.Context) {
 			}
 			if it.node != "" {
 				delete(takenN, it.node)
+			}
+			if it.call.key != "" && keys[it.call.key] == it.call {
+				delete(keys, it.call.key)
+			}
+		}
+		for _, c := range b.conflicts {
+			if c.key != "" {
+				keys[c.key] = c // still in flight: re-planned next
 			}
 		}
 		pending = append(b.conflicts, pending...)
@@ -179,7 +227,7 @@ func (p *planner) run(ctx context.Context) {
 			continue
 		}
 		n := min(len(pending), plannerMaxBatch)
-		b := p.plan(pending[:n], taken, takenN)
+		b := p.plan(pending[:n], taken, takenN, keys)
 		pending = pending[n:]
 		if len(b.items) == 0 {
 			continue
@@ -213,7 +261,7 @@ func (p *planner) stop(pending []*placeCall, inFlight int, doneCh chan *batch) {
 
 // plan decides every call of a batch against one snapshot and proposes
 // the commands; raft batches them into few log writes.
-func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool) *batch {
+func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys map[string]*placeCall) *batch {
 	s := p.s
 	snap := s.Store().Snapshot()
 	now := s.cfg.Now().UTC()
@@ -222,6 +270,12 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool) *batch
 		if c.key != "" {
 			if a, ok := snap.AllocationByKey(c.key); ok {
 				c.finish(placeResult{alloc: *a, existing: true})
+				continue
+			}
+			// A retry of a call still in flight shares its outcome
+			// instead of taking other slots.
+			if first, ok := keys[c.key]; ok && first != c {
+				first.attach(c)
 				continue
 			}
 		}
@@ -240,6 +294,9 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool) *batch
 		}
 		if it.node != "" {
 			takenN[it.node] = true
+		}
+		if c.key != "" {
+			keys[c.key] = c
 		}
 		it.future = s.raft.Apply(buf, s.cfg.ApplyTimeout)
 		b.items = append(b.items, it)
@@ -300,6 +357,7 @@ func (p *planner) wait(b *batch, doneCh chan<- *batch) {
 			var pe *proto.Error
 			if errors.As(resp, &pe) && pe.Code == proto.CodeConflict && c.tries+1 < maxPlaceTries {
 				c.tries++
+				p.replans.Add(1)
 				b.conflicts = append(b.conflicts, c)
 				continue
 			}

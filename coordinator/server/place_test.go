@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -75,6 +76,7 @@ func TestPlaceConcurrentNoDoubleClaimsAndIdempotency(t *testing.T) {
 	assert.EqualValues(t, 16, wins.Load())
 	snap := leader.srv.Store().Snapshot()
 	require.NoError(t, checkLiveClaims(snap))
+	require.NoError(t, fsm.CheckInvariants(snap))
 	live := 0
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		if a.Live() {
@@ -126,4 +128,59 @@ func checkLiveClaims(snap *state.Snapshot) error {
 		}
 	}
 	return nil
+}
+
+// Slots disabled between planning and apply make placements conflict;
+// the planner re-plans them onto other slots.
+func TestPlaceReplansOnConflict(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, nil)
+	leader := waitLeader(t, nodes)
+	ctx := context.Background()
+	require.NoError(t, leader.srv.LoadInventory(ctx, SyntheticInventory("us-east", 8, 8)))
+
+	// A disabler flips the slots of the node best-fit prefers (the first
+	// one; placements are released at once so it stays the favourite)
+	// to disabled and back as fast as it can.
+	stop := make(chan struct{})
+	disabler := make(chan struct{})
+	go func() {
+		defer close(disabler)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := proto.SlotID("us-east-n0000", i%8)
+			if _, _, err := leader.srv.Apply(ctx, proto.SlotDisableType, proto.SlotDisableRequest{At: time.Now().UTC(), SlotID: id, Reason: "test"}); err == nil {
+				_, _, err := leader.srv.Apply(ctx, proto.SlotRepairType, proto.SlotRepairRequest{At: time.Now().UTC(), SlotID: id})
+				assert.NoError(t, err)
+			}
+		}
+	}()
+	var placed atomic.Int64
+	var wg sync.WaitGroup
+	for c := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				a, _, err := leader.srv.Place(ctx, sliceReq(1), fmt.Sprintf("r-%d-%d", c, i))
+				if !assert.NoError(t, err) {
+					return
+				}
+				placed.Add(1)
+				_, _, err = leader.srv.Apply(ctx, proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: time.Now().UTC(), AllocationID: a.ID, Reason: "test"})
+				assert.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-disabler
+	require.NoError(t, fsm.CheckInvariants(leader.srv.Store().Snapshot()))
+	t.Logf("placed %d, re-planned %d", placed.Load(), leader.srv.planner.replans.Load())
+	assert.EqualValues(t, 640, placed.Load(), "64 free GPUs and 1-GPU slices released at once: every placement succeeds")
+	assert.Positive(t, leader.srv.planner.replans.Load(), "some placements must have raced a disable")
 }

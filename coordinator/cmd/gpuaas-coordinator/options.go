@@ -61,7 +61,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")
 	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (default 500ms)")
-	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 250ms)")
+	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 500ms)")
 	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")
 	return fs
 }

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestOptionsPrecedence(t *testing.T) {
+	t.Parallel()
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"node-id":"fromfile","bootstrap-expect":3,"join":["a:1","b:2"],"http-addr":"127.0.0.1:9","raft-heartbeat-timeout":"700ms"}`), 0o600))
+	env := map[string]string{"GPUAAS_CONFIG": cfg, "GPUAAS_HTTP_ADDR": "127.0.0.1:8", "GPUAAS_DATA_DIR": "/envdir"}
+	o, err := parseOptions([]string{"-data-dir", "/flagdir"}, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "fromfile", o.NodeID, "file beats default")
+	assert.Equal(t, 3, o.BootstrapExpect)
+	assert.Equal(t, []string{"a:1", "b:2"}, o.Join)
+	assert.Equal(t, "127.0.0.1:8", o.HTTPAddr, "env beats file")
+	assert.Equal(t, "/flagdir", o.DataDir, "flag beats env")
+	assert.Equal(t, 700*time.Millisecond, o.HeartbeatTimeout)
+	assert.Equal(t, "127.0.0.1:7301", o.RaftAddr, "default")
+}
+
+func TestOptionsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+		return p
+	}
+	for name, tc := range map[string]struct {
+		args []string
+		env  map[string]string
+	}{
+		"unknown flag":       {args: []string{"-nope"}},
+		"stray argument":     {args: []string{"extra"}},
+		"bad int":            {args: []string{"-bootstrap-expect", "x"}},
+		"bad env":            {env: map[string]string{"GPUAAS_BOOTSTRAP_EXPECT": "three"}},
+		"bad log level":      {args: []string{"-log-level", "loud"}},
+		"bad log format":     {args: []string{"-log-format", "xml"}},
+		"missing config":     {args: []string{"-config", filepath.Join(dir, "absent.json")}},
+		"config not json":    {args: []string{"-config", write("bad.json", "{")}},
+		"config unknown key": {args: []string{"-config", write("unk.json", `{"nodeid":"x"}`)}},
+		"config bad value":   {args: []string{"-config", write("val.json", `{"bootstrap-expect":{"a":1}}`)}},
+	} {
+		_, err := parseOptions(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		assert.Error(t, err, name)
+	}
+}

@@ -1,0 +1,301 @@
+// Package proctest runs gpuaas-coordinator processes on loopback for
+// cluster tests and benchmarks: build the binary, start N servers formed
+// by bootstrap-expect, kill -9 / stop / restart them, find the leader and
+// call the operator API with an admin token. Data, logs and the token
+// file live in the test's temp dir; every process is killed on cleanup.
+package proctest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Build compiles gpuaas-coordinator into dir and returns its path.
+func Build(dir string) (string, error) {
+	bin := filepath.Join(dir, "gpuaas-coordinator")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build gpuaas-coordinator: %w: %s", err, out)
+	}
+	return bin, nil
+}
+
+// Options shape a cluster.
+type Options struct {
+	Size int // servers (default 3)
+	// Inventory (a server.Inventory, JSON-encoded into the -inventory
+	// file) is loaded by the first leader.
+	Inventory any
+	Args      []string // extra flags for every server
+}
+
+// Cluster is a set of coordinator processes.
+type Cluster struct {
+	tb     testing.TB
+	bin    string
+	dir    string
+	token  string
+	Nodes  []*Node
+	Client *http.Client
+}
+
+// Node is one coordinator process (running or not).
+type Node struct {
+	ID       string
+	HTTPAddr string
+	RaftAddr string
+	DataDir  string
+	LogPath  string
+	args     []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// FreeAddr returns a loopback address with a port free right now.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Start writes the token and inventory files and starts the servers.
+func Start(tb testing.TB, bin string, o Options) *Cluster {
+	tb.Helper()
+	if o.Size == 0 {
+		o.Size = 3
+	}
+	dir := tb.TempDir()
+	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token",
+		Client: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
+	tokens := filepath.Join(dir, "tokens.json")
+	b, err := json.Marshal([]map[string]string{{"name": "proctest", "role": "admin", "sha256": hashToken(c.token)}})
+	require.NoError(tb, err)
+	require.NoError(tb, os.WriteFile(tokens, b, 0o600))
+	var invPath string
+	if o.Inventory != nil {
+		invPath = filepath.Join(dir, "inventory.json")
+		b, err := json.Marshal(o.Inventory)
+		require.NoError(tb, err)
+		require.NoError(tb, os.WriteFile(invPath, b, 0o600))
+	}
+	for i := range o.Size {
+		n := &Node{ID: fmt.Sprintf("c%d", i+1), HTTPAddr: FreeAddr(tb), RaftAddr: FreeAddr(tb),
+			DataDir: filepath.Join(dir, fmt.Sprintf("c%d", i+1)), LogPath: filepath.Join(dir, fmt.Sprintf("c%d.log", i+1))}
+		c.Nodes = append(c.Nodes, n)
+	}
+	for _, n := range c.Nodes {
+		var join []string
+		for _, m := range c.Nodes {
+			if m != n {
+				join = append(join, m.HTTPAddr)
+			}
+		}
+		n.args = append([]string{"-node-id", n.ID, "-data-dir", n.DataDir, "-raft-addr", n.RaftAddr, "-http-addr", n.HTTPAddr,
+			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-log-format", "text"}, o.Args...)
+		if invPath != "" {
+			n.args = append(n.args, "-inventory", invPath)
+		}
+	}
+	tb.Cleanup(func() {
+		for _, n := range c.Nodes {
+			n.kill()
+		}
+		if tb.Failed() {
+			for _, n := range c.Nodes {
+				if b, err := os.ReadFile(n.LogPath); err == nil {
+					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+					tb.Logf("last log lines of %s:\n%s", n.ID, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+				}
+			}
+		}
+	})
+	for i := range c.Nodes {
+		c.StartNode(i)
+	}
+	return c
+}
+
+func hashToken(t string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(t))) }
+
+// StartNode (re)starts server i with its original arguments.
+func (c *Cluster) StartNode(i int) {
+	c.tb.Helper()
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	require.Nil(c.tb, n.cmd, "node %s already running", n.ID)
+	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	require.NoError(c.tb, err)
+	cmd := exec.Command(c.bin, n.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	require.NoError(c.tb, cmd.Start())
+	n.cmd, n.done = cmd, make(chan struct{})
+	go func(done chan struct{}) {
+		cmd.Wait()
+		logf.Close()
+		close(done)
+	}(n.done)
+}
+
+// Running reports whether server i's process is up.
+func (c *Cluster) Running(i int) bool {
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cmd != nil
+}
+
+// Kill sends SIGKILL to server i and waits for it to die.
+func (c *Cluster) Kill(i int) { c.Nodes[i].kill() }
+
+func (n *Node) kill() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return
+	}
+	n.cmd.Process.Kill()
+	<-n.done
+	n.cmd = nil
+}
+
+// Stop sends SIGTERM to server i and waits (10 s, then SIGKILL).
+func (c *Cluster) Stop(i int) error {
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return nil
+	}
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	defer func() { n.cmd = nil }()
+	select {
+	case <-n.done:
+		if st := n.cmd.ProcessState; st != nil && !st.Success() {
+			return fmt.Errorf("%s exited with %v", n.ID, st)
+		}
+		return nil
+	case <-time.After(10 * time.Second):
+		n.cmd.Process.Kill()
+		<-n.done
+		return fmt.Errorf("%s did not stop within 10s of SIGTERM", n.ID)
+	}
+}
+
+// Status asks server i for /v1/status.
+func (c *Cluster) Status(ctx context.Context, i int) (proto.Status, error) {
+	var st proto.Status
+	code, err := c.Do(ctx, i, http.MethodGet, "/v1/status", "", nil, &st)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("status %d", code)
+	}
+	return st, err
+}
+
+// Leader waits until every running server names the same leader and
+// returns its index.
+func (c *Cluster) Leader(ctx context.Context) (int, error) {
+	for {
+		leader, agreed := -1, true
+		var want string
+		for i, n := range c.Nodes {
+			if !c.Running(i) {
+				continue
+			}
+			st, err := c.Status(ctx, i)
+			if err != nil || st.LeaderHTTPAddr == "" {
+				agreed = false
+				break
+			}
+			if want == "" {
+				want = st.LeaderHTTPAddr
+			}
+			agreed = agreed && st.LeaderHTTPAddr == want
+			if st.IsLeader && n.HTTPAddr == want {
+				leader = i
+			}
+		}
+		if agreed && leader >= 0 {
+			return leader, nil
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("no agreed leader: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Do sends one API request to server i (bearer admin token; key, when
+// set, as Idempotency-Key) and decodes a 2xx JSON body into out. It
+// returns the HTTP status; a problem body becomes a *proto.Error.
+func (c *Cluster) Do(ctx context.Context, i int, method, path, key string, body, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.Nodes[i].HTTPAddr+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set(proto.IdempotencyKeyHeader, key)
+	}
+	res, err := c.Client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return res.StatusCode, err
+	}
+	if res.StatusCode >= 300 {
+		var p proto.Error
+		if json.Unmarshal(b, &p) == nil && p.Code != "" {
+			return res.StatusCode, &p
+		}
+		return res.StatusCode, fmt.Errorf("%s %s: %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(b)))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return res.StatusCode, fmt.Errorf("decode %s %s: %w", method, path, err)
+		}
+	}
+	return res.StatusCode, nil
+}
+
+// ErrNoServer is returned when no running server answered.
+var ErrNoServer = errors.New("no running server answered")
