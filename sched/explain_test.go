@@ -110,9 +110,12 @@ func TestPlaceSliceWhyNot(t *testing.T) {
 			detail: "no free GPU in region us-east: all 8 slots of 1 slice-ready nodes are claimed or unavailable",
 		},
 		{
-			name:   "free slots taken by the batch",
-			hosts:  []host{sliceHost("a", "us-east", twoFree)},
-			req:    func(r sched.SliceRequest) sched.SliceRequest { r.Taken = map[string]bool{"a-s6": true, "a-s7": true}; return r },
+			name:  "free slots taken by the batch",
+			hosts: []host{sliceHost("a", "us-east", twoFree)},
+			req: func(r sched.SliceRequest) sched.SliceRequest {
+				r.Taken = map[string]bool{"a-s6": true, "a-s7": true}
+				return r
+			},
 			code:   proto.CodeNoCapacity,
 			detail: "no free GPU in region us-east: all 8 slots of 1 slice-ready nodes are claimed or unavailable; 2 were taken by earlier plans of this batch",
 		},

@@ -2,6 +2,7 @@ package fsm_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
+	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -36,6 +38,8 @@ func TestPlaceSliceWritesEverythingAtomically(t *testing.T) {
 			Generation: 1, Live: true, Meta: proto.Meta{CreateIndex: idx, ModifyIndex: idx}}, *c)
 	}
 	assert.Equal(t, []string{bm0, n1}, snap.NodesByAvailable(region, 8))
+	assert.Equal(t, state.RegionAvailability{Region: region, Nodes: 3, Slots: 24, SliceNodes: 2, AvailableSlots: 14,
+		LargestFreeGroup: 8, BaremetalFree: 1}, snap.Availability(region))
 	assert.Equal(t, []string{n0}, snap.NodesByAvailable(region, 6))
 	excl, sc := snap.NodeClaims(n0)
 	assert.False(t, excl)
@@ -141,6 +145,11 @@ func TestPlaceRefusals(t *testing.T) {
 			h.Place(h.SliceRequest("x", "", n1, slot(n1, 0)))
 		}, mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Task.ID = "x-provision" },
 			code: proto.CodeAlreadyExists},
+		{name: "task payload too large", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) {
+			r.Task.Payload = json.RawMessage(`"` + strings.Repeat("a", 70000) + `"`)
+		}, code: proto.CodeInvalidArgument, detail: "payload is 70002 bytes"},
+		{name: "task type mismatch", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Task.Type = proto.TaskSliceRelease },
+			code: proto.CodeInvalidArgument, detail: "does not match"},
 		{name: "bad allocation id", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Allocation.ID = "../x" },
 			code: proto.CodeInvalidArgument},
 		{name: "bad idempotency key", mod: func(h *fsmtest.Harness, r *proto.AllocationPlaceRequest) { r.Allocation.IdempotencyKey = "a b" },

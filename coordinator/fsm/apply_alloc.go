@@ -158,6 +158,12 @@ func placeSlice(tx *state.Txn, req *proto.AllocationPlaceRequest, node *proto.No
 	if excl, _ := tx.NodeClaims(node.ID); excl {
 		return nil, nil, conflict("allocation_place: node %s is held by a node_exclusive (baremetal) claim", node.ID)
 	}
+	// Claims side of the check: a live claim naming a slot holds it even
+	// if the slot row does not point back (defence in depth).
+	heldBy := map[string]string{}
+	for _, c := range tx.LiveNodeClaims(node.ID) {
+		heldBy[c.SlotID] = c.ID
+	}
 	claims := make([]*proto.Claim, 0, len(req.Slots))
 	slots := make([]*proto.Slot, 0, len(req.Slots))
 	for i, e := range req.Slots {
@@ -173,8 +179,11 @@ func placeSlice(tx *state.Txn, req *proto.AllocationPlaceRequest, node *proto.No
 		if s.NodeID != node.ID {
 			return nil, nil, invalid("allocation_place: slot %s is on node %s, not %s (a slice never spans nodes)", s.ID, s.NodeID, node.ID)
 		}
-		if err := slotPlaceable(tx, s, e.ModifyIndex); err != nil {
+		if err := slotPlaceable(s, e.ModifyIndex); err != nil {
 			return nil, nil, err
+		}
+		if c, held := heldBy[s.ID]; held {
+			return nil, nil, conflict("allocation_place: slot %s is held by live claim %s", s.ID, c)
 		}
 		c := &proto.Claim{ID: req.ClaimIDs[i], AllocationID: a.ID, Kind: proto.ClaimSlot, NodeID: node.ID,
 			SlotID: s.ID, Generation: s.Generation + 1, Live: true}
@@ -190,7 +199,7 @@ func placeSlice(tx *state.Txn, req *proto.AllocationPlaceRequest, node *proto.No
 }
 
 // slotPlaceable re-checks one planned slot at apply time.
-func slotPlaceable(tx *state.Txn, s *proto.Slot, expect uint64) error {
+func slotPlaceable(s *proto.Slot, expect uint64) error {
 	switch {
 	case s.ModifyIndex != expect:
 		return conflict("allocation_place: slot %s changed (modify index %d, plan saw %d)", s.ID, s.ModifyIndex, expect)
@@ -207,9 +216,6 @@ func slotPlaceable(tx *state.Txn, s *proto.Slot, expect uint64) error {
 	}
 	if m := s.Capacity.MissingBindings(); len(m) > 0 {
 		return conflict("allocation_place: slot %s is incomplete, missing %s", s.ID, strings.Join(m, ", "))
-	}
-	if c, ok := tx.LiveClaimForSlot(s.ID); ok {
-		return conflict("allocation_place: slot %s is held by live claim %s", s.ID, c.ID)
 	}
 	return nil
 }
@@ -299,6 +305,9 @@ func putOutboxTask(tx *state.Txn, t proto.Task, typ string, a *proto.Allocation,
 	}
 	if t.Type != typ {
 		return invalid("task %s: type %q does not match %s", t.ID, t.Type, typ)
+	}
+	if len(t.Payload) > maxPayload {
+		return invalid("task %s: payload is %d bytes; at most %d are allowed", t.ID, len(t.Payload), maxPayload)
 	}
 	t.NodeID, t.AllocationID, t.State = a.NodeID, a.ID, proto.TaskQueued
 	t.Progress, t.Result, t.Error = "", nil, ""

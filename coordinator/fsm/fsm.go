@@ -36,9 +36,14 @@ type FSM struct {
 	// last is what the most recent successful command touched (for the
 	// invariant Checker). Written only by Apply/Restore.
 	last state.Changes
+	// batch is the open transaction of ApplyBatch (nil otherwise).
+	batch *state.Txn
 }
 
-var _ raft.FSM = (*FSM)(nil)
+var (
+	_ raft.FSM         = (*FSM)(nil)
+	_ raft.BatchingFSM = (*FSM)(nil)
+)
 
 // New returns an FSM applying to store (a new empty store when nil).
 func New(store *state.Store, logger *slog.Logger) *FSM {
@@ -65,6 +70,30 @@ func (f *FSM) Apply(l *raft.Log) any {
 	return f.ApplyCommand(l.Index, l.Data)
 }
 
+// ApplyBatch applies consecutive log entries in one store transaction:
+// each command still succeeds or fails on its own (a refused command is
+// rolled back to a savepoint), but the batch commits once, so readers
+// and blocking queries see it whole. The resulting state is identical to
+// applying the entries one by one.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	resps := make([]any, len(logs))
+	if len(logs) == 0 {
+		return resps
+	}
+	f.batch = f.Store().Begin(logs[0].Index)
+	defer func() { f.batch = nil }()
+	for i, l := range logs {
+		if l.Type == raft.LogCommand {
+			resps[i] = f.ApplyCommand(l.Index, l.Data)
+		}
+	}
+	if err := f.batch.Commit(); err != nil {
+		panic(fmt.Sprintf("fsm: batch at index %d: %v", logs[0].Index, err))
+	}
+	f.last = state.Changes{}
+	return resps
+}
+
 // ApplyCommand applies one encoded command (proto.Encode) at index. It is
 // Apply without the raft.Log wrapper, for log replays and tests.
 func (f *FSM) ApplyCommand(index uint64, data []byte) any {
@@ -73,7 +102,10 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		panic(fmt.Sprintf("fsm: index %d: %v", index, err))
 	}
 	f.last = state.Changes{}
-	switch t {
+	// A known type carrying the ignore flag is applied like any other; the
+	// flag only matters to replicas that do not know the type.
+	ignorable := t&proto.IgnoreUnknownTypeFlag != 0
+	switch t &^ proto.IgnoreUnknownTypeFlag {
 	case proto.RegionUpsertType:
 		return f.applyRegionUpsert(body, index)
 	case proto.PoolUpsertType:
@@ -119,7 +151,7 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 	case proto.SlotHealthType:
 		return f.applySlotHealth(body, index)
 	default:
-		if t&proto.IgnoreUnknownTypeFlag != 0 {
+		if ignorable {
 			f.log.Warn("ignoring unknown command type", "type", uint8(t), "index", index)
 			return nil
 		}
@@ -139,6 +171,18 @@ func decode[T any](t proto.MessageType, body []byte, index uint64) *T {
 // write runs fn in one write transaction at index: fn's error aborts (the
 // error is the response), success commits and returns fn's response.
 func (f *FSM) write(index uint64, fn func(tx *state.Txn) (any, error)) any {
+	if tx := f.batch; tx != nil {
+		tx.SetIndex(index)
+		sp := tx.Savepoint()
+		resp, err := fn(tx)
+		if err != nil {
+			if rerr := tx.RollbackTo(sp); rerr != nil {
+				panic(fmt.Sprintf("fsm: index %d: %v", index, rerr))
+			}
+			return asProtoError(err)
+		}
+		return resp
+	}
 	tx := f.Store().Begin(index)
 	resp, err := fn(tx)
 	if err != nil {

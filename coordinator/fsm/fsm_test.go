@@ -65,6 +65,15 @@ func TestApplyIgnoresFlaggedUnknownType(t *testing.T) {
 	assert.Equal(t, before, h.Dump())
 }
 
+func TestApplyRunsKnownTypeWithIgnoreFlag(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	resp := h.Apply(proto.RegionUpsertType|proto.IgnoreUnknownTypeFlag, proto.RegionUpsertRequest{At: h.At(), Region: proto.Region{Name: "eu"}})
+	assert.Equal(t, "eu", resp.(*proto.Region).Name)
+	_, ok := h.Snap().Region("eu")
+	assert.True(t, ok)
+}
+
 func TestApplySkipsNonCommandEntries(t *testing.T) {
 	t.Parallel()
 	h := seeded(t)

@@ -45,8 +45,14 @@ func checkNode(snap *state.Snapshot, nodeID string) error {
 	bySlot := map[string]*proto.Claim{}
 	slotClaims := 0
 	for _, c := range live {
-		if a, ok := snap.Allocation(c.AllocationID); !ok || !a.Live() {
+		a, ok := snap.Allocation(c.AllocationID)
+		switch {
+		case !ok || !a.Live():
 			return fmt.Errorf("node %s: live claim %s belongs to allocation %s which is not live", nodeID, c.ID, c.AllocationID)
+		case !slices.Contains(a.ClaimIDs, c.ID):
+			return fmt.Errorf("node %s: live claim %s is not in the claim_ids of allocation %s", nodeID, c.ID, a.ID)
+		case a.NodeID != nodeID:
+			return fmt.Errorf("node %s: live claim %s of allocation %s, which is on node %s (spans nodes)", nodeID, c.ID, a.ID, a.NodeID)
 		}
 		switch c.Kind {
 		case proto.ClaimNodeExclusive:

@@ -23,12 +23,24 @@ const (
 	TableOutbox      = "outbox"
 	TableTimeline    = "timeline"
 	TableUsage       = "usage"
-	// TableIndex records each table's last ModifyIndex.
+	// TableIndex is the name of the per-table index records (kept by the
+	// Store beside memdb, written into snapshots).
 	TableIndex = "index"
-	// tableNodeSummary is derived (rebuilt on restore, never snapshotted):
-	// per node, how many slots are available and how the node is held.
-	tableNodeSummary = "node_summary"
+	// Derived tables (rebuilt on restore, never snapshotted): per node, how
+	// many slots are available and how the node is held; per region, the
+	// largest slot count of a node.
+	tableNodeSummary   = "node_summary"
+	tableRegionSummary = "region_summary"
 )
+
+// numTables is len(Tables).
+const numTables = 11
+
+func init() {
+	if len(Tables) != numTables {
+		panic("state: numTables out of date")
+	}
+}
 
 // Tables lists the replicated tables (everything but the index table and
 // derived tables) in a stable order: the order of snapshots.
@@ -37,16 +49,25 @@ var Tables = []string{
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
 }
 
-func tableBit(table string) uint16 {
+func tableNum(table string) int {
 	for i, t := range Tables {
 		if t == table {
-			return 1 << i
+			return i
 		}
 	}
-	panic(fmt.Sprintf("state: unknown table %q", table))
+	return -1
 }
 
-// IndexEntry is one row of the index table.
+func tableBit(table string) uint16 {
+	i := tableNum(table)
+	if i < 0 {
+		panic(fmt.Sprintf("state: unknown table %q", table))
+	}
+	return 1 << i
+}
+
+// IndexEntry is one per-table index record: the Raft index of the last
+// write to Table.
 type IndexEntry struct {
 	Table string `json:"table"`
 	Index uint64 `json:"index"`
@@ -61,6 +82,12 @@ type NodeSummary struct {
 	Available       int // slots in status available
 	ExclusiveClaims int // live node_exclusive claims
 	SlotClaims      int // live slot claims
+}
+
+// regionSummary is the derived per-region read model.
+type regionSummary struct {
+	Region   string
+	MaxSlots int
 }
 
 // key encodes index values: strings NUL-terminated, integers as 8-byte
@@ -147,15 +174,12 @@ const (
 	idxID          = "id"
 	idxRegion      = "region"
 	idxNodeIndex   = "node_index"
-	idxStatus      = "status"
 	idxIdemKey     = "idempotency_key"
 	idxState       = "state"
-	idxLiveSlot    = "live_slot"
 	idxLiveNode    = "live_node"
 	idxAllocation  = "allocation"
 	idxNode        = "node"
 	idxRegionAvail = "region_available"
-	idxRegionTotal = "region_total"
 )
 
 func schema() *memdb.DBSchema {
@@ -173,8 +197,7 @@ func schema() *memdb.DBSchema {
 		idx(idxID, true, false, func(o *proto.CandidateTopology) []any { return []any{o.NodeID} })))
 	add(table(TableSlots,
 		idx(idxID, true, false, func(o *proto.Slot) []any { return []any{o.ID} }),
-		idx(idxNodeIndex, true, false, func(o *proto.Slot) []any { return []any{o.NodeID, o.Index} }),
-		idx(idxStatus, false, false, func(o *proto.Slot) []any { return []any{o.Status} })))
+		idx(idxNodeIndex, true, false, func(o *proto.Slot) []any { return []any{o.NodeID, o.Index} })))
 	add(table(TableAllocations,
 		idx(idxID, true, false, func(o *proto.Allocation) []any { return []any{o.ID} }),
 		idx(idxIdemKey, true, true, func(o *proto.Allocation) []any {
@@ -186,19 +209,12 @@ func schema() *memdb.DBSchema {
 		idx(idxState, false, false, func(o *proto.Allocation) []any { return []any{o.State} })))
 	add(table(TableClaims,
 		idx(idxID, true, false, func(o *proto.Claim) []any { return []any{o.ID} }),
-		idx(idxLiveSlot, true, true, func(o *proto.Claim) []any {
-			if !o.Live || o.SlotID == "" {
-				return nil
-			}
-			return []any{o.SlotID}
-		}),
 		idx(idxLiveNode, false, true, func(o *proto.Claim) []any {
 			if !o.Live {
 				return nil
 			}
 			return []any{o.NodeID}
-		}),
-		idx(idxAllocation, false, false, func(o *proto.Claim) []any { return []any{o.AllocationID} })))
+		})))
 	add(table(TableTasks,
 		idx(idxID, true, false, func(o *proto.Task) []any { return []any{o.ID} }),
 		idx(idxNode, true, false, func(o *proto.Task) []any { return []any{o.NodeID, o.ID} }),
@@ -215,11 +231,10 @@ func schema() *memdb.DBSchema {
 		idx(idxID, true, false, func(o *proto.TimelineEvent) []any { return []any{o.AllocationID, o.Seq} })))
 	add(table(TableUsage,
 		idx(idxID, true, false, func(o *proto.UsageRecord) []any { return []any{o.AllocationID} })))
-	add(table(TableIndex,
-		idx(idxID, true, false, func(o *IndexEntry) []any { return []any{o.Table} })))
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, func(o *NodeSummary) []any { return []any{o.NodeID} }),
-		idx(idxRegionAvail, false, false, func(o *NodeSummary) []any { return []any{o.Region, o.Available} }),
-		idx(idxRegionTotal, false, false, func(o *NodeSummary) []any { return []any{o.Region, o.Total} })))
+		idx(idxRegionAvail, false, false, func(o *NodeSummary) []any { return []any{o.Region, o.Available} })))
+	add(table(tableRegionSummary,
+		idx(idxID, true, false, func(o *regionSummary) []any { return []any{o.Region} })))
 	return s
 }

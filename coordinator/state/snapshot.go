@@ -14,6 +14,7 @@ import (
 // modified. A Snapshot is safe for concurrent use.
 type Snapshot struct {
 	txn *memdb.Txn
+	idx [numTables]uint64
 	// pending holds node summaries changed by an open write Txn that are
 	// not yet flushed into the table (nil for read snapshots).
 	pending map[string]*NodeSummary
@@ -50,22 +51,33 @@ func list[T any](s *Snapshot, table, index string, args ...any) []*T {
 // Index returns the highest index written to any table.
 func (s *Snapshot) Index() uint64 {
 	var max uint64
-	for _, e := range list[IndexEntry](s, TableIndex, idxID) {
-		max = maxU(max, e.Index)
+	for _, i := range s.idx {
+		max = maxU(max, i)
 	}
 	return max
 }
 
-// TableIndex returns the index of the last write to table (0 if never).
+// TableIndex returns the index of the last write to table (0 if never or
+// unknown).
 func (s *Snapshot) TableIndex(table string) uint64 {
-	if e, ok := first[IndexEntry](s, TableIndex, idxID, table); ok {
-		return e.Index
+	if i := tableNum(table); i >= 0 {
+		return s.idx[i]
 	}
 	return 0
 }
 
-// IndexEntries returns every row of the index table, sorted by table.
-func (s *Snapshot) IndexEntries() []*IndexEntry { return list[IndexEntry](s, TableIndex, idxID) }
+// IndexEntries returns the per-table index records of the tables ever
+// written, sorted by table name.
+func (s *Snapshot) IndexEntries() []*IndexEntry {
+	var out []*IndexEntry
+	for i, t := range Tables {
+		if s.idx[i] != 0 {
+			out = append(out, &IndexEntry{Table: t, Index: s.idx[i]})
+		}
+	}
+	slices.SortFunc(out, func(a, b *IndexEntry) int { return cmpString(a.Table, b.Table) })
+	return out
+}
 
 // Regions returns every region sorted by name.
 func (s *Snapshot) Regions() []*proto.Region { return list[proto.Region](s, TableRegions, idxID) }
@@ -147,38 +159,60 @@ func (s *Snapshot) NodesByAvailable(region string, k int) []string {
 
 // MaxSlotsPerNode returns the largest slot count of any node in region.
 func (s *Snapshot) MaxSlotsPerNode(region string) int {
-	o, err := s.txn.Last(tableNodeSummary, idxRegionTotal, region)
-	must(err)
-	if o == nil {
-		return 0
+	if r, ok := first[regionSummary](s, tableRegionSummary, idxID, region); ok {
+		return r.MaxSlots
 	}
-	return o.(*NodeSummary).Total
+	return 0
 }
 
 // RegionAvailability is the aggregate capacity of a region, without any
-// host detail.
+// host detail (no PCI addresses, no node names).
 type RegionAvailability struct {
-	Region         string `json:"region"`
-	Nodes          int    `json:"nodes"`
-	Slots          int    `json:"slots"`
-	AvailableSlots int    `json:"available_slots"`
-	// FreeNodes counts nodes with no live claim at all.
-	FreeNodes int `json:"free_nodes"`
-	// LargestFreeGroup is the most available slots on one node.
+	Region   string `json:"region"`
+	Disabled bool   `json:"disabled"`
+	Nodes    int    `json:"nodes"`
+	Slots    int    `json:"slots"`
+	// SliceNodes are active, not draining, slice_vm, slice-ready nodes
+	// without a baremetal claim; AvailableSlots counts their available
+	// slots and LargestFreeGroup the most on one of them (the largest
+	// slice that could fit, before the scheduler's finer checks).
+	SliceNodes       int `json:"slice_nodes"`
+	AvailableSlots   int `json:"available_slots"`
 	LargestFreeGroup int `json:"largest_free_group"`
+	// BaremetalFree counts active, not draining, baremetal-intent nodes
+	// with no live claim.
+	BaremetalFree int `json:"baremetal_free"`
 }
 
-// Availability aggregates the node summaries of region.
+// Availability aggregates region's nodes for the public read model.
 func (s *Snapshot) Availability(region string) RegionAvailability {
 	a := RegionAvailability{Region: region}
-	for _, n := range list[NodeSummary](s, tableNodeSummary, idxRegionAvail, region) {
-		a.Nodes++
-		a.Slots += n.Total
-		a.AvailableSlots += n.Available
-		if n.ExclusiveClaims == 0 && n.SlotClaims == 0 {
-			a.FreeNodes++
+	if r, ok := s.Region(region); ok {
+		a.Disabled = r.Disabled
+	}
+	for _, n := range list[proto.Node](s, TableNodes, idxRegion, region) {
+		sum, _ := s.summary(n.ID)
+		if sum == nil {
+			sum = &NodeSummary{}
 		}
-		a.LargestFreeGroup = max(a.LargestFreeGroup, n.Available)
+		a.Nodes++
+		a.Slots += sum.Total
+		if n.State != proto.NodeActive || n.Draining {
+			continue
+		}
+		switch n.ProfileIntent {
+		case proto.IntentSliceVM:
+			if n.Readiness == nil || !n.Readiness.SliceReady || sum.ExclusiveClaims > 0 {
+				continue
+			}
+			a.SliceNodes++
+			a.AvailableSlots += sum.Available
+			a.LargestFreeGroup = max(a.LargestFreeGroup, sum.Available)
+		case proto.IntentBaremetal:
+			if sum.ExclusiveClaims == 0 && sum.SlotClaims == 0 {
+				a.BaremetalFree++
+			}
+		}
 	}
 	return a
 }
@@ -195,7 +229,13 @@ func (s *Snapshot) Slots(nodeID string, status proto.SlotStatus) []*proto.Slot {
 		}
 		slices.SortFunc(out, func(a, b *proto.Slot) int { return cmpString(a.ID, b.ID) })
 	case status != "":
-		out = list[proto.Slot](s, TableSlots, idxStatus, status)
+		// No status index: it would cost every slot write an index
+		// update; a scan of all slots is cheap for list reads.
+		for _, sl := range list[proto.Slot](s, TableSlots, idxID) {
+			if sl.Status == status {
+				out = append(out, sl)
+			}
+		}
 	default:
 		out = list[proto.Slot](s, TableSlots, idxID)
 	}
@@ -272,9 +312,21 @@ func (s *Snapshot) AllocationByKey(key string) (*proto.Allocation, bool) {
 // Claims returns every claim (live and ended) sorted by ID.
 func (s *Snapshot) Claims() []*proto.Claim { return list[proto.Claim](s, TableClaims, idxID) }
 
-// ClaimsByAllocation returns an allocation's claims sorted by ID.
+// ClaimsByAllocation returns an allocation's claims (those its ClaimIDs
+// name, written with it in one command) sorted by ID.
 func (s *Snapshot) ClaimsByAllocation(allocID string) []*proto.Claim {
-	return list[proto.Claim](s, TableClaims, idxAllocation, allocID)
+	a, ok := s.Allocation(allocID)
+	if !ok {
+		return nil
+	}
+	out := make([]*proto.Claim, 0, len(a.ClaimIDs))
+	for _, id := range a.ClaimIDs {
+		if c, ok := s.Claim(id); ok {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(x, y *proto.Claim) int { return cmpString(x.ID, y.ID) })
+	return out
 }
 
 // Claim returns the claim with id.
@@ -282,10 +334,19 @@ func (s *Snapshot) Claim(id string) (*proto.Claim, bool) {
 	return first[proto.Claim](s, TableClaims, idxID, id)
 }
 
-// LiveClaimForSlot returns the live claim holding slot id, if any. (A
-// node_exclusive claim holds every slot of its node; see LiveNodeClaims.)
+// LiveClaimForSlot returns the live claim holding slot id, if any: its
+// slot claim, or the node_exclusive claim that reserved it. (It follows
+// Slot.ClaimID; LiveNodeClaims lists claims from the claims side.)
 func (s *Snapshot) LiveClaimForSlot(slotID string) (*proto.Claim, bool) {
-	return first[proto.Claim](s, TableClaims, idxLiveSlot, slotID)
+	sl, ok := s.Slot(slotID)
+	if !ok || sl.ClaimID == "" {
+		return nil, false
+	}
+	c, ok := s.Claim(sl.ClaimID)
+	if !ok || !c.Live {
+		return nil, false
+	}
+	return c, true
 }
 
 // LiveNodeClaims returns the live claims on a node sorted by ID.

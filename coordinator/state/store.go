@@ -7,8 +7,10 @@
 // open and never blocks the writer. Snapshot implements sched.State, so
 // the scheduler plans directly on it. The only writer is the FSM, through
 // a Txn opened at a Raft index: every object it puts is stamped with that
-// index, and the index table records each table's last change so blocking
-// queries (Store.Wait) can sleep until a table moves past an index.
+// index, and the store tracks each table's last write index so blocking
+// queries (Store.Wait) can sleep until a table moves past an index. A
+// Txn may carry several commands (Raft batches) with savepoints between
+// them.
 //
 // Objects are stored as pointers and never modified after insertion:
 // callers copy, change the copy and put it.
@@ -30,7 +32,15 @@ var ErrAbandoned = errors.New("state store abandoned (restored from a snapshot);
 // Store is the ledger database. It is safe for concurrent use: any number
 // of readers, one writer.
 type Store struct {
-	db          *memdb.MemDB
+	db *memdb.MemDB
+	// mu orders commits against snapshot creation so that a snapshot's
+	// table indexes always match its memdb view.
+	mu sync.RWMutex
+	// idx is each table's last write index; ch[i] is closed (and
+	// replaced) when table i is written. Kept beside memdb: one array
+	// update per commit instead of a memdb row per table.
+	idx         [numTables]uint64
+	ch          [numTables]chan struct{}
 	abandonCh   chan struct{}
 	abandonOnce sync.Once
 }
@@ -43,12 +53,18 @@ func New() *Store {
 		// caught by every test.
 		panic(fmt.Sprintf("state: invalid schema: %v", err))
 	}
-	return &Store{db: db, abandonCh: make(chan struct{})}
+	s := &Store{db: db, abandonCh: make(chan struct{})}
+	for i := range s.ch {
+		s.ch[i] = make(chan struct{})
+	}
+	return s
 }
 
 // Snapshot returns a consistent read-only view of the store as of now.
 func (s *Store) Snapshot() *Snapshot {
-	return &Snapshot{txn: s.db.Txn(false)}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return &Snapshot{txn: s.db.Txn(false), idx: s.idx}
 }
 
 // Abandon marks the store replaced: pending and future Waits return
@@ -63,36 +79,28 @@ func (s *Store) AbandonCh() <-chan struct{} { return s.abandonCh }
 // It returns early with ctx's error when ctx ends and with ErrAbandoned
 // when the store is replaced.
 func (s *Store) Wait(ctx context.Context, minIndex uint64, tables ...string) (uint64, error) {
+	var nums []int
 	for _, t := range tables {
-		if !knownTable(t) {
+		i := tableNum(t)
+		if i < 0 {
 			return 0, fmt.Errorf("wait on table %q: no such table", t)
+		}
+		nums = append(nums, i)
+	}
+	if len(nums) == 0 {
+		for i := range Tables {
+			nums = append(nums, i)
 		}
 	}
 	for {
-		txn := s.db.Txn(false)
 		ws := memdb.NewWatchSet()
 		var max uint64
-		if len(tables) == 0 {
-			it, err := txn.Get(TableIndex, idxID)
-			if err != nil {
-				return 0, fmt.Errorf("wait: read index table: %w", err)
-			}
-			ws.Add(it.WatchCh())
-			for o := it.Next(); o != nil; o = it.Next() {
-				max = maxU(max, o.(*IndexEntry).Index)
-			}
-		} else {
-			for _, t := range tables {
-				ch, o, err := txn.FirstWatch(TableIndex, idxID, t)
-				if err != nil {
-					return 0, fmt.Errorf("wait: read index of %s: %w", t, err)
-				}
-				ws.Add(ch)
-				if o != nil {
-					max = maxU(max, o.(*IndexEntry).Index)
-				}
-			}
+		s.mu.RLock()
+		for _, i := range nums {
+			max = maxU(max, s.idx[i])
+			ws.Add(s.ch[i])
 		}
+		s.mu.RUnlock()
 		if max > minIndex {
 			return max, nil
 		}
@@ -108,16 +116,20 @@ func (s *Store) Wait(ctx context.Context, minIndex uint64, tables ...string) (ui
 	}
 }
 
-func knownTable(t string) bool {
-	if t == TableIndex {
-		return true
-	}
-	for _, n := range Tables {
-		if n == t {
-			return true
+// publish commits a memdb write transaction and advances the indexes of
+// the tables it wrote, waking their waiters.
+func (s *Store) publish(txn *memdb.Txn, tables uint16, index func(i int) uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	txn.Commit()
+	for i := range s.idx {
+		if tables&(1<<i) == 0 {
+			continue
 		}
+		s.idx[i] = index(i)
+		close(s.ch[i])
+		s.ch[i] = make(chan struct{})
 	}
-	return false
 }
 
 func maxU(a, b uint64) uint64 {

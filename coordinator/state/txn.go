@@ -20,6 +20,81 @@ type Txn struct {
 	tables  uint16 // bit per table in Tables written by this txn
 	changes Changes
 	done    bool
+	// regions whose largest node may have changed, with a lower bound.
+	regionMax map[string]int
+	// restored holds index records loaded by a restore transaction.
+	restored [numTables]uint64
+	// lastIdx is, per table, the index of this txn's last write to it.
+	lastIdx [numTables]uint64
+	// undo logs every write once a Savepoint was taken (batch mode).
+	undo   []undo
+	undoOn bool
+}
+
+// undo is one reversible write: a memdb row (table set; old nil = the
+// row was new, new nil = the row was deleted), a pending node summary
+// (node set; sum nil = none was pending) or a region max (region set).
+type undo struct {
+	table    string
+	old, new any
+	node     string
+	sum      *NodeSummary
+	region   string
+	rmax     int
+	rmaxSeen bool
+}
+
+// Savepoint marks a point a batch can roll back to.
+type Savepoint struct {
+	undo    int
+	index   uint64
+	tables  uint16
+	lastIdx [numTables]uint64
+	nodes   int
+	allocs  int
+}
+
+// SetIndex moves the transaction to the next command's Raft index (a
+// batch applies several commands in one transaction).
+func (t *Txn) SetIndex(index uint64) { t.index = index }
+
+// Savepoint returns a mark RollbackTo can return to; from the first
+// savepoint on the transaction logs how to undo each write.
+func (t *Txn) Savepoint() Savepoint {
+	t.undoOn = true
+	return Savepoint{undo: len(t.undo), index: t.index, tables: t.tables, lastIdx: t.lastIdx,
+		nodes: len(t.changes.Nodes), allocs: len(t.changes.Allocations)}
+}
+
+// RollbackTo undoes every write made after sp, so a refused command of a
+// batch leaves no trace while the batch's other commands stay.
+func (t *Txn) RollbackTo(sp Savepoint) error {
+	for i := len(t.undo) - 1; i >= sp.undo; i-- {
+		u := t.undo[i]
+		switch {
+		case u.table != "" && u.old == nil:
+			if err := t.txn.Delete(u.table, u.new); err != nil {
+				return fmt.Errorf("roll back insert into %s: %w", u.table, err)
+			}
+		case u.table != "":
+			if err := t.txn.Insert(u.table, u.old); err != nil {
+				return fmt.Errorf("roll back write to %s: %w", u.table, err)
+			}
+		case u.node != "" && u.sum == nil:
+			delete(t.pending, u.node)
+		case u.node != "":
+			t.pending[u.node] = u.sum
+		case !u.rmaxSeen:
+			delete(t.regionMax, u.region)
+		default:
+			t.regionMax[u.region] = u.rmax
+		}
+	}
+	t.undo = t.undo[:sp.undo]
+	t.index, t.tables, t.lastIdx = sp.index, sp.tables, sp.lastIdx
+	t.changes.Nodes = t.changes.Nodes[:sp.nodes]
+	t.changes.Allocations = t.changes.Allocations[:sp.allocs]
+	return nil
 }
 
 // Changes names what a transaction touched: the nodes whose slots, claims
@@ -33,6 +108,9 @@ type Changes struct {
 // Begin opens the write transaction of the command at Raft index.
 func (s *Store) Begin(index uint64) *Txn {
 	t := &Txn{store: s, index: index}
+	s.mu.RLock()
+	t.idx = s.idx
+	s.mu.RUnlock()
 	t.txn = s.db.Txn(true)
 	t.pending = map[string]*NodeSummary{}
 	return t
@@ -52,7 +130,8 @@ func (t *Txn) Abort() {
 	}
 }
 
-// Commit flushes derived summaries and index rows and publishes the writes.
+// Commit flushes derived summaries, publishes the writes and advances the
+// indexes of the tables written (waking blocking queries).
 func (t *Txn) Commit() error {
 	if t.done {
 		return fmt.Errorf("commit txn at index %d: already finished", t.index)
@@ -63,24 +142,86 @@ func (t *Txn) Commit() error {
 			return fmt.Errorf("commit txn at index %d: node summary %s: %w", t.index, sum.NodeID, err)
 		}
 	}
-	if !t.restore {
-		for i, name := range Tables {
-			if t.tables&(1<<i) == 0 {
-				continue
-			}
-			if err := t.txn.Insert(TableIndex, &IndexEntry{Table: name, Index: t.index}); err != nil {
-				t.Abort()
-				return fmt.Errorf("commit txn at index %d: index row %s: %w", t.index, name, err)
-			}
-		}
+	if err := t.flushRegionMax(); err != nil {
+		t.Abort()
+		return fmt.Errorf("commit txn at index %d: %w", t.index, err)
 	}
 	t.done = true
-	t.txn.Commit()
+	if t.restore {
+		var written uint16
+		for i, v := range t.restored {
+			if v != 0 {
+				written |= 1 << i
+			}
+		}
+		t.store.publish(t.txn, written, func(i int) uint64 { return t.restored[i] })
+		return nil
+	}
+	t.store.publish(t.txn, t.tables, func(i int) uint64 { return t.lastIdx[i] })
 	return nil
+}
+
+// flushRegionMax recomputes the largest node of each region marked dirty.
+// A region only grows through slot approvals (cheap: compare), it may
+// shrink when a node moves away (rare: scan the region's summaries, which
+// the pending ones were just flushed into).
+func (t *Txn) flushRegionMax() error {
+	for region, atLeast := range t.regionMax {
+		max := atLeast
+		if atLeast < 0 {
+			max = 0
+			it, err := t.txn.Get(tableNodeSummary, idxRegionAvail, region)
+			if err != nil {
+				return fmt.Errorf("region summary %s: %w", region, err)
+			}
+			for o := it.Next(); o != nil; o = it.Next() {
+				max = maxInt(max, o.(*NodeSummary).Total)
+			}
+		} else if cur, ok := first[regionSummary](&t.Snapshot, tableRegionSummary, idxID, region); ok && cur.MaxSlots >= max {
+			continue
+		}
+		if err := t.txn.Insert(tableRegionSummary, &regionSummary{Region: region, MaxSlots: max}); err != nil {
+			return fmt.Errorf("region summary %s: %w", region, err)
+		}
+	}
+	return nil
+}
+
+func maxInt(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// noteRegion prepares a change of region's max (logging its undo).
+func (t *Txn) noteRegion(region string) {
+	if t.regionMax == nil {
+		t.regionMax = map[string]int{}
+	}
+	if t.undoOn {
+		cur, seen := t.regionMax[region]
+		t.undo = append(t.undo, undo{region: region, rmax: cur, rmaxSeen: seen})
+	}
+}
+
+// growRegion notes that region has a node with total slots; shrinkRegion
+// that a node left it (forces a rescan).
+func (t *Txn) growRegion(region string, total int) {
+	t.noteRegion(region)
+	if cur, ok := t.regionMax[region]; !ok || cur >= 0 && total > cur {
+		t.regionMax[region] = total
+	}
+}
+
+func (t *Txn) shrinkRegion(region string) {
+	t.noteRegion(region)
+	t.regionMax[region] = -1
 }
 
 func (t *Txn) stamp(table string, m *proto.Meta, old *proto.Meta) {
 	t.tables |= tableBit(table)
+	t.lastIdx[tableNum(table)] = t.index
 	if t.restore {
 		return
 	}
@@ -92,11 +233,23 @@ func (t *Txn) stamp(table string, m *proto.Meta, old *proto.Meta) {
 	}
 }
 
-func (t *Txn) insert(table string, obj any) error {
+// insert writes obj over old (nil when new), logging the undo in batch mode.
+func (t *Txn) insert(table string, old, obj any) error {
 	if err := t.txn.Insert(table, obj); err != nil {
 		return fmt.Errorf("insert into %s: %w", table, err)
 	}
+	if t.undoOn {
+		t.undo = append(t.undo, undo{table: table, old: old, new: obj})
+	}
 	return nil
+}
+
+// prior turns a lookup result into insert's old argument.
+func prior[T any](o *T, ok bool) any {
+	if !ok {
+		return nil
+	}
+	return o
 }
 
 func metaOf[T any](o *T, ok bool, get func(*T) *proto.Meta) *proto.Meta {
@@ -110,14 +263,14 @@ func metaOf[T any](o *T, ok bool, get func(*T) *proto.Meta) *proto.Meta {
 func (t *Txn) PutRegion(r *proto.Region) error {
 	old, ok := t.Region(r.Name)
 	t.stamp(TableRegions, &r.Meta, metaOf(old, ok, func(o *proto.Region) *proto.Meta { return &o.Meta }))
-	return t.insert(TableRegions, r)
+	return t.insert(TableRegions, prior(old, ok), r)
 }
 
 // PutPool writes a pool.
 func (t *Txn) PutPool(p *proto.Pool) error {
 	old, ok := t.Pool(p.Name)
 	t.stamp(TablePools, &p.Meta, metaOf(old, ok, func(o *proto.Pool) *proto.Meta { return &o.Meta }))
-	return t.insert(TablePools, p)
+	return t.insert(TablePools, prior(old, ok), p)
 }
 
 // PutNode writes a node and keeps its summary's region in step.
@@ -125,14 +278,29 @@ func (t *Txn) PutNode(n *proto.Node) error {
 	old, ok := t.Node(n.ID)
 	t.stamp(TableNodes, &n.Meta, metaOf(old, ok, func(o *proto.Node) *proto.Meta { return &o.Meta }))
 	sum := t.editSummary(n.ID)
-	sum.Region = n.Region
+	if sum.Region != n.Region {
+		if ok {
+			t.shrinkRegion(sum.Region)
+		}
+		sum.Region = n.Region
+		t.growRegion(n.Region, sum.Total)
+	}
 	t.changes.Nodes = append(t.changes.Nodes, n.ID)
-	return t.insert(TableNodes, n)
+	return t.insert(TableNodes, prior(old, ok), n)
 }
 
 // editSummary returns the txn-owned, mutable summary of a node.
 func (t *Txn) editSummary(nodeID string) *NodeSummary {
-	if p, ok := t.pending[nodeID]; ok {
+	p, ok := t.pending[nodeID]
+	if t.undoOn {
+		u := undo{node: nodeID}
+		if ok {
+			c := *p
+			u.sum = &c
+		}
+		t.undo = append(t.undo, u)
+	}
+	if ok {
 		return p
 	}
 	var sum NodeSummary
@@ -152,7 +320,7 @@ func (t *Txn) editSummary(nodeID string) *NodeSummary {
 func (t *Txn) PutCandidates(c *proto.CandidateTopology) error {
 	old, ok := t.Candidates(c.NodeID)
 	t.stamp(TableCandidates, &c.Meta, metaOf(old, ok, func(o *proto.CandidateTopology) *proto.Meta { return &o.Meta }))
-	return t.insert(TableCandidates, c)
+	return t.insert(TableCandidates, prior(old, ok), c)
 }
 
 // PutSlot writes a slot and updates its node's available count.
@@ -162,6 +330,7 @@ func (t *Txn) PutSlot(s *proto.Slot) error {
 	sum := t.editSummary(s.NodeID)
 	if !ok {
 		sum.Total++
+		t.growRegion(sum.Region, sum.Total)
 	} else if old.Status == proto.SlotAvailable {
 		sum.Available--
 	}
@@ -169,7 +338,7 @@ func (t *Txn) PutSlot(s *proto.Slot) error {
 		sum.Available++
 	}
 	t.changes.Nodes = append(t.changes.Nodes, s.NodeID)
-	return t.insert(TableSlots, s)
+	return t.insert(TableSlots, prior(old, ok), s)
 }
 
 // PutAllocation writes an allocation.
@@ -177,7 +346,7 @@ func (t *Txn) PutAllocation(a *proto.Allocation) error {
 	old, ok := t.Allocation(a.ID)
 	t.stamp(TableAllocations, &a.Meta, metaOf(old, ok, func(o *proto.Allocation) *proto.Meta { return &o.Meta }))
 	t.changes.Allocations = append(t.changes.Allocations, a.ID)
-	return t.insert(TableAllocations, a)
+	return t.insert(TableAllocations, prior(old, ok), a)
 }
 
 // PutClaim writes a claim and updates its node's claim counts.
@@ -193,7 +362,7 @@ func (t *Txn) PutClaim(c *proto.Claim) error {
 	}
 	t.changes.Nodes = append(t.changes.Nodes, c.NodeID)
 	t.changes.Allocations = append(t.changes.Allocations, c.AllocationID)
-	return t.insert(TableClaims, c)
+	return t.insert(TableClaims, prior(old, ok), c)
 }
 
 func countClaim(sum *NodeSummary, kind proto.ClaimKind, d int) {
@@ -208,14 +377,14 @@ func countClaim(sum *NodeSummary, kind proto.ClaimKind, d int) {
 func (t *Txn) PutTask(k *proto.Task) error {
 	old, ok := t.Task(k.ID)
 	t.stamp(TableTasks, &k.Meta, metaOf(old, ok, func(o *proto.Task) *proto.Meta { return &o.Meta }))
-	return t.insert(TableTasks, k)
+	return t.insert(TableTasks, prior(old, ok), k)
 }
 
 // PutOutbox writes an outbox entry.
 func (t *Txn) PutOutbox(e *proto.OutboxEntry) error {
 	old, ok := t.OutboxEntry(e.ID)
 	t.stamp(TableOutbox, &e.Meta, metaOf(old, ok, func(o *proto.OutboxEntry) *proto.Meta { return &o.Meta }))
-	return t.insert(TableOutbox, e)
+	return t.insert(TableOutbox, prior(old, ok), e)
 }
 
 // DeleteOutbox removes a delivered outbox entry.
@@ -225,8 +394,12 @@ func (t *Txn) DeleteOutbox(id string) error {
 		return fmt.Errorf("delete outbox entry %s: not found", id)
 	}
 	t.tables |= tableBit(TableOutbox)
+	t.lastIdx[tableNum(TableOutbox)] = t.index
 	if err := t.txn.Delete(TableOutbox, e); err != nil {
 		return fmt.Errorf("delete outbox entry %s: %w", id, err)
+	}
+	if t.undoOn {
+		t.undo = append(t.undo, undo{table: TableOutbox, old: e})
 	}
 	return nil
 }
@@ -238,14 +411,14 @@ func (t *Txn) PutTimeline(e *proto.TimelineEvent) error {
 		return fmt.Errorf("append timeline %s #%d: event exists (the timeline is append-only)", e.AllocationID, e.Seq)
 	}
 	t.stamp(TableTimeline, &e.Meta, nil)
-	return t.insert(TableTimeline, e)
+	return t.insert(TableTimeline, nil, e)
 }
 
 // PutUsage writes an allocation's usage record.
 func (t *Txn) PutUsage(u *proto.UsageRecord) error {
 	old, ok := t.UsageFor(u.AllocationID)
 	t.stamp(TableUsage, &u.Meta, metaOf(old, ok, func(o *proto.UsageRecord) *proto.Meta { return &o.Meta }))
-	return t.insert(TableUsage, u)
+	return t.insert(TableUsage, prior(old, ok), u)
 }
 
 // BeginRestore opens a transaction that loads objects as they are (no
@@ -262,8 +435,10 @@ func (t *Txn) RestoreIndex(e *IndexEntry) error {
 	if !t.restore {
 		return fmt.Errorf("restore index row %s: not a restore transaction", e.Table)
 	}
-	if !knownTable(e.Table) {
+	i := tableNum(e.Table)
+	if i < 0 {
 		return fmt.Errorf("restore index row %s: no such table", e.Table)
 	}
-	return t.insert(TableIndex, e)
+	t.restored[i] = e.Index
+	return nil
 }

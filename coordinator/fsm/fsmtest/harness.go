@@ -20,6 +20,14 @@ type Harness struct {
 	FSM   *fsm.FSM
 	Index uint64
 	Now   time.Time
+	// Log records every command applied through Apply, in order.
+	Log []Entry
+}
+
+// Entry is one applied log entry.
+type Entry struct {
+	Index uint64
+	Data  []byte
 }
 
 // New returns a harness over an empty FSM.
@@ -41,6 +49,7 @@ func (h *Harness) Apply(t proto.MessageType, req any) any {
 	b, err := proto.Encode(t, req)
 	require.NoError(h.TB, err)
 	h.Index++
+	h.Log = append(h.Log, Entry{Index: h.Index, Data: b})
 	return h.FSM.ApplyCommand(h.Index, b)
 }
 
