@@ -1,6 +1,7 @@
 package proto
 
 import (
+	_ "embed"
 	"encoding/json"
 	"time"
 )
@@ -107,3 +108,10 @@ type AgentSlot struct {
 	Generation uint64       `json:"generation"`
 	Capacity   SlotCapacity `json:"capacity"`
 }
+
+//go:embed agent-openapi.yaml
+var agentOpenAPI []byte
+
+// AgentOpenAPI returns the OpenAPI 3 document of the agent protocol
+// (proto/agent-openapi.yaml).
+func AgentOpenAPI() []byte { return append([]byte(nil), agentOpenAPI...) }
