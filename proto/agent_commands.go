@@ -45,3 +45,14 @@ type NodeCredentialRevokeRequest struct {
 	NodeID string    `json:"node_id"`
 	Reason string    `json:"reason,omitempty"`
 }
+
+// ServerOnly reports whether commands of type t are applied by a FSM
+// wrapper of the coordinator server (the peers table, the enrollment
+// table) and never reach the ledger FSM.
+func ServerOnly(t MessageType) bool {
+	switch t &^ IgnoreUnknownTypeFlag {
+	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType:
+		return true
+	}
+	return false
+}
