@@ -129,7 +129,29 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	d.reg = prometheus.NewRegistry()
 	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
-	d.reg.MustRegister(d.tasksRun, d.polls)
+	d.reg.MustRegister(d.tasksRun, d.polls,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_active", Help: "1 when the node-active gate holds (enrolled, credential valid, coordinator reachable)."},
+			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.Active }) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_slice_ready", Help: "1 when the slice-ready convergence gate holds."},
+			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.SliceReady }) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_readiness_blockers", Help: "Named readiness blockers at the last evaluation."},
+			func() float64 {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				if d.ready == nil {
+					return 0
+				}
+				return float64(len(d.ready.Blockers))
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_leases", Help: "Host-local slot leases held."},
+			func() float64 {
+				ls, err := d.store.List()
+				if err != nil {
+					return -1
+				}
+				return float64(len(ls))
+			}),
+	)
 	return d, nil
 }
 
@@ -611,6 +633,15 @@ func (d *Daemon) watchdog(ctx context.Context) error {
 		}
 		return fmt.Errorf("no coordinator answer since %s", d.lastOK.Format(time.RFC3339))
 	})
+}
+
+func (d *Daemon) readyValue(f func(*proto.Readiness) bool) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ready != nil && f(d.ready) {
+		return 1
+	}
+	return 0
 }
 
 // Readiness evaluates readiness now (for tests and diagnostics).

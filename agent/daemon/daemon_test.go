@@ -159,6 +159,12 @@ func TestAgentEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	assert.Contains(t, string(b), alloc.ID)
 
+	resp, err = http.Get("http://" + a15.d.DiagAddr() + "/metrics")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), "gpuaas_agent_leases 2")
+
 	// Force-release while the agent is down: on restart the orphaned
 	// leases are dropped.
 	a15.stop()
