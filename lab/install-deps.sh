@@ -8,7 +8,7 @@ PKGS=(
   gcc pkg-config libvirt-dev
   # host operations and their real-part tests
   iproute2 nftables openvswitch-switch dnsmasq-base qemu-utils util-linux
-  nvme-cli gdisk fdisk parted e2fsprogs kmod iputils-ping busybox procps psmisc ethtool
+  nvme-cli gdisk fdisk parted e2fsprogs lvm2 kmod iputils-ping busybox procps psmisc ethtool
   mtools dosfstools systemd
 )
 

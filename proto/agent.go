@@ -103,6 +103,7 @@ type AgentSlotsPayload struct {
 // AgentSlot is one approved slot as the node scheduler needs it.
 type AgentSlot struct {
 	SlotID     string       `json:"slot_id"`
+	Index      int          `json:"index"`
 	NodeID     string       `json:"node_id"`
 	ClaimID    string       `json:"claim_id"`
 	Generation uint64       `json:"generation"`

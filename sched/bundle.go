@@ -1,348 +1,339 @@
 package sched
 
-// Node-scheduler rules (seed 004 phase 5's lease/plan boundary). The agent
-// observes its host into a HostView, and these pure functions decide
-// whether approved slots can be leased (CheckLease) and turn them into a
-// concrete bundle plan (PlanBundle) before anything is created. No I/O, no
-// clock, no map iteration order.
-
 import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
-	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
 
-// HostLease is a host-local lease as the rules see it.
-type HostLease struct {
-	SlotID       string `json:"slot_id"`
-	AllocationID string `json:"allocation_id"`
-	ClaimID      string `json:"claim_id"`
-	Generation   uint64 `json:"generation"`
-}
+// Node-scheduler rules. The agent fills a HostView from discovery (sysfs,
+// /proc, OVS, mounts), hands it the approved slots of an allocation, and
+// PlanBundle either returns the concrete bundle plan (device paths, NUMA
+// placement, vCPU pins, hugepages, MAC/IP, OVS port) or every reason the
+// host cannot run it now. Pure: no I/O, the same view gives the same plan.
 
-// LeaseConflictError refuses a lease on a slot another live lease holds.
-type LeaseConflictError struct {
-	Held HostLease
-	Want HostLease
-}
-
-func (e *LeaseConflictError) Error() string {
-	return fmt.Sprintf("slot %s is leased to allocation %s (claim %s, generation %d); refusing allocation %s (claim %s, generation %d) until that lease is released",
-		e.Held.SlotID, e.Held.AllocationID, e.Held.ClaimID, e.Held.Generation, e.Want.AllocationID, e.Want.ClaimID, e.Want.Generation)
-}
-
-// LeaseFencedError refuses a lease older than the one the host holds: a
-// stale claim (a retried task of an allocation the coordinator has moved
-// past) must never take the slot back.
-type LeaseFencedError struct {
-	Held HostLease
-	Want HostLease
-}
-
-func (e *LeaseFencedError) Error() string {
-	return fmt.Sprintf("slot %s: generation %d of allocation %s is fenced by the held generation %d (allocation %s)",
-		e.Want.SlotID, e.Want.Generation, e.Want.AllocationID, e.Held.Generation, e.Held.AllocationID)
-}
-
-// CheckLease decides whether want may be taken given the lease the host
-// holds on the same slot (nil: none). It returns same=true when want is the
-// held lease (same allocation, claim and generation): taking it again is a
-// no-op.
-func CheckLease(held *HostLease, want HostLease) (same bool, err error) {
-	if want.SlotID == "" || want.AllocationID == "" || want.ClaimID == "" || want.Generation == 0 {
-		return false, fmt.Errorf("lease %+v: slot, allocation, claim and a generation > 0 are required", want)
-	}
-	if held == nil {
-		return false, nil
-	}
-	if held.SlotID != want.SlotID {
-		return false, fmt.Errorf("lease check: held lease is for slot %s, not %s", held.SlotID, want.SlotID)
-	}
-	switch {
-	case want.Generation < held.Generation:
-		return false, &LeaseFencedError{Held: *held, Want: want}
-	case *held == want:
-		return true, nil
-	default:
-		return false, &LeaseConflictError{Held: *held, Want: want}
-	}
-}
-
-// HostGPU is a GPU as the host shows it now.
-type HostGPU struct {
-	NUMANode int
-	Driver   string
-	// NotViable says why the IOMMU group cannot go to a VM ("" = viable).
-	NotViable string
-}
-
-// HostDisk is an NVMe namespace as the host shows it now.
-type HostDisk struct {
-	Name     string // nvme3n1
-	Identity proto.DiskIdentity
-	Mounts   []string
-	Holders  []string
-}
-
-// HostNUMA is one NUMA node's CPUs and hugepage pool of the plan's size.
-type HostNUMA struct {
-	CPUs           []int
-	HugepagesTotal uint64
-	HugepagesFree  uint64
-}
-
-// HostView is the observed host state the rules plan against.
+// HostView is what the agent observed on its host.
 type HostView struct {
-	NodeID string
-	GPUs   map[string]HostGPU // by PCI address
-	Disks  []HostDisk
-	VFs    map[string]bool // present VF PCI addresses
-	// BridgeProblem is "" when the OVS bridge exists with its gateway.
-	Bridge        string
-	BridgeProblem string
-	NUMA          map[int]HostNUMA
-	// HugepageKiB is the page size the pools above describe.
-	HugepageKiB uint64
+	NodeID string `json:"node_id"`
+	// GPUs and VFs are the PCI functions present, by address.
+	GPUs []HostPCI `json:"gpus"`
+	VFs  []HostPCI `json:"vfs"`
+	// IOMMUGroups lists every IOMMU group holding a GPU or VF.
+	IOMMUGroups []IOMMUGroup `json:"iommu_groups"`
+	Disks       []HostDisk   `json:"disks"`
+	// OVSBridges are the bridges ovs-vsctl reports; ManagementBridge is the
+	// one slice vNICs attach to (e.g. ovsbr0).
+	OVSBridges       []string   `json:"ovs_bridges"`
+	ManagementBridge string     `json:"management_bridge"`
+	NUMA             []HostNUMA `json:"numa"`
+	// HugepageKiB is the hugepage size VMs use (1048576 for 1 GiB pages).
+	HugepageKiB int `json:"hugepage_kib"`
+	// ReservedCPUs are kept for the host; BusyCPUs are pinned by bundles
+	// the node already runs.
+	ReservedCPUs []int `json:"reserved_cpus,omitempty"`
+	BusyCPUs     []int `json:"busy_cpus,omitempty"`
 }
 
-// ApprovedSlot is an approved slot a placement handed to the agent.
-type ApprovedSlot struct {
-	SlotID     string             `json:"slot_id"`
-	NodeID     string             `json:"node_id"`
-	ClaimID    string             `json:"claim_id"`
-	Generation uint64             `json:"generation"`
-	Capacity   proto.SlotCapacity `json:"capacity"`
+// HostPCI is one PCI function.
+type HostPCI struct {
+	Address    string `json:"address"`
+	NUMANode   int    `json:"numa_node"`
+	Driver     string `json:"driver,omitempty"` // bound driver, "" if none
+	IOMMUGroup int    `json:"iommu_group"`      // -1 when the IOMMU is off
 }
 
-// Profile sizes a slice VM per GPU (seed 004: 1 GPU = 24 vCPU / 64 GiB).
-type Profile struct {
-	VCPUsPerGPU     int    `json:"vcpus_per_gpu"`
-	MemoryMiBPerGPU uint64 `json:"memory_mib_per_gpu"`
+// IOMMUGroup is one group and its member functions.
+type IOMMUGroup struct {
+	ID      int        `json:"id"`
+	Devices []GroupDev `json:"devices"`
 }
 
-// DefaultProfile is the tested H200 slice profile.
-var DefaultProfile = Profile{VCPUsPerGPU: 24, MemoryMiBPerGPU: 64 * 1024}
-
-// BundleRequest asks for a plan of one allocation's slots.
-type BundleRequest struct {
-	AllocationID string
-	Slots        []ApprovedSlot
-	Profile      Profile
-	// Other are the plans of the other live leases on the host: their
-	// pinned CPUs and hugepages are not available.
-	Other []BundlePlan
+// GroupDev is a member of an IOMMU group.
+type GroupDev struct {
+	Address string `json:"address"`
+	Class   uint32 `json:"class"` // PCI class code, e.g. 0x060400 for a PCI bridge
+	Driver  string `json:"driver,omitempty"`
 }
 
-// SlotPlan is one slot's concrete devices.
-type SlotPlan struct {
-	SlotID       string             `json:"slot_id"`
-	ClaimID      string             `json:"claim_id"`
-	Generation   uint64             `json:"generation"`
-	GPU          string             `json:"gpu_pci_address"`
-	NUMANode     int                `json:"numa_node"`
-	DiskDevice   string             `json:"disk_device"` // /dev/nvme3n1
-	DiskIdentity proto.DiskIdentity `json:"disk_identity"`
-	FabricVF     string             `json:"fabric_vf_pci_address"`
-	MAC          string             `json:"management_mac"`
-	IP           string             `json:"private_ip"`
-	OVSPort      string             `json:"ovs_port"`
+// HostDisk is a whole NVMe namespace with its stable identity.
+type HostDisk struct {
+	Device string `json:"device"` // kernel name, e.g. nvme3n1
+	Path   string `json:"path"`   // stable path the VM gets, e.g. /dev/disk/by-id/nvme-eui.…
+	Serial string `json:"serial,omitempty"`
+	WWN    string `json:"wwn,omitempty"`
+	EUI    string `json:"eui,omitempty"`
+	// Mounts lists mount points of the disk or any of its partitions.
+	Mounts []string `json:"mounts,omitempty"`
 }
 
-// NUMAPages is the hugepages a plan takes on one NUMA node.
-type NUMAPages struct {
-	Node  int    `json:"node"`
-	Pages uint64 `json:"pages"`
+// HostNUMA is one NUMA node's CPUs and free hugepages.
+type HostNUMA struct {
+	Node          int   `json:"node"`
+	CPUs          []int `json:"cpus"` // parsed cpulist
+	HugepagesFree int   `json:"hugepages_free"`
 }
 
-// BundlePlan is the concrete plan for one allocation on one host.
+// Problems PlanBundle reports; test with errors.Is.
+var (
+	ErrGPUMissing    = errors.New("gpu not present")
+	ErrTopologyDrift = errors.New("topology drift")
+	ErrIOMMU         = errors.New("iommu group not viable")
+	ErrDiskIdentity  = errors.New("nvme identity not found")
+	ErrDiskMounted   = errors.New("nvme mounted")
+	ErrVFMissing     = errors.New("fabric vf not present")
+	ErrBridgeMissing = errors.New("ovs bridge missing")
+	ErrHugepages     = errors.New("not enough free hugepages")
+	ErrCPUs          = errors.New("not enough free cpus")
+	ErrBadSlots      = errors.New("bad slot set")
+)
+
+// BundlePlan is the concrete plan the agent executes for one allocation.
 type BundlePlan struct {
-	AllocationID string      `json:"allocation_id"`
-	NodeID       string      `json:"node_id"`
-	Slots        []SlotPlan  `json:"slots"`
-	VCPUPins     []int       `json:"vcpu_pins"` // host CPUs, vCPU i pinned to VCPUPins[i]
-	HugepageKiB  uint64      `json:"hugepage_kib"`
-	Hugepages    []NUMAPages `json:"hugepages"`
-	MemoryMiB    uint64      `json:"memory_mib"`
-	OVSBridge    string      `json:"ovs_bridge"`
+	NodeID    string         `json:"node_id"`
+	Devices   []BundleDevice `json:"devices"` // one per slot, by slot index
+	NUMANodes []int          `json:"numa_nodes"`
+	VCPUs     []int          `json:"vcpus"` // pin set, ascending; vCPU i pins to VCPUs[i]
+	MemoryMiB int            `json:"memory_mib"`
+	Hugepages []HugepageNeed `json:"hugepages,omitempty"`
+	Bridge    string         `json:"bridge"`
 }
 
-// BundleError is one reason a slot cannot be planned.
-type BundleError struct {
-	SlotID string
-	Reason string
+// BundleDevice is one slot's devices and addresses.
+type BundleDevice struct {
+	SlotID     string `json:"slot_id"`
+	Index      int    `json:"index"`
+	Generation uint64 `json:"generation"`
+	GPU        string `json:"gpu"`
+	VF         string `json:"vf"`
+	Disk       string `json:"disk"` // stable device path
+	DiskDevice string `json:"disk_device"`
+	MAC        string `json:"mac"`
+	IP         string `json:"ip"`
+	OVSPort    string `json:"ovs_port"`
+	NUMANode   int    `json:"numa_node"`
+	CPUs       []int  `json:"cpus"`
 }
 
-func (e *BundleError) Error() string { return "slot " + e.SlotID + ": " + e.Reason }
+// HugepageNeed is the hugepages a plan takes from one NUMA node.
+type HugepageNeed struct {
+	NUMANode int `json:"numa_node"`
+	Pages    int `json:"pages"`
+	SizeKiB  int `json:"size_kib"`
+}
 
-// PlanBundle validates every approved slot against the host (GPU present
-// and its IOMMU group viable, NVMe identity present and unmounted, fabric
-// VF present, OVS bridge present, vCPUs and hugepages on the GPU's NUMA
-// node) and returns the plan. Every problem is reported (errors.Join of
-// *BundleError); no partial plan is returned.
-func PlanBundle(host HostView, req BundleRequest) (BundlePlan, error) {
-	if req.AllocationID == "" || len(req.Slots) == 0 {
-		return BundlePlan{}, errors.New("plan bundle: an allocation ID and at least one slot are required")
-	}
-	if req.Profile.VCPUsPerGPU <= 0 || req.Profile.MemoryMiBPerGPU == 0 {
-		return BundlePlan{}, fmt.Errorf("plan bundle %s: profile %+v needs vCPUs and memory", req.AllocationID, req.Profile)
-	}
-	if host.HugepageKiB == 0 || (req.Profile.MemoryMiBPerGPU*1024)%host.HugepageKiB != 0 {
-		return BundlePlan{}, fmt.Errorf("plan bundle %s: %d MiB per GPU is not a whole number of %d KiB hugepages", req.AllocationID, req.Profile.MemoryMiBPerGPU, host.HugepageKiB)
-	}
-	slots := slices.Clone(req.Slots)
-	sort.Slice(slots, func(i, j int) bool { return slots[i].SlotID < slots[j].SlotID })
+const pciClassBridge = 0x0604
 
-	var errs []error
-	bad := func(slot, format string, a ...any) {
-		errs = append(errs, &BundleError{SlotID: slot, Reason: fmt.Sprintf(format, a...)})
+// PlanBundle validates the host against the slots (GPU present, IOMMU group
+// viable, NVMe identity present and unmounted, VF present, OVS bridge
+// present, enough free hugepages and CPUs per NUMA node) and returns the
+// bundle plan. Every problem found is reported, joined, each wrapping one
+// of the Err* values. Each GPU brings profile.VCPUs vCPUs and
+// profile.MemoryMiB of memory from its own NUMA node; vCPUs take the
+// lowest free CPUs of that node's cpulist.
+func PlanBundle(host HostView, slots []proto.Slot, profile proto.GPUProfile) (BundlePlan, error) {
+	if err := checkSlotSet(host.NodeID, slots); err != nil {
+		return BundlePlan{}, err
 	}
-	// CPUs and pages already promised to other leases.
-	pinned := map[int]bool{}
-	promised := map[int]uint64{}
-	for _, o := range req.Other {
-		for _, c := range o.VCPUPins {
-			pinned[c] = true
-		}
-		for _, h := range o.Hugepages {
-			promised[h.Node] += h.Pages
-		}
+	ordered := slices.Clone(slots)
+	slices.SortFunc(ordered, func(a, b proto.Slot) int { return a.Index - b.Index })
+
+	var problems []error
+	bad := func(err error, format string, args ...any) {
+		problems = append(problems, fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), err))
 	}
-	plan := BundlePlan{AllocationID: req.AllocationID, NodeID: host.NodeID, HugepageKiB: host.HugepageKiB, OVSBridge: host.Bridge,
-		MemoryMiB: req.Profile.MemoryMiBPerGPU * uint64(len(slots))}
-	pagesPerGPU := req.Profile.MemoryMiBPerGPU * 1024 / host.HugepageKiB
-	needPages := map[int]uint64{}
-	seen := map[string]string{}
-	for _, s := range slots {
+	inBundle := map[string]bool{}
+	for _, s := range ordered {
+		inBundle[s.Capacity.GPUPCIAddress] = true
+		inBundle[s.Capacity.FabricVFPCIAddress] = true
+	}
+	plan := BundlePlan{NodeID: host.NodeID, Bridge: host.ManagementBridge}
+	if host.ManagementBridge == "" || !slices.Contains(host.OVSBridges, host.ManagementBridge) {
+		bad(ErrBridgeMissing, "management bridge %q is not among OVS bridges %v", host.ManagementBridge, host.OVSBridges)
+	}
+	usedDisk := map[string]bool{}
+	for _, s := range ordered {
 		c := s.Capacity
-		if s.NodeID != host.NodeID {
-			bad(s.SlotID, "belongs to node %q, not this node %q", s.NodeID, host.NodeID)
-			continue
+		d := BundleDevice{SlotID: s.ID, Index: s.Index, Generation: s.Generation, GPU: c.GPUPCIAddress, VF: c.FabricVFPCIAddress,
+			MAC: c.ManagementMAC, IP: c.PrivateIP, OVSPort: c.OVSPort, NUMANode: c.NUMANode}
+		if d.OVSPort == "" {
+			d.OVSPort = fmt.Sprintf("vm-%s", s.ID)
 		}
-		if m := c.MissingBindings(); len(m) > 0 {
-			bad(s.SlotID, "incomplete slot, missing %s", strings.Join(m, ", "))
-			continue
-		}
-		for _, v := range []string{c.GPUPCIAddress, c.FabricVFPCIAddress, c.NVMe.Serial + c.NVMe.WWN + c.NVMe.EUI} {
-			if other, dup := seen[v]; dup {
-				bad(s.SlotID, "shares %s with slot %s", v, other)
-			}
-			seen[v] = s.SlotID
-		}
-		sp := SlotPlan{SlotID: s.SlotID, ClaimID: s.ClaimID, Generation: s.Generation, GPU: c.GPUPCIAddress, NUMANode: c.NUMANode,
-			DiskIdentity: c.NVMe, FabricVF: c.FabricVFPCIAddress, MAC: c.ManagementMAC, IP: c.PrivateIP, OVSPort: c.OVSPort}
-		g, ok := host.GPUs[c.GPUPCIAddress]
+		gpu, ok := findPCI(host.GPUs, c.GPUPCIAddress)
 		switch {
 		case !ok:
-			bad(s.SlotID, "GPU %s is not present on the host", c.GPUPCIAddress)
-		case g.NotViable != "":
-			bad(s.SlotID, "GPU %s: %s", c.GPUPCIAddress, g.NotViable)
-		case g.Driver != "vfio-pci":
-			bad(s.SlotID, "GPU %s is bound to %q, not vfio-pci", c.GPUPCIAddress, g.Driver)
+			bad(ErrGPUMissing, "slot %s: GPU %s", s.ID, c.GPUPCIAddress)
 		default:
-			sp.NUMANode = g.NUMANode
-			if g.NUMANode != c.NUMANode {
-				bad(s.SlotID, "GPU %s is on NUMA node %d, the slot says %d: rediscover topology", c.GPUPCIAddress, g.NUMANode, c.NUMANode)
+			if gpu.NUMANode != c.NUMANode && gpu.NUMANode >= 0 {
+				bad(ErrTopologyDrift, "slot %s: GPU %s is on NUMA node %d, slot says %d", s.ID, c.GPUPCIAddress, gpu.NUMANode, c.NUMANode)
+			}
+			if err := viable(host, gpu, inBundle); err != nil {
+				bad(ErrIOMMU, "slot %s: GPU %s: %v", s.ID, gpu.Address, err)
 			}
 		}
-		if d, why := matchDisk(host.Disks, c.NVMe); why != "" {
-			bad(s.SlotID, "%s", why)
-		} else {
-			sp.DiskDevice = "/dev/" + d.Name
+		vf, ok := findPCI(host.VFs, c.FabricVFPCIAddress)
+		if !ok {
+			bad(ErrVFMissing, "slot %s: VF %s", s.ID, c.FabricVFPCIAddress)
+		} else if err := viable(host, vf, inBundle); err != nil {
+			bad(ErrIOMMU, "slot %s: VF %s: %v", s.ID, vf.Address, err)
 		}
-		if !host.VFs[c.FabricVFPCIAddress] {
-			bad(s.SlotID, "fabric VF %s is not present on the host", c.FabricVFPCIAddress)
-		}
-		if host.BridgeProblem != "" {
-			bad(s.SlotID, "OVS bridge %s: %s", host.Bridge, host.BridgeProblem)
-		}
-		needPages[sp.NUMANode] += pagesPerGPU
-		// vCPUs: the lowest free CPUs of the GPU's NUMA node.
-		n := host.NUMA[sp.NUMANode]
-		var got []int
-		for _, cpu := range n.CPUs {
-			if len(got) == req.Profile.VCPUsPerGPU {
-				break
-			}
-			if !pinned[cpu] {
-				got = append(got, cpu)
-				pinned[cpu] = true
+		disk, ok := findDisk(host.Disks, c.NVMe)
+		switch {
+		case !ok:
+			bad(ErrDiskIdentity, "slot %s: no disk with %s", s.ID, identityString(c.NVMe))
+		case len(disk.Mounts) > 0:
+			bad(ErrDiskMounted, "slot %s: disk %s is mounted at %v", s.ID, disk.Device, disk.Mounts)
+		case usedDisk[disk.Device]:
+			bad(ErrDiskIdentity, "slot %s: disk %s is already given to another slot of the bundle", s.ID, disk.Device)
+		default:
+			usedDisk[disk.Device] = true
+			d.Disk, d.DiskDevice = disk.Path, disk.Device
+			if d.Disk == "" {
+				d.Disk = "/dev/" + disk.Device
 			}
 		}
-		if len(got) < req.Profile.VCPUsPerGPU {
-			bad(s.SlotID, "NUMA node %d has %d unpinned CPUs, the profile needs %d per GPU", sp.NUMANode, len(got), req.Profile.VCPUsPerGPU)
-		}
-		plan.VCPUPins = append(plan.VCPUPins, got...)
-		plan.Slots = append(plan.Slots, sp)
+		plan.Devices = append(plan.Devices, d)
 	}
-	nodes := make([]int, 0, len(needPages))
-	for n := range needPages {
-		nodes = append(nodes, n)
+
+	// CPUs and hugepages, NUMA node by NUMA node (ascending).
+	busy := map[int]bool{}
+	for _, c := range host.ReservedCPUs {
+		busy[c] = true
 	}
-	sort.Ints(nodes)
-	for _, node := range nodes {
-		need := needPages[node]
-		n, ok := host.NUMA[node]
-		avail := uint64(0)
-		if ok && n.HugepagesTotal > promised[node] {
-			avail = n.HugepagesTotal - promised[node]
-		}
-		if ok && n.HugepagesFree < avail {
-			avail = n.HugepagesFree
-		}
-		if need > avail {
-			errs = append(errs, &BundleError{SlotID: slotsOn(plan.Slots, node), Reason: fmt.Sprintf(
-				"NUMA node %d has %d free %d KiB hugepages (%d total, %d promised to other leases), the bundle needs %d",
-				node, n.HugepagesFree, host.HugepageKiB, n.HugepagesTotal, promised[node], need)})
-		}
-		plan.Hugepages = append(plan.Hugepages, NUMAPages{Node: node, Pages: need})
+	for _, c := range host.BusyCPUs {
+		busy[c] = true
 	}
-	if err := errors.Join(errs...); err != nil {
-		return BundlePlan{}, fmt.Errorf("plan bundle %s: %w", req.AllocationID, err)
+	for _, d := range plan.Devices {
+		if !slices.Contains(plan.NUMANodes, d.NUMANode) {
+			plan.NUMANodes = append(plan.NUMANodes, d.NUMANode)
+		}
+	}
+	slices.Sort(plan.NUMANodes)
+	for _, nn := range plan.NUMANodes {
+		numa, ok := findNUMA(host.NUMA, nn)
+		if !ok {
+			bad(ErrCPUs, "NUMA node %d is not on the host", nn)
+			continue
+		}
+		gpus := 0
+		for i := range plan.Devices {
+			d := &plan.Devices[i]
+			if d.NUMANode != nn {
+				continue
+			}
+			gpus++
+			for _, cpu := range numa.CPUs {
+				if len(d.CPUs) == profile.VCPUs {
+					break
+				}
+				if !busy[cpu] {
+					busy[cpu] = true
+					d.CPUs = append(d.CPUs, cpu)
+				}
+			}
+			if len(d.CPUs) < profile.VCPUs {
+				bad(ErrCPUs, "slot %s: NUMA node %d has %d free CPUs left, %d needed", d.SlotID, nn, len(d.CPUs), profile.VCPUs)
+			}
+			plan.VCPUs = append(plan.VCPUs, d.CPUs...)
+		}
+		mem := gpus * profile.MemoryMiB
+		plan.MemoryMiB += mem
+		if profile.Hugepages {
+			if host.HugepageKiB <= 0 {
+				bad(ErrHugepages, "profile needs hugepages, host reports no hugepage size")
+				continue
+			}
+			pages := (mem*1024 + host.HugepageKiB - 1) / host.HugepageKiB
+			if numa.HugepagesFree < pages {
+				bad(ErrHugepages, "NUMA node %d has %d free %d KiB pages, %d needed", nn, numa.HugepagesFree, host.HugepageKiB, pages)
+			}
+			plan.Hugepages = append(plan.Hugepages, HugepageNeed{NUMANode: nn, Pages: pages, SizeKiB: host.HugepageKiB})
+		}
+	}
+	slices.Sort(plan.VCPUs)
+	if len(problems) > 0 {
+		return BundlePlan{}, fmt.Errorf("plan bundle on node %s: %w", host.NodeID, errors.Join(problems...))
 	}
 	return plan, nil
 }
 
-func slotsOn(ss []SlotPlan, node int) string {
-	var ids []string
-	for _, s := range ss {
-		if s.NUMANode == node {
-			ids = append(ids, s.SlotID)
-		}
+// checkSlotSet refuses empty, duplicate, foreign and incomplete slots.
+func checkSlotSet(nodeID string, slots []proto.Slot) error {
+	if len(slots) == 0 {
+		return fmt.Errorf("plan bundle on node %s: no slots: %w", nodeID, ErrBadSlots)
 	}
-	return strings.Join(ids, ",")
+	seen := map[string]bool{}
+	for _, s := range slots {
+		switch {
+		case s.NodeID != nodeID:
+			return fmt.Errorf("plan bundle on node %s: slot %s belongs to node %q: %w", nodeID, s.ID, s.NodeID, ErrBadSlots)
+		case seen[s.ID]:
+			return fmt.Errorf("plan bundle on node %s: slot %s named twice: %w", nodeID, s.ID, ErrBadSlots)
+		case len(s.Capacity.MissingBindings()) > 0:
+			return fmt.Errorf("plan bundle on node %s: slot %s lacks %v: %w", nodeID, s.ID, s.Capacity.MissingBindings(), ErrBadSlots)
+		}
+		seen[s.ID] = true
+	}
+	return nil
 }
 
-// matchDisk finds the disk carrying id (every identity field that is set
-// must match; never size) and checks it is unmounted and unheld.
-func matchDisk(disks []HostDisk, id proto.DiskIdentity) (HostDisk, string) {
-	var found []HostDisk
-	for _, d := range disks {
-		if (id.Serial == "" || d.Identity.Serial == id.Serial) &&
-			(id.WWN == "" || strings.EqualFold(d.Identity.WWN, id.WWN)) &&
-			(id.EUI == "" || strings.EqualFold(d.Identity.EUI, id.EUI)) {
-			found = append(found, d)
+// viable reports whether dev can be passed through: the IOMMU is on and
+// every other member of its group is a PCI bridge or another device of
+// the same bundle.
+func viable(host HostView, dev HostPCI, inBundle map[string]bool) error {
+	if dev.IOMMUGroup < 0 {
+		return errors.New("no IOMMU group (IOMMU off?)")
+	}
+	for _, g := range host.IOMMUGroups {
+		if g.ID != dev.IOMMUGroup {
+			continue
+		}
+		for _, m := range g.Devices {
+			if m.Address == dev.Address || inBundle[m.Address] || m.Class>>8 == pciClassBridge {
+				continue
+			}
+			return fmt.Errorf("group %d also holds %s (class %06x, driver %q), which is not part of the bundle", g.ID, m.Address, m.Class, m.Driver)
+		}
+		return nil
+	}
+	return fmt.Errorf("IOMMU group %d not found", dev.IOMMUGroup)
+}
+
+func findPCI(devs []HostPCI, addr string) (HostPCI, bool) {
+	for _, d := range devs {
+		if d.Address == addr && addr != "" {
+			return d, true
 		}
 	}
-	want := fmt.Sprintf("serial=%s wwn=%s eui=%s", id.Serial, id.WWN, id.EUI)
-	switch {
-	case len(found) == 0:
-		return HostDisk{}, "no NVMe disk with identity " + want + " is present"
-	case len(found) > 1:
-		return HostDisk{}, "NVMe identity " + want + " is ambiguous"
+	return HostPCI{}, false
+}
+
+// findDisk matches by every stable identity the slot records; the kernel
+// name never identifies a disk.
+func findDisk(disks []HostDisk, id proto.DiskIdentity) (HostDisk, bool) {
+	if id.Empty() {
+		return HostDisk{}, false
 	}
-	d := found[0]
-	if id.Device != "" && id.Device != d.Name {
-		return HostDisk{}, fmt.Sprintf("NVMe %s is now %s, approved as %s: rediscover topology", want, d.Name, id.Device)
+	for _, d := range disks {
+		if (id.Serial == "" || id.Serial == d.Serial) &&
+			(id.WWN == "" || id.WWN == d.WWN) &&
+			(id.EUI == "" || id.EUI == d.EUI) {
+			return d, true
+		}
 	}
-	if len(d.Mounts) > 0 {
-		return HostDisk{}, "NVMe " + d.Name + " is mounted: " + strings.Join(d.Mounts, ", ")
+	return HostDisk{}, false
+}
+
+func identityString(id proto.DiskIdentity) string {
+	return fmt.Sprintf("serial %q wwn %q eui %q", id.Serial, id.WWN, id.EUI)
+}
+
+func findNUMA(ns []HostNUMA, node int) (HostNUMA, bool) {
+	for _, n := range ns {
+		if n.Node == node {
+			return n, true
+		}
 	}
-	if len(d.Holders) > 0 {
-		return HostDisk{}, "NVMe " + d.Name + " is held by " + strings.Join(d.Holders, ", ")
-	}
-	return d, ""
+	return HostNUMA{}, false
 }

@@ -1,159 +1,333 @@
-package sched
+package sched_test
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+	"github.com/gpuaas/gpuaas/sched/schedtest"
 )
 
-func TestCheckLease(t *testing.T) {
-	held := &HostLease{SlotID: "n-s0", AllocationID: "a1", ClaimID: "c1", Generation: 3}
-	for name, tc := range map[string]struct {
-		held *HostLease
-		want HostLease
-		same bool
-		err  any
-	}{
-		"free slot":          {nil, HostLease{"n-s0", "a1", "c1", 3}, false, nil},
-		"same lease":         {held, HostLease{"n-s0", "a1", "c1", 3}, true, nil},
-		"older generation":   {held, HostLease{"n-s0", "a0", "c0", 2}, false, &LeaseFencedError{}},
-		"other allocation":   {held, HostLease{"n-s0", "a2", "c2", 3}, false, &LeaseConflictError{}},
-		"newer generation":   {held, HostLease{"n-s0", "a2", "c2", 4}, false, &LeaseConflictError{}},
-		"same alloc new gen": {held, HostLease{"n-s0", "a1", "c9", 4}, false, &LeaseConflictError{}},
-	} {
-		t.Run(name, func(t *testing.T) {
-			same, err := CheckLease(tc.held, tc.want)
-			assert.Equal(t, tc.same, same)
-			switch tc.err.(type) {
-			case nil:
-				assert.NoError(t, err)
-			case *LeaseFencedError:
-				var fe *LeaseFencedError
-				assert.ErrorAs(t, err, &fe)
-			case *LeaseConflictError:
-				var ce *LeaseConflictError
-				assert.ErrorAs(t, err, &ce)
-				assert.Contains(t, err.Error(), "until that lease is released")
-			}
-		})
+// hgxHost is the HostView an agent on a healthy HGX H200 slice host would
+// discover for the fixture slots of node "j22u15": every GPU and VF in its
+// own IOMMU group behind a PCI bridge, disks by identity, 2 NUMA nodes of
+// 112 CPUs (0-55,112-167 / 56-111,168-223), 1 GiB hugepages, ovsbr0.
+func hgxHost(t testing.TB) (sched.HostView, []proto.Slot) {
+	t.Helper()
+	_, fixture := schedtest.SliceHost("j22u15", "us-east")
+	h := sched.HostView{
+		NodeID: "j22u15", OVSBridges: []string{"br-int", "ovsbr0"}, ManagementBridge: "ovsbr0",
+		HugepageKiB: 1 << 20, ReservedCPUs: []int{0, 1, 112, 113},
 	}
-	_, err := CheckLease(nil, HostLease{SlotID: "n-s0", AllocationID: "a", ClaimID: "c"})
-	assert.ErrorContains(t, err, "generation > 0")
-}
-
-func view() HostView {
-	cpus := func(lo, n int) []int {
-		out := make([]int, n)
-		for i := range out {
-			out[i] = lo + i
+	var slots []proto.Slot
+	for i, s := range fixture {
+		c := s.Capacity
+		g, v := 10+2*i, 11+2*i
+		h.GPUs = append(h.GPUs, sched.HostPCI{Address: c.GPUPCIAddress, NUMANode: c.NUMANode, Driver: "vfio-pci", IOMMUGroup: g})
+		h.VFs = append(h.VFs, sched.HostPCI{Address: c.FabricVFPCIAddress, NUMANode: 1, Driver: "vfio-pci", IOMMUGroup: v})
+		h.IOMMUGroups = append(h.IOMMUGroups,
+			sched.IOMMUGroup{ID: g, Devices: []sched.GroupDev{{Address: c.PCIeSwitch, Class: 0x060400, Driver: "pcieport"}, {Address: c.GPUPCIAddress, Class: 0x030200, Driver: "vfio-pci"}}},
+			sched.IOMMUGroup{ID: v, Devices: []sched.GroupDev{{Address: c.FabricVFPCIAddress, Class: 0x020000, Driver: "vfio-pci"}}})
+		h.Disks = append(h.Disks, sched.HostDisk{Device: fmt.Sprintf("nvme%dn1", i), Path: "/dev/disk/by-id/nvme-" + c.NVMe.EUI, Serial: c.NVMe.Serial, EUI: c.NVMe.EUI})
+		slots = append(slots, *s)
+	}
+	// The boot disk is mounted and is no slot's.
+	h.Disks = append(h.Disks, sched.HostDisk{Device: "nvme8n1", Serial: "BOOT", Mounts: []string{"/", "/boot/efi"}})
+	cpus := func(ranges ...[2]int) []int {
+		var out []int
+		for _, r := range ranges {
+			for c := r[0]; c <= r[1]; c++ {
+				out = append(out, c)
+			}
 		}
 		return out
 	}
-	return HostView{
-		NodeID: "n",
-		GPUs: map[string]HostGPU{
-			"0000:18:00.0": {NUMANode: 0, Driver: "vfio-pci"},
-			"0000:19:00.0": {NUMANode: 0, Driver: "vfio-pci"},
-			"0000:9a:00.0": {NUMANode: 1, Driver: "vfio-pci", NotViable: "IOMMU group 40 is not viable: 0000:9a:00.1 bound to snd_hda_intel"},
-		},
-		Disks: []HostDisk{
-			{Name: "nvme0n1", Identity: proto.DiskIdentity{Serial: "S0", EUI: "e0"}},
-			{Name: "nvme1n1", Identity: proto.DiskIdentity{Serial: "S1", EUI: "e1"}},
-			{Name: "nvme2n1", Identity: proto.DiskIdentity{Serial: "S2"}, Mounts: []string{"nvme2n1p1 on /srv (ext4)"}},
-		},
-		VFs:         map[string]bool{"0000:58:00.2": true, "0000:58:00.3": true},
-		Bridge:      "ovsbr0",
-		NUMA:        map[int]HostNUMA{0: {CPUs: cpus(0, 48), HugepagesTotal: 272, HugepagesFree: 272}, 1: {CPUs: cpus(48, 48), HugepagesTotal: 272, HugepagesFree: 272}},
-		HugepageKiB: 1 << 20,
+	h.NUMA = []sched.HostNUMA{
+		{Node: 0, CPUs: cpus([2]int{0, 55}, [2]int{112, 167}), HugepagesFree: 400},
+		{Node: 1, CPUs: cpus([2]int{56, 111}, [2]int{168, 223}), HugepagesFree: 400},
 	}
+	return h, slots
 }
 
-func slot(id, gpu string, numa int, serial, vf string) ApprovedSlot {
-	return ApprovedSlot{SlotID: id, NodeID: "n", ClaimID: "c-" + id, Generation: 1, Capacity: proto.SlotCapacity{
-		GPUPCIAddress: gpu, NUMANode: numa, NVMe: proto.DiskIdentity{Serial: serial}, ManagementMAC: "02:00:00:00:00:01",
-		PrivateIP: "10.200.0.10", FabricClaimMode: proto.FabricPerSlotVF, FabricVFPCIAddress: vf, OVSPort: "gs0",
-	}}
+func profile(t testing.TB) proto.GPUProfile { return sliceSKU(t).PerGPU }
+
+func seq(from, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = from + i
+	}
+	return out
 }
 
-func TestPlanBundle(t *testing.T) {
-	req := BundleRequest{AllocationID: "a1", Profile: DefaultProfile, Slots: []ApprovedSlot{
-		slot("n-s1", "0000:19:00.0", 0, "S1", "0000:58:00.3"),
-		slot("n-s0", "0000:18:00.0", 0, "S0", "0000:58:00.2"),
-	}}
-	p, err := PlanBundle(view(), req)
+func TestPlanBundleTwoGPUs(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	plan, err := sched.PlanBundle(host, []proto.Slot{slots[3], slots[2]}, profile(t))
 	require.NoError(t, err)
-	require.Len(t, p.Slots, 2)
-	assert.Equal(t, "n-s0", p.Slots[0].SlotID, "slots in ID order")
-	assert.Equal(t, "/dev/nvme0n1", p.Slots[0].DiskDevice)
-	assert.Len(t, p.VCPUPins, 48)
-	assert.Equal(t, 0, p.VCPUPins[0])
-	assert.Equal(t, []NUMAPages{{Node: 0, Pages: 128}}, p.Hugepages)
-	assert.Equal(t, uint64(128*1024), p.MemoryMiB)
+	want := sched.BundlePlan{
+		NodeID: "j22u15",
+		Devices: []sched.BundleDevice{
+			{SlotID: "j22u15-s2", Index: 2, GPU: "0000:3a:00.0", VF: "0000:c1:00.4", Disk: host.Disks[2].Path, DiskDevice: "nvme2n1",
+				MAC: slots[2].Capacity.ManagementMAC, IP: slots[2].Capacity.PrivateIP, OVSPort: "vm-s2", NUMANode: 0, CPUs: seq(2, 24)},
+			{SlotID: "j22u15-s3", Index: 3, GPU: "0000:5d:00.0", VF: "0000:c1:00.5", Disk: host.Disks[3].Path, DiskDevice: "nvme3n1",
+				MAC: slots[3].Capacity.ManagementMAC, IP: slots[3].Capacity.PrivateIP, OVSPort: "vm-s3", NUMANode: 0, CPUs: seq(26, 24)},
+		},
+		NUMANodes: []int{0},
+		VCPUs:     seq(2, 48),
+		MemoryMiB: 2 * 65536,
+		Hugepages: []sched.HugepageNeed{{NUMANode: 0, Pages: 128, SizeKiB: 1 << 20}},
+		Bridge:    "ovsbr0",
+	}
+	if d := cmp.Diff(want, plan); d != "" {
+		t.Fatalf("plan (-want +got):\n%s", d)
+	}
+	again, err := sched.PlanBundle(host, []proto.Slot{slots[2], slots[3]}, profile(t))
+	require.NoError(t, err)
+	assert.Equal(t, plan, again, "same view, same plan, whatever the slot order")
+}
 
-	// Same request, same plan.
-	p2, err := PlanBundle(view(), req)
+func TestPlanBundleEightGPUsSpanBothNUMANodes(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	host.BusyCPUs = seq(2, 10) // another bundle holds CPUs 2-11
+	plan, err := sched.PlanBundle(host, slots, profile(t))
 	require.NoError(t, err)
-	assert.Equal(t, p, p2)
-
-	// Another lease's pins and pages are respected.
-	req2 := BundleRequest{AllocationID: "a2", Profile: DefaultProfile, Other: []BundlePlan{p}, Slots: []ApprovedSlot{slot("n-s0", "0000:18:00.0", 0, "S0", "0000:58:00.2")}}
-	_, err = PlanBundle(view(), req2)
-	assert.ErrorContains(t, err, "NUMA node 0 has 0 unpinned CPUs", "node 0's 48 CPUs are pinned by the other lease")
-	h := view()
-	n := h.NUMA[0]
-	n.CPUs = append(n.CPUs, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119)
-	n.HugepagesTotal = 150
-	h.NUMA[0] = n
-	_, err = PlanBundle(h, req2)
-	assert.ErrorContains(t, err, "128 promised to other leases", "pages promised to the other lease are not free")
-	n.HugepagesTotal = 272
-	h.NUMA[0] = n
-	p3, err := PlanBundle(h, req2)
-	require.NoError(t, err)
-	assert.Equal(t, 96, p3.VCPUPins[0], "first CPU not pinned by the other lease")
+	assert.Equal(t, []int{0, 1}, plan.NUMANodes)
+	assert.Len(t, plan.VCPUs, 8*24)
+	assert.Equal(t, []sched.HugepageNeed{{0, 256, 1 << 20}, {1, 256, 1 << 20}}, plan.Hugepages)
+	seen := map[int]bool{}
+	for _, d := range plan.Devices {
+		for _, c := range d.CPUs {
+			assert.False(t, seen[c], "cpu %d pinned twice", c)
+			seen[c] = true
+			assert.NotContains(t, []int{0, 1, 112, 113}, c, "reserved CPU pinned")
+			assert.False(t, c >= 2 && c <= 11, "busy CPU %d pinned", c)
+			if d.NUMANode == 0 {
+				assert.True(t, c < 56 || c >= 112 && c < 168, "cpu %d of NUMA 0 slot", c)
+			} else {
+				assert.True(t, c >= 56 && c < 112 || c >= 168, "cpu %d of NUMA 1 slot", c)
+			}
+		}
+	}
+	assert.Equal(t, seq(12, 24), plan.Devices[0].CPUs)
 }
 
 func TestPlanBundleRefusals(t *testing.T) {
-	for name, tc := range map[string]struct {
-		edit func(*HostView, *BundleRequest)
-		want string
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(h *sched.HostView, s []proto.Slot)
+		pick   []int
+		want   []error
+		detail string
 	}{
-		"gpu unplugged": {func(h *HostView, _ *BundleRequest) { delete(h.GPUs, "0000:18:00.0") }, "GPU 0000:18:00.0 is not present"},
-		"group not viable": {func(_ *HostView, r *BundleRequest) {
-			r.Slots[0] = slot("n-s4", "0000:9a:00.0", 1, "S0", "0000:58:00.2")
-		}, "not viable"},
-		"disk mounted":   {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Serial = "S2" }, "nvme2n1 is mounted"},
-		"disk gone":      {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Serial = "S9" }, "no NVMe disk with identity serial=S9"},
-		"disk renamed":   {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.NVMe.Device = "nvme5n1" }, "rediscover topology"},
-		"vf missing":     {func(h *HostView, _ *BundleRequest) { delete(h.VFs, "0000:58:00.2") }, "fabric VF 0000:58:00.2 is not present"},
-		"bridge missing": {func(h *HostView, _ *BundleRequest) { h.BridgeProblem = "bridge absent from ovsdb" }, "OVS bridge ovsbr0: bridge absent"},
-		"no hugepages": {func(h *HostView, _ *BundleRequest) {
-			n := h.NUMA[0]
-			n.HugepagesFree = 10
-			h.NUMA[0] = n
-		}, "NUMA node 0 has 10 free"},
-		"other node's slot": {func(_ *HostView, r *BundleRequest) { r.Slots[0].NodeID = "other" }, `belongs to node "other"`},
-		"incomplete":        {func(_ *HostView, r *BundleRequest) { r.Slots[0].Capacity.FabricVFPCIAddress = "" }, "missing fabric_vf_pci_address"},
-		"too few cpus": {func(h *HostView, _ *BundleRequest) {
-			n := h.NUMA[0]
-			n.CPUs = n.CPUs[:10]
-			h.NUMA[0] = n
-		}, "10 unpinned CPUs"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			h := view()
-			req := BundleRequest{AllocationID: "a1", Profile: DefaultProfile, Slots: []ApprovedSlot{slot("n-s0", "0000:18:00.0", 0, "S0", "0000:58:00.2")}}
-			tc.edit(&h, &req)
-			p, err := PlanBundle(h, req)
+		{
+			name:   "GPU gone",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.GPUs = h.GPUs[1:] },
+			want:   []error{sched.ErrGPUMissing},
+			detail: "slot j22u15-s0: GPU 0000:18:00.0",
+		},
+		{
+			name:   "GPU moved NUMA node",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.GPUs[1].NUMANode = 1 },
+			want:   []error{sched.ErrTopologyDrift},
+			detail: "GPU 0000:2a:00.0 is on NUMA node 1, slot says 0",
+		},
+		{
+			name: "IOMMU group shared with a host NIC",
+			mutate: func(h *sched.HostView, _ []proto.Slot) {
+				h.IOMMUGroups[0].Devices = append(h.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:19:00.0", Class: 0x020000, Driver: "mlx5_core"})
+			},
+			want:   []error{sched.ErrIOMMU},
+			detail: `group 10 also holds 0000:19:00.0 (class 020000, driver "mlx5_core")`,
+		},
+		{
+			name:   "IOMMU off",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.GPUs[0].IOMMUGroup = -1 },
+			want:   []error{sched.ErrIOMMU},
+			detail: "no IOMMU group",
+		},
+		{
+			name: "disk with the slot's kernel name but another identity",
+			mutate: func(h *sched.HostView, _ []proto.Slot) {
+				h.Disks[0].Serial, h.Disks[0].EUI = "OTHER", "eui.other"
+			},
+			want:   []error{sched.ErrDiskIdentity},
+			detail: "slot j22u15-s0: no disk with serial",
+		},
+		{
+			name:   "disk partition mounted",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.Disks[1].Mounts = []string{"/mnt/scratch"} },
+			want:   []error{sched.ErrDiskMounted},
+			detail: "disk nvme1n1 is mounted at [/mnt/scratch]",
+		},
+		{
+			name:   "VF missing",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.VFs = nil },
+			want:   []error{sched.ErrVFMissing},
+			detail: "slot j22u15-s0: VF 0000:c1:00.2",
+		},
+		{
+			name:   "OVS bridge missing",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.OVSBridges = []string{"br-int"} },
+			want:   []error{sched.ErrBridgeMissing},
+			detail: `management bridge "ovsbr0" is not among OVS bridges [br-int]`,
+		},
+		{
+			name:   "hugepages short on the NUMA node",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.NUMA[0].HugepagesFree = 100 },
+			want:   []error{sched.ErrHugepages},
+			detail: "NUMA node 0 has 100 free 1048576 KiB pages, 128 needed",
+		},
+		{
+			name:   "CPUs busy",
+			mutate: func(h *sched.HostView, _ []proto.Slot) { h.BusyCPUs = append(seq(0, 56), seq(112, 26)...) },
+			want:   []error{sched.ErrCPUs},
+			detail: "slot j22u15-s1: NUMA node 0 has 6 free CPUs left, 24 needed",
+		},
+		{
+			name: "every problem is reported",
+			mutate: func(h *sched.HostView, _ []proto.Slot) {
+				h.VFs, h.OVSBridges, h.NUMA[0].HugepagesFree = nil, nil, 0
+				h.Disks[0].Mounts = []string{"/"}
+			},
+			want: []error{sched.ErrVFMissing, sched.ErrBridgeMissing, sched.ErrHugepages, sched.ErrDiskMounted},
+		},
+		{
+			name:   "slot of another node",
+			mutate: func(_ *sched.HostView, s []proto.Slot) { s[0].NodeID = "j22u11" },
+			want:   []error{sched.ErrBadSlots},
+			detail: `slot j22u15-s0 belongs to node "j22u11"`,
+		},
+		{
+			name:   "incomplete slot",
+			mutate: func(_ *sched.HostView, s []proto.Slot) { s[1].Capacity.FabricVFPCIAddress = "" },
+			want:   []error{sched.ErrBadSlots},
+			detail: "slot j22u15-s1 lacks [fabric_vf_pci_address]",
+		},
+		{
+			name: "slot named twice",
+			pick: []int{0, 0},
+			want: []error{sched.ErrBadSlots},
+		},
+		{
+			name: "no slots",
+			pick: []int{},
+			want: []error{sched.ErrBadSlots},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			host, slots := hgxHost(t)
+			if tc.mutate != nil {
+				tc.mutate(&host, slots)
+			}
+			pick := tc.pick
+			if pick == nil {
+				pick = []int{0, 1}
+			}
+			var chosen []proto.Slot
+			for _, i := range pick {
+				chosen = append(chosen, slots[i])
+			}
+			_, err := sched.PlanBundle(host, chosen, profile(t))
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.want)
-			var be *BundleError
-			assert.True(t, errors.As(err, &be))
-			assert.Empty(t, p.Slots, "no partial plan")
+			for _, w := range tc.want {
+				assert.ErrorIs(t, err, w)
+			}
+			assert.Contains(t, err.Error(), tc.detail)
+		})
+	}
+}
+
+func TestPlanBundleDeterministicPins(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	want, err := sched.PlanBundle(host, slots[4:8], profile(t))
+	require.NoError(t, err)
+	r := rand.New(rand.NewPCG(3, 3))
+	for range 200 {
+		s := append([]proto.Slot(nil), slots[4:8]...)
+		r.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+		got, err := sched.PlanBundle(host, s, profile(t))
+		require.NoError(t, err)
+		require.Empty(t, cmp.Diff(want, got))
+	}
+}
+
+func TestCheckLease(t *testing.T) {
+	t.Parallel()
+	held := []sched.Lease{
+		{SlotID: "n-s0", AllocationID: "a1", Generation: 4},
+		{SlotID: "n-s1", AllocationID: "a2", Generation: 7},
+	}
+	tests := []struct {
+		name     string
+		existing []sched.Lease
+		want     sched.Lease
+		err      error
+		detail   string
+	}{
+		{name: "free slot", existing: held, want: sched.Lease{SlotID: "n-s2", AllocationID: "a3", Generation: 1}},
+		{name: "same allocation and generation is idempotent", existing: held, want: sched.Lease{SlotID: "n-s0", AllocationID: "a1", Generation: 4}},
+		{
+			name: "another live allocation holds the slot", existing: held,
+			want: sched.Lease{SlotID: "n-s0", AllocationID: "a9", Generation: 5}, err: sched.ErrLeaseConflict,
+			detail: "allocation a1 holds it at generation 4",
+		},
+		{
+			name: "same allocation, newer generation while the old lease lives", existing: held,
+			want: sched.Lease{SlotID: "n-s0", AllocationID: "a1", Generation: 5}, err: sched.ErrLeaseConflict,
+		},
+		{
+			name: "older generation is fenced", existing: held,
+			want: sched.Lease{SlotID: "n-s1", AllocationID: "a0", Generation: 6}, err: sched.ErrLeaseFenced,
+			detail: "generation 6 is older than held generation 7 (allocation a2)",
+		},
+		{
+			name: "same allocation, older generation is fenced", existing: held,
+			want: sched.Lease{SlotID: "n-s1", AllocationID: "a2", Generation: 3}, err: sched.ErrLeaseFenced,
+		},
+		{
+			name:     "fencing wins over an idempotent match, whatever the order",
+			existing: []sched.Lease{{SlotID: "n-s0", AllocationID: "a1", Generation: 4}, {SlotID: "n-s0", AllocationID: "a5", Generation: 9}},
+			want:     sched.Lease{SlotID: "n-s0", AllocationID: "a1", Generation: 4}, err: sched.ErrLeaseFenced,
+		},
+		{name: "missing generation", want: sched.Lease{SlotID: "n-s0", AllocationID: "a1"}, err: sched.ErrLeaseInvalid},
+		{name: "missing allocation", want: sched.Lease{SlotID: "n-s0", Generation: 1}, err: sched.ErrLeaseInvalid},
+		{name: "missing slot", want: sched.Lease{AllocationID: "a1", Generation: 1}, err: sched.ErrLeaseInvalid},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := sched.CheckLease(tc.existing, tc.want)
+			if tc.err == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.err)
+			for _, other := range []error{sched.ErrLeaseConflict, sched.ErrLeaseFenced, sched.ErrLeaseInvalid} {
+				if other != tc.err {
+					assert.False(t, errors.Is(err, other), "also %v", other)
+				}
+			}
+			assert.Contains(t, err.Error(), tc.detail)
+			// The answer does not depend on the order of the held leases.
+			rev := append([]sched.Lease(nil), tc.existing...)
+			for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
+				rev[i], rev[j] = rev[j], rev[i]
+			}
+			assert.Equal(t, err.Error(), sched.CheckLease(rev, tc.want).Error())
+			assert.True(t, strings.HasPrefix(err.Error(), "lease"))
 		})
 	}
 }

@@ -71,9 +71,6 @@ func (s sliceStats) noFit(req SliceRequest) error {
 		if s.taken > 0 {
 			detail += fmt.Sprintf("; %d more were taken by earlier plans of this batch", s.taken)
 		}
-		if s.incomplete > 0 {
-			detail += fmt.Sprintf("; %d say available but are incomplete", s.incomplete)
-		}
 		return proto.Errorf(proto.CodeNoCapacity, "%s", detail)
 	}
 }

@@ -45,10 +45,6 @@ type evaluator struct {
 	found     bool
 }
 
-func newEvaluator(n int, taken map[string]bool) *evaluator {
-	return &evaluator{n: n, taken: taken}
-}
-
 // free reports whether slot s can be used by this decision.
 func (e *evaluator) free(s *proto.Slot, checkTaken bool) bool {
 	return Schedulable(s) && !(checkTaken && e.taken[s.ID])

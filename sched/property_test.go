@@ -213,7 +213,11 @@ func checkIndex(t *testing.T, st *schedtest.State, regions ...string) {
 			}
 		}
 		for _, id := range st.RegionNodes(region) {
-			require.Equal(t, 1, seen[id], "node %s in exactly one bucket", id)
+			want := 1
+			if n, _ := st.Node(id); n.ProfileIntent != proto.IntentSliceVM {
+				want = 0
+			}
+			require.Equal(t, want, seen[id], "node %s: buckets holding it", id)
 		}
 	}
 }
@@ -268,6 +272,26 @@ func TestPlaceSliceProperty(t *testing.T) {
 					}
 					live = append(live, ids)
 				}
+				// Operators and agents change nodes between batches.
+				if ids := st.RegionNodes("r"); r.IntN(4) == 0 && len(ids) > 0 {
+					n, _ := st.Node(ids[r.IntN(len(ids))])
+					c := *n
+					switch r.IntN(4) {
+					case 0:
+						c.Draining = !c.Draining
+					case 1:
+						c.Readiness = &proto.Readiness{Active: true, SliceReady: c.Readiness == nil || !c.Readiness.SliceReady}
+					case 2:
+						if c.ProfileIntent == proto.IntentSliceVM {
+							c.ProfileIntent = proto.IntentBaremetal
+						} else {
+							c.ProfileIntent = proto.IntentSliceVM
+						}
+					case 3:
+						c.State = proto.NodeActive
+					}
+					require.NoError(t, st.UpdateNode(&c))
+				}
 				// Release some slices so capacity keeps moving.
 				for len(live) > 0 && r.IntN(3) == 0 {
 					i := r.IntN(len(live))
@@ -296,6 +320,10 @@ func maps(m map[string]bool) map[string]bool {
 func TestPlaceSliceDeterministic(t *testing.T) {
 	t.Parallel()
 	hosts := randomCluster(rand.New(rand.NewPCG(7, 7)), 60)
+	for _, id := range []string{"bm2", "bm1"} {
+		n, s := schedtest.BaremetalHost(id, "r")
+		hosts = append(hosts, host{n, s})
+	}
 	reqs := [][]int{{1}, {2, 2, 1}, {4}, {8}, {1, 1, 1, 1}, {2, 4}, {8, 8}, {1}, {4, 4, 2}, {2}}
 	sku := sliceSKU(t)
 	run := func(order []host) string {
@@ -317,9 +345,14 @@ func TestPlaceSliceDeterministic(t *testing.T) {
 				fmt.Fprintf(&b, "%s %v %s\n", plans[i].NodeID, plans[i].SlotIndexes, plans[i].Score)
 			}
 		}
+		for range 3 {
+			p, _, err := h.Baremetal(sched.BaremetalRequest{SKU: bmSKU(t), Region: "r"})
+			fmt.Fprintf(&b, "bm %s %v\n", p.NodeID, err)
+		}
 		return b.String()
 	}
 	want := run(hosts)
+	require.Contains(t, want, "bm bm1 <nil>\nbm bm2 <nil>\nbm  no_capacity", "the sequence places baremetal too")
 	require.NotEmpty(t, want)
 	require.Contains(t, want, "[0 1 2 3 4 5 6 7]", "the sequence exercises 8-GPU slices")
 	for i := range 1000 {

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -48,18 +49,48 @@ func PlaceSlice(st State, req SliceRequest) (SlicePlan, error) {
 	if err := checkRegion(st, req.Region); err != nil {
 		return SlicePlan{}, err
 	}
-	p := &slicePlanner{st: st, req: req, ev: newEvaluator(req.GPUCount, req.Taken)}
+	p := scratchPool.Get().(*slicePlanner)
+	defer p.release()
+	p.reset(st, req)
 	p.indexed()
 	if p.found {
 		return p.plan(), nil
 	}
-	// Nothing via the index: scan the whole region, both so a stale index
-	// cannot hide capacity and to say precisely why nothing fits.
-	stats := p.scanAll()
+	// Nothing via the best-fit walk. First look at every node the index
+	// lists with a free slot: if some GPUs are free, the answer is "not
+	// enough on one host", found without touching the full nodes.
+	stats := p.scan(p.listedNodes)
+	if p.found {
+		return p.plan(), nil
+	}
+	if stats.free > 0 {
+		return SlicePlan{}, stats.noFit(req)
+	}
+	// No free GPU anywhere the index knows of: scan the whole region, both
+	// so a stale index cannot hide capacity and to say precisely why.
+	stats = p.scan(p.regionNodes)
 	if p.found {
 		return p.plan(), nil
 	}
 	return SlicePlan{}, stats.noFit(req)
+}
+
+// scratchPool recycles planners so a decision allocates only its plan.
+var scratchPool = sync.Pool{New: func() any { return &slicePlanner{ev: &evaluator{}} }}
+
+func (p *slicePlanner) reset(st State, req SliceRequest) {
+	p.st, p.req = st, req
+	p.ev.n, p.ev.taken = req.GPUCount, req.Taken
+	p.found, p.bestID, p.bestNode, p.bestScore, p.evaluated = false, "", nil, Score{}, 0
+	p.bestSlots, p.affected = p.bestSlots[:0], p.affected[:0]
+}
+
+// release drops references into the state and returns p to the pool.
+func (p *slicePlanner) release() {
+	clear(p.bestSlots)
+	clear(p.affected)
+	p.st, p.req, p.bestNode, p.ev.taken, p.ev.slots = nil, SliceRequest{}, nil, nil, nil
+	scratchPool.Put(p)
 }
 
 // checkRegion refuses unknown and disabled regions.
@@ -205,12 +236,32 @@ func (p *slicePlanner) plan() SlicePlan {
 	return pl
 }
 
-// scanAll evaluates every node of the region and counts why nodes and
-// slots are unusable.
-func (p *slicePlanner) scanAll() sliceStats {
+// listedNodes yields the nodes the index lists with at least one free slot.
+func (p *slicePlanner) listedNodes(yield func(string) bool) {
+	for k := 1; k <= p.st.MaxSlotsPerNode(p.req.Region); k++ {
+		for _, id := range p.st.NodesByAvailable(p.req.Region, k) {
+			if !yield(id) {
+				return
+			}
+		}
+	}
+}
+
+// regionNodes yields every node of the region.
+func (p *slicePlanner) regionNodes(yield func(string) bool) {
+	for _, id := range p.st.RegionNodes(p.req.Region) {
+		if !yield(id) {
+			return
+		}
+	}
+}
+
+// scan evaluates every node nodes yields (each at most once) and counts
+// why nodes and slots are unusable.
+func (p *slicePlanner) scan(nodes func(yield func(string) bool)) sliceStats {
 	var s sliceStats
 	s.region = p.req.Region
-	for _, id := range p.st.RegionNodes(p.req.Region) {
+	for id := range nodes {
 		n, ok := p.st.Node(id)
 		if !ok {
 			continue
@@ -257,10 +308,12 @@ func (p *slicePlanner) scanAll() sliceStats {
 		}
 		s.slots += len(slots)
 		s.free += onNode
-		if onNode > s.maxOnNode {
+		if onNode > s.maxOnNode || onNode == s.maxOnNode && onNode > 0 && id < s.maxNode {
 			s.maxOnNode, s.maxNode = onNode, id
 		}
-		p.consider(n, slotClaims, slots, true)
+		if onNode >= p.req.GPUCount {
+			p.consider(n, slotClaims, slots, true)
+		}
 	}
 	return s
 }

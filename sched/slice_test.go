@@ -312,3 +312,41 @@ func TestPlaceBaremetalNodeWithoutSlots(t *testing.T) {
 	assert.Equal(t, "m1", p.NodeID)
 	assert.Empty(t, p.Slots)
 }
+
+// TestPlaceSliceConcurrentReaders runs decisions from several goroutines on
+// one state (the pooled scratch must not leak between them; run with -race).
+func TestPlaceSliceConcurrentReaders(t *testing.T) {
+	t.Parallel()
+	var hosts []host
+	for i := range 50 {
+		var mods map[int][]schedtest.SlotOption
+		if i < 40 {
+			mods = claimed(i % 8)
+		}
+		hosts = append(hosts, sliceHost(fmt.Sprintf("n%02d", i), "r", mods))
+	}
+	st := build(t, hosts...)
+	want := map[int]sched.SlicePlan{}
+	for _, n := range []int{1, 2, 4, 8} {
+		p, err := sched.PlaceSlice(st, sliceReq(t, n, "r"))
+		require.NoError(t, err)
+		want[n] = p
+	}
+	done := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i := range 500 {
+				n := []int{1, 2, 4, 8}[(g+i)%4]
+				p, err := sched.PlaceSlice(st, sliceReq(t, n, "r"))
+				if err != nil || p.NodeID != want[n].NodeID || fmt.Sprint(p.Slots) != fmt.Sprint(want[n].Slots) {
+					done <- fmt.Errorf("goroutine %d decision %d: %+v %v", g, i, p, err)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-done)
+	}
+}

@@ -28,11 +28,14 @@ type State interface {
 	// NodeClaims returns how a node is held now: whether a live
 	// node_exclusive claim holds it and how many live slot claims it has.
 	NodeClaims(nodeID string) (exclusive bool, slotClaims int)
-	// NodesByAvailable returns the IDs, sorted, of the nodes in region that
-	// have exactly k schedulable slots (k from 0 to MaxSlotsPerNode), where
-	// a slot is schedulable when Schedulable(slot) holds: status available,
-	// no ClaimID, every runtime binding present. Every node of the region
-	// is in exactly one bucket, whatever its intent or readiness.
+	// NodesByAvailable returns the IDs, sorted, of the slice_vm-intent
+	// nodes in region that have exactly k schedulable slots (k from 0 to
+	// MaxSlotsPerNode), where a slot is schedulable when Schedulable(slot)
+	// holds: status available, no ClaimID, every runtime binding present.
+	// Every slice_vm node of the region is in exactly one bucket, whatever
+	// its state, readiness or draining flag. Nodes of other intents should
+	// be left out (whole baremetal nodes would otherwise fill the top
+	// bucket ahead of clean slice hosts); if present they are skipped.
 	//
 	// It is an index for fast best-fit: the scheduler still checks every
 	// candidate's slots, intent, readiness and completeness, so a stale or

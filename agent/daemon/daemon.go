@@ -125,7 +125,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.sched = &nodesched.Scheduler{Root: root, NodeID: cfg.NodeID, Leases: d.store, Evidence: d.src, Bridge: cfg.OVSBridge,
-		Gateway: d.gw, Profile: sched.DefaultProfile, Log: d.log}
+		Gateway: d.gw, Log: d.log}
 	d.reg = prometheus.NewRegistry()
 	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
@@ -347,15 +347,13 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 		return resp, err
 	}
 	if reconcile {
-		var claims []sched.HostLease
+		var claims []nodesched.Claim
 		for _, c := range resp.Claims {
 			if c.Kind == proto.ClaimSlot {
-				claims = append(claims, sched.HostLease{SlotID: c.SlotID, ClaimID: c.ClaimID, Generation: c.Generation})
+				claims = append(claims, nodesched.Claim{SlotID: c.SlotID, ClaimID: c.ClaimID, Generation: c.Generation})
 			}
 		}
-		// Claims carry no allocation ID: a lease matches a claim by slot,
-		// claim and generation.
-		r, err := d.sched.Reconcile(d.fillAllocations(claims))
+		r, err := d.sched.Reconcile(claims)
 		if err != nil {
 			return resp, err
 		}
@@ -367,24 +365,6 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 		}
 	}
 	return resp, nil
-}
-
-// fillAllocations copies the allocation of the matching lease onto each
-// claim (same slot, claim and generation), so Reconcile compares whole
-// leases.
-func (d *Daemon) fillAllocations(claims []sched.HostLease) []sched.HostLease {
-	ls, err := d.store.List()
-	if err != nil {
-		return claims
-	}
-	for i, c := range claims {
-		for _, l := range ls {
-			if l.SlotID == c.SlotID && l.ClaimID == c.ClaimID && l.Generation == c.Generation {
-				claims[i].AllocationID = l.AllocationID
-			}
-		}
-	}
-	return claims
 }
 
 func (d *Daemon) noteCoordinator(err error) {
@@ -611,13 +591,13 @@ func (d *Daemon) planTask(ctx context.Context, t proto.Task) (sched.BundlePlan, 
 	for _, s := range slots {
 		by[s.SlotID] = s
 	}
-	var approved []sched.ApprovedSlot
+	var approved []proto.Slot
 	for _, c := range p.Claims {
 		s, ok := by[c.SlotID]
 		if !ok {
 			return sched.BundlePlan{}, fmt.Errorf("slot %s is not an approved slot of node %s", c.SlotID, d.cfg.NodeID)
 		}
-		approved = append(approved, sched.ApprovedSlot{SlotID: c.SlotID, NodeID: s.NodeID, ClaimID: c.ClaimID, Generation: c.Generation, Capacity: s.Capacity})
+		approved = append(approved, proto.Slot{ID: c.SlotID, NodeID: s.NodeID, Index: s.Index, ClaimID: c.ClaimID, Generation: c.Generation, Capacity: s.Capacity})
 	}
 	return d.sched.Plan(ctx, p.AllocationID, approved)
 }

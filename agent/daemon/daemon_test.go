@@ -130,7 +130,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		}
 		return false
 	}, 15*time.Second, 50*time.Millisecond)
-	require.Len(t, plan.Slots, 2)
+	require.Len(t, plan.Devices, 2)
 	assert.Equal(t, t15.Candidates[0].Capacity.PCIeSwitch, t15.Candidates[1].Capacity.PCIeSwitch)
 	ls, err := a15.d.store.List()
 	require.NoError(t, err)

@@ -4,7 +4,7 @@
 // taken_at}), and the task journal that keeps a task re-delivered after an
 // agent restart from running twice.
 //
-// Lease rules are sched.CheckLease: the same allocation/claim/generation is
+// Lease rules are sched.CheckLease: the same allocation/generation is
 // idempotent, a conflicting live lease is refused, an older generation is
 // fenced. Take is all-or-nothing across the slots of one bundle.
 package leases
@@ -34,9 +34,17 @@ var (
 
 // Lease is one host-local slot lease.
 type Lease struct {
-	sched.HostLease
-	Plan    json.RawMessage `json:"plan,omitempty"`
-	TakenAt time.Time       `json:"taken_at"`
+	SlotID       string          `json:"slot_id"`
+	AllocationID string          `json:"allocation_id"`
+	ClaimID      string          `json:"claim_id"`
+	Generation   uint64          `json:"generation"`
+	Plan         json.RawMessage `json:"plan,omitempty"`
+	TakenAt      time.Time       `json:"taken_at"`
+}
+
+// Key is the lease as the rules see it.
+func (l Lease) Key() sched.Lease {
+	return sched.Lease{SlotID: l.SlotID, AllocationID: l.AllocationID, Generation: l.Generation}
 }
 
 // Store is the bbolt-backed lease store and task journal.
@@ -102,16 +110,15 @@ func (s *Store) Take(ls []Lease) ([]Lease, error) {
 			if err != nil {
 				return err
 			}
-			var hl *sched.HostLease
+			var existing []sched.Lease
 			if held != nil {
-				hl = &held.HostLease
+				existing = append(existing, held.Key())
 			}
-			same, err := sched.CheckLease(hl, l.HostLease)
-			if err != nil {
+			if err := sched.CheckLease(existing, l.Key()); err != nil {
 				return fmt.Errorf("take lease: %w", err)
 			}
-			if same {
-				out[i] = *held
+			if held != nil {
+				out[i] = *held // the same lease: idempotent
 				continue
 			}
 			v, err := json.Marshal(l)
@@ -221,7 +228,7 @@ func (s *Store) ReleaseSlot(slot string, gen uint64) error {
 			return fmt.Errorf("release slot %s: %w", slot, ErrNoLease)
 		}
 		if held.Generation != gen {
-			return fmt.Errorf("release slot %s generation %d: %w", slot, gen, &sched.LeaseFencedError{Held: held.HostLease, Want: sched.HostLease{SlotID: slot, AllocationID: held.AllocationID, Generation: gen}})
+			return fmt.Errorf("release slot %s generation %d: the held lease is generation %d (allocation %s): %w", slot, gen, held.Generation, held.AllocationID, sched.ErrLeaseFenced)
 		}
 		return b.Delete([]byte(slot))
 	})

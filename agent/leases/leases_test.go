@@ -16,7 +16,7 @@ import (
 var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
 func lease(slot, alloc string, gen uint64) Lease {
-	return Lease{HostLease: sched.HostLease{SlotID: slot, AllocationID: alloc, ClaimID: "c-" + alloc + "-" + slot, Generation: gen},
+	return Lease{SlotID: slot, AllocationID: alloc, ClaimID: "c-" + alloc + "-" + slot, Generation: gen,
 		Plan: json.RawMessage(`{"allocation_id":"` + alloc + `"}`), TakenAt: t0}
 }
 
@@ -45,8 +45,7 @@ func TestLeaseContract(t *testing.T) {
 
 	// A conflicting live lease is refused; nothing of the set is taken.
 	_, err = s.Take([]Lease{lease("n-s2", "a2", 1), lease("n-s1", "a2", 2)})
-	var ce *sched.LeaseConflictError
-	require.ErrorAs(t, err, &ce)
+	require.ErrorIs(t, err, sched.ErrLeaseConflict)
 	_, ok, err := s.Get("n-s2")
 	require.NoError(t, err)
 	assert.False(t, ok, "all-or-nothing: n-s2 was not taken")
@@ -65,12 +64,11 @@ func TestFencing(t *testing.T) {
 	_, err := s.Take([]Lease{lease("n-s0", "a5", 5)})
 	require.NoError(t, err)
 	_, err = s.Take([]Lease{lease("n-s0", "a4", 4)})
-	var fe *sched.LeaseFencedError
-	require.ErrorAs(t, err, &fe)
+	require.ErrorIs(t, err, sched.ErrLeaseFenced)
 
 	// A stale release does not drop the newer lease.
 	err = s.ReleaseSlot("n-s0", 4)
-	require.ErrorAs(t, err, &fe)
+	require.ErrorIs(t, err, sched.ErrLeaseFenced)
 	l, ok, err := s.Get("n-s0")
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -97,7 +95,7 @@ func TestSurvivesRestart(t *testing.T) {
 	ls, err := s.List()
 	require.NoError(t, err)
 	require.Len(t, ls, 3)
-	assert.Equal(t, lease("n-s2", "a2", 3).HostLease, ls[2].HostLease)
+	assert.Equal(t, lease("n-s2", "a2", 3).Key(), ls[2].Key())
 	assert.JSONEq(t, `{"allocation_id":"a2"}`, string(ls[2].Plan))
 
 	// The task does not run again after the restart.

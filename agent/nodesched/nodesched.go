@@ -6,7 +6,8 @@
 // the NUMA node), takes host-local leases in bbolt and returns the concrete
 // bundle plan — before anything is created. The decisions are the pure
 // rules sched.PlanBundle and sched.CheckLease; this package observes the
-// host and persists.
+// host (IOMMU groups, disks by identity with mounts and holders, VFs, the
+// bridge, CPUs and hugepages less what other leases hold) and persists.
 //
 // On start the agent reconciles its leases against the coordinator's live
 // claims: orphaned leases are released, missing ones reported.
@@ -31,6 +32,8 @@ import (
 	"github.com/gpuaas/gpuaas/agent/leases"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/hugepages"
+	"github.com/gpuaas/gpuaas/hostops/pci"
+	"github.com/gpuaas/gpuaas/hostops/vfio"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
@@ -43,7 +46,9 @@ type Scheduler struct {
 	Evidence evidence.Source
 	Bridge   string
 	Gateway  netip.Prefix
-	Profile  sched.Profile
+	// Profile is what one GPU brings (vCPUs, memory, hugepages); default
+	// the h200-sxm-slice SKU's.
+	Profile proto.GPUProfile
 	// PageSize is the hugepage size VMs are backed with (default 1 GiB).
 	PageSize hugepages.PageSize
 	Now      func() time.Time
@@ -66,6 +71,16 @@ func (s *Scheduler) log() *slog.Logger {
 	return slog.Default()
 }
 
+func (s *Scheduler) profile() proto.GPUProfile {
+	if s.Profile.VCPUs > 0 {
+		return s.Profile
+	}
+	if sku, ok := proto.FindSKU(proto.DefaultSKUs(), "h200-sxm-slice"); ok {
+		return sku.PerGPU
+	}
+	return proto.GPUProfile{VCPUs: 24, MemoryMiB: 64 * 1024, Hugepages: true, FabricVFs: 1}
+}
+
 // NotOwnedError refuses a slot of another node.
 type NotOwnedError struct {
 	SlotID, SlotNode, Node string
@@ -75,53 +90,96 @@ func (e *NotOwnedError) Error() string {
 	return fmt.Sprintf("slot %s belongs to node %q; this agent is node %q", e.SlotID, e.SlotNode, e.Node)
 }
 
-// Observe reads the host into the view the rules plan against.
-func (s *Scheduler) Observe(ctx context.Context) (sched.HostView, error) {
+// Observe reads the host into the view the rules plan against. The CPUs
+// and hugepages that other live leases' plans hold are taken out.
+func (s *Scheduler) Observe(ctx context.Context, others []sched.BundlePlan) (sched.HostView, string, error) {
 	hw, err := discovery.ReadHardware(s.Root)
 	if err != nil {
-		return sched.HostView{}, fmt.Errorf("observe host: %w", err)
+		return sched.HostView{}, "", fmt.Errorf("observe host: %w", err)
 	}
 	size := s.pageSize()
-	v := sched.HostView{NodeID: s.NodeID, GPUs: map[string]sched.HostGPU{}, VFs: map[string]bool{}, NUMA: map[int]sched.HostNUMA{},
-		Bridge: s.Bridge, HugepageKiB: uint64(size)}
-	for _, g := range hw.GPUs {
-		nv := ""
-		if g.GroupViable != "viable" {
-			nv = g.GroupViable
+	v := sched.HostView{NodeID: s.NodeID, ManagementBridge: s.Bridge, HugepageKiB: int(size)}
+	groups := map[int]bool{}
+	add := func(f pci.Function) sched.HostPCI {
+		if f.IOMMUGroup != pci.NoGroup {
+			groups[f.IOMMUGroup] = true
 		}
-		v.GPUs[g.Addr] = sched.HostGPU{NUMANode: g.NUMANode, Driver: g.Driver, NotViable: nv}
+		return sched.HostPCI{Address: f.Addr, NUMANode: f.NUMANode, Driver: f.Driver, IOMMUGroup: f.IOMMUGroup}
 	}
-	for _, d := range hw.Disks {
-		v.Disks = append(v.Disks, sched.HostDisk{Name: d.Name, Identity: d.Identity(), Mounts: d.Mounts, Holders: d.Holders})
+	for _, g := range hw.GPUs {
+		v.GPUs = append(v.GPUs, add(hw.ByAddr[g.Addr]))
 	}
 	for _, f := range hw.Functions {
 		if f.PhysFn != "" {
-			v.VFs[f.Addr] = true
+			v.VFs = append(v.VFs, add(f))
 		}
+	}
+	ids := make([]int, 0, len(groups))
+	for id := range groups {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	for _, id := range ids {
+		members, err := pci.GroupMembers(s.Root, id)
+		if err != nil {
+			return sched.HostView{}, "", fmt.Errorf("observe host: %w", err)
+		}
+		g := sched.IOMMUGroup{ID: id}
+		for _, m := range members {
+			f, ok := hw.ByAddr[m]
+			if !ok {
+				return sched.HostView{}, "", fmt.Errorf("observe host: IOMMU group %d member %s is not a PCI function of the host", id, m)
+			}
+			g.Devices = append(g.Devices, sched.GroupDev{Address: m, Class: f.Class, Driver: f.Driver})
+		}
+		v.IOMMUGroups = append(v.IOMMUGroups, g)
+	}
+	for _, d := range hw.Disks {
+		var mounts []string
+		mounts = append(mounts, d.Mounts...)
+		for _, h := range d.Holders {
+			mounts = append(mounts, "held by "+h)
+		}
+		v.Disks = append(v.Disks, sched.HostDisk{Device: d.Name, Serial: d.Serial, WWN: d.WWN, EUI: d.EUI, Mounts: mounts})
 	}
 	ev, err := s.Evidence.Bridge(ctx, s.Bridge, s.Gateway)
 	if err != nil {
-		return sched.HostView{}, fmt.Errorf("observe host: %w", err)
+		return sched.HostView{}, "", fmt.Errorf("observe host: %w", err)
 	}
-	if !ev.OK() {
-		v.BridgeProblem = ev.Detail
+	bridgeDetail := ""
+	if ev.OK() {
+		v.OVSBridges = []string{s.Bridge}
+	} else {
+		bridgeDetail = ev.Detail
 	}
+	promised := map[int]int{}
+	for _, o := range others {
+		v.BusyCPUs = append(v.BusyCPUs, o.VCPUs...)
+		for _, h := range o.Hugepages {
+			promised[h.NUMANode] += h.Pages
+		}
+	}
+	sort.Ints(v.BusyCPUs)
 	topo, err := hugepages.Read(s.Root)
 	if err != nil {
-		return sched.HostView{}, fmt.Errorf("observe host: %w", err)
+		return sched.HostView{}, "", fmt.Errorf("observe host: %w", err)
 	}
 	for _, n := range topo.Nodes {
 		cpus, err := readCPUList(s.Root, n.ID)
 		if err != nil {
-			return sched.HostView{}, fmt.Errorf("observe host: %w", err)
+			return sched.HostView{}, "", fmt.Errorf("observe host: %w", err)
 		}
-		hn := sched.HostNUMA{CPUs: cpus}
+		hn := sched.HostNUMA{Node: n.ID, CPUs: cpus}
 		if p, ok := topo.Pool(n.ID, size); ok {
-			hn.HugepagesTotal, hn.HugepagesFree = p.Persistent(), p.Free
+			// Pages of other leases' plans count as taken whether or not
+			// their VMs run yet: the pool's persistent size less what the
+			// plans hold, and never more than the kernel says is free.
+			avail := int(p.Persistent()) - promised[n.ID]
+			hn.HugepagesFree = max(0, min(avail, int(p.Free)))
 		}
-		v.NUMA[n.ID] = hn
+		v.NUMA = append(v.NUMA, hn)
 	}
-	return v, nil
+	return v, bridgeDetail, nil
 }
 
 func (s *Scheduler) pageSize() hugepages.PageSize {
@@ -171,11 +229,11 @@ func ParseCPUList(s string) ([]int, error) {
 	return out, nil
 }
 
-// Plan validates the host for the allocation's approved slots, takes the
-// leases and returns the plan. Planning the same allocation/claims again
-// returns the stored plan without touching anything. Every refusal is an
-// error and takes no lease.
-func (s *Scheduler) Plan(ctx context.Context, allocationID string, slots []sched.ApprovedSlot) (sched.BundlePlan, error) {
+// Plan validates the host for the allocation's approved slots (each with
+// the claim's ID and generation), takes the leases and returns the plan.
+// Planning the same allocation/generations again returns the stored plan
+// without touching anything. Every refusal is an error and takes no lease.
+func (s *Scheduler) Plan(ctx context.Context, allocationID string, slots []proto.Slot) (sched.BundlePlan, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := proto.ValidateID("allocation ID", allocationID); err != nil {
@@ -184,33 +242,33 @@ func (s *Scheduler) Plan(ctx context.Context, allocationID string, slots []sched
 	if len(slots) == 0 {
 		return sched.BundlePlan{}, fmt.Errorf("node scheduler: allocation %s: no slots", allocationID)
 	}
-	want := make([]sched.HostLease, len(slots))
+	all, err := s.Leases.List()
+	if err != nil {
+		return sched.BundlePlan{}, fmt.Errorf("node scheduler: %w", err)
+	}
+	existing := make([]sched.Lease, len(all))
+	for i, l := range all {
+		existing[i] = l.Key()
+	}
 	same := 0
 	var plan sched.BundlePlan
-	for i, sl := range slots {
-		if err := proto.ValidateID("slot ID", sl.SlotID); err != nil {
+	for _, sl := range slots {
+		if err := proto.ValidateID("slot ID", sl.ID); err != nil {
 			return sched.BundlePlan{}, fmt.Errorf("node scheduler: %w", err)
 		}
 		if sl.NodeID != s.NodeID {
-			return sched.BundlePlan{}, fmt.Errorf("node scheduler: allocation %s: %w", allocationID, &NotOwnedError{SlotID: sl.SlotID, SlotNode: sl.NodeID, Node: s.NodeID})
+			return sched.BundlePlan{}, fmt.Errorf("node scheduler: allocation %s: %w", allocationID, &NotOwnedError{SlotID: sl.ID, SlotNode: sl.NodeID, Node: s.NodeID})
 		}
-		want[i] = sched.HostLease{SlotID: sl.SlotID, AllocationID: allocationID, ClaimID: sl.ClaimID, Generation: sl.Generation}
-		held, ok, err := s.Leases.Get(sl.SlotID)
-		if err != nil {
+		want := sched.Lease{SlotID: sl.ID, AllocationID: allocationID, Generation: sl.Generation}
+		if err := sched.CheckLease(existing, want); err != nil {
 			return sched.BundlePlan{}, fmt.Errorf("node scheduler: %w", err)
 		}
-		var hl *sched.HostLease
-		if ok {
-			hl = &held.HostLease
-		}
-		isSame, err := sched.CheckLease(hl, want[i])
-		if err != nil {
-			return sched.BundlePlan{}, fmt.Errorf("node scheduler: allocation %s: %w", allocationID, err)
-		}
-		if isSame {
-			same++
-			if err := json.Unmarshal(held.Plan, &plan); err != nil {
-				return sched.BundlePlan{}, fmt.Errorf("node scheduler: lease of %s: stored plan: %w", sl.SlotID, err)
+		for _, l := range all {
+			if l.Key() == want {
+				same++
+				if err := json.Unmarshal(l.Plan, &plan); err != nil {
+					return sched.BundlePlan{}, fmt.Errorf("node scheduler: lease of %s: stored plan: %w", sl.ID, err)
+				}
 			}
 		}
 	}
@@ -218,32 +276,52 @@ func (s *Scheduler) Plan(ctx context.Context, allocationID string, slots []sched
 		return plan, nil
 	}
 
-	view, err := s.Observe(ctx)
-	if err != nil {
-		return sched.BundlePlan{}, fmt.Errorf("node scheduler: %w", err)
-	}
 	others, err := s.otherPlans(allocationID)
 	if err != nil {
 		return sched.BundlePlan{}, err
 	}
-	plan, err = sched.PlanBundle(view, sched.BundleRequest{AllocationID: allocationID, Slots: slots, Profile: s.Profile, Other: others})
+	view, bridgeDetail, err := s.Observe(ctx, others)
 	if err != nil {
 		return sched.BundlePlan{}, fmt.Errorf("node scheduler: %w", err)
+	}
+	plan, err = sched.PlanBundle(view, slots, s.profile())
+	if err == nil {
+		err = vfioBound(view, slots)
+	}
+	if err != nil {
+		if bridgeDetail != "" {
+			err = fmt.Errorf("%w (ovs bridge %s: %s)", err, s.Bridge, bridgeDetail)
+		}
+		return sched.BundlePlan{}, fmt.Errorf("node scheduler: allocation %s: %w", allocationID, err)
 	}
 	raw, err := json.Marshal(plan)
 	if err != nil {
 		return sched.BundlePlan{}, err
 	}
 	at := s.now().UTC()
-	ls := make([]leases.Lease, len(want))
-	for i, w := range want {
-		ls[i] = leases.Lease{HostLease: w, Plan: raw, TakenAt: at}
+	ls := make([]leases.Lease, len(slots))
+	for i, sl := range slots {
+		ls[i] = leases.Lease{SlotID: sl.ID, AllocationID: allocationID, ClaimID: sl.ClaimID, Generation: sl.Generation, Plan: raw, TakenAt: at}
 	}
 	if _, err := s.Leases.Take(ls); err != nil {
 		return sched.BundlePlan{}, fmt.Errorf("node scheduler: %w", err)
 	}
-	s.log().Info("bundle leased", "allocation", allocationID, "slots", len(slots), "numa_pages", plan.Hugepages)
+	s.log().Info("bundle leased", "allocation", allocationID, "slots", len(slots), "hugepages", plan.Hugepages)
 	return plan, nil
+}
+
+// vfioBound refuses a bundle whose GPUs are not bound to vfio-pci (a slice
+// host binds them persistently; a GPU back on nvidia is drift to repair).
+func vfioBound(v sched.HostView, slots []proto.Slot) error {
+	var errs []error
+	for _, sl := range slots {
+		for _, g := range v.GPUs {
+			if g.Address == sl.Capacity.GPUPCIAddress && g.Driver != vfio.Driver {
+				errs = append(errs, fmt.Errorf("slot %s: GPU %s is bound to %q, not %s", sl.ID, g.Address, g.Driver, vfio.Driver))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // otherPlans returns the plans of the live leases of other allocations.
@@ -279,20 +357,28 @@ func (s *Scheduler) Release(allocationID string) ([]leases.Lease, error) {
 	return ls, nil
 }
 
+// Claim is a live slot claim as the coordinator reports it.
+type Claim struct {
+	SlotID       string `json:"slot_id"`
+	AllocationID string `json:"allocation_id,omitempty"`
+	ClaimID      string `json:"claim_id"`
+	Generation   uint64 `json:"generation"`
+}
+
 // Reconciliation is the outcome of Reconcile.
 type Reconciliation struct {
-	Released []leases.Lease    `json:"released"` // orphaned leases dropped
-	Missing  []sched.HostLease `json:"missing"`  // live claims without a lease
-	Kept     []sched.HostLease `json:"kept"`
+	Released []leases.Lease `json:"released"` // orphaned leases dropped
+	Missing  []Claim        `json:"missing"`  // live claims without a lease
+	Kept     []Claim        `json:"kept"`
 }
 
 // Reconcile compares the leases with the coordinator's live slot claims on
-// this node: a lease no live claim backs (same slot, allocation, claim and
-// generation) is released; a claim without a lease is reported missing.
-func (s *Scheduler) Reconcile(claims []sched.HostLease) (Reconciliation, error) {
+// this node: a lease no live claim backs (same slot, claim and generation)
+// is released; a claim without a lease is reported missing.
+func (s *Scheduler) Reconcile(claims []Claim) (Reconciliation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	bySlot := map[string]sched.HostLease{}
+	bySlot := map[string]Claim{}
 	for _, c := range claims {
 		bySlot[c.SlotID] = c
 	}
@@ -304,9 +390,10 @@ func (s *Scheduler) Reconcile(claims []sched.HostLease) (Reconciliation, error) 
 	have := map[string]bool{}
 	for _, l := range all {
 		c, ok := bySlot[l.SlotID]
-		if ok && c == l.HostLease {
+		if ok && c.ClaimID == l.ClaimID && c.Generation == l.Generation {
 			have[l.SlotID] = true
-			r.Kept = append(r.Kept, l.HostLease)
+			c.AllocationID = l.AllocationID
+			r.Kept = append(r.Kept, c)
 			continue
 		}
 		if err := s.Leases.ReleaseSlot(l.SlotID, l.Generation); err != nil && !errors.Is(err, leases.ErrNoLease) {

@@ -25,7 +25,7 @@ type fixture struct {
 	k     *hostsim.Kernel
 	dir   string
 	s     *Scheduler
-	slots []sched.ApprovedSlot // approved from discovery, generation 1
+	slots []proto.Slot // approved from discovery, generation 1
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -37,7 +37,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{root: root, k: k, dir: t.TempDir()}
 	for _, c := range rep.Topology.Candidates {
 		id := proto.SlotID("j22u15", c.Index)
-		f.slots = append(f.slots, sched.ApprovedSlot{SlotID: id, NodeID: "j22u15", ClaimID: "claim-" + id, Generation: 1, Capacity: c.Capacity})
+		f.slots = append(f.slots, proto.Slot{ID: id, NodeID: "j22u15", Index: c.Index, ClaimID: "claim-" + id, Generation: 1, Capacity: c.Capacity})
 	}
 	f.open(t)
 	return f
@@ -48,7 +48,7 @@ func (f *fixture) open(t *testing.T) {
 	st, err := leases.Open(f.dir)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
-	f.s = &Scheduler{Root: f.root, NodeID: "j22u15", Leases: st, Evidence: evidence.Hostsim{Root: f.root}, Bridge: "ovsbr0", Gateway: gw, Profile: sched.DefaultProfile}
+	f.s = &Scheduler{Root: f.root, NodeID: "j22u15", Leases: st, Evidence: evidence.Hostsim{Root: f.root}, Bridge: "ovsbr0", Gateway: gw}
 }
 
 func (f *fixture) leaseCount(t *testing.T) int {
@@ -64,17 +64,17 @@ func TestPlanTwoGPUBundle(t *testing.T) {
 	ctx := context.Background()
 	plan, err := f.s.Plan(ctx, "alloc-1", f.slots[0:2])
 	require.NoError(t, err)
-	require.Len(t, plan.Slots, 2)
+	require.Len(t, plan.Devices, 2)
 	assert.Equal(t, f.slots[0].Capacity.PCIeSwitch, f.slots[1].Capacity.PCIeSwitch, "the two GPUs share a PCIe switch")
-	for i, sp := range plan.Slots {
-		assert.Equal(t, f.slots[i].Capacity.GPUPCIAddress, sp.GPU)
-		assert.Equal(t, "/dev/"+f.slots[i].Capacity.NVMe.Device, sp.DiskDevice)
-		assert.Equal(t, f.slots[i].Capacity.FabricVFPCIAddress, sp.FabricVF)
-		assert.Equal(t, 0, sp.NUMANode)
+	for i, d := range plan.Devices {
+		assert.Equal(t, f.slots[i].Capacity.GPUPCIAddress, d.GPU)
+		assert.Equal(t, "/dev/"+f.slots[i].Capacity.NVMe.Device, d.Disk)
+		assert.Equal(t, f.slots[i].Capacity.FabricVFPCIAddress, d.VF)
+		assert.Equal(t, 0, d.NUMANode)
 	}
-	assert.Len(t, plan.VCPUPins, 48)
-	assert.Equal(t, []sched.NUMAPages{{Node: 0, Pages: 128}}, plan.Hugepages)
-	assert.Equal(t, "ovsbr0", plan.OVSBridge)
+	assert.Len(t, plan.VCPUs, 48)
+	assert.Equal(t, []sched.HugepageNeed{{NUMANode: 0, Pages: 128, SizeKiB: 1 << 20}}, plan.Hugepages)
+	assert.Equal(t, "ovsbr0", plan.Bridge)
 	assert.Equal(t, 2, f.leaseCount(t))
 
 	// Idempotent, also across an agent restart.
@@ -90,11 +90,21 @@ func TestPlanTwoGPUBundle(t *testing.T) {
 	// Another allocation on the same slot is refused; on other slots of
 	// the same NUMA node it gets the remaining CPUs.
 	_, err = f.s.Plan(ctx, "alloc-2", f.slots[1:3])
-	var ce *sched.LeaseConflictError
-	require.ErrorAs(t, err, &ce)
+	require.ErrorIs(t, err, sched.ErrLeaseConflict)
 	p2, err := f.s.Plan(ctx, "alloc-2", f.slots[2:4])
 	require.NoError(t, err)
-	assert.NotContains(t, p2.VCPUPins, plan.VCPUPins[0])
+	assert.NotContains(t, p2.VCPUs, plan.VCPUs[0], "CPUs pinned by alloc-1 are not reused")
+	// An older generation of a leased slot is fenced.
+	newer := f.slots[6]
+	newer.Generation = 3
+	_, err = f.s.Plan(ctx, "alloc-3", []proto.Slot{newer})
+	require.NoError(t, err)
+	stale := f.slots[6]
+	stale.Generation = 2
+	_, err = f.s.Plan(ctx, "alloc-0", []proto.Slot{stale})
+	require.ErrorIs(t, err, sched.ErrLeaseFenced)
+	_, err = f.s.Release("alloc-3")
+	require.NoError(t, err)
 	assert.Equal(t, 4, f.leaseCount(t))
 
 	rel, err := f.s.Release("alloc-1")
@@ -109,18 +119,18 @@ func TestPlanRefusals(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct {
 		mutate func(t *testing.T, f *fixture)
-		slots  func(f *fixture) []sched.ApprovedSlot
+		slots  func(f *fixture) []proto.Slot
 		want   string
 	}{
 		"unplugged GPU": {mutate: func(t *testing.T, f *fixture) {
 			require.NoError(t, hostsim.UnplugGPU(f.root, f.slots[1].Capacity.GPUPCIAddress))
-		}, want: "is not present on the host"},
+		}, want: "gpu not present"},
 		"mounted disk": {mutate: func(t *testing.T, f *fixture) {
 			require.NoError(t, hostsim.MountDisk(f.root, f.slots[0].Capacity.NVMe.Device, "/mnt/oops"))
 		}, want: "is mounted"},
 		"missing VF": {mutate: func(t *testing.T, f *fixture) {
 			require.NoError(t, f.k.WriteSysfs("bus/pci/devices/0000:58:00.0/sriov_numvfs", "0"))
-		}, want: "fabric VF 0000:58:00.2 is not present"},
+		}, want: "VF 0000:58:00.2: fabric vf not present"},
 		"no hugepages": {mutate: func(t *testing.T, f *fixture) {
 			// Something else took node 0's pages: the node and the
 			// system-wide counters agree.
@@ -129,20 +139,23 @@ func TestPlanRefusals(t *testing.T) {
 		}, want: "NUMA node 0 has 0 free"},
 		"GPU left vfio-pci": {mutate: func(t *testing.T, f *fixture) {
 			require.NoError(t, hostsim.SetDriver(f.root, f.slots[0].Capacity.GPUPCIAddress, "nvidia"))
-		}, want: `bound to nvidia`},
+		}, want: `bound to "nvidia", not vfio-pci`},
 		"bridge gone": {mutate: func(t *testing.T, f *fixture) {
 			require.NoError(t, hostsim.TamperFile(f.root, "run/hostsim/runtime.json", `{"units":{}}`))
-		}, want: "OVS bridge ovsbr0"},
-		"slot of another node": {slots: func(f *fixture) []sched.ApprovedSlot {
-			s := append([]sched.ApprovedSlot(nil), f.slots[0:2]...)
-			s[1].NodeID, s[1].SlotID = "j22u11", "j22u11-s1"
+		}, want: "ovs bridge missing"},
+		"slot of another node": {slots: func(f *fixture) []proto.Slot {
+			s := append([]proto.Slot(nil), f.slots[0:2]...)
+			s[1].NodeID, s[1].ID = "j22u11", "j22u11-s1"
 			return s
 		}, want: `slot j22u11-s1 belongs to node "j22u11"`},
-		"bad allocation id": {slots: func(f *fixture) []sched.ApprovedSlot {
-			s := append([]sched.ApprovedSlot(nil), f.slots[0:2]...)
-			s[0].SlotID = "../etc"
+		"bad slot id": {slots: func(f *fixture) []proto.Slot {
+			s := append([]proto.Slot(nil), f.slots[0:2]...)
+			s[0].ID = "../etc"
 			return s
 		}, want: "slot ID"},
+		"companion function not in the bundle": {slots: func(f *fixture) []proto.Slot {
+			return f.slots[4:5] // GPU 0000:9a:00.0 shares its IOMMU group with an HDA function
+		}, want: "9a:00.1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -157,7 +170,7 @@ func TestPlanRefusals(t *testing.T) {
 			plan, err := f.s.Plan(context.Background(), "alloc-1", slots)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
-			assert.Empty(t, plan.Slots)
+			assert.Empty(t, plan.Devices)
 			assert.Equal(t, 0, f.leaseCount(t), "no lease taken")
 		})
 	}
@@ -169,14 +182,14 @@ func TestReconcile(t *testing.T) {
 	ctx := context.Background()
 	_, err := f.s.Plan(ctx, "alloc-1", f.slots[0:2])
 	require.NoError(t, err)
-	_, err = f.s.Plan(ctx, "alloc-2", f.slots[4:5])
+	_, err = f.s.Plan(ctx, "alloc-2", f.slots[5:6])
 	require.NoError(t, err)
 
 	// The coordinator force-released alloc-1 while the agent was down and
 	// placed alloc-3 on slot 6, which the agent never saw.
-	claims := []sched.HostLease{
-		{SlotID: f.slots[4].SlotID, AllocationID: "alloc-2", ClaimID: f.slots[4].ClaimID, Generation: 1},
-		{SlotID: f.slots[6].SlotID, AllocationID: "alloc-3", ClaimID: "c6", Generation: 2},
+	claims := []Claim{
+		{SlotID: f.slots[5].ID, ClaimID: f.slots[5].ClaimID, Generation: 1},
+		{SlotID: f.slots[6].ID, ClaimID: "c6", Generation: 2},
 	}
 	r, err := f.s.Reconcile(claims)
 	require.NoError(t, err)
@@ -184,8 +197,10 @@ func TestReconcile(t *testing.T) {
 	for _, l := range r.Released {
 		assert.Equal(t, "alloc-1", l.AllocationID)
 	}
-	assert.Equal(t, []sched.HostLease{claims[1]}, r.Missing)
-	assert.Equal(t, []sched.HostLease{claims[0]}, r.Kept)
+	assert.Equal(t, []Claim{claims[1]}, r.Missing)
+	kept := claims[0]
+	kept.AllocationID = "alloc-2"
+	assert.Equal(t, []Claim{kept}, r.Kept)
 	assert.Equal(t, 1, f.leaseCount(t))
 }
 

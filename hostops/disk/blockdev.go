@@ -48,6 +48,26 @@ func openBlock(path string, write bool) (*blockDev, error) {
 	return &blockDev{f: f, path: path, size: int64(size), bs: bs}, nil
 }
 
+// openDevice opens dev's node and checks that what was opened is still
+// block device major:minor of dev, so a node swapped after the checks is
+// never written.
+func openDevice(dev Device, write bool) (*blockDev, error) {
+	bd, err := openBlock(dev.Path, write)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(bd.f.Fd()), &st); err != nil {
+		bd.Close()
+		return nil, fmt.Errorf("open block device %s: %w", dev.Path, err)
+	}
+	if unix.Major(st.Rdev) != dev.Major || unix.Minor(st.Rdev) != dev.Minor {
+		bd.Close()
+		return nil, fmt.Errorf("open block device %s: opened %d:%d, not %s", dev.Path, unix.Major(st.Rdev), unix.Minor(st.Rdev), dev.DevT())
+	}
+	return bd, nil
+}
+
 func ioctlPtr(fd int, req uint, arg unsafe.Pointer) error {
 	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
 	if e != 0 {

@@ -52,7 +52,7 @@ const (
 type CloneOptions struct {
 	Runner   Runner         // external programs; nil means ExecRunner
 	Method   CloneMethod    // MethodAuto by default
-	Progress func(Progress) // optional structured progress
+	Progress func(Progress) // optional; called one report at a time, in order; keep it quick
 	// Digests remembers verified images so one image cloned onto the
 	// disks of a multi-GPU slice is hashed once; nil hashes every time.
 	Digests *DigestCache
@@ -126,10 +126,13 @@ func (e *DigestMismatchError) Error() string {
 }
 
 // Clone writes img onto dev, which must come from Resolve. In order: the
-// image is validated, its sha256 verified (nothing is written on a
-// mismatch), the device checked with CheckSafe and opened exclusively; then
-// the image data is written and every other byte of the device is made to
-// read as zero, and the device is flushed. ctx cancels it between chunks.
+// image format is checked, the device is checked with CheckSafe against
+// the identity it was resolved from, the image's sha256 is verified
+// (nothing is written on a mismatch), and the device is opened with O_EXCL,
+// which the kernel refuses if anything mounted or claimed the disk or a
+// partition since. Then the image data is written, every other byte of the
+// device is made to read as zero, and the device is flushed. ctx cancels
+// it between chunks.
 func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (CloneResult, error) {
 	res := CloneResult{Device: dev.Name}
 	if err := dev.resolved(); err != nil {
@@ -196,7 +199,7 @@ func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (Clone
 	}
 	res.ImageBytes = virt
 
-	bd, err := openBlock(dev.Path, true)
+	bd, err := openDevice(dev, true)
 	if err != nil {
 		return res, fmt.Errorf("clone onto %s: %w", dev.Name, err)
 	}
@@ -248,29 +251,59 @@ func checkFormatMagic(img Image) error {
 	return nil
 }
 
-// fileSHA256 hashes a file, checking ctx between reads.
+// fileSHA256 hashes a file, checking ctx between reads. Holes are hashed
+// as the zeros they read as without reading them (a 10 GiB image holding
+// 1 GiB reads 1 GiB), so the cost of a sparse image is the hash alone.
 func fileSHA256(ctx context.Context, path string, tr *tracker) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("digest image: %w", err)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("digest image: %w", err)
+	}
+	size := fi.Size()
+	exts, err := dataExtents(f, size, 1)
+	if err != nil {
+		return nil, fmt.Errorf("digest image %s: %w", path, err)
+	}
 	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
 	h := sha256.New()
-	buf := make([]byte, 4<<20)
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("digest image %s: %w", path, err)
+	const chunk = 4 << 20
+	buf := make([]byte, chunk)
+	zeros := make([]byte, chunk)
+	hash := func(off, n int64, data bool) error {
+		for end := off + n; off < end; {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("digest image %s: %w", path, err)
+			}
+			c := min(chunk, end-off)
+			if !data {
+				h.Write(zeros[:c])
+			} else if _, err := f.ReadAt(buf[:c], off); err != nil {
+				return fmt.Errorf("digest image %s at %d (changed while hashing?): %w", path, off, err)
+			} else {
+				h.Write(buf[:c])
+			}
+			tr.add(c)
+			off += c
 		}
-		n, err := f.Read(buf)
-		h.Write(buf[:n])
-		tr.add(int64(n))
-		if errors.Is(err, io.EOF) {
-			break
+		return nil
+	}
+	pos := int64(0)
+	for _, e := range exts {
+		if err := hash(pos, e.off-pos, false); err != nil {
+			return nil, err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("digest image %s: %w", path, err)
+		if err := hash(e.off, e.n, true); err != nil {
+			return nil, err
 		}
+		pos = e.end()
+	}
+	if err := hash(pos, size-pos, false); err != nil {
+		return nil, err
 	}
 	tr.finish()
 	return h.Sum(nil), nil
@@ -391,8 +424,13 @@ func gaps(data []extent, size int64) []extent {
 	return out
 }
 
+// Measured on a loop device with direct I/O (1 GiB dense image and a
+// 10 GiB image holding 1 GiB, 2 cores, interleaved with qemu-img -W -m 16
+// -t none): 4 MiB x 4 in flight was as fast as any of 1-16 MiB x 1-32 and
+// on par with qemu-img; zeroing the gaps before or after the data made no
+// difference. NVMe needs a queue depth above one to reach its rate anyway.
 const (
-	cloneChunk   = 8 << 20 // bytes per write
+	cloneChunk   = 4 << 20 // bytes per write
 	cloneWriters = 4       // concurrent writes in flight
 )
 
@@ -424,16 +462,6 @@ func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr 
 	}
 	jobs := make(chan job, cloneWriters)
 
-	// Gaps are disjoint from the data, so they are zeroed alongside it.
-	g.Go(func() error {
-		for _, e := range gs {
-			if err := bd.ZeroRangeUnmap(gctx, e.off, e.n, tr.add); err != nil {
-				return err
-			}
-			zeroed += e.n
-		}
-		return nil
-	})
 	g.Go(func() error {
 		defer close(jobs)
 		for _, e := range exts {
@@ -492,7 +520,18 @@ func cloneNative(ctx context.Context, bd *blockDev, path string, virt int64, tr 
 	for _, n := range written {
 		data += n
 	}
-	return data, zeroed, err
+	if err != nil {
+		return data, 0, err
+	}
+	// Gaps after the data: on a loop device a hole punch waits for the
+	// direct writes in flight, so running both at once only serializes.
+	for _, e := range gs {
+		if err := bd.ZeroRangeUnmap(ctx, e.off, e.n, tr.add); err != nil {
+			return data, zeroed, err
+		}
+		zeroed += e.n
+	}
+	return data, zeroed, nil
 }
 
 // allZero reports whether b holds only zero bytes (fast path for data
@@ -534,9 +573,11 @@ func cloneQemuImg(ctx context.Context, r Runner, bd *blockDev, img Image, virt i
 }
 
 // qemuImgArgs is the convert command line: -n keeps the existing device,
-// -p prints progress that qemuProgress parses.
+// -p prints progress that qemuProgress parses, and -t none -W -m 16
+// (direct I/O, out-of-order writes, 16 coroutines) cloned a 1 GiB image
+// 5-10x faster than the default page-cache target in bench_test.go.
 func qemuImgArgs(img Image, dev string) []string {
-	return []string{"convert", "-p", "-n", "-f", string(img.Format), "-O", "raw", img.Path, dev}
+	return []string{"convert", "-p", "-n", "-t", "none", "-W", "-m", "16", "-f", string(img.Format), "-O", "raw", img.Path, dev}
 }
 
 // qemuProgress parses qemu-img's "    (12.34/100%)\r" progress lines.

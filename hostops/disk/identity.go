@@ -11,10 +11,13 @@
 //
 // Typical use by the agent:
 //
-//	dev, err := disk.Resolve(root, approved)          // identity -> device
-//	err = disk.CheckSafe(root, dev, approved)         // mounted? held? signed?
-//	res, err := disk.Clone(ctx, root, dev, approved, img, opts)
-//	proof, err := disk.Wipe(ctx, root, dev, approved, disk.PolicyDiscard, wopts)
+//	dev, err := disk.Resolve(root, approved)   // identity -> block device
+//	err = disk.CheckSafe(root, dev, approved)  // slot approval: mounted? held? signed?
+//	res, err := disk.Clone(ctx, dev, img, disk.CloneOptions{Digests: cache})
+//	proof, err := disk.Wipe(ctx, dev, disk.PolicyDiscard, disk.WipeOptions{})
+//
+// Clone, Wipe and Verify re-run the checks against the identity the device
+// was resolved from, so a Device that did not come from Resolve is refused.
 package disk
 
 import (

@@ -9,8 +9,8 @@ import (
 	"github.com/gpuaas/gpuaas/hostops"
 )
 
-// Mount is one line of /proc/self/mountinfo.
-type Mount struct {
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
 	Major, Minor uint32
 	Root         string // path inside the filesystem
 	MountPoint   string
@@ -19,7 +19,7 @@ type Mount struct {
 }
 
 // readMountinfo reads the mount table under root.
-func readMountinfo(root hostops.Root) ([]Mount, error) {
+func readMountinfo(root hostops.Root) ([]mountEntry, error) {
 	p := root.ProcPath("self", "mountinfo")
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -37,8 +37,8 @@ func readMountinfo(root hostops.Root) ([]Mount, error) {
 //	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
 //
 // Paths are unescaped (\040 is a space).
-func parseMountinfo(content string) ([]Mount, error) {
-	var out []Mount
+func parseMountinfo(content string) ([]mountEntry, error) {
+	var out []mountEntry
 	for i, line := range strings.Split(content, "\n") {
 		if strings.TrimSpace(line) == "" {
 			continue
@@ -58,7 +58,7 @@ func parseMountinfo(content string) ([]Mount, error) {
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", i+1, err)
 		}
-		out = append(out, Mount{
+		out = append(out, mountEntry{
 			Major: maj, Minor: min,
 			Root:       unescapeOctal(f[3]),
 			MountPoint: unescapeOctal(f[4]),

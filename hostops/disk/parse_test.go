@@ -2,11 +2,15 @@ package disk
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/gpuaas/gpuaas/test/testenv"
@@ -19,24 +23,24 @@ func TestParseMountinfo(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		in      string
-		want    []Mount
+		want    []mountEntry
 		wantErr string
 	}{
 		{name: "empty", in: ""},
 		{
 			name: "proc(5) example with optional fields",
 			in:   "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n",
-			want: []Mount{{Major: 98, Minor: 0, Root: "/mnt1", MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root"}},
+			want: []mountEntry{{Major: 98, Minor: 0, Root: "/mnt1", MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root"}},
 		},
 		{
 			name: "no optional fields, escaped space",
 			in:   "43 27 259:0 / /tmp/cap\\040mnt rw,relatime - ext4 /dev/loop0p1 rw\n",
-			want: []Mount{{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}},
+			want: []mountEntry{{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}},
 		},
 		{
 			name: "several optional fields",
 			in:   "50 29 0:45 / /var/lib/x rw shared:5 master:2 propagate_from:1 - btrfs /dev/nvme1n1p2 rw,ssd\n",
-			want: []Mount{{Major: 0, Minor: 45, Root: "/", MountPoint: "/var/lib/x", FSType: "btrfs", Source: "/dev/nvme1n1p2"}},
+			want: []mountEntry{{Major: 0, Minor: 45, Root: "/", MountPoint: "/var/lib/x", FSType: "btrfs", Source: "/dev/nvme1n1p2"}},
 		},
 		{name: "truncated", in: "36 35 98:0 /mnt1 /mnt2\n", wantErr: "line 1: malformed"},
 		{name: "no separator", in: "36 35 98:0 /mnt1 /mnt2 rw a b c d e\n", wantErr: "malformed"},
@@ -63,15 +67,15 @@ func TestParseMountinfoCapture(t *testing.T) {
 	ms, err := parseMountinfo(string(b))
 	require.NoError(t, err)
 	require.Greater(t, len(ms), 10)
-	var found *Mount
+	var found *mountEntry
 	for i := range ms {
 		if ms[i].MountPoint == "/tmp/cap mnt" {
 			found = &ms[i]
 		}
 	}
 	require.NotNil(t, found)
-	assert.Equal(t, Mount{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}, *found)
-	assert.Equal(t, Mount{Major: 0, Minor: 21, Root: "/", MountPoint: "/proc", FSType: "proc", Source: "proc"}, ms[0])
+	assert.Equal(t, mountEntry{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}, *found)
+	assert.Equal(t, mountEntry{Major: 0, Minor: 21, Root: "/", MountPoint: "/proc", FSType: "proc", Source: "proc"}, ms[0])
 }
 
 func TestParseSwaps(t *testing.T) {
@@ -257,4 +261,86 @@ func TestAllZero(t *testing.T) {
 	b[9999], b[3] = 0, 7
 	assert.Equal(t, 3, firstNonZero(b))
 	assert.True(t, allZero(nil))
+}
+
+func TestTracker(t *testing.T) {
+	t.Parallel()
+	var got []Progress
+	tr := newTracker("write", 1000, func(p Progress) { got = append(got, p) })
+	tr.start = tr.start.Add(-2 * time.Second) // 2 s in
+	tr.every = 0
+	tr.add(250)
+	require.Len(t, got, 1)
+	p := got[0]
+	assert.Equal(t, "write", p.Phase)
+	assert.Equal(t, int64(250), p.Done)
+	assert.InDelta(t, 125, p.BytesPerSec, 5)
+	assert.InDelta(t, 6*time.Second, p.ETA, float64(300*time.Millisecond))
+	tr.add(750)
+	tr.finish()
+	last := got[len(got)-1]
+	assert.Equal(t, last.Total, last.Done)
+	assert.Zero(t, last.ETA)
+	var nilTracker *tracker
+	nilTracker.add(1) // a nil tracker is a no-op
+	nilTracker.finish()
+}
+
+// The proof is what the coordinator stores on a slot: its JSON names are
+// part of the contract.
+func TestProofJSON(t *testing.T) {
+	t.Parallel()
+	p := Proof{
+		Method: PolicyDiscard, Device: "nvme3n1", Identity: Identity{Serial: "S1", DeviceName: "nvme3n1"},
+		Bytes: 3840755982336, Duration: 1500 * time.Millisecond, VerifyDuration: time.Second, Seed: 7,
+		Samples:      []Sample{{Kind: "head", Offset: 0, Length: 1 << 20}},
+		SampleDigest: "ab", VerifiedAt: time.Date(2026, 11, 21, 19, 0, 0, 0, time.UTC),
+	}
+	b, err := json.Marshal(p)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"method":"blkdiscard","device":"nvme3n1","identity":{"serial":"S1","device_name":"nvme3n1"},
+		"bytes":3840755982336,"duration_ns":1500000000,"verify_duration_ns":1000000000,"seed":7,
+		"samples":[{"kind":"head","offset":0,"length":1048576}],"sample_sha256":"ab","verified_at":"2026-11-21T19:00:00Z"}`, string(b))
+	var back Proof
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Empty(t, cmp.Diff(p, back))
+}
+
+func TestVerifyErrorMessage(t *testing.T) {
+	t.Parallel()
+	e := &VerifyError{Device: "nvme0n1", Findings: []Finding{{Kind: "tail", Offset: 1<<30 - 512, Signature: "gpt_backup"}}}
+	assert.Equal(t, "wipe verification of nvme0n1 failed: tail range has data at byte 1073741312 (gpt_backup signature)", e.Error())
+	for i := 0; i < 7; i++ {
+		e.Findings = append(e.Findings, Finding{Kind: "random", Offset: int64(i) << 20})
+	}
+	assert.Contains(t, e.Error(), "; and 3 more ranges")
+}
+
+// Hashing skips reading holes but must equal hashing every byte.
+func TestFileSHA256Sparse(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "sparse.raw")
+	require.NoError(t, os.WriteFile(p, nil, 0o644))
+	require.NoError(t, os.Truncate(p, 64<<20+1234))
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	for _, off := range []int64{0, 5 << 20, 17<<20 + 3, 64<<20 + 1000} {
+		_, err := f.WriteAt(bytes.Repeat([]byte{byte(off), 0xa5}, 100), off)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Close())
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	want := sha256.Sum256(b)
+	var last Progress
+	tr := newTracker("digest", int64(len(b)), func(p Progress) { last = p })
+	got, err := fileSHA256(context.Background(), p, tr)
+	require.NoError(t, err)
+	assert.Equal(t, want[:], got)
+	assert.Equal(t, int64(len(b)), last.Done)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = fileSHA256(ctx, p, nil)
+	assert.ErrorIs(t, err, context.Canceled)
 }

@@ -275,7 +275,7 @@ func TestPrivilegedCloneQcow2Transcript(t *testing.T) {
 	require.NoError(t, err)
 	want := []Call{
 		{Name: "qemu-img", Args: []string{"info", "--output=json", "-f", "qcow2", qcow}},
-		{Name: "qemu-img", Args: []string{"convert", "-p", "-n", "-f", "qcow2", "-O", "raw", qcow, dev.Path}},
+		{Name: "qemu-img", Args: []string{"convert", "-p", "-n", "-t", "none", "-W", "-m", "16", "-f", "qcow2", "-O", "raw", qcow, dev.Path}},
 	}
 	assert.Empty(t, cmp.Diff(want, rec.Calls()))
 	assert.Equal(t, fileDigest(t, raw), digestRange(t, node, 0, 16<<20))
@@ -318,6 +318,40 @@ func TestPrivilegedWipeVerify(t *testing.T) {
 		require.Len(t, ve.Findings, 1)
 		assert.Equal(t, Finding{Kind: "tail", Offset: size - 512, Signature: "gpt_backup"}, ve.Findings[0])
 		assert.Contains(t, err.Error(), "tail range has data at byte 536870400 (gpt_backup signature)")
+	})
+
+	t.Run("cancelled", func(t *testing.T) {
+		plant(t, file, size, 6)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err := Wipe(cctx, dev, PolicyZero, WipeOptions{})
+		require.ErrorIs(t, err, context.Canceled)
+		_, err = Verify(ctx, dev, VerifyOptions{})
+		var ve *VerifyError
+		require.ErrorAs(t, err, &ve, "a cancelled wipe must not verify")
+	})
+
+	t.Run("wipe that skips a quarter in the middle is caught", func(t *testing.T) {
+		plant(t, file, size, 7)
+		fillRandom(t, file, size/2, size/4, 8)
+		bd, err := openBlock(dev.Path, true)
+		require.NoError(t, err)
+		require.NoError(t, bd.ZeroRange(ctx, 0, size/2, nil))
+		require.NoError(t, bd.ZeroRange(ctx, size/2+size/4, size/4, nil))
+		require.NoError(t, bd.Close())
+		_, err = Verify(ctx, dev, VerifyOptions{}) // 256 samples: missing 1/4 has odds 0.75^256
+		var ve *VerifyError
+		require.ErrorAs(t, err, &ve)
+		random := 0
+		for _, f := range ve.Findings {
+			if f.Kind == "random" {
+				random++
+			}
+			assert.Contains(t, []string{"random", "superblock"}, f.Kind)
+			assert.GreaterOrEqual(t, f.Offset, int64(size/2))
+			assert.Less(t, f.Offset, int64(size/2+size/4))
+		}
+		assert.Greater(t, random, 20, "about a quarter of 256 samples land there")
 	})
 
 	t.Run("zero", func(t *testing.T) {
@@ -430,6 +464,15 @@ func TestPrivilegedRefuseMountedPartition(t *testing.T) {
 		assert.Equal(t, MountedError{Device: "nvme0n1", Node: "nvme0n1p1", MountPoint: mnt, FSType: "ext4"}, *me, name)
 	}
 	assert.Equal(t, before, fileDigest(t, node), "a refused device was modified")
+	// The kernel's own guard, used when Clone and Wipe open the disk:
+	// no exclusive open of a disk with a mounted partition.
+	_, err := openDevice(dev, true)
+	require.ErrorContains(t, err, "device or resource busy")
+	// A node that no longer is the resolved device is not opened.
+	other := dev
+	other.Minor++
+	_, err = openDevice(other, false)
+	require.ErrorContains(t, err, "not "+other.DevT())
 
 	// Unmounted, the partition table is still an unexpected signature
 	// for a clone, but is what a wipe removes.
@@ -438,7 +481,7 @@ func TestPrivilegedRefuseMountedPartition(t *testing.T) {
 	var se *SignatureError
 	require.ErrorAs(t, CheckSafe(h.root, dev, idA), &se)
 	assert.Equal(t, []Signature{{"dos", 0}, {"gpt", 512}, {"gpt_backup", 64<<20 - 512}}, se.Signatures)
-	_, err := Wipe(context.Background(), dev, PolicyZero, WipeOptions{})
+	_, err = Wipe(context.Background(), dev, PolicyZero, WipeOptions{})
 	require.NoError(t, err)
 	require.NoError(t, CheckSafe(h.root, dev, idA))
 }

@@ -30,22 +30,19 @@ func newTracker(phase string, total int64, cb func(Progress)) *tracker {
 }
 
 // add records n more bytes done and reports if the interval has passed.
+// Writers call it concurrently; the callback runs under the lock, so the
+// caller's func sees reports one at a time and in order.
 func (t *tracker) add(n int64) {
 	if t == nil {
 		return
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.p.Done += n
 	now := time.Now()
-	var report *Progress
 	if t.cb != nil && now.Sub(t.last) >= t.every {
 		t.last = now
-		p := t.snapshot(now)
-		report = &p
-	}
-	t.mu.Unlock()
-	if report != nil {
-		t.cb(*report)
+		t.cb(t.snapshot(now))
 	}
 }
 
@@ -55,9 +52,8 @@ func (t *tracker) finish() {
 		return
 	}
 	t.mu.Lock()
-	p := t.snapshot(time.Now())
-	t.mu.Unlock()
-	t.cb(p)
+	defer t.mu.Unlock()
+	t.cb(t.snapshot(time.Now()))
 }
 
 func (t *tracker) snapshot(now time.Time) Progress {

@@ -154,7 +154,7 @@ func checkSafe(root hostops.Root, dev Device, want Identity, allowSignatures boo
 	if allowSignatures {
 		return nil
 	}
-	bd, err := openBlock(dev.Path, false)
+	bd, err := openDevice(dev, false)
 	if err != nil {
 		return fmt.Errorf("check disk %s: %w", dev.Name, err)
 	}

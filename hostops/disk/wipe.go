@@ -85,12 +85,18 @@ type Finding struct {
 }
 
 func (e *VerifyError) Error() string {
-	s := make([]string, len(e.Findings))
+	const show = 5
+	var s []string
 	for i, f := range e.Findings {
-		s[i] = fmt.Sprintf("%s range has data at byte %d", f.Kind, f.Offset)
-		if f.Signature != "" {
-			s[i] += " (" + f.Signature + " signature)"
+		if i == show {
+			s = append(s, fmt.Sprintf("and %d more ranges", len(e.Findings)-show))
+			break
 		}
+		msg := fmt.Sprintf("%s range has data at byte %d", f.Kind, f.Offset)
+		if f.Signature != "" {
+			msg += " (" + f.Signature + " signature)"
+		}
+		s = append(s, msg)
 	}
 	return fmt.Sprintf("wipe verification of %s failed: %s", e.Device, strings.Join(s, "; "))
 }
@@ -122,15 +128,17 @@ func Wipe(ctx context.Context, dev Device, policy Policy, opts WipeOptions) (Pro
 	case PolicyNVMeFormat:
 		err = opts.Runner.Run(ctx, nil, "nvme", nvmeFormatArgs(dev.Path)...)
 	case PolicyZero:
-		err = zeroDevice(ctx, dev.Path, tr)
+		err = zeroDevice(ctx, dev, tr)
 	}
 	if err != nil {
 		return Proof{}, fmt.Errorf("wipe %s by %s: %w", dev.Name, policy, err)
 	}
-	tr.add(0)
+	if policy != PolicyZero {
+		tr.add(dev.SizeBytes) // one command did it all
+	}
 	tr.finish()
 	wiped := time.Since(t0)
-	if bd, err := openBlock(dev.Path, false); err == nil {
+	if bd, err := openDevice(dev, false); err == nil {
 		if err := bd.rereadPartitions(); err != nil {
 			slog.Warn("partition table not re-read after wipe", "disk", dev.Name, "err", err)
 		}
@@ -153,8 +161,8 @@ func nvmeFormatArgs(dev string) []string {
 	return []string{"format", dev, "--ses=1", "--force"}
 }
 
-func zeroDevice(ctx context.Context, path string, tr *tracker) error {
-	bd, err := openBlock(path, true)
+func zeroDevice(ctx context.Context, dev Device, tr *tracker) error {
+	bd, err := openDevice(dev, true)
 	if err != nil {
 		return err
 	}
@@ -202,7 +210,7 @@ func Verify(ctx context.Context, dev Device, opts VerifyOptions) (Proof, error) 
 		opts.Seed = binary.LittleEndian.Uint64(b[:]) | 1
 	}
 	t0 := time.Now()
-	bd, err := openBlock(dev.Path, false)
+	bd, err := openDevice(dev, false)
 	if err != nil {
 		return Proof{}, fmt.Errorf("verify %s: %w", dev.Name, err)
 	}

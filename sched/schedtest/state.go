@@ -15,10 +15,10 @@ import (
 )
 
 // State is an in-memory sched.State. It keeps the NodesByAvailable index
-// up to date on every write, as the coordinator's store does. Objects it
-// hands out are never modified afterwards: writes replace them (copy on
-// write), so an earlier read stays a consistent snapshot of that object.
-// It is not safe for concurrent use.
+// up to date on every write, as the coordinator's store does. Nodes and
+// slots it hands out are never modified afterwards: writes replace them
+// (copy on write). Index buckets are updated in place, so a bucket slice
+// is only valid until the next write. It is not safe for concurrent use.
 type State struct {
 	regions     map[string]*proto.Region
 	nodes       map[string]*proto.Node
@@ -27,6 +27,7 @@ type State struct {
 	regionNodes map[string][]string
 	exclusive   map[string]string // node -> claim ID of its node_exclusive claim
 	bucket      map[string]int    // node -> its NodesByAvailable bucket
+	slotClaims  map[string]int    // node -> slots held by slot claims
 	avail       map[string][][]string
 	sizes       map[string]map[int]int // region -> slot count -> nodes with it
 
@@ -46,6 +47,7 @@ func New() *State {
 		regionNodes: map[string][]string{},
 		exclusive:   map[string]string{},
 		bucket:      map[string]int{},
+		slotClaims:  map[string]int{},
 		avail:       map[string][][]string{},
 		sizes:       map[string]map[int]int{},
 	}
@@ -149,6 +151,7 @@ func (s *State) UpdateNode(n *proto.Node) error {
 	nn := *n
 	nn.CreateIndex, nn.ModifyIndex = old.CreateIndex, s.next()
 	s.nodes[n.ID] = &nn
+	s.reindex(n.ID) // the intent decides index membership
 	return nil
 }
 
@@ -181,15 +184,26 @@ func (s *State) replaceSlot(c *proto.Slot) {
 	s.nodeSlots[c.NodeID] = fresh
 }
 
-// reindex moves a node to the bucket of its current schedulable count.
+// reindex moves a slice_vm node to the bucket of its current schedulable
+// count; nodes of other intents are kept out of the index.
 func (s *State) reindex(nodeID string) {
-	k := 0
+	k, claims := 0, 0
+	excl := s.exclusive[nodeID]
 	for _, sl := range s.nodeSlots[nodeID] {
 		if sched.Schedulable(sl) {
 			k++
 		}
+		if sl.ClaimID != "" && sl.ClaimID != excl {
+			claims++
+		}
 	}
-	region := s.nodes[nodeID].Region
+	s.slotClaims[nodeID] = claims
+	n := s.nodes[nodeID]
+	region := n.Region
+	if n.ProfileIntent != proto.IntentSliceVM {
+		s.unindex(region, nodeID)
+		return
+	}
 	if old, ok := s.bucket[nodeID]; ok {
 		if old == k {
 			return
@@ -201,11 +215,7 @@ func (s *State) reindex(nodeID string) {
 		b = append(b, nil)
 	}
 	i, _ := slices.BinarySearch(b[k], nodeID)
-	// Insert into a fresh slice so a bucket handed out earlier keeps
-	// its contents.
-	fresh := make([]string, 0, len(b[k])+1)
-	fresh = append(append(append(fresh, b[k][:i]...), nodeID), b[k][i:]...)
-	b[k] = fresh
+	b[k] = slices.Insert(b[k], i, nodeID)
 	s.avail[region] = b
 	s.bucket[nodeID] = k
 }
@@ -217,8 +227,7 @@ func (s *State) unindex(region, nodeID string) {
 	}
 	b := s.avail[region][k]
 	if i, found := slices.BinarySearch(b, nodeID); found {
-		fresh := make([]string, 0, len(b)-1)
-		s.avail[region][k] = append(append(fresh, b[:i]...), b[i+1:]...)
+		s.avail[region][k] = slices.Delete(b, i, i+1)
 	}
 	delete(s.bucket, nodeID)
 }
@@ -250,13 +259,7 @@ func (s *State) NodeSlots(nodeID string) []*proto.Slot { return s.nodeSlots[node
 // NodeClaims implements sched.State: a node_exclusive claim placed with
 // ApplyBaremetal, and the slots whose ClaimID is set.
 func (s *State) NodeClaims(nodeID string) (bool, int) {
-	n := 0
-	for _, sl := range s.nodeSlots[nodeID] {
-		if sl.ClaimID != "" && s.exclusive[nodeID] != sl.ClaimID {
-			n++
-		}
-	}
-	return s.exclusive[nodeID] != "", n
+	return s.exclusive[nodeID] != "", s.slotClaims[nodeID]
 }
 
 // NodesByAvailable implements sched.State.
