@@ -260,8 +260,10 @@ func placeBaremetal(tx *state.Txn, req *proto.AllocationPlaceRequest, node *prot
 		ns.Status, ns.ClaimID, ns.Generation, ns.StatusReason = proto.SlotReserved, c.ID, s.Generation+1, ""
 		slots = append(slots, &ns)
 	}
-	for id := range expect {
-		return nil, nil, invalid("allocation_place: planned slot %s is not a slot of node %s", id, node.ID)
+	for _, e := range req.Slots { // in request order: the answer is deterministic
+		if _, left := expect[e.SlotID]; left {
+			return nil, nil, invalid("allocation_place: planned slot %s is not a slot of node %s", e.SlotID, node.ID)
+		}
 	}
 	if a.GPUCount == 0 {
 		a.GPUCount = len(nodeSlots)

@@ -312,7 +312,8 @@ func sameDisk(a, b proto.DiskIdentity) bool {
 func (f *FSM) applySlotApprove(body []byte, index uint64) any {
 	req := decode[proto.SlotApproveRequest](proto.SlotApproveType, body, index)
 	return f.write(index, func(tx *state.Txn) (any, error) {
-		if _, ok := tx.Node(req.NodeID); !ok {
+		node, ok := tx.Node(req.NodeID)
+		if !ok {
 			return nil, notFound("node", req.NodeID)
 		}
 		if req.Index < 0 || req.Index > 63 {
@@ -368,7 +369,8 @@ func (f *FSM) applySlotApprove(body []byte, index uint64) any {
 				return nil, invalid("slot_approve: slot %s: private IP %s is already bound to slot %s", id, capacity.PrivateIP, o.ID)
 			}
 		}
-		s := &proto.Slot{ID: id, NodeID: req.NodeID, Index: req.Index, Status: proto.SlotAvailable, Capacity: capacity}
+		s := &proto.Slot{ID: id, NodeID: req.NodeID, Index: req.Index, Status: proto.SlotAvailable, Capacity: capacity,
+			DrainRequested: node.Draining}
 		if old, ok := tx.Slot(id); ok {
 			// Re-approval updates the binding of a disabled, clean slot.
 			if err := proto.CheckSlotTransition("slot_approve", id, old.Status, proto.SlotAvailable); err != nil || old.Status != proto.SlotDisabled {

@@ -11,6 +11,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 // placeBench holds an FSM loaded with nodes×8 slots and pre-encoded
@@ -157,4 +158,67 @@ func BenchmarkCheckerPlace(b *testing.B) {
 		}
 		next++
 	}
+}
+
+// BenchmarkWriteSnapshot streams a ledger of 1,000 nodes × 8 slots after
+// 8,000 placements (allocations, claims, outbox, timeline): the cost raft
+// pays in the background at each snapshot.
+func BenchmarkWriteSnapshot(b *testing.B) {
+	pb := newPlaceBench(b, 1000, 1)
+	for _, c := range pb.cmds {
+		pb.index++
+		if e, ok := pb.f.ApplyCommand(pb.index, c).(*proto.Error); ok {
+			b.Fatal(e)
+		}
+	}
+	snap := pb.f.Store().Snapshot()
+	var size int
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var w countingWriter
+		if err := fsm.WriteSnapshot(&w, snap); err != nil {
+			b.Fatal(err)
+		}
+		size = int(w)
+	}
+	b.ReportMetric(float64(size)/1e6, "MB")
+}
+
+type countingWriter int
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	*w += countingWriter(len(p))
+	return len(p), nil
+}
+
+// BenchmarkSchedOnLedgerSnapshot is a 1-GPU slice decision of sched on a
+// ledger snapshot of 1,000 nodes × 8 slots (half of the nodes partly
+// used): "fresh" opens a new snapshot per decision, "shared" plans on one
+// snapshot as a leader batch does (memoized lists).
+func BenchmarkSchedOnLedgerSnapshot(b *testing.B) {
+	pb := newPlaceBench(b, 1000, 1)
+	for i := 0; i < len(pb.cmds); i += 16 { // one slot on every other node
+		pb.index++
+		if e, ok := pb.f.ApplyCommand(pb.index, pb.cmds[i]).(*proto.Error); ok {
+			b.Fatal(e)
+		}
+	}
+	sku, _ := proto.FindSKU(proto.DefaultSKUs(), "h200-sxm-slice")
+	req := sched.SliceRequest{SKU: sku, GPUCount: 1, Region: "us-east"}
+	b.Run("fresh", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if _, err := sched.PlaceSlice(pb.f.Store().Snapshot(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("shared", func(b *testing.B) {
+		snap := pb.f.Store().Snapshot()
+		for i := 0; i < b.N; i++ {
+			if _, err := sched.PlaceSlice(snap, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -45,6 +45,19 @@ var (
 	_ raft.BatchingFSM = (*FSM)(nil)
 )
 
+// LedgerTypes lists every command type the ledger FSM applies. Other
+// types (a server's peers table, agent enrollment) belong to wrapper FSMs
+// and must be proposed with proto.IgnoreUnknownTypeFlag so the ledger
+// skips them.
+var LedgerTypes = []proto.MessageType{
+	proto.RegionUpsertType, proto.PoolUpsertType, proto.NodeUpsertType, proto.NodeSetIntentType,
+	proto.NodeDrainType, proto.NodeReadinessType, proto.NodeSetStateType, proto.CandidateTopologyType,
+	proto.SlotApproveType, proto.SlotDisableType, proto.SlotRepairType, proto.AllocationPlaceType,
+	proto.AllocationTransitionType, proto.AllocationReleaseType, proto.AllocationReleasedType,
+	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
+	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType,
+}
+
 // New returns an FSM applying to store (a new empty store when nil).
 func New(store *state.Store, logger *slog.Logger) *FSM {
 	if store == nil {

@@ -84,14 +84,13 @@ func TestApplySkipsNonCommandEntries(t *testing.T) {
 	assert.Equal(t, before, h.Dump())
 }
 
-// Every named message type reaches an apply function: an empty body is
-// refused as a domain error (or applied), never "unknown command type".
-func TestApplyHandlesEveryMessageType(t *testing.T) {
+// Every ledger message type reaches an apply function: an empty body is
+// refused as a domain error, never "unknown command type".
+func TestApplyHandlesEveryLedgerType(t *testing.T) {
 	t.Parallel()
-	for typ := proto.MessageType(1); typ < proto.IgnoreUnknownTypeFlag; typ++ {
-		if typ.String() == fmt.Sprintf("message_type_%d", typ) || proto.ServerOnly(typ) {
-			continue // unnamed, or applied by a server FSM wrapper
-		}
+	require.Len(t, fsm.LedgerTypes, int(proto.SlotHealthType), "types 1..slot_health are the ledger's")
+	for _, typ := range fsm.LedgerTypes {
+		require.NotEqual(t, fmt.Sprintf("message_type_%d", typ), typ.String(), "type %d has no name", typ)
 		t.Run(typ.String(), func(t *testing.T) {
 			h := seeded(t)
 			before := h.Dump()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 // Ledger invariants (DESIGN.md "Invariants"), checked on a snapshot:
@@ -85,8 +86,10 @@ func checkNode(snap *state.Snapshot, nodeID string) error {
 	available := 0
 	slots := snap.NodeSlots(nodeID)
 	for _, s := range slots {
-		if s.Status == proto.SlotAvailable {
+		if sched.Schedulable(s) {
 			available++
+		}
+		if s.Status == proto.SlotAvailable {
 			if s.Touched {
 				return fmt.Errorf("slot %s: available but touched without a wipe proof", s.ID)
 			}

@@ -155,6 +155,10 @@ func TestReleasedUnderDrainDisablesSlots(t *testing.T) {
 	assert.Equal(t, "node drained", s.StatusReason)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 
+	// A slot approved on a draining node is born with the drain request.
+	s8 := h.OK(proto.SlotApproveType, proto.SlotApproveRequest{At: h.At(), NodeID: n0, Index: 8, Capacity: fsmtest.Capacity(n0, 8)}).(*proto.Slot)
+	assert.True(t, s8.DrainRequested)
+
 	// Undrain clears the request; repair brings the slot back.
 	h.OK(proto.NodeDrainType, proto.NodeDrainRequest{At: h.At(), NodeID: n0, Draining: false})
 	assert.False(t, h.Slot(slot(n0, 1)).DrainRequested)

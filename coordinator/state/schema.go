@@ -79,7 +79,7 @@ type NodeSummary struct {
 	NodeID          string
 	Region          string
 	Total           int // approved slots
-	Available       int // slots in status available
+	Available       int // schedulable slots (sched.Schedulable)
 	ExclusiveClaims int // live node_exclusive claims
 	SlotClaims      int // live slot claims
 }
@@ -135,21 +135,19 @@ func key(parts ...any) ([]byte, error) {
 	return b, nil
 }
 
-// fieldIndex is a memdb indexer built from a function returning the key
-// parts of an object (nil parts: the object is not in this index).
-type fieldIndex[T any] func(*T) []any
+// fieldIndex is a memdb indexer built from a function appending an
+// object's key to a buffer (false: the object is not in this index). It
+// encodes exactly like key, so arguments find objects, without boxing
+// the fields on every write.
+type fieldIndex[T any] func(b []byte, o *T) ([]byte, bool)
 
 func (f fieldIndex[T]) FromObject(obj any) (bool, []byte, error) {
 	o, ok := obj.(*T)
 	if !ok {
 		return false, nil, fmt.Errorf("state: index wants *%T, got %T", *new(T), obj)
 	}
-	parts := f(o)
-	if parts == nil {
-		return false, nil, nil
-	}
-	b, err := key(parts...)
-	return err == nil, b, err
+	b, ok := f(make([]byte, 0, 64), o)
+	return ok, b, nil
 }
 
 func (f fieldIndex[T]) FromArgs(args ...any) ([]byte, error) { return key(args...) }
@@ -157,8 +155,25 @@ func (f fieldIndex[T]) FromArgs(args ...any) ([]byte, error) { return key(args..
 // PrefixFromArgs lets Get/LowerBound take a prefix of the key parts.
 func (f fieldIndex[T]) PrefixFromArgs(args ...any) ([]byte, error) { return key(args...) }
 
-func idx[T any](name string, unique, allowMissing bool, f func(*T) []any) *memdb.IndexSchema {
+func idx[T any](name string, unique, allowMissing bool, f func(b []byte, o *T) ([]byte, bool)) *memdb.IndexSchema {
 	return &memdb.IndexSchema{Name: name, Unique: unique, AllowMissing: allowMissing, Indexer: fieldIndex[T](f)}
+}
+
+// str, num and u64 append key parts (see key).
+func str(b []byte, s string) []byte { return append(append(b, s...), 0) }
+func num(b []byte, i int) []byte    { return binary.BigEndian.AppendUint64(b, uint64(i)^(1<<63)) }
+func u64(b []byte, v uint64) []byte { return binary.BigEndian.AppendUint64(b, v) }
+
+// byString indexes one string field (objects with "" are left out when
+// optional).
+func byString[T any](field func(*T) string, optional bool) func([]byte, *T) ([]byte, bool) {
+	return func(b []byte, o *T) ([]byte, bool) {
+		v := field(o)
+		if optional && v == "" {
+			return nil, false
+		}
+		return str(b, v), true
+	}
 }
 
 func table(name string, indexes ...*memdb.IndexSchema) *memdb.TableSchema {
@@ -186,55 +201,50 @@ func schema() *memdb.DBSchema {
 	s := &memdb.DBSchema{Tables: map[string]*memdb.TableSchema{}}
 	add := func(t *memdb.TableSchema) { s.Tables[t.Name] = t }
 	add(table(TableRegions,
-		idx(idxID, true, false, func(o *proto.Region) []any { return []any{o.Name} })))
+		idx(idxID, true, false, byString(func(o *proto.Region) string { return o.Name }, false))))
 	add(table(TablePools,
-		idx(idxID, true, false, func(o *proto.Pool) []any { return []any{o.Name} }),
-		idx(idxRegion, false, false, func(o *proto.Pool) []any { return []any{o.Region} })))
+		idx(idxID, true, false, byString(func(o *proto.Pool) string { return o.Name }, false)),
+		idx(idxRegion, false, false, byString(func(o *proto.Pool) string { return o.Region }, false))))
 	add(table(TableNodes,
-		idx(idxID, true, false, func(o *proto.Node) []any { return []any{o.ID} }),
-		idx(idxRegion, false, false, func(o *proto.Node) []any { return []any{o.Region} })))
+		idx(idxID, true, false, byString(func(o *proto.Node) string { return o.ID }, false)),
+		idx(idxRegion, false, false, byString(func(o *proto.Node) string { return o.Region }, false))))
 	add(table(TableCandidates,
-		idx(idxID, true, false, func(o *proto.CandidateTopology) []any { return []any{o.NodeID} })))
+		idx(idxID, true, false, byString(func(o *proto.CandidateTopology) string { return o.NodeID }, false))))
 	add(table(TableSlots,
-		idx(idxID, true, false, func(o *proto.Slot) []any { return []any{o.ID} }),
-		idx(idxNodeIndex, true, false, func(o *proto.Slot) []any { return []any{o.NodeID, o.Index} })))
+		idx(idxID, true, false, byString(func(o *proto.Slot) string { return o.ID }, false)),
+		idx(idxNodeIndex, true, false, func(b []byte, o *proto.Slot) ([]byte, bool) { return num(str(b, o.NodeID), o.Index), true })))
 	add(table(TableAllocations,
-		idx(idxID, true, false, func(o *proto.Allocation) []any { return []any{o.ID} }),
-		idx(idxIdemKey, true, true, func(o *proto.Allocation) []any {
-			if o.IdempotencyKey == "" {
-				return nil
-			}
-			return []any{o.IdempotencyKey}
-		}),
-		idx(idxState, false, false, func(o *proto.Allocation) []any { return []any{o.State} })))
+		idx(idxID, true, false, byString(func(o *proto.Allocation) string { return o.ID }, false)),
+		idx(idxIdemKey, true, true, byString(func(o *proto.Allocation) string { return o.IdempotencyKey }, true)),
+		idx(idxState, false, false, byString(func(o *proto.Allocation) string { return string(o.State) }, false))))
 	add(table(TableClaims,
-		idx(idxID, true, false, func(o *proto.Claim) []any { return []any{o.ID} }),
-		idx(idxLiveNode, false, true, func(o *proto.Claim) []any {
+		idx(idxID, true, false, byString(func(o *proto.Claim) string { return o.ID }, false)),
+		idx(idxLiveNode, false, true, func(b []byte, o *proto.Claim) ([]byte, bool) {
 			if !o.Live {
-				return nil
+				return nil, false
 			}
-			return []any{o.NodeID}
+			return str(b, o.NodeID), true
 		})))
 	add(table(TableTasks,
-		idx(idxID, true, false, func(o *proto.Task) []any { return []any{o.ID} }),
-		idx(idxNode, true, false, func(o *proto.Task) []any { return []any{o.NodeID, o.ID} }),
-		idx(idxAllocation, true, true, func(o *proto.Task) []any {
+		idx(idxID, true, false, byString(func(o *proto.Task) string { return o.ID }, false)),
+		idx(idxNode, true, false, func(b []byte, o *proto.Task) ([]byte, bool) { return str(str(b, o.NodeID), o.ID), true }),
+		idx(idxAllocation, true, true, func(b []byte, o *proto.Task) ([]byte, bool) {
 			if o.AllocationID == "" {
-				return nil
+				return nil, false
 			}
-			return []any{o.AllocationID, o.ID}
+			return str(str(b, o.AllocationID), o.ID), true
 		}),
-		idx(idxState, false, false, func(o *proto.Task) []any { return []any{o.State} })))
+		idx(idxState, false, false, byString(func(o *proto.Task) string { return string(o.State) }, false))))
 	add(table(TableOutbox,
-		idx(idxID, true, false, func(o *proto.OutboxEntry) []any { return []any{o.ID} })))
+		idx(idxID, true, false, byString(func(o *proto.OutboxEntry) string { return o.ID }, false))))
 	add(table(TableTimeline,
-		idx(idxID, true, false, func(o *proto.TimelineEvent) []any { return []any{o.AllocationID, o.Seq} })))
+		idx(idxID, true, false, func(b []byte, o *proto.TimelineEvent) ([]byte, bool) { return u64(str(b, o.AllocationID), o.Seq), true })))
 	add(table(TableUsage,
-		idx(idxID, true, false, func(o *proto.UsageRecord) []any { return []any{o.AllocationID} })))
+		idx(idxID, true, false, byString(func(o *proto.UsageRecord) string { return o.AllocationID }, false))))
 	add(table(tableNodeSummary,
-		idx(idxID, true, false, func(o *NodeSummary) []any { return []any{o.NodeID} }),
-		idx(idxRegionAvail, false, false, func(o *NodeSummary) []any { return []any{o.Region, o.Available} })))
+		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
+		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))
 	add(table(tableRegionSummary,
-		idx(idxID, true, false, func(o *regionSummary) []any { return []any{o.Region} })))
+		idx(idxID, true, false, byString(func(o *regionSummary) string { return o.Region }, false))))
 	return s
 }

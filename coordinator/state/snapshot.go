@@ -3,6 +3,7 @@ package state
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/hashicorp/go-memdb"
 
@@ -18,6 +19,40 @@ type Snapshot struct {
 	// pending holds node summaries changed by an open write Txn that are
 	// not yet flushed into the table (nil for read snapshots).
 	pending map[string]*NodeSummary
+	// memo caches the scheduler's hot lists on read snapshots (nil in a
+	// write Txn, whose contents change): a leader plans a whole batch of
+	// requests on one snapshot.
+	memo *memo
+}
+
+type availKey struct {
+	region string
+	k      int
+}
+
+type memo struct {
+	mu      sync.Mutex
+	avail   map[availKey][]string
+	regions map[string][]string
+	slots   map[string][]*proto.Slot
+}
+
+// memoized returns m[k], computing and keeping it on a miss.
+func memoized[K comparable, V any](s *Snapshot, m func(*memo) map[K]V, k K, compute func() V) V {
+	if s.memo == nil {
+		return compute()
+	}
+	s.memo.mu.Lock()
+	v, ok := m(s.memo)[k]
+	s.memo.mu.Unlock()
+	if ok {
+		return v
+	}
+	v = compute()
+	s.memo.mu.Lock()
+	m(s.memo)[k] = v
+	s.memo.mu.Unlock()
+	return v
 }
 
 // must panics on a memdb error. With this package's fixed schema such an
@@ -103,20 +138,26 @@ func (s *Snapshot) Node(id string) (*proto.Node, bool) {
 	return first[proto.Node](s, TableNodes, idxID, id)
 }
 
-// RegionNodes returns the IDs of every node in region, sorted.
+// RegionNodes returns the IDs of every node in region, sorted. The slice
+// is shared: callers must not modify it.
 func (s *Snapshot) RegionNodes(region string) []string {
-	it, err := s.txn.Get(TableNodes, idxRegion, region)
-	must(err)
-	var ids []string
-	for o := it.Next(); o != nil; o = it.Next() {
-		ids = append(ids, o.(*proto.Node).ID)
-	}
-	return ids
+	return memoized(s, func(m *memo) map[string][]string { return m.regions }, region, func() []string {
+		it, err := s.txn.Get(TableNodes, idxRegion, region)
+		must(err)
+		var ids []string
+		for o := it.Next(); o != nil; o = it.Next() {
+			ids = append(ids, o.(*proto.Node).ID)
+		}
+		return ids
+	})
 }
 
-// NodeSlots returns a node's approved slots sorted by Index.
+// NodeSlots returns a node's approved slots sorted by Index. The slice is
+// shared: callers must not modify it.
 func (s *Snapshot) NodeSlots(nodeID string) []*proto.Slot {
-	return list[proto.Slot](s, TableSlots, idxNodeIndex, nodeID)
+	return memoized(s, func(m *memo) map[string][]*proto.Slot { return m.slots }, nodeID, func() []*proto.Slot {
+		return list[proto.Slot](s, TableSlots, idxNodeIndex, nodeID)
+	})
 }
 
 // summary returns the node summary, preferring a pending (unflushed) one.
@@ -145,16 +186,19 @@ func (s *Snapshot) NodeClaims(nodeID string) (exclusive bool, slotClaims int) {
 }
 
 // NodesByAvailable returns the sorted IDs of the nodes in region with
-// exactly k slots in status available. Inside a write Txn it reflects the
-// state at the start of the transaction.
+// exactly k schedulable slots (sched.Schedulable: available, unclaimed,
+// complete); every node of the region is in one bucket. Inside a write
+// Txn it reflects the state at the start of the transaction.
 func (s *Snapshot) NodesByAvailable(region string, k int) []string {
-	it, err := s.txn.Get(tableNodeSummary, idxRegionAvail, region, k)
-	must(err)
-	var ids []string
-	for o := it.Next(); o != nil; o = it.Next() {
-		ids = append(ids, o.(*NodeSummary).NodeID)
-	}
-	return ids
+	return memoized(s, func(m *memo) map[availKey][]string { return m.avail }, availKey{region, k}, func() []string {
+		it, err := s.txn.Get(tableNodeSummary, idxRegionAvail, region, k)
+		must(err)
+		var ids []string
+		for o := it.Next(); o != nil; o = it.Next() {
+			ids = append(ids, o.(*NodeSummary).NodeID)
+		}
+		return ids
+	})
 }
 
 // MaxSlotsPerNode returns the largest slot count of any node in region.
@@ -223,7 +267,7 @@ func (s *Snapshot) Slots(nodeID string, status proto.SlotStatus) []*proto.Slot {
 	var out []*proto.Slot
 	switch {
 	case nodeID != "":
-		out = s.NodeSlots(nodeID)
+		out = slices.Clone(s.NodeSlots(nodeID))
 		if status != "" {
 			out = slices.DeleteFunc(out, func(sl *proto.Slot) bool { return sl.Status != status })
 		}
@@ -274,7 +318,8 @@ func (s *Snapshot) Allocations(f AllocationFilter) []*proto.Allocation {
 	var it memdb.ResultIterator
 	var err error
 	if f.State != "" {
-		it, err = s.txn.Get(TableAllocations, idxState, f.State)
+		// The state index keys are state + ID: start right at AfterID.
+		it, err = s.txn.LowerBound(TableAllocations, idxState, f.State, f.AfterID)
 	} else {
 		it, err = s.txn.LowerBound(TableAllocations, idxID, f.AfterID)
 	}
@@ -282,6 +327,9 @@ func (s *Snapshot) Allocations(f AllocationFilter) []*proto.Allocation {
 	var out []*proto.Allocation
 	for o := it.Next(); o != nil; o = it.Next() {
 		a := o.(*proto.Allocation)
+		if f.State != "" && a.State != f.State {
+			break // past the state's range
+		}
 		if a.ID <= f.AfterID && f.AfterID != "" ||
 			f.Region != "" && a.Region != f.Region ||
 			f.Owner != "" && a.Owner != f.Owner ||

@@ -23,6 +23,8 @@ import (
 	"sync"
 
 	"github.com/hashicorp/go-memdb"
+
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // ErrAbandoned is returned by Wait when the store was replaced (an FSM
@@ -64,7 +66,8 @@ func New() *Store {
 func (s *Store) Snapshot() *Snapshot {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return &Snapshot{txn: s.db.Txn(false), idx: s.idx}
+	return &Snapshot{txn: s.db.Txn(false), idx: s.idx, memo: &memo{
+		avail: map[availKey][]string{}, regions: map[string][]string{}, slots: map[string][]*proto.Slot{}}}
 }
 
 // Abandon marks the store replaced: pending and future Waits return

@@ -28,8 +28,12 @@ func node(id, region string) *proto.Node {
 	return &proto.Node{ID: id, Hostname: id, Region: region, Pool: region + "-p", ProfileIntent: proto.IntentSliceVM, State: proto.NodeActive}
 }
 
+// slot returns a slot with a complete binding (schedulable when available).
 func slot(nodeID string, i int, st proto.SlotStatus) *proto.Slot {
-	return &proto.Slot{ID: proto.SlotID(nodeID, i), NodeID: nodeID, Index: i, Status: st}
+	return &proto.Slot{ID: proto.SlotID(nodeID, i), NodeID: nodeID, Index: i, Status: st, Capacity: proto.SlotCapacity{
+		GPUPCIAddress: fmt.Sprintf("0000:%02x:00.0", 0x18+i), NVMe: proto.DiskIdentity{Serial: fmt.Sprintf("S%s%d", nodeID, i)},
+		ManagementMAC: fmt.Sprintf("02:00:00:00:00:%02x", i), PrivateIP: fmt.Sprintf("10.0.0.%d", i+1),
+		FabricClaimMode: proto.FabricPerSlotVF, FabricVFPCIAddress: fmt.Sprintf("0000:03:01.%d", i)}}
 }
 
 func TestPutStampsIndexesAndCommitPublishes(t *testing.T) {
@@ -144,8 +148,16 @@ func TestNodeSummaryIndexes(t *testing.T) {
 	assert.Equal(t, "c0", cs[0].ID)
 	assert.False(t, cs[1].Live)
 
+	// An available slot missing a binding is not schedulable: not counted.
+	put(t, s, 4, func(tx *state.Txn) error {
+		sl := slot("c", 3, proto.SlotAvailable)
+		sl.Capacity.FabricVFPCIAddress = ""
+		return tx.PutSlot(sl)
+	})
+	assert.Equal(t, []string{"c"}, s.Snapshot().NodesByAvailable("r1", 3))
+
 	// A node moving region takes its summary along.
-	put(t, s, 4, func(tx *state.Txn) error { return tx.PutNode(node("a", "r2")) })
+	put(t, s, 5, func(tx *state.Txn) error { return tx.PutNode(node("a", "r2")) })
 	snap = s.Snapshot()
 	assert.Equal(t, []string{"a"}, snap.NodesByAvailable("r2", 4))
 	assert.Empty(t, snap.NodesByAvailable("r1", 4))
@@ -333,4 +345,39 @@ func TestRollbackToSavepointUndoesEveryKindOfWrite(t *testing.T) {
 	assert.Equal(t, 2, snap.MaxSlotsPerNode("r1"))
 	_, ok := snap.OutboxEntry("o1")
 	assert.True(t, ok)
+}
+
+// Read snapshots memoize the scheduler's lists; a write Txn never does
+// (it must see its own writes).
+func TestSnapshotListsAreStableAndTxnSeesOwnWrites(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		if err := tx.PutNode(node("a", "r1")); err != nil {
+			return err
+		}
+		return tx.PutSlot(slot("a", 0, proto.SlotAvailable))
+	})
+	old := s.Snapshot()
+	require.Equal(t, []string{"a"}, old.NodesByAvailable("r1", 1))
+	require.Len(t, old.NodeSlots("a"), 1)
+
+	tx := s.Begin(2)
+	require.NoError(t, tx.PutSlot(slot("a", 1, proto.SlotAvailable)))
+	require.NoError(t, tx.PutNode(node("b", "r1")))
+	assert.Len(t, tx.NodeSlots("a"), 2, "the txn sees its own slot")
+	assert.Equal(t, []string{"a", "b"}, tx.RegionNodes("r1"))
+	require.NoError(t, tx.Commit())
+
+	assert.Equal(t, []string{"a"}, old.NodesByAvailable("r1", 1))
+	assert.Len(t, old.NodeSlots("a"), 1)
+	assert.Equal(t, []string{"a"}, old.RegionNodes("r1"))
+	now := s.Snapshot()
+	assert.Equal(t, []string{"a"}, now.NodesByAvailable("r1", 2))
+	assert.Equal(t, []string{"b"}, now.NodesByAvailable("r1", 0))
+	assert.Len(t, now.NodeSlots("a"), 2)
+	// Slots(node, "") hands out a copy the caller may sort or trim.
+	mine := now.Slots("a", "")
+	mine[0] = nil
+	assert.NotNil(t, now.NodeSlots("a")[0])
 }

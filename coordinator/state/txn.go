@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 // Txn is the single write transaction of one Raft command. It reads like a
@@ -323,7 +324,8 @@ func (t *Txn) PutCandidates(c *proto.CandidateTopology) error {
 	return t.insert(TableCandidates, prior(old, ok), c)
 }
 
-// PutSlot writes a slot and updates its node's available count.
+// PutSlot writes a slot and updates its node's count of schedulable slots
+// (sched.Schedulable: available, unclaimed, complete).
 func (t *Txn) PutSlot(s *proto.Slot) error {
 	old, ok := t.Slot(s.ID)
 	t.stamp(TableSlots, &s.Meta, metaOf(old, ok, func(o *proto.Slot) *proto.Meta { return &o.Meta }))
@@ -331,10 +333,10 @@ func (t *Txn) PutSlot(s *proto.Slot) error {
 	if !ok {
 		sum.Total++
 		t.growRegion(sum.Region, sum.Total)
-	} else if old.Status == proto.SlotAvailable {
+	} else if sched.Schedulable(old) {
 		sum.Available--
 	}
-	if s.Status == proto.SlotAvailable {
+	if sched.Schedulable(s) {
 		sum.Available++
 	}
 	t.changes.Nodes = append(t.changes.Nodes, s.NodeID)
