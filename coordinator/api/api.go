@@ -46,6 +46,9 @@ type Backend interface {
 	TransferLeadership(ctx context.Context, id string) error
 }
 
+// A coordinator replica is a Backend as is.
+var _ Backend = (*server.Server)(nil)
+
 // Peer is one server of the Raft configuration.
 type Peer = server.Peer
 

@@ -62,6 +62,7 @@ func TestContractRoutesMatchDocument(t *testing.T) {
 		if assert.Len(t, m, 2, "%s: summary %q must name its role as (role X)", k, op.Summary) {
 			assert.Equal(t, rt.Role.String(), m[1], "%s: documented role differs from the route table", k)
 		}
+		assert.Equal(t, rt.Role.String(), op.Extensions["x-gpuaas-min-role"], "%s: x-gpuaas-min-role differs from the route table", k)
 		assert.NotEmpty(t, op.OperationID, k)
 		assert.NotNil(t, op.Responses.Default(), "%s: needs a default problem response", k)
 		if rt.Method == http.MethodGet {

@@ -61,7 +61,16 @@ func startCoordinator(t testing.TB) *coord {
 	go hs.Serve(ln)
 	t.Cleanup(func() {
 		hs.Close()
-		srv.Shutdown()
+		done := make(chan struct{})
+		go func() {
+			srv.Shutdown()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("coordinator did not shut down within 15s")
+		}
 	})
 	require.Eventually(t, srv.IsLeader, 15*time.Second, 10*time.Millisecond, "single-node coordinator never led")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

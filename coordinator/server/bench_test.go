@@ -60,7 +60,7 @@ func TestBenchCoordinator(t *testing.T) {
 		bench.Info("raft_noop_applies_per_s_3voters", raw, "applies/s",
 			fmt.Sprintf("hashicorp/raft v1.7.3 + raft-boltdb/v2 (fsync on), 3 in-process voters on loopback TCP, %d concurrent clients, %v; same server wiring as the ledger (%s)", benchClients, benchDuration, timing)),
 		bench.AtLeast("placements_per_s_3voters", placements, "placements/s", 3750,
-			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place (batching planner), 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released by a pool of 64 releasers running beside them, so capacity never runs out; %.0f raft applies/s in the same window (placements + releases + outbox deliveries)", benchClients, applies)),
+			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place (batching planner), 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released by a pool of 64 releasers running beside them, so capacity never runs out; %.0f raft applies/s in the same window (placements + releases + outbox deliveries). Limit: ledger FSM apply CPU, not Raft: every placement and every release is applied by 3 in-process replicas (memdb txn + JSON decode + GC, ~0.3 ms CPU each on a quiet core) sharing 2 cores, and the leader's apply goroutine is serial, so a batch of ~64 commits in 40-60 ms instead of raw Raft's ~14 ms", benchClients, applies)),
 		bench.AtLeast("placements_vs_raw_raft_ratio", placements/raw, "ratio", 0.5,
 			"placements_per_s_3voters / raft_noop_applies_per_s_3voters, same run; every placement also costs a release apply"),
 		bench.AtMost("failover_write_unavailable_p99_s", p99, "s", 2,

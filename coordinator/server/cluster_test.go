@@ -392,3 +392,47 @@ func TestJoinEndpointAuthAndValidation(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"solo"}, ids)
 }
+
+// batchFSM records what reached it and how.
+type batchFSM struct {
+	countFSM
+	batches [][]uint64
+}
+
+func (f *batchFSM) ApplyBatch(logs []*raft.Log) []any {
+	var idx []uint64
+	out := make([]any, len(logs))
+	for i, l := range logs {
+		idx = append(idx, l.Index)
+		out[i] = f.countFSM.Apply(l)
+	}
+	f.batches = append(f.batches, idx)
+	return out
+}
+
+func TestPeerFSMApplyBatchSplitsAroundPeerCommands(t *testing.T) {
+	t.Parallel()
+	peer, err := proto.Encode(proto.PeerUpsertType|proto.IgnoreUnknownTypeFlag, proto.PeerUpsertRequest{Peer: proto.Peer{ID: "c9", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}})
+	require.NoError(t, err)
+	cmd := noopCmd(t)
+	logs := []*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: cmd},
+		{Index: 2, Type: raft.LogCommand, Data: cmd},
+		{Index: 3, Type: raft.LogCommand, Data: peer},
+		{Index: 4, Type: raft.LogCommand, Data: cmd},
+		{Index: 5, Type: raft.LogConfiguration},
+	}
+	inner := &batchFSM{}
+	f := newPeerFSM(inner)
+	out := f.ApplyBatch(logs)
+	assert.Equal(t, []any{uint64(1), uint64(2), nil, uint64(3), uint64(4)}, out)
+	assert.Equal(t, [][]uint64{{1, 2}, {4, 5}}, inner.batches)
+	p, ok := f.Peer("c9")
+	require.True(t, ok)
+	assert.Equal(t, "127.0.0.1:2", p.HTTPAddr)
+
+	// A non-batching ledger gets the entries one by one.
+	plain := &countFSM{}
+	out = newPeerFSM(plain).ApplyBatch(logs)
+	assert.Equal(t, []any{uint64(1), uint64(2), nil, uint64(3), nil}, out)
+}

@@ -44,8 +44,10 @@ func ReadInventory(path string) (*Inventory, error) {
 
 // LoadInventory proposes the inventory's commands on the leader: regions,
 // pools, then per node (concurrently across nodes) the node, its
-// readiness and its slot approvals. Every command is an upsert, so a
-// repeated load changes nothing that is already there.
+// readiness and its slot approvals. Region, pool and node upserts of
+// unchanged objects write nothing, and readiness and approvals already in
+// the ledger are skipped, so a repeated (or resumed) load changes nothing
+// that is already there.
 func (s *Server) LoadInventory(ctx context.Context, inv *Inventory) error {
 	at := s.cfg.Now().UTC()
 	apply := func(t proto.MessageType, req any) error {
@@ -81,12 +83,16 @@ func (s *Server) LoadInventory(ctx context.Context, inv *Inventory) error {
 				if err := apply(proto.NodeUpsertType, proto.NodeUpsertRequest{At: at, Node: n.Node}); err != nil {
 					return err
 				}
-				if n.Readiness != nil {
+				snap := s.Store().Snapshot()
+				if node, ok := snap.Node(n.Node.ID); n.Readiness != nil && (!ok || node.Readiness == nil) {
 					if err := apply(proto.NodeReadinessType, proto.NodeReadinessRequest{At: at, NodeID: n.Node.ID, Readiness: *n.Readiness}); err != nil {
 						return err
 					}
 				}
 				for i, c := range n.Slots {
+					if _, ok := snap.Slot(proto.SlotID(n.Node.ID, i)); ok {
+						continue
+					}
 					if err := apply(proto.SlotApproveType, proto.SlotApproveRequest{At: at, NodeID: n.Node.ID, Index: i, Capacity: c}); err != nil {
 						return err
 					}

@@ -33,9 +33,11 @@ func (s *Server) Peers() ([]Peer, error) {
 	return out, nil
 }
 
+// timeout is how long a Raft operation may take: the context's deadline
+// when it is sooner than ApplyTimeout. At most 0 means already expired.
 func (s *Server) timeout(ctx context.Context) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
-		return time.Until(d)
+		return min(time.Until(d), s.cfg.ApplyTimeout)
 	}
 	return s.cfg.ApplyTimeout
 }
@@ -59,7 +61,7 @@ func (s *Server) AddVoter(ctx context.Context, id, raftAddr, httpAddr string) er
 	if err := s.upsertPeer(ctx, proto.Peer{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr}); err != nil {
 		return err
 	}
-	if err := s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, s.timeout(ctx)).Error(); err != nil {
+	if err := s.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, max(s.timeout(ctx), time.Millisecond)).Error(); err != nil {
 		return s.mapRaftErr("add voter "+id, err)
 	}
 	s.log.Info("added voter", "server", id, "raft_addr", raftAddr, "http_addr", httpAddr)
@@ -94,7 +96,7 @@ func (s *Server) RemoveServer(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	if err := s.raft.RemoveServer(raft.ServerID(id), 0, s.timeout(ctx)).Error(); err != nil {
+	if err := s.raft.RemoveServer(raft.ServerID(id), 0, max(s.timeout(ctx), time.Millisecond)).Error(); err != nil {
 		return s.mapRaftErr("remove server "+id, err)
 	}
 	s.log.Info("removed server", "server", id)

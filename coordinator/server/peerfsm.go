@@ -34,10 +34,50 @@ func newPeerFSM(inner raft.FSM) *peerFSM {
 	return &peerFSM{inner: inner, peers: map[string]proto.Peer{}}
 }
 
+var _ raft.BatchingFSM = (*peerFSM)(nil)
+
+func isPeerCommand(l *raft.Log) bool {
+	return l.Type == raft.LogCommand && len(l.Data) > 0 &&
+		proto.MessageType(l.Data[0])&^proto.IgnoreUnknownTypeFlag == proto.PeerUpsertType
+}
+
+// ApplyBatch implements raft.BatchingFSM: runs of ledger commands go to
+// the ledger's ApplyBatch (one store transaction each) when it batches,
+// peer commands are applied here, and responses keep their positions.
+func (f *peerFSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	inner, batching := f.inner.(raft.BatchingFSM)
+	start := 0
+	flush := func(end int) {
+		if start >= end {
+			return
+		}
+		if batching {
+			copy(out[start:end], inner.ApplyBatch(logs[start:end]))
+		} else {
+			// raft also hands a BatchingFSM configuration entries; a
+			// plain FSM only ever sees commands.
+			for i := start; i < end; i++ {
+				if logs[i].Type == raft.LogCommand {
+					out[i] = f.inner.Apply(logs[i])
+				}
+			}
+		}
+	}
+	for i, l := range logs {
+		if isPeerCommand(l) {
+			flush(i)
+			out[i] = f.Apply(l)
+			start = i + 1
+		}
+	}
+	flush(len(logs))
+	return out
+}
+
 // Apply implements raft.FSM.
 func (f *peerFSM) Apply(l *raft.Log) any {
-	if l.Type == raft.LogCommand && len(l.Data) > 0 &&
-		proto.MessageType(l.Data[0])&^proto.IgnoreUnknownTypeFlag == proto.PeerUpsertType {
+	if isPeerCommand(l) {
 		var req proto.PeerUpsertRequest
 		if err := json.Unmarshal(l.Data[1:], &req); err != nil {
 			panic(fmt.Sprintf("apply peer_upsert at index %d: %v", l.Index, err))

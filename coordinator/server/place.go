@@ -65,6 +65,9 @@ type planner struct {
 	queue chan *placeCall
 	// replans counts placements re-planned after a conflict.
 	replans atomic.Int64
+	// planned, if set, sees each command after planning and before it is
+	// proposed (tests use it to move a slot under a plan).
+	planned func(*proto.AllocationPlaceRequest)
 }
 
 func newPlanner(s *Server) *planner {
@@ -159,8 +162,26 @@ func (c *placeCall) attach(f *placeCall) {
 	c.mu.Unlock()
 }
 
-// run is the leader-only planner loop.
+// run is the leader-only planner loop. A new leader first waits for its
+// FSM to apply everything committed in earlier terms (a barrier), so it
+// never plans on a state older than the log it leads.
 func (p *planner) run(ctx context.Context) {
+	for {
+		err := p.s.Barrier(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || proto.CodeOf(err) == proto.CodeNotLeader {
+			p.stop(nil, 0, nil)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			p.stop(nil, 0, nil)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	var (
 		pending  []*placeCall
 		inFlight int
@@ -283,6 +304,9 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 		if err != nil {
 			c.finish(placeResult{err: err})
 			continue
+		}
+		if p.planned != nil {
+			p.planned(cmd)
 		}
 		buf, err := proto.Encode(proto.AllocationPlaceType, cmd)
 		if err != nil {

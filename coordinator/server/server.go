@@ -257,12 +257,7 @@ func (s *Server) Apply(ctx context.Context, t proto.MessageType, req any) (any, 
 }
 
 func (s *Server) applyRaw(ctx context.Context, t proto.MessageType, buf []byte) (any, uint64, error) {
-	timeout := s.cfg.ApplyTimeout
-	if d, ok := ctx.Deadline(); ok {
-		if left := time.Until(d); left < timeout {
-			timeout = left
-		}
-	}
+	timeout := s.timeout(ctx)
 	if timeout <= 0 {
 		return nil, 0, fmt.Errorf("apply %s: %w", t, context.DeadlineExceeded)
 	}
@@ -297,9 +292,9 @@ func (s *Server) Barrier(ctx context.Context) error {
 	if s.raft.State() != raft.Leader {
 		return s.notLeader()
 	}
-	timeout := s.cfg.ApplyTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
+	timeout := s.timeout(ctx)
+	if timeout <= 0 {
+		return fmt.Errorf("barrier: %w", context.DeadlineExceeded)
 	}
 	if err := s.raft.Barrier(timeout).Error(); err != nil {
 		return s.mapRaftErr("barrier", err)

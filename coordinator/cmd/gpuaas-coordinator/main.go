@@ -57,21 +57,6 @@ func newLogger(o *options) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(os.Stderr, ho))
 }
 
-// backend adapts *server.Server to api.Backend.
-type backend struct{ *server.Server }
-
-func (b backend) Peers() ([]api.Peer, error) {
-	ps, err := b.Server.Peers()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]api.Peer, len(ps))
-	for i, p := range ps {
-		out[i] = api.Peer(p)
-	}
-	return out, nil
-}
-
 func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir %s: %w", o.DataDir, err)
@@ -125,7 +110,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
-	mux.Handle("/", api.New(backend{srv}, auth, log.With("component", "api")))
+	mux.Handle("/", api.New(srv, auth, log.With("component", "api")))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()

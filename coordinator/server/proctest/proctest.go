@@ -127,8 +127,13 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 		if tb.Failed() {
 			for _, n := range c.Nodes {
 				if b, err := os.ReadFile(n.LogPath); err == nil {
-					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-					tb.Logf("last log lines of %s:\n%s", n.ID, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+					var lines []string
+					for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+						if !strings.Contains(l, `msg="api request"`) {
+							lines = append(lines, l)
+						}
+					}
+					tb.Logf("last log lines of %s (api request lines left out):\n%s", n.ID, strings.Join(lines[max(0, len(lines)-15):], "\n"))
 				}
 			}
 		}
