@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,9 +29,7 @@ func TestBenchAgent(t *testing.T) {
 	if os.Getenv("GPUAAS_BENCH") == "" {
 		t.Skip("set GPUAAS_BENCH=1 (make bench)")
 	}
-	bin := filepath.Join(t.TempDir(), "gpuaas-agent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/gpuaas/gpuaas/agent/cmd/gpuaas-agent").CombinedOutput()
-	require.NoError(t, err, string(out))
+	bin := buildAgent(t)
 
 	c := startCoord(t, "j22u15")
 	// A coordinator-side gossip member for the agent to join (fast

@@ -20,9 +20,7 @@ import (
 // would (NOTIFY_SOCKET, WATCHDOG_USEC; there is no systemd as PID 1 here)
 // and sees READY=1, WATCHDOG=1 keep-alives and STOPPING=1 on SIGTERM.
 func TestAgentBinaryNotifiesSystemd(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "gpuaas-agent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/gpuaas/gpuaas/agent/cmd/gpuaas-agent").CombinedOutput()
-	require.NoError(t, err, string(out))
+	bin := buildAgent(t)
 
 	sock := filepath.Join(t.TempDir(), "notify.sock")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
