@@ -51,6 +51,10 @@ func TestBenchCoordinator(t *testing.T) {
 	t.Logf("raw raft no-op applies/s: %.0f", raw)
 	placements, applies := benchPlacements(t)
 	t.Logf("placements/s: %.0f (raft applies/s during the run: %.0f)", placements, applies)
+	// The same load on ONE voter (no replication, no follower FSMs):
+	// shows how much of the gap is the ledger apply path itself.
+	single, _ := benchPlacementsOn(t, 1)
+	t.Logf("placements/s on a single voter: %.0f", single)
 	p50, p99 := benchFailover(t)
 	t.Logf("failover write unavailability p50 %.3fs p99 %.3fs", p50, p99)
 
@@ -60,7 +64,7 @@ func TestBenchCoordinator(t *testing.T) {
 		bench.Info("raft_noop_applies_per_s_3voters", raw, "applies/s",
 			fmt.Sprintf("hashicorp/raft v1.7.3 + raft-boltdb/v2 (fsync on), 3 in-process voters on loopback TCP, %d concurrent clients, %v; same server wiring as the ledger (%s)", benchClients, benchDuration, timing)),
 		bench.AtLeast("placements_per_s_3voters", placements, "placements/s", 3750,
-			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place (batching planner), 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released by a pool of 64 releasers running beside them, so capacity never runs out; %.0f raft applies/s in the same window (placements + releases + outbox deliveries). Limit: ledger FSM apply CPU, not Raft: every placement and every release is applied by 3 in-process replicas (memdb txn + JSON decode + GC, ~0.3 ms CPU each on a quiet core) sharing 2 cores, and the leader's apply goroutine is serial, so a batch of ~64 commits in 40-60 ms instead of raw Raft's ~14 ms", benchClients, applies)),
+			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place (batching planner), 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released by a pool of 64 releasers running beside them, so capacity never runs out; %.0f raft applies/s in the same window (placements + releases + outbox deliveries). Limit: ledger FSM apply CPU, not Raft: every placement and every release is applied by 3 in-process replicas (memdb txn + JSON decode + GC, ~0.3 ms CPU each on a quiet core) sharing 2 cores, and the leader's apply goroutine is serial, so a batch of ~64 commits in 40-60 ms instead of raw Raft's ~14 ms; the same load on a single voter (no replication) reaches only %.0f placements/s in this run", benchClients, applies, single)),
 		bench.AtLeast("placements_vs_raw_raft_ratio", placements/raw, "ratio", 0.5,
 			"placements_per_s_3voters / raft_noop_applies_per_s_3voters, same run; every placement also costs a release apply"),
 		bench.AtMost("failover_write_unavailable_p99_s", p99, "s", 2,
@@ -85,7 +89,11 @@ func benchRawRaft(t *testing.T) float64 {
 }
 
 func benchPlacements(t *testing.T) (placementsPerS, appliesPerS float64) {
-	nodes := startCluster(t, 3, nil)
+	return benchPlacementsOn(t, 3)
+}
+
+func benchPlacementsOn(t *testing.T, voters int) (placementsPerS, appliesPerS float64) {
+	nodes := startCluster(t, voters, nil)
 	leader := waitLeader(t, nodes)
 	ctx := context.Background()
 	start := time.Now()

@@ -10,7 +10,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -301,6 +300,3 @@ func (c *Cluster) Do(ctx context.Context, i int, method, path, key string, body,
 	}
 	return res.StatusCode, nil
 }
-
-// ErrNoServer is returned when no running server answered.
-var ErrNoServer = errors.New("no running server answered")
