@@ -242,7 +242,16 @@ func (d *Daemon) diagSources() diag.Sources {
 			if ls == nil {
 				ls = []leases.Lease{}
 			}
-			return ls, err
+			d.mu.Lock()
+			rec := d.reconcile
+			d.mu.Unlock()
+			return struct {
+				Leases []leases.Lease `json:"leases"`
+				// LastReconcile is the start-up comparison with the
+				// coordinator's live claims: released orphans, claims
+				// without a lease (missing), kept leases.
+				LastReconcile *nodesched.Reconciliation `json:"last_reconcile,omitempty"`
+			}{ls, rec}, err
 		},
 		Tasks: func() (any, error) {
 			ts, err := d.store.Tasks()

@@ -158,6 +158,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Contains(t, string(b), alloc.ID)
+	assert.Contains(t, string(b), `"last_reconcile"`)
 
 	resp, err = http.Get("http://" + a15.d.DiagAddr() + "/metrics")
 	require.NoError(t, err)
