@@ -166,8 +166,34 @@ func TestAgentEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	assert.Contains(t, string(b), "gpuaas_agent_leases 2")
 
-	// Force-release while the agent is down: on restart the orphaned
-	// leases are dropped.
+	// Release: the slice.release task drops the leases.
+	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", c.op, nil, nil)
+	require.Less(t, code, 300, body)
+	require.Eventually(t, func() bool {
+		for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
+			if task.Type == proto.TaskSliceRelease && task.State == proto.TaskSucceeded {
+				return true
+			}
+		}
+		return false
+	}, 15*time.Second, 50*time.Millisecond)
+	ls, err = a15.d.store.List()
+	require.NoError(t, err)
+	assert.Empty(t, ls, "released: leases gone")
+
+	// A second allocation, force-released while the agent is down: on
+	// restart the orphaned leases are dropped.
+	for i := 2; i < 4; i++ {
+		code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
+		require.Equal(t, http.StatusCreated, code, body)
+	}
+	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 2, Region: "us-east"}, &alloc)
+	require.Less(t, code, 300, body)
+	require.Eventually(t, func() bool {
+		ls, err := a15.d.store.List()
+		return err == nil && len(ls) == 2
+	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased")
 	a15.stop()
 	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/force-release", c.admin, map[string]string{"reason": "test"}, nil)
 	require.Less(t, code, 300, body)
