@@ -16,26 +16,17 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
+	"github.com/gpuaas/gpuaas/lab/labagent"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
 
-// agentConfig is the lab configuration of an agent on a simulated host.
+// agentConfig is the lab configuration of an agent on a simulated host,
+// with test intervals and no gossip.
 func agentConfig(t *testing.T, c *coord, host, base, stateDir, token string) config.Config {
 	t.Helper()
-	cfg := config.Defaults()
-	cfg.NodeID, cfg.HostRoot, cfg.StateDir = host, base, stateDir
-	cfg.Coordinators = config.List{c.url}
-	cfg.BootstrapToken = token
-	cfg.DiagAddr = "127.0.0.1:0"
-	cfg.Evidence = config.EvidenceHostsim
-	cfg.ImageCacheDir = "/var/lib/gpuaas/images"
-	last := map[string]string{"j22u15": "22.15", "j22u11": "22.11"}[host]
-	cfg.FabricInterface, cfg.FabricAddress, cfg.FabricRouteTo, cfg.FabricRouteVia = "ibp26s0", "172.16."+last+"/16", "172.16.0.0/12", "172.16.0.1"
-	cfg.HeartbeatInterval = config.Duration(200 * time.Millisecond)
-	cfg.ReadinessInterval = config.Duration(300 * time.Millisecond)
-	cfg.PollWait = config.Duration(2 * time.Second)
-	require.NoError(t, cfg.Validate())
+	cfg, err := labagent.Config(labagent.Options{Host: host, HostBase: base, StateDir: stateDir, Coordinators: []string{c.url}, Token: token, Fast: true})
+	require.NoError(t, err)
 	return cfg
 }
 
