@@ -327,6 +327,7 @@ type CandidateTopology struct {
 	Candidates   []SlotCandidate `json:"candidates"`
 	Blockers     []string        `json:"blockers,omitempty"`
 	DiscoveredAt time.Time       `json:"discovered_at"`
+	TopologyPrereqs
 	Meta
 }
 

@@ -85,6 +85,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 		a.mux.Handle(rt.Method+" "+rt.Pattern, a.wrap(rt))
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}
+	a.registerAgentRoutes()
 	// The same paths without a method answer 405 with Allow.
 	for p, methods := range allowed {
 		a.mux.Handle(p, a.methodNotAllowed(methods))

@@ -29,7 +29,8 @@ type Server struct {
 	log    *slog.Logger
 	raft   *raft.Raft
 	fsm    *peerFSM
-	ledger *ledger // nil when cfg.fsm replaced the ledger FSM
+	enroll *enrollFSM // agent enrollment table, between peerFSM and the ledger
+	ledger *ledger    // nil when cfg.fsm replaced the ledger FSM
 	trans  *raft.NetworkTransport
 	store  *raftboltdb.BoltStore
 
@@ -112,7 +113,8 @@ func New(cfg Config) (*Server, error) {
 		s.ledger = newLedger(log)
 		inner = s.ledger.fsm
 	}
-	s.fsm = newPeerFSM(inner)
+	s.enroll = newEnrollFSM(inner)
+	s.fsm = newPeerFSM(s.enroll)
 
 	hlog := newHCLogger(log)
 	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(raftDir, "raft.db")})

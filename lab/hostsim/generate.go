@@ -764,6 +764,13 @@ func (g *gen) procAndEtc() error {
 		if err := writeFile(filepath.Join(g.base, name), v); err != nil {
 			return err
 		}
+		// netplan refuses world-readable configuration: files under
+		// etc/netplan are 0600, as hostops/fabric writes them.
+		if strings.HasPrefix(name, "etc/netplan/") {
+			if err := os.Chmod(filepath.Join(g.base, name), 0o600); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -160,7 +160,7 @@ func TestJ22u15Discovery(t *testing.T) {
 	assert.Contains(t, read(t, root.ProcPath("cmdline")), "intel_iommu=on iommu=pt")
 	assert.Equal(t, "j22u15", read(t, root.EtcPath("hostname")))
 	assert.Len(t, read(t, root.EtcPath("machine-id")), 32)
-	assert.FileExists(t, root.EtcPath("netplan/60-ipoib.yaml"))
+	assert.FileExists(t, root.EtcPath("netplan/60-gpuaas-ipoib.yaml"))
 	assert.Equal(t, "0-47,96-143", read(t, root.SysPath("devices/system/node/node0/cpulist")))
 	for _, n := range []string{"node0", "node1"} {
 		assert.Equal(t, "272", read(t, root.SysPath("devices/system/node", n, "hugepages/hugepages-1048576kB/free_hugepages")))
@@ -193,7 +193,7 @@ func TestJ22u11NotSliceReady(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, p.Expect.SliceReady)
 	assert.Contains(t, p.Expect.Blockers, "ipoib_netplan_missing")
-	assert.NoFileExists(t, root.EtcPath("netplan/60-ipoib.yaml"))
+	assert.NoFileExists(t, root.EtcPath("netplan/60-gpuaas-ipoib.yaml"))
 	routes := read(t, root.ProcPath("net/route"))
 	assert.NotContains(t, routes, "ibp", "no fabric route")
 	assert.Contains(t, read(t, root.ProcPath("self/mountinfo")), " /srv/share rw,relatime")

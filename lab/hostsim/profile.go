@@ -182,6 +182,9 @@ type Runtime struct {
 	Routes     []Route           `json:"routes,omitempty"`
 	OVSBridges []OVSBridge       `json:"ovs_bridges,omitempty"`
 	Processes  []string          `json:"processes,omitempty"`
+	// Tools are the host tools installed (binaries by name, firmware
+	// files by absolute path): the agent's prerequisite checks look here.
+	Tools []string `json:"tools,omitempty"`
 }
 
 // Address is an interface address.

@@ -98,6 +98,16 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		ln.Close()
 		return err
 	}
+	if o.GossipBind != "" {
+		pool, err := startGossip(o, advertise, log)
+		if err != nil {
+			srv.Shutdown()
+			ln.Close()
+			return err
+		}
+		defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
+		go srv.WatchAgents(ctx, pool.Events())
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
 	mux.Handle("/", api.New(srv, auth, log.With("component", "api")))

@@ -32,6 +32,8 @@ type options struct {
 	ElectionTimeout   time.Duration
 	LeaderLease       time.Duration
 	SnapshotThreshold uint64
+	GossipBind        string
+	GossipJoin        []string
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -57,6 +59,16 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding the cluster join token (server-to-server routes)")
 	fs.StringVar(&o.TokensFile, "tokens-file", "", "API tokens file (JSON [{name, role, sha256}]); default: a generated admin token in <data-dir>/admin.token")
 	fs.StringVar(&o.Inventory, "inventory", "", "inventory JSON loaded by the leader into an empty ledger")
+	fs.StringVar(&o.GossipBind, "gossip-bind", "", "memberlist bind address host:port for the agent pool (empty: no gossip, HTTP heartbeats only)")
+	fs.Func("gossip-join", "memberlist peers to join, comma-separated", func(v string) error {
+		o.GossipJoin = nil
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				o.GossipJoin = append(o.GossipJoin, p)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")

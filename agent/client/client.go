@@ -1,0 +1,201 @@
+// Package client is the agent's side of the agent↔coordinator protocol
+// (proto/agent-openapi.yaml): enrollment with a bootstrap token, then the
+// node-credential routes — task long-poll and updates, readiness and
+// topology reports, heartbeats and the node's approved slots. It tries the
+// configured coordinators in turn; a problem response becomes a
+// *proto.Error with its stable code.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Client talks to the coordinators for one node.
+type Client struct {
+	urls []string
+	http *http.Client
+
+	mu         sync.Mutex
+	credential string
+	next       int // index of the coordinator to try first
+}
+
+// New returns a client for the coordinator base URLs.
+func New(urls []string, credential string) (*Client, error) {
+	if len(urls) == 0 {
+		return nil, errors.New("agent client: no coordinator URL")
+	}
+	for _, u := range urls {
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return nil, fmt.Errorf("agent client: %q is not an http(s) URL", u)
+		}
+	}
+	return &Client{urls: append([]string(nil), urls...), credential: credential,
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second}}}, nil
+}
+
+// SetCredential sets the node credential used by the node routes.
+func (c *Client) SetCredential(cred string) {
+	c.mu.Lock()
+	c.credential = cred
+	c.mu.Unlock()
+}
+
+// Credential returns the node credential.
+func (c *Client) Credential() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.credential
+}
+
+// TransportError is a failure to reach any coordinator.
+type TransportError struct{ Err error }
+
+func (e *TransportError) Error() string { return "coordinator unreachable: " + e.Err.Error() }
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// do sends one request, trying each coordinator once on a transport error
+// or a 503, starting with the last one that answered.
+func (c *Client) do(ctx context.Context, method, path string, auth bool, in, out any) error {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return fmt.Errorf("%s %s: encode: %w", method, path, err)
+		}
+	}
+	c.mu.Lock()
+	start, cred := c.next, c.credential
+	c.mu.Unlock()
+	var lastErr error
+	for i := range c.urls {
+		k := (start + i) % len(c.urls)
+		req, err := http.NewRequestWithContext(ctx, method, c.urls[k]+path, bytes.NewReader(body))
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", method, path, err)
+		}
+		if in != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if auth {
+			req.Header.Set("Authorization", "Bearer "+cred)
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			lastErr = &TransportError{Err: err}
+			continue
+		}
+		err = decode(resp, out)
+		if proto.CodeOf(err) == proto.CodeUnavailable || proto.CodeOf(err) == proto.CodeNotLeader {
+			lastErr = err
+			continue
+		}
+		c.mu.Lock()
+		c.next = k
+		c.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", method, path, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s %s: %w", method, path, lastErr)
+}
+
+func decode(resp *http.Response, out any) error {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return &TransportError{Err: err}
+	}
+	if resp.StatusCode >= 300 {
+		var p struct {
+			Code   proto.Code `json:"code"`
+			Detail string     `json:"detail"`
+		}
+		if json.Unmarshal(b, &p) == nil && p.Code != "" {
+			return &proto.Error{Code: p.Code, Detail: p.Detail}
+		}
+		code := proto.CodeInternal
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			code = proto.CodeUnavailable
+		}
+		return &proto.Error{Code: code, Detail: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("decode response: %w", err)
+	}
+	return nil
+}
+
+// Enroll exchanges a bootstrap token for the node credential and keeps it.
+func (c *Client) Enroll(ctx context.Context, nodeID, token, hostname string) (proto.EnrollResponse, error) {
+	var r proto.EnrollResponse
+	err := c.do(ctx, http.MethodPost, proto.AgentEnrollPath, false, proto.EnrollRequest{NodeID: nodeID, BootstrapToken: token, Hostname: hostname}, &r)
+	if err != nil {
+		return r, fmt.Errorf("enroll %s: %w", nodeID, err)
+	}
+	c.SetCredential(r.Credential)
+	return r, nil
+}
+
+// Tasks long-polls the node's pending tasks changed after index.
+func (c *Client) Tasks(ctx context.Context, index uint64, wait time.Duration) (proto.AgentTasksResponse, error) {
+	var r proto.AgentTasksResponse
+	q := url.Values{}
+	q.Set("index", strconv.FormatUint(index, 10))
+	q.Set("wait", wait.String())
+	err := c.do(ctx, http.MethodGet, proto.AgentTasksPath+"?"+q.Encode(), true, nil, &r)
+	return r, err
+}
+
+// UpdateTask reports progress or the result of a task.
+func (c *Client) UpdateTask(ctx context.Context, id string, u proto.AgentTaskUpdate) error {
+	if strings.ContainsAny(id, "/?#") {
+		return fmt.Errorf("update task: bad task ID %q", id)
+	}
+	return c.do(ctx, http.MethodPost, proto.AgentTasksPath+"/"+id, true, u, nil)
+}
+
+// PutReadiness reports readiness.
+func (c *Client) PutReadiness(ctx context.Context, r proto.Readiness) error {
+	return c.do(ctx, http.MethodPut, proto.AgentReadinessPath, true, r, nil)
+}
+
+// PutTopology reports a candidate topology.
+func (c *Client) PutTopology(ctx context.Context, t proto.CandidateTopology) error {
+	return c.do(ctx, http.MethodPut, proto.AgentTopologyPath, true, t, nil)
+}
+
+// Heartbeat tells the coordinator the agent is alive and returns the live
+// claims on the node.
+func (c *Client) Heartbeat(ctx context.Context, req proto.HeartbeatRequest) (proto.HeartbeatResponse, error) {
+	var r proto.HeartbeatResponse
+	err := c.do(ctx, http.MethodPost, proto.AgentHeartbeatPath, true, req, &r)
+	return r, err
+}
+
+// Slots returns the node's approved slots with their live claims.
+func (c *Client) Slots(ctx context.Context) ([]proto.AgentSlot, error) {
+	var r []proto.AgentSlot
+	err := c.do(ctx, http.MethodGet, "/v1/agent/slots", true, nil, &r)
+	return r, err
+}

@@ -1,0 +1,338 @@
+// Package config holds the node agent's configuration: command-line flags,
+// each overridable by a GPUAAS_AGENT_<FLAG> environment variable, and an
+// optional JSON file (-config). Precedence, highest first: flags given on
+// the command line, environment, file, defaults. The defaults make a real
+// host agent work with no configuration beyond the coordinator address and
+// a bootstrap token; the lab points HostRoot at a simulated host.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// EnvPrefix prefixes every environment override: flag "state-dir" is
+// GPUAAS_AGENT_STATE_DIR.
+const EnvPrefix = "GPUAAS_AGENT_"
+
+// Evidence sources for readiness.
+const (
+	EvidenceHost    = "host"    // netlink, ovsdb, systemd/process table of the running host
+	EvidenceHostsim = "hostsim" // run/hostsim/runtime.json of a simulated host (lab)
+)
+
+// Duration is a time.Duration that reads "30s" from JSON and flags.
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Set implements flag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes the duration as a string ("30s").
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration: want a string such as \"30s\": %w", err)
+	}
+	return d.Set(s)
+}
+
+// List is a comma-separated list flag.
+type List []string
+
+func (l List) String() string { return strings.Join(l, ",") }
+
+// Set implements flag.Value: it replaces the list.
+func (l *List) Set(s string) error {
+	*l = nil
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// Config is the agent's configuration.
+type Config struct {
+	// NodeID is the node's ID in the coordinator; default: the host name
+	// read from the host root's /etc/hostname.
+	NodeID string `json:"node_id,omitempty"`
+	// HostRoot is the base of the host trees (/sys, /proc, ...): "/" on a
+	// real host, a generated tree in the lab.
+	HostRoot string `json:"host_root,omitempty"`
+	// StateDir holds the credential, the lease store and the task journal.
+	StateDir string `json:"state_dir,omitempty"`
+	// Coordinators are the coordinator HTTP base URLs.
+	Coordinators List `json:"coordinators,omitempty"`
+	// BootstrapToken (or BootstrapTokenFile) is the one-time enrollment
+	// token; unused once a credential is stored.
+	BootstrapToken     string `json:"bootstrap_token,omitempty"`
+	BootstrapTokenFile string `json:"bootstrap_token_file,omitempty"`
+	// DiagAddr is the diagnostics listener; a non-loopback address needs
+	// DiagToken.
+	DiagAddr  string `json:"diag_addr,omitempty"`
+	DiagToken string `json:"diag_token,omitempty"`
+	// GossipBind is the memberlist bind address (host:port; port 0 picks
+	// one); GossipJoin are peers to join.
+	GossipBind string `json:"gossip_bind,omitempty"`
+	GossipJoin List   `json:"gossip_join,omitempty"`
+	// GuestGateway is the guest subnet's gateway on the OVS bridge, with
+	// its prefix (10.200.0.1/24); suggested slot IPs come from the subnet.
+	GuestGateway string `json:"guest_gateway,omitempty"`
+	OVSBridge    string `json:"ovs_bridge,omitempty"`
+	// Fabric is the site IPoIB configuration the slice-ready gate checks.
+	FabricInterface string `json:"fabric_interface,omitempty"`
+	FabricAddress   string `json:"fabric_address,omitempty"`
+	FabricRouteTo   string `json:"fabric_route_to,omitempty"`
+	FabricRouteVia  string `json:"fabric_route_via,omitempty"`
+	// ImageCacheDir is where verified VM images are cached (a prerequisite).
+	ImageCacheDir string `json:"image_cache_dir,omitempty"`
+	// Evidence selects the readiness evidence source: host or hostsim.
+	Evidence string `json:"evidence,omitempty"`
+	// Intervals.
+	ReadinessInterval Duration `json:"readiness_interval,omitempty"`
+	HeartbeatInterval Duration `json:"heartbeat_interval,omitempty"`
+	PollWait          Duration `json:"poll_wait,omitempty"`
+	LogLevel          string   `json:"log_level,omitempty"`
+}
+
+// Defaults returns the built-in configuration.
+func Defaults() Config {
+	return Config{
+		HostRoot:          "/",
+		StateDir:          "/var/lib/gpuaas",
+		Coordinators:      List{"http://127.0.0.1:8080"},
+		DiagAddr:          "127.0.0.1:9460",
+		GossipBind:        "0.0.0.0:7946",
+		GuestGateway:      "10.200.0.1/24",
+		OVSBridge:         "ovsbr0",
+		ImageCacheDir:     "/var/lib/gpuaas/images",
+		Evidence:          EvidenceHost,
+		ReadinessInterval: Duration(30 * time.Second),
+		HeartbeatInterval: Duration(10 * time.Second),
+		PollWait:          Duration(30 * time.Second),
+		LogLevel:          "info",
+	}
+}
+
+type flagDef struct {
+	name, usage string
+	bind        func(fs *flag.FlagSet, c *Config)
+}
+
+func defs() []flagDef {
+	s := func(name, usage string, f func(c *Config) *string) flagDef {
+		return flagDef{name, usage, func(fs *flag.FlagSet, c *Config) { p := f(c); fs.StringVar(p, name, *p, usage) }}
+	}
+	v := func(name, usage string, f func(c *Config) flag.Value) flagDef {
+		return flagDef{name, usage, func(fs *flag.FlagSet, c *Config) { fs.Var(f(c), name, usage) }}
+	}
+	return []flagDef{
+		s("node-id", "node ID (default: the host name)", func(c *Config) *string { return &c.NodeID }),
+		s("host-root", "base of the host trees (/ on a real host)", func(c *Config) *string { return &c.HostRoot }),
+		s("state-dir", "state directory (credential, leases, task journal)", func(c *Config) *string { return &c.StateDir }),
+		v("coordinators", "coordinator base URLs, comma-separated", func(c *Config) flag.Value { return &c.Coordinators }),
+		s("bootstrap-token", "one-time enrollment token", func(c *Config) *string { return &c.BootstrapToken }),
+		s("bootstrap-token-file", "file holding the enrollment token", func(c *Config) *string { return &c.BootstrapTokenFile }),
+		s("diag-addr", "diagnostics listen address", func(c *Config) *string { return &c.DiagAddr }),
+		s("diag-token", "bearer token for the diagnostics port (required off loopback)", func(c *Config) *string { return &c.DiagToken }),
+		s("gossip-bind", "memberlist bind address host:port", func(c *Config) *string { return &c.GossipBind }),
+		v("gossip-join", "memberlist peers to join, comma-separated", func(c *Config) flag.Value { return &c.GossipJoin }),
+		s("guest-gateway", "guest subnet gateway with prefix, on the OVS bridge", func(c *Config) *string { return &c.GuestGateway }),
+		s("ovs-bridge", "guest OVS bridge", func(c *Config) *string { return &c.OVSBridge }),
+		s("fabric-interface", "IPoIB interface of the site fabric", func(c *Config) *string { return &c.FabricInterface }),
+		s("fabric-address", "site fabric address with prefix", func(c *Config) *string { return &c.FabricAddress }),
+		s("fabric-route-to", "fabric route destination prefix", func(c *Config) *string { return &c.FabricRouteTo }),
+		s("fabric-route-via", "fabric route gateway", func(c *Config) *string { return &c.FabricRouteVia }),
+		s("image-cache-dir", "verified VM image cache directory", func(c *Config) *string { return &c.ImageCacheDir }),
+		s("evidence", "readiness evidence source: host or hostsim", func(c *Config) *string { return &c.Evidence }),
+		v("readiness-interval", "how often readiness is evaluated and reported", func(c *Config) flag.Value { return &c.ReadinessInterval }),
+		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
+		v("poll-wait", "task long-poll wait", func(c *Config) flag.Value { return &c.PollWait }),
+		s("log-level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
+	}
+}
+
+// EnvName returns the environment variable overriding flag name.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Load builds the configuration from args (without the program name), the
+// environment (getenv; nil means os.Getenv) and the file named by -config
+// or GPUAAS_AGENT_CONFIG. Usage and parse errors go to out.
+func Load(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	cfg := Defaults()
+	fs := flag.NewFlagSet("gpuaas-agent", flag.ContinueOnError)
+	fs.SetOutput(out)
+	file := fs.String("config", "", "optional JSON configuration file (env "+EnvPrefix+"CONFIG)")
+	ds := defs()
+	for _, d := range ds {
+		d.bind(fs, &cfg)
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	given := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = f.Value.String() })
+
+	cfg = Defaults()
+	path := *file
+	if path == "" {
+		path = getenv(EnvPrefix + "CONFIG")
+	}
+	if path != "" {
+		if err := loadFile(path, &cfg); err != nil {
+			return Config{}, err
+		}
+	}
+	names := make([]string, 0, len(ds))
+	for _, d := range ds {
+		names = append(names, d.name)
+	}
+	for _, n := range names {
+		if v, ok := lookupEnv(getenv, EnvName(n)); ok {
+			if err := fs.Set(n, v); err != nil {
+				return Config{}, fmt.Errorf("environment %s=%q: %w", EnvName(n), v, err)
+			}
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if v, ok := given[n]; ok {
+			if err := fs.Set(n, v); err != nil {
+				return Config{}, fmt.Errorf("flag -%s: %w", n, err)
+			}
+		}
+	}
+	if err := cfg.finish(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+func lookupEnv(getenv func(string) string, k string) (string, bool) {
+	v := getenv(k)
+	return v, v != ""
+}
+
+func loadFile(path string, cfg *Config) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config file: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	return nil
+}
+
+// finish fills derived defaults and validates.
+func (c *Config) finish() error {
+	if c.BootstrapToken == "" && c.BootstrapTokenFile != "" {
+		b, err := os.ReadFile(c.BootstrapTokenFile)
+		if err != nil {
+			return fmt.Errorf("bootstrap token file: %w", err)
+		}
+		c.BootstrapToken = strings.TrimSpace(string(b))
+	}
+	if c.NodeID == "" {
+		b, err := os.ReadFile(filepath.Join(c.HostRoot, "etc", "hostname"))
+		if err != nil {
+			return fmt.Errorf("node ID not set and the host name is unreadable: %w", err)
+		}
+		c.NodeID = strings.TrimSpace(string(b))
+	}
+	return c.Validate()
+}
+
+// Validate checks every field; errors name the flag.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(flagName, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("-%s: %s", flagName, fmt.Sprintf(format, a...)))
+	}
+	if c.NodeID == "" || len(c.NodeID) > 128 || strings.ContainsAny(c.NodeID, "/ \t\n") {
+		bad("node-id", "%q is not a node ID", c.NodeID)
+	}
+	if !filepath.IsAbs(c.HostRoot) {
+		bad("host-root", "%q must be an absolute path", c.HostRoot)
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		bad("state-dir", "%q must be an absolute path", c.StateDir)
+	}
+	for _, u := range c.Coordinators {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			bad("coordinators", "%q is not an http(s) URL", u)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.DiagAddr); c.DiagAddr != "" && err != nil {
+		bad("diag-addr", "%q: %v", c.DiagAddr, err)
+	}
+	if _, _, err := net.SplitHostPort(c.GossipBind); c.GossipBind != "" && err != nil {
+		bad("gossip-bind", "%q: %v", c.GossipBind, err)
+	}
+	if g, err := netip.ParsePrefix(c.GuestGateway); err != nil || !g.Addr().Is4() || g.Bits() > 30 {
+		bad("guest-gateway", "%q: want an IPv4 gateway with prefix, e.g. 10.200.0.1/24", c.GuestGateway)
+	}
+	if c.Evidence != EvidenceHost && c.Evidence != EvidenceHostsim {
+		bad("evidence", "%q: want host or hostsim", c.Evidence)
+	}
+	fabric := []string{c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia}
+	set := 0
+	for _, f := range fabric {
+		if f != "" {
+			set++
+		}
+	}
+	if set != 0 && set != len(fabric) {
+		bad("fabric-interface", "fabric settings are all-or-nothing: give -fabric-interface, -fabric-address, -fabric-route-to and -fabric-route-via")
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"readiness-interval", c.ReadinessInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait}} {
+		if d.v <= 0 {
+			bad(d.name, "must be positive")
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log-level", "%q: want debug, info, warn or error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}

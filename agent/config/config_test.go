@@ -1,0 +1,78 @@
+package config
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func hostRoot(t *testing.T) string {
+	t.Helper()
+	d := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(d, "etc"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(d, "etc", "hostname"), []byte("j22u15\n"), 0o644))
+	return d
+}
+
+func TestDefaultsWork(t *testing.T) {
+	root := hostRoot(t)
+	cfg, err := Load([]string{"-host-root", root}, func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "j22u15", cfg.NodeID, "node ID defaults to the host name")
+	assert.Equal(t, "/var/lib/gpuaas", cfg.StateDir)
+	assert.Equal(t, "127.0.0.1:9460", cfg.DiagAddr)
+	assert.Equal(t, 30*time.Second, time.Duration(cfg.PollWait))
+}
+
+func TestPrecedenceFlagsOverEnvOverFile(t *testing.T) {
+	root := hostRoot(t)
+	file := filepath.Join(t.TempDir(), "agent.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"node_id":"from-file","state_dir":"/file","diag_addr":"127.0.0.1:1","poll_wait":"5s","host_root":"`+root+`"}`), 0o644))
+	env := map[string]string{
+		"GPUAAS_AGENT_CONFIG":    file,
+		"GPUAAS_AGENT_STATE_DIR": "/env",
+		"GPUAAS_AGENT_DIAG_ADDR": "127.0.0.1:2",
+	}
+	cfg, err := Load([]string{"-diag-addr", "127.0.0.1:3"}, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "from-file", cfg.NodeID)
+	assert.Equal(t, "/env", cfg.StateDir, "env beats file")
+	assert.Equal(t, "127.0.0.1:3", cfg.DiagAddr, "flag beats env")
+	assert.Equal(t, 5*time.Second, time.Duration(cfg.PollWait), "file beats default")
+}
+
+func TestBadInputNamesTheSetting(t *testing.T) {
+	root := hostRoot(t)
+	none := func(string) string { return "" }
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"relative state dir":  {[]string{"-state-dir", "var/lib"}, "-state-dir"},
+		"bad coordinator":     {[]string{"-coordinators", "ftp://x"}, "-coordinators"},
+		"bad gateway":         {[]string{"-guest-gateway", "10.0.0.1"}, "-guest-gateway"},
+		"half fabric":         {[]string{"-fabric-interface", "ibp26s0"}, "all-or-nothing"},
+		"bad evidence":        {[]string{"-evidence", "magic"}, "-evidence"},
+		"bad duration":        {[]string{"-poll-wait", "soon"}, "poll-wait"},
+		"stray argument":      {[]string{"extra"}, "unexpected arguments"},
+		"node id with slash":  {[]string{"-node-id", "a/b"}, "-node-id"},
+		"missing config file": {[]string{"-config", "/nonexistent/agent.json"}, "read config file"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Load(append([]string{"-host-root", root}, tc.args...), none, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	t.Run("unknown file key", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "agent.json")
+		require.NoError(t, os.WriteFile(file, []byte(`{"nodeid":"x"}`), 0o644))
+		_, err := Load([]string{"-host-root", root, "-config", file}, none, io.Discard)
+		require.ErrorContains(t, err, "unknown field")
+	})
+}

@@ -1,0 +1,144 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/server"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// coord is a real one-replica coordinator (Raft on loopback, bbolt log)
+// serving the operator and agent APIs, with the lab nodes registered.
+type coord struct {
+	t     testing.TB
+	srv   *server.Server
+	url   string
+	admin string
+	op    string
+}
+
+// backend adapts *server.Server to api.Backend (as the coordinator binary
+// does) while keeping Enrollment.
+type backend struct{ *server.Server }
+
+func (b backend) Peers() ([]api.Peer, error) {
+	ps, err := b.Server.Peers()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Peer, len(ps))
+	for i, p := range ps {
+		out[i] = api.Peer(p)
+	}
+	return out, nil
+}
+
+func startCoord(t testing.TB, nodes ...string) *coord {
+	t.Helper()
+	admin, err := api.GenerateToken()
+	require.NoError(t, err)
+	op, err := api.GenerateToken()
+	require.NoError(t, err)
+	auth, err := api.NewTokens([]api.TokenEntry{{Name: "admin", Role: "admin", SHA256: api.HashToken(admin)}, {Name: "op", Role: "operator", SHA256: api.HashToken(op)}})
+	require.NoError(t, err)
+	inv := &server.Inventory{
+		Regions: []proto.Region{{Name: "us-east"}},
+		Pools:   []proto.Pool{{Name: "h200", Region: "us-east"}},
+	}
+	for _, n := range nodes {
+		inv.Nodes = append(inv.Nodes, server.InventoryNode{Node: proto.Node{ID: n, Hostname: n, Region: "us-east", Pool: "h200",
+			ProfileIntent: proto.IntentSliceVM, State: proto.NodeRegistered}})
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := server.New(server.Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: ln.Addr().String(),
+		BootstrapExpect: 1, Inventory: inv, Logger: quiet})
+	if err != nil {
+		ln.Close()
+		require.NoError(t, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/internal/", srv.InternalHandler())
+	mux.Handle("/", api.New(backend{srv}, auth, quiet))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go hs.Serve(ln)
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Shutdown()
+	})
+	c := &coord{t: t, srv: srv, url: "http://" + ln.Addr().String(), admin: admin, op: op}
+	require.Eventually(t, func() bool {
+		if !srv.IsLeader() {
+			return false
+		}
+		for _, n := range nodes {
+			if _, ok := srv.Store().Snapshot().Node(n); !ok {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 20*time.Millisecond, "leader elected and inventory loaded")
+	return c
+}
+
+// do sends a JSON request with a bearer token and decodes the answer.
+func (c *coord) do(method, path, token string, in, out any) (int, string) {
+	c.t.Helper()
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		require.NoError(c.t, err)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(context.Background(), method, c.url+path, body)
+	require.NoError(c.t, err)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if method == http.MethodPost && path == "/v1/allocations" {
+		req.Header.Set("Idempotency-Key", "k-"+time.Now().Format("150405.000000000"))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	if out != nil && resp.StatusCode < 300 {
+		require.NoError(c.t, json.Unmarshal(b, out), string(b))
+	}
+	return resp.StatusCode, string(b)
+}
+
+// mint mints a bootstrap token for node.
+func (c *coord) mint(node string, ttl int) string {
+	c.t.Helper()
+	var r proto.BootstrapTokenResponse
+	code, body := c.do(http.MethodPost, "/v1/nodes/"+node+"/bootstrap-tokens", c.admin, proto.BootstrapTokenCreateRequest{TTLSeconds: ttl}, &r)
+	require.Equal(c.t, http.StatusCreated, code, body)
+	return r.Token
+}
+
+func (c *coord) node(id string) proto.Node {
+	c.t.Helper()
+	n, ok := c.srv.Store().Snapshot().Node(id)
+	require.True(c.t, ok)
+	return *n
+}
+
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }

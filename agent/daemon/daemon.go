@@ -1,0 +1,637 @@
+// Package daemon is the node agent's main loop: enroll once (the
+// credential is kept in the state directory), join the memberlist pool,
+// heartbeat (reconciling host-local leases with the coordinator's live
+// claims after start), evaluate and report readiness periodically, and
+// pull typed tasks with a long-poll, executing each at most once (the
+// bbolt task journal survives restarts; a re-delivered finished task is
+// only re-reported). It serves the diagnostics port and tells systemd
+// READY and WATCHDOG.
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuaas/gpuaas/agent/client"
+	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/agent/diag"
+	"github.com/gpuaas/gpuaas/agent/discovery"
+	"github.com/gpuaas/gpuaas/agent/evidence"
+	"github.com/gpuaas/gpuaas/agent/leases"
+	"github.com/gpuaas/gpuaas/agent/membership"
+	"github.com/gpuaas/gpuaas/agent/nodesched"
+	"github.com/gpuaas/gpuaas/agent/readiness"
+	"github.com/gpuaas/gpuaas/agent/systemd"
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+// CredentialFile is the node credential's file in the state directory.
+const CredentialFile = "credential"
+
+// Daemon is one running agent.
+type Daemon struct {
+	cfg    config.Config
+	root   hostops.Root
+	src    evidence.Source
+	store  *leases.Store
+	client *client.Client
+	sched  *nodesched.Scheduler
+	log    *slog.Logger
+	gw     netip.Prefix
+	fabric *fabric.Spec
+
+	reg      *prometheus.Registry
+	tasksRun *prometheus.CounterVec
+	polls    prometheus.Counter
+
+	mu        sync.Mutex
+	report    *discovery.Report
+	ready     *proto.Readiness
+	node      readiness.Node
+	lastOK    time.Time
+	reconcile *nodesched.Reconciliation
+	diagAddr  string
+}
+
+// New builds a daemon from cfg; it opens the state store but does not
+// touch the network.
+func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	var root hostops.Root
+	var err error
+	if cfg.HostRoot == "/" {
+		root = hostops.RealRoot()
+	} else if root, err = hostops.NewRoot(cfg.HostRoot); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, root: root, log: log.With("node", cfg.NodeID)}
+	if d.gw, err = netip.ParsePrefix(cfg.GuestGateway); err != nil {
+		return nil, fmt.Errorf("guest gateway: %w", err)
+	}
+	if cfg.FabricInterface != "" {
+		spec := fabric.Spec{Interface: cfg.FabricInterface}
+		if spec.Address, err = netip.ParsePrefix(cfg.FabricAddress); err != nil {
+			return nil, fmt.Errorf("fabric address: %w", err)
+		}
+		if spec.Route.To, err = netip.ParsePrefix(cfg.FabricRouteTo); err != nil {
+			return nil, fmt.Errorf("fabric route: %w", err)
+		}
+		if spec.Route.Via, err = netip.ParseAddr(cfg.FabricRouteVia); err != nil {
+			return nil, fmt.Errorf("fabric route gateway: %w", err)
+		}
+		if err := spec.Validate(); err != nil {
+			return nil, fmt.Errorf("fabric: %w", err)
+		}
+		d.fabric = &spec
+	}
+	switch cfg.Evidence {
+	case config.EvidenceHostsim:
+		d.src = evidence.Hostsim{Root: root}
+	default:
+		h, err := evidence.NewHost(root, "")
+		if err != nil {
+			return nil, err
+		}
+		d.src = h
+	}
+	if d.store, err = leases.Open(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	cred, err := os.ReadFile(filepath.Join(cfg.StateDir, CredentialFile))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.store.Close()
+		return nil, fmt.Errorf("read credential: %w", err)
+	}
+	if d.client, err = client.New(cfg.Coordinators, strings.TrimSpace(string(cred))); err != nil {
+		d.store.Close()
+		return nil, err
+	}
+	d.sched = &nodesched.Scheduler{Root: root, NodeID: cfg.NodeID, Leases: d.store, Evidence: d.src, Bridge: cfg.OVSBridge,
+		Gateway: d.gw, Log: d.log}
+	d.reg = prometheus.NewRegistry()
+	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
+	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
+	d.reg.MustRegister(d.tasksRun, d.polls,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_active", Help: "1 when the node-active gate holds (enrolled, credential valid, coordinator reachable)."},
+			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.Active }) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_slice_ready", Help: "1 when the slice-ready convergence gate holds."},
+			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.SliceReady }) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_readiness_blockers", Help: "Named readiness blockers at the last evaluation."},
+			func() float64 {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				if d.ready == nil {
+					return 0
+				}
+				return float64(len(d.ready.Blockers))
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_leases", Help: "Host-local slot leases held."},
+			func() float64 {
+				ls, err := d.store.List()
+				if err != nil {
+					return -1
+				}
+				return float64(len(ls))
+			}),
+	)
+	return d, nil
+}
+
+// Close releases the state store.
+func (d *Daemon) Close() error { return d.store.Close() }
+
+// DiagAddr is the bound diagnostics address once Run started it.
+func (d *Daemon) DiagAddr() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.diagAddr
+}
+
+// Run runs the agent until ctx ends.
+func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	errc := make(chan error, 4)
+
+	if d.cfg.DiagAddr != "" {
+		srv, err := diag.Listen(diag.Options{Addr: d.cfg.DiagAddr, Token: d.cfg.DiagToken, Registry: d.reg, Log: d.log, Sources: d.diagSources()})
+		if err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.diagAddr = srv.Addr()
+		d.mu.Unlock()
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = srv.Serve(ctx) }()
+	}
+	if err := os.MkdirAll(filepath.Join(d.cfg.HostRoot, d.cfg.ImageCacheDir), 0o755); err != nil {
+		return fmt.Errorf("image cache: %w", err)
+	}
+	if _, err := d.discover(ctx); err != nil {
+		d.log.Error("initial discovery failed", "err", err)
+	}
+	if err := d.ensureEnrolled(ctx); err != nil {
+		return err
+	}
+	if len(d.cfg.GossipJoin) > 0 {
+		pool, err := d.joinPool()
+		if err != nil {
+			d.log.Warn("gossip pool unavailable; HTTP heartbeats only", "err", err)
+		} else {
+			defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
+		}
+	}
+	if _, err := d.heartbeat(ctx, true); err != nil {
+		d.log.Warn("first heartbeat failed", "err", err)
+	}
+	if _, err := (systemd.Notifier{}).Ready(); err != nil {
+		d.log.Warn("sd_notify READY", "err", err)
+	}
+	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := loop(ctx); err != nil && ctx.Err() == nil {
+				errc <- err
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		_, _ = (systemd.Notifier{}).Stopping()
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+func (d *Daemon) diagSources() diag.Sources {
+	return diag.Sources{
+		Topology: func() (any, bool) {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.report, d.report != nil
+		},
+		Readiness: func() (any, bool) {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.ready, d.ready != nil
+		},
+		Leases: func() (any, error) {
+			ls, err := d.store.List()
+			if ls == nil {
+				ls = []leases.Lease{}
+			}
+			d.mu.Lock()
+			rec := d.reconcile
+			d.mu.Unlock()
+			return struct {
+				Leases []leases.Lease `json:"leases"`
+				// LastReconcile is the start-up comparison with the
+				// coordinator's live claims: released orphans, claims
+				// without a lease (missing), kept leases.
+				LastReconcile *nodesched.Reconciliation `json:"last_reconcile,omitempty"`
+			}{ls, rec}, err
+		},
+		Tasks: func() (any, error) {
+			ts, err := d.store.Tasks()
+			if ts == nil {
+				ts = []leases.TaskRecord{}
+			}
+			return ts, err
+		},
+	}
+}
+
+func (d *Daemon) ensureEnrolled(ctx context.Context) error {
+	if d.client.Credential() != "" {
+		d.setNode(func(n *readiness.Node) { n.Enrolled = true })
+		return nil
+	}
+	if d.cfg.BootstrapToken == "" {
+		return fmt.Errorf("agent %s is not enrolled and has no bootstrap token (-bootstrap-token or -bootstrap-token-file)", d.cfg.NodeID)
+	}
+	host, _ := os.ReadFile(d.root.EtcPath("hostname"))
+	var err error
+	for attempt := 0; ; attempt++ {
+		var resp proto.EnrollResponse
+		resp, err = d.client.Enroll(ctx, d.cfg.NodeID, d.cfg.BootstrapToken, strings.TrimSpace(string(host)))
+		if err == nil {
+			p := filepath.Join(d.cfg.StateDir, CredentialFile)
+			if werr := os.WriteFile(p, []byte(resp.Credential+"\n"), 0o600); werr != nil {
+				return fmt.Errorf("store credential: %w", werr)
+			}
+			d.log.Info("enrolled", "issued_at", resp.IssuedAt)
+			d.setNode(func(n *readiness.Node) { n.Enrolled, n.CredentialValid, n.CoordinatorReachable = true, true, true })
+			return nil
+		}
+		var te *client.TransportError
+		if !errors.As(err, &te) && proto.CodeOf(err) != proto.CodeUnavailable {
+			return err // refused: a retry with the same token cannot succeed
+		}
+		d.log.Warn("enroll: coordinator unreachable, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(min(time.Duration(attempt+1)*time.Second, 10*time.Second)):
+		}
+	}
+}
+
+func (d *Daemon) setNode(f func(*readiness.Node)) {
+	d.mu.Lock()
+	f(&d.node)
+	d.mu.Unlock()
+}
+
+func (d *Daemon) joinPool() (*membership.Pool, error) {
+	host, port, err := net.SplitHostPort(d.cfg.GossipBind)
+	if err != nil {
+		return nil, err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil, fmt.Errorf("gossip port %q: %w", port, err)
+	}
+	pool, err := membership.Start(membership.Config{Name: d.cfg.NodeID, Meta: membership.Meta{Role: membership.RoleAgent, NodeID: d.cfg.NodeID},
+		BindAddr: host, BindPort: p, Logger: d.log})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pool.Join(d.cfg.GossipJoin); err != nil {
+		_ = pool.Shutdown()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// discover runs discovery and keeps the report for diagnostics and
+// readiness.
+func (d *Daemon) discover(ctx context.Context) (discovery.Report, error) {
+	r, err := discovery.Discover(ctx, d.root, discovery.Options{NodeID: d.cfg.NodeID, GuestGateway: d.gw,
+		ImageCacheDir: filepath.Join(d.cfg.HostRoot, d.cfg.ImageCacheDir), Evidence: d.src, At: time.Now().UTC()})
+	if err != nil {
+		return r, err
+	}
+	d.mu.Lock()
+	d.report = &r
+	d.mu.Unlock()
+	return r, nil
+}
+
+// heartbeat tells the coordinator the agent lives; with reconcile it also
+// reconciles leases against the live claims it returns.
+func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.HeartbeatResponse, error) {
+	ls, err := d.store.List()
+	if err != nil {
+		return proto.HeartbeatResponse{}, err
+	}
+	req := proto.HeartbeatRequest{}
+	for _, l := range ls {
+		req.Leases = append(req.Leases, proto.ClaimRef{ClaimID: l.ClaimID, Kind: proto.ClaimSlot, NodeID: d.cfg.NodeID, SlotID: l.SlotID, Generation: l.Generation})
+	}
+	resp, err := d.client.Heartbeat(ctx, req)
+	d.noteCoordinator(err)
+	if err != nil {
+		return resp, err
+	}
+	if reconcile {
+		var claims []nodesched.Claim
+		for _, c := range resp.Claims {
+			if c.Kind == proto.ClaimSlot {
+				claims = append(claims, nodesched.Claim{SlotID: c.SlotID, ClaimID: c.ClaimID, Generation: c.Generation})
+			}
+		}
+		r, err := d.sched.Reconcile(claims)
+		if err != nil {
+			return resp, err
+		}
+		d.mu.Lock()
+		d.reconcile = &r
+		d.mu.Unlock()
+		if len(r.Released) > 0 || len(r.Missing) > 0 {
+			d.log.Warn("leases reconciled", "released", len(r.Released), "missing", len(r.Missing))
+		}
+	}
+	return resp, nil
+}
+
+func (d *Daemon) noteCoordinator(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var te *client.TransportError
+	switch {
+	case err == nil:
+		d.node.CoordinatorReachable, d.node.CredentialValid, d.node.Detail = true, true, ""
+		d.lastOK = time.Now()
+	case proto.CodeOf(err) == proto.CodeUnauthenticated:
+		d.node.CoordinatorReachable, d.node.CredentialValid, d.node.Detail = true, false, err.Error()
+	case errors.As(err, &te):
+		d.node.CoordinatorReachable, d.node.Detail = false, err.Error()
+	}
+}
+
+func (d *Daemon) heartbeatLoop(ctx context.Context) error {
+	t := time.NewTicker(time.Duration(d.cfg.HeartbeatInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := d.heartbeat(ctx, false); err != nil && ctx.Err() == nil {
+			d.log.Warn("heartbeat", "err", err)
+		}
+	}
+}
+
+// evaluate observes readiness now.
+func (d *Daemon) evaluate(ctx context.Context) (proto.Readiness, error) {
+	d.mu.Lock()
+	node := d.node
+	var topo *proto.CandidateTopology
+	if d.report != nil {
+		t := d.report.Topology
+		topo = &t
+	}
+	d.mu.Unlock()
+	r, err := readiness.Evaluate(ctx, d.root, d.src, readiness.Inputs{Node: node,
+		Spec: readiness.Spec{Fabric: d.fabric, OVSBridge: d.cfg.OVSBridge, GuestGateway: d.gw}, Topology: topo, At: time.Now().UTC()})
+	if err != nil {
+		return r, err
+	}
+	d.mu.Lock()
+	d.ready = &r
+	d.mu.Unlock()
+	return r, nil
+}
+
+func (d *Daemon) readinessLoop(ctx context.Context) error {
+	for {
+		if _, err := d.discover(ctx); err != nil {
+			d.log.Error("discovery", "err", err)
+		}
+		r, err := d.evaluate(ctx)
+		if err != nil {
+			d.log.Error("readiness", "err", err)
+		} else {
+			err := d.client.PutReadiness(ctx, r)
+			d.noteCoordinator(err)
+			if err != nil && ctx.Err() == nil {
+				d.log.Warn("report readiness", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Duration(d.cfg.ReadinessInterval)):
+		}
+	}
+}
+
+func (d *Daemon) taskLoop(ctx context.Context) error {
+	var index uint64
+	backoff := time.Second
+	for {
+		resp, err := d.client.Tasks(ctx, index, time.Duration(d.cfg.PollWait))
+		if ctx.Err() != nil {
+			return nil
+		}
+		d.noteCoordinator(err)
+		if err != nil {
+			d.log.Warn("poll tasks", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 30*time.Second)
+			continue
+		}
+		backoff = time.Second
+		d.polls.Inc()
+		index = resp.Index
+		for _, t := range resp.Tasks {
+			d.execute(ctx, t)
+		}
+	}
+}
+
+// execute runs t at most once: a journaled, finished task is re-reported,
+// never re-run.
+func (d *Daemon) execute(ctx context.Context, t proto.Task) {
+	log := d.log.With("task", t.ID, "type", t.Type, "allocation", t.AllocationID)
+	rec, fresh, err := d.store.BeginTask(t, time.Now().UTC())
+	if err != nil {
+		log.Error("journal task", "err", err)
+		return
+	}
+	if !fresh && rec.Finished() {
+		if !rec.Reported {
+			d.reportTask(ctx, log, rec)
+		}
+		return
+	}
+	if !fresh && !idempotent(t.Type) {
+		// The agent died while this task ran; a non-idempotent task is not
+		// run again blind.
+		rec, err = d.store.FinishTask(t.ID, nil, fmt.Errorf("interrupted by an agent restart (attempt %d); not re-run", rec.Attempts), time.Now().UTC())
+		if err == nil {
+			d.reportTask(ctx, log, rec)
+		}
+		return
+	}
+	_ = d.client.UpdateTask(ctx, t.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Progress: "started"})
+	result, runErr := d.run(ctx, t)
+	outcome := "succeeded"
+	if runErr != nil {
+		outcome = "failed"
+		log.Warn("task failed", "err", runErr)
+	}
+	d.tasksRun.WithLabelValues(t.Type, outcome).Inc()
+	rec, err = d.store.FinishTask(t.ID, result, runErr, time.Now().UTC())
+	if err != nil {
+		log.Error("journal task outcome", "err", err)
+		return
+	}
+	d.reportTask(ctx, log, rec)
+}
+
+func (d *Daemon) reportTask(ctx context.Context, log *slog.Logger, rec leases.TaskRecord) {
+	u := proto.AgentTaskUpdate{State: proto.TaskSucceeded, Result: rec.Result}
+	if rec.State == leases.TaskFailed {
+		u.State, u.Error = proto.TaskFailed, rec.Error
+	}
+	if err := d.client.UpdateTask(ctx, rec.ID, u); err != nil {
+		log.Warn("report task", "err", err)
+		return
+	}
+	if err := d.store.MarkReported(rec.ID); err != nil {
+		log.Error("journal report", "err", err)
+	}
+}
+
+// idempotent reports whether a task type may be re-run after a crash.
+func idempotent(typ string) bool {
+	switch typ {
+	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease:
+		// Discovery only reads; the node scheduler's leases make planning
+		// and releasing idempotent.
+		return true
+	}
+	return false
+}
+
+// run executes one task and returns its JSON result.
+func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error) {
+	switch t.Type {
+	case proto.TaskTopologyDiscover:
+		r, err := d.discover(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.client.PutTopology(ctx, r.Topology); err != nil {
+			return nil, fmt.Errorf("report topology: %w", err)
+		}
+		return json.Marshal(struct {
+			Candidates int      `json:"candidates"`
+			Complete   int      `json:"complete"`
+			Blockers   []string `json:"blockers,omitempty"`
+		}{len(r.Topology.Candidates), len(discovery.Complete(r.Topology)), r.Topology.Blockers})
+	case proto.TaskSliceProvision:
+		plan, err := d.planTask(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(plan)
+	case proto.TaskSliceRelease:
+		var p proto.AllocationTaskPayload
+		if err := json.Unmarshal(t.Payload, &p); err != nil {
+			return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
+		}
+		ls, err := d.sched.Release(p.AllocationID)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(map[string]any{"released_leases": len(ls)})
+	}
+	return nil, fmt.Errorf("task type %q is not handled by this agent", t.Type)
+}
+
+// planTask turns a provision task's claims into approved slots and asks
+// the node scheduler for a leased plan. A claim on a slot of another node
+// is refused before anything is leased.
+func (d *Daemon) planTask(ctx context.Context, t proto.Task) (sched.BundlePlan, error) {
+	var p proto.AllocationTaskPayload
+	if err := json.Unmarshal(t.Payload, &p); err != nil {
+		return sched.BundlePlan{}, fmt.Errorf("task %s payload: %w", t.ID, err)
+	}
+	for _, c := range p.Claims {
+		if c.NodeID != d.cfg.NodeID {
+			return sched.BundlePlan{}, &nodesched.NotOwnedError{SlotID: c.SlotID, SlotNode: c.NodeID, Node: d.cfg.NodeID}
+		}
+	}
+	slots, err := d.client.Slots(ctx)
+	if err != nil {
+		return sched.BundlePlan{}, fmt.Errorf("read approved slots: %w", err)
+	}
+	by := map[string]proto.AgentSlot{}
+	for _, s := range slots {
+		by[s.SlotID] = s
+	}
+	var approved []proto.Slot
+	for _, c := range p.Claims {
+		s, ok := by[c.SlotID]
+		if !ok {
+			return sched.BundlePlan{}, fmt.Errorf("slot %s is not an approved slot of node %s", c.SlotID, d.cfg.NodeID)
+		}
+		approved = append(approved, proto.Slot{ID: c.SlotID, NodeID: s.NodeID, Index: s.Index, ClaimID: c.ClaimID, Generation: c.Generation, Capacity: s.Capacity})
+	}
+	return d.sched.Plan(ctx, p.AllocationID, approved)
+}
+
+// watchdog keeps systemd's watchdog fed while the agent has heard from a
+// coordinator within three heartbeat intervals (or has not tried yet).
+func (d *Daemon) watchdog(ctx context.Context) error {
+	return systemd.Watchdog(ctx, func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.lastOK.IsZero() || time.Since(d.lastOK) < 3*time.Duration(d.cfg.HeartbeatInterval)+time.Duration(d.cfg.PollWait) {
+			return nil
+		}
+		return fmt.Errorf("no coordinator answer since %s", d.lastOK.Format(time.RFC3339))
+	})
+}
+
+func (d *Daemon) readyValue(f func(*proto.Readiness) bool) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ready != nil && f(d.ready) {
+		return 1
+	}
+	return 0
+}
+
+// Readiness evaluates readiness now (for tests and diagnostics).
+func (d *Daemon) Readiness(ctx context.Context) (proto.Readiness, error) { return d.evaluate(ctx) }

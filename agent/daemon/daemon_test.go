@@ -1,0 +1,200 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
+	"github.com/gpuaas/gpuaas/lab/labagent"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+// agentConfig is the lab configuration of an agent on a simulated host,
+// with test intervals and no gossip.
+func agentConfig(t *testing.T, c *coord, host, base, stateDir, token string) config.Config {
+	t.Helper()
+	cfg, err := labagent.Config(labagent.Options{Host: host, HostBase: base, StateDir: stateDir, Coordinators: []string{c.url}, Token: token, Fast: true})
+	require.NoError(t, err)
+	return cfg
+}
+
+type running struct {
+	d    *Daemon
+	stop func()
+}
+
+func startAgent(t *testing.T, cfg config.Config) *running {
+	t.Helper()
+	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once bool
+	stop := func() {
+		if once {
+			return
+		}
+		once = true
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Error("agent did not stop")
+		}
+		require.NoError(t, d.Close())
+	}
+	t.Cleanup(stop)
+	return &running{d: d, stop: stop}
+}
+
+func hostBase(t *testing.T, host string) string {
+	t.Helper()
+	root, _ := hostsimtest.Host(t, host)
+	return filepath.Dir(root.Sys)
+}
+
+func TestAgentEndToEnd(t *testing.T) {
+	c := startCoord(t, "j22u15", "j22u11")
+	base15, base11 := hostBase(t, "j22u15"), hostBase(t, "j22u11")
+	state15 := t.TempDir()
+	a15 := startAgent(t, agentConfig(t, c, "j22u15", base15, state15, c.mint("j22u15", 0)))
+	startAgent(t, agentConfig(t, c, "j22u11", base11, t.TempDir(), c.mint("j22u11", 0)))
+
+	// Enrolled: active, credential stored 0600.
+	require.Eventually(t, func() bool { return c.node("j22u15").State == proto.NodeActive }, 10*time.Second, 50*time.Millisecond)
+	st, err := os.Stat(filepath.Join(state15, CredentialFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	// Discovery through a task.
+	for _, n := range []string{"j22u15", "j22u11"} {
+		code, body := c.do(http.MethodPost, "/v1/nodes/"+n+"/topology/discover", c.admin, nil, nil)
+		require.Equal(t, http.StatusAccepted, code, body)
+	}
+	require.Eventually(t, func() bool {
+		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
+		return ok && len(t15.Candidates) == 8
+	}, 10*time.Second, 50*time.Millisecond)
+	t15, _ := c.srv.Store().Snapshot().Candidates("j22u15")
+	assert.NotEmpty(t, t15.Prerequisites, "prerequisites travel with the topology")
+
+	// Readiness: j22u15 slice-ready, j22u11 not, blockers named.
+	require.Eventually(t, func() bool {
+		n15, n11 := c.node("j22u15"), c.node("j22u11")
+		return n15.Readiness != nil && n15.Readiness.SliceReady && n11.Readiness != nil && n11.Readiness.Active
+	}, 10*time.Second, 50*time.Millisecond)
+	r11 := c.node("j22u11").Readiness
+	assert.False(t, r11.SliceReady)
+	assert.Contains(t, r11.Blockers[0]+r11.Blockers[1]+r11.Blockers[2], "ipoib_netplan_missing")
+
+	// Approve two candidates on one PCIe switch, allocate a 2-GPU slice.
+	for i := range 2 {
+		code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
+		require.Equal(t, http.StatusCreated, code, body)
+	}
+	var alloc proto.Allocation
+	code, body := c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 2, Region: "us-east"}, &alloc)
+	require.Less(t, code, 300, body)
+
+	// The agent leases and returns a plan whose GPUs share a switch.
+	var plan sched.BundlePlan
+	require.Eventually(t, func() bool {
+		for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
+			if task.Type == proto.TaskSliceProvision && task.State == proto.TaskSucceeded {
+				return json.Unmarshal(task.Result, &plan) == nil
+			}
+		}
+		return false
+	}, 15*time.Second, 50*time.Millisecond)
+	require.Len(t, plan.Devices, 2)
+	assert.Equal(t, t15.Candidates[0].Capacity.PCIeSwitch, t15.Candidates[1].Capacity.PCIeSwitch)
+	ls, err := a15.d.store.List()
+	require.NoError(t, err)
+	assert.Len(t, ls, 2)
+
+	// Restart the agent: the credential and the leases survive; the
+	// reconcile against the live claims keeps both.
+	a15.stop()
+	cfg := agentConfig(t, c, "j22u15", base15, state15, "")
+	a15 = startAgent(t, cfg)
+	require.Eventually(t, func() bool {
+		a15.d.mu.Lock()
+		defer a15.d.mu.Unlock()
+		return a15.d.reconcile != nil
+	}, 10*time.Second, 50*time.Millisecond)
+	a15.d.mu.Lock()
+	rec := *a15.d.reconcile
+	a15.d.mu.Unlock()
+	assert.Len(t, rec.Kept, 2)
+	assert.Empty(t, rec.Released)
+
+	// Diagnostics on the agent's local port.
+	resp, err := http.Get("http://" + a15.d.DiagAddr() + "/v1/diag/leases")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), alloc.ID)
+	assert.Contains(t, string(b), `"last_reconcile"`)
+
+	resp, err = http.Get("http://" + a15.d.DiagAddr() + "/metrics")
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), "gpuaas_agent_leases 2")
+
+	// Release: the slice.release task drops the leases.
+	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", c.op, nil, nil)
+	require.Less(t, code, 300, body)
+	require.Eventually(t, func() bool {
+		for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
+			if task.Type == proto.TaskSliceRelease && task.State == proto.TaskSucceeded {
+				return true
+			}
+		}
+		return false
+	}, 15*time.Second, 50*time.Millisecond)
+	ls, err = a15.d.store.List()
+	require.NoError(t, err)
+	assert.Empty(t, ls, "released: leases gone")
+
+	// A second allocation, force-released while the agent is down: on
+	// restart the orphaned leases are dropped.
+	for i := 2; i < 4; i++ {
+		code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
+		require.Equal(t, http.StatusCreated, code, body)
+	}
+	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 2, Region: "us-east"}, &alloc)
+	require.Less(t, code, 300, body)
+	require.Eventually(t, func() bool {
+		ls, err := a15.d.store.List()
+		return err == nil && len(ls) == 2
+	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased")
+	a15.stop()
+	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/force-release", c.admin, map[string]string{"reason": "test"}, nil)
+	require.Less(t, code, 300, body)
+	a15 = startAgent(t, cfg)
+	require.Eventually(t, func() bool {
+		a15.d.mu.Lock()
+		defer a15.d.mu.Unlock()
+		return a15.d.reconcile != nil
+	}, 10*time.Second, 50*time.Millisecond)
+	ls, err = a15.d.store.List()
+	require.NoError(t, err)
+	assert.Empty(t, ls, "orphaned leases released")
+}

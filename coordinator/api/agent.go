@@ -1,0 +1,468 @@
+package api
+
+// The agent↔coordinator protocol (proto/agent.go, proto/agent-openapi.yaml).
+//
+// Operator side (bearer token, role admin): mint a single-use bootstrap
+// token for a node, revoke a node's credential, queue a topology
+// discovery. Agent side: POST /v1/agent/enroll exchanges a bootstrap token
+// for a node credential; every other /v1/agent route authenticates with
+// that credential and acts for its node only: another node's tasks are
+// forbidden, reports are filed under the credential's node.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// AgentBackend is a Backend that also replicates the agent enrollment
+// table (*server.Server is one). Agent routes answer 503 on a backend
+// without it.
+type AgentBackend interface {
+	Backend
+	Enrollment() *enroll.Table
+}
+
+// AgentRoute is one route of the agent protocol.
+type AgentRoute struct {
+	Method  string
+	Pattern string
+	// Auth: "admin" (operator token, admin role), "bootstrap" (the
+	// bootstrap token in the body) or "node" (node credential).
+	Auth  string
+	Write bool
+}
+
+// AgentRoutes lists the agent protocol's routes (for the contract test of
+// proto/agent-openapi.yaml).
+func AgentRoutes() []AgentRoute {
+	return []AgentRoute{
+		{http.MethodPost, "/v1/nodes/{id}/bootstrap-tokens", "admin", true},
+		{http.MethodDelete, "/v1/nodes/{id}/credential", "admin", true},
+		{http.MethodPost, "/v1/nodes/{id}/topology/discover", "admin", true},
+		{http.MethodPost, proto.AgentEnrollPath, "bootstrap", true},
+		{http.MethodGet, proto.AgentTasksPath, "node", false},
+		{http.MethodPost, proto.AgentTasksPath + "/{id}", "node", true},
+		{http.MethodPut, proto.AgentReadinessPath, "node", true},
+		{http.MethodPut, proto.AgentTopologyPath, "node", true},
+		{http.MethodPost, proto.AgentHeartbeatPath, "node", true},
+		{http.MethodGet, "/v1/agent/slots", "node", false},
+	}
+}
+
+// registerAgentRoutes adds the agent protocol to the API's mux.
+func (a *API) registerAgentRoutes() {
+	handlers := map[string]func(*call) error{
+		"POST /v1/nodes/{id}/bootstrap-tokens":   a.mintBootstrapToken,
+		"DELETE /v1/nodes/{id}/credential":       a.revokeCredential,
+		"POST /v1/nodes/{id}/topology/discover":  a.queueTopologyDiscover,
+		"POST " + proto.AgentEnrollPath:          a.enroll,
+		"GET " + proto.AgentTasksPath:            a.agentTasks,
+		"POST " + proto.AgentTasksPath + "/{id}": a.agentTaskUpdate,
+		"PUT " + proto.AgentReadinessPath:        a.agentReadiness,
+		"PUT " + proto.AgentTopologyPath:         a.agentTopology,
+		"POST " + proto.AgentHeartbeatPath:       a.agentHeartbeat,
+		"GET /v1/agent/slots":                    a.agentSlots,
+	}
+	for _, r := range AgentRoutes() {
+		h := handlers[r.Method+" "+r.Pattern]
+		rt := Route{Method: r.Method, Pattern: r.Pattern, Role: RoleAdmin, Write: r.Write, handle: h}
+		switch r.Auth {
+		case "admin":
+			a.mux.Handle(r.Method+" "+r.Pattern, a.wrap(rt))
+		default:
+			a.mux.Handle(r.Method+" "+r.Pattern, a.wrapAgent(rt, r.Auth == "node"))
+		}
+	}
+}
+
+func (a *API) enrollment() (*enroll.Table, error) {
+	ab, ok := a.b.(AgentBackend)
+	if !ok || ab.Enrollment() == nil {
+		return nil, proto.Errorf(proto.CodeUnavailable, "this coordinator does not serve agent enrollment")
+	}
+	return ab.Enrollment(), nil
+}
+
+// agentNode is the node the credential of the call authenticated.
+func (c *call) agentNode() string { return strings.TrimPrefix(c.p.Name, "node:") }
+
+// wrapAgent authenticates a node credential (when node is set), buffers
+// the body, forwards writes from a follower and renders errors.
+func (a *API) wrapAgent(rt Route, node bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var p Principal
+		if node {
+			tab, err := a.enrollment()
+			if err != nil {
+				writeProblem(w, r, err)
+				return
+			}
+			tok, ok := bearer(r)
+			if !ok {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent"`)
+				writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "an Authorization: Bearer <node credential> header is required"))
+				return
+			}
+			id, ok := tab.Authenticate(tok)
+			if !ok {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent", error="invalid_token"`)
+				writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the node credential is not known (revoked, or never issued); enroll again with a new bootstrap token"))
+				return
+			}
+			p = Principal{Name: "node:" + id}
+		} else {
+			p = Principal{Name: "bootstrap"}
+		}
+		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
+			*who = p.Name
+		}
+		c := &call{a: a, w: w, r: r, rt: rt, p: p}
+		if r.Body != nil && r.Method != http.MethodGet {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
+			var mbe *http.MaxBytesError
+			switch {
+			case errors.As(err, &mbe):
+				writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
+				return
+			case err != nil:
+				writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
+				return
+			}
+			c.body = body
+		}
+		forwarded := r.Header.Get(proto.ForwardedHeader) != ""
+		if rt.Write && !forwarded && !a.b.IsLeader() {
+			a.forward(c, nil)
+			return
+		}
+		err := rt.handle(c)
+		if err == nil {
+			return
+		}
+		if proto.CodeOf(err) == proto.CodeNotLeader && !forwarded {
+			a.forward(c, err)
+			return
+		}
+		if proto.CodeOf(err) == proto.CodeInternal {
+			a.log.Error("agent request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
+		}
+		writeProblem(w, r, err)
+	})
+}
+
+func newTaskID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("crypto/rand: " + err.Error())
+	}
+	return "task-" + hex.EncodeToString(b[:])
+}
+
+func (a *API) now() time.Time { return time.Now().UTC() }
+
+func (a *API) mintBootstrapToken(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	nodeID, err := c.pathID("id", "node id")
+	if err != nil {
+		return err
+	}
+	var body proto.BootstrapTokenCreateRequest
+	if err := c.decode(&body, true); err != nil {
+		return err
+	}
+	ttl := proto.DefaultBootstrapTTL
+	if body.TTLSeconds != 0 {
+		ttl = time.Duration(body.TTLSeconds) * time.Second
+	}
+	if ttl <= 0 || ttl > proto.MaxBootstrapTTL {
+		return proto.Errorf(proto.CodeInvalidArgument, "ttl_seconds %d is outside 1..%d", body.TTLSeconds, int(proto.MaxBootstrapTTL/time.Second))
+	}
+	if _, ok := a.b.Store().Snapshot().Node(nodeID); !ok {
+		return proto.Errorf(proto.CodeNotFound, "node %s does not exist; register it before minting a bootstrap token", nodeID)
+	}
+	if _, err := a.enrollment(); err != nil {
+		return err
+	}
+	tok := enroll.NewSecret("gpb_")
+	now := a.now()
+	req := proto.BootstrapTokenMintRequest{At: now, NodeID: nodeID, TokenHash: enroll.Hash(tok), ExpiresAt: now.Add(ttl)}
+	_, idx, err := a.b.Apply(c.r.Context(), proto.BootstrapTokenMintType|proto.IgnoreUnknownTypeFlag, req)
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusCreated, proto.BootstrapTokenResponse{NodeID: nodeID, Token: tok, ExpiresAt: req.ExpiresAt})
+}
+
+func (a *API) revokeCredential(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	nodeID, err := c.pathID("id", "node id")
+	if err != nil {
+		return err
+	}
+	if _, err := a.enrollment(); err != nil {
+		return err
+	}
+	_, idx, err := a.b.Apply(c.r.Context(), proto.NodeCredentialRevokeType|proto.IgnoreUnknownTypeFlag,
+		proto.NodeCredentialRevokeRequest{At: a.now(), NodeID: nodeID, Reason: "revoked by " + c.p.Name})
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusOK, map[string]string{"node_id": nodeID, "credential": "revoked"})
+}
+
+func (a *API) queueTopologyDiscover(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	nodeID, err := c.pathID("id", "node id")
+	if err != nil {
+		return err
+	}
+	now := a.now()
+	t := proto.Task{ID: newTaskID(), NodeID: nodeID, Type: proto.TaskTopologyDiscover, State: proto.TaskQueued, CreatedAt: now}
+	resp, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: now, Task: t})
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusAccepted, resp)
+}
+
+func (a *API) enroll(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.EnrollRequest
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if err := proto.ValidateID("node_id", body.NodeID); err != nil {
+		return err
+	}
+	if body.BootstrapToken == "" || len(body.BootstrapToken) > 256 {
+		return proto.Errorf(proto.CodeInvalidArgument, "bootstrap_token is required (at most 256 characters)")
+	}
+	if len(body.Hostname) > 255 {
+		return proto.Errorf(proto.CodeInvalidArgument, "hostname is longer than 255 characters")
+	}
+	if _, err := a.enrollment(); err != nil {
+		return err
+	}
+	n, ok := a.b.Store().Snapshot().Node(body.NodeID)
+	if !ok {
+		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token is not valid for node %s (unknown or forged)", body.NodeID)
+	}
+	cred := enroll.NewSecret("gpn_")
+	now := a.now()
+	_, idx, err := a.b.Apply(c.r.Context(), proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, proto.NodeEnrollRequest{
+		At: now, NodeID: body.NodeID, TokenHash: enroll.Hash(body.BootstrapToken), CredentialHash: enroll.Hash(cred), Hostname: body.Hostname,
+	})
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	if n.State == proto.NodeRegistered || n.State == proto.NodeUnreachable {
+		if _, i, err := a.b.Apply(c.r.Context(), proto.NodeSetStateType, proto.NodeSetStateRequest{At: now, NodeID: n.ID, State: proto.NodeActive, Reason: "agent enrolled"}); err != nil {
+			a.log.Warn("mark enrolled node active", "node", n.ID, "err", err)
+		} else {
+			c.index = i
+		}
+	}
+	return c.reply(http.StatusCreated, proto.EnrollResponse{NodeID: body.NodeID, Credential: cred, IssuedAt: now})
+}
+
+// pendingTasks returns the node's queued and running tasks and the
+// highest ModifyIndex of any of its tasks.
+func pendingTasks(s *state.Snapshot, node string) ([]proto.Task, uint64) {
+	var out []proto.Task
+	var idx uint64
+	for _, t := range s.Tasks(node, "", "", 0) {
+		idx = max(idx, t.ModifyIndex)
+		if t.State == proto.TaskQueued || t.State == proto.TaskRunning {
+			out = append(out, *t)
+		}
+	}
+	return out, idx
+}
+
+// agentTasks is the long-poll: it answers at once when the node's tasks
+// changed since ?index=, else when they change or ?wait= runs out.
+func (a *API) agentTasks(c *call) error {
+	q, err := c.query("index", "wait")
+	if err != nil {
+		return err
+	}
+	var since uint64
+	if v := q.Get("index"); v != "" {
+		if since, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return proto.Errorf(proto.CodeInvalidArgument, "index %q is not an unsigned integer", v)
+		}
+	}
+	var wait time.Duration
+	if v := q.Get("wait"); v != "" {
+		if wait, err = time.ParseDuration(v); err != nil || wait < 0 || wait > proto.MaxAgentWait {
+			return proto.Errorf(proto.CodeInvalidArgument, "wait %q is not a duration in 0..%s", v, proto.MaxAgentWait)
+		}
+	}
+	node := c.agentNode()
+	deadline := time.Now().Add(wait)
+	for {
+		store := a.b.Store()
+		snap := store.Snapshot()
+		tasks, idx := pendingTasks(snap, node)
+		left := time.Until(deadline)
+		if idx > since || since == 0 || left <= 0 {
+			if tasks == nil {
+				tasks = []proto.Task{}
+			}
+			c.index = snap.TableIndex(state.TableTasks)
+			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: idx})
+		}
+		ctx, cancel := context.WithTimeout(c.r.Context(), left)
+		_, err := store.Wait(ctx, snap.TableIndex(state.TableTasks), state.TableTasks)
+		cancel()
+		if err != nil && c.r.Context().Err() != nil {
+			return c.r.Context().Err()
+		}
+	}
+}
+
+func (a *API) agentTaskUpdate(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	id, err := c.pathID("id", "task id")
+	if err != nil {
+		return err
+	}
+	var body proto.AgentTaskUpdate
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	node := c.agentNode()
+	t, ok := a.b.Store().Snapshot().Task(id)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "task %s does not exist", id)
+	}
+	if t.NodeID != node {
+		return proto.Errorf(proto.CodeForbidden, "task %s belongs to node %s; this credential acts for node %s only", id, t.NodeID, node)
+	}
+	resp, idx, err := a.b.Apply(c.r.Context(), proto.TaskUpdateType, proto.TaskUpdateRequest{
+		At: a.now(), TaskID: id, NodeID: node, State: body.State, Progress: body.Progress, Result: body.Result, Error: body.Error,
+	})
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusOK, resp)
+}
+
+func (a *API) agentReadiness(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.Readiness
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if len(body.Evidence) > 256 || len(body.Blockers) > 256 {
+		return proto.Errorf(proto.CodeInvalidArgument, "at most 256 evidence items and 256 blockers are accepted")
+	}
+	resp, idx, err := a.b.Apply(c.r.Context(), proto.NodeReadinessType, proto.NodeReadinessRequest{At: a.now(), NodeID: c.agentNode(), Readiness: body})
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusOK, resp)
+}
+
+func (a *API) agentTopology(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.CandidateTopology
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	node := c.agentNode()
+	if body.NodeID != "" && body.NodeID != node {
+		return proto.Errorf(proto.CodeForbidden, "topology names node %s; this credential acts for node %s only", body.NodeID, node)
+	}
+	body.NodeID = node
+	resp, idx, err := a.b.Apply(c.r.Context(), proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: a.now(), Topology: body})
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusOK, resp)
+}
+
+func (a *API) agentHeartbeat(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.HeartbeatRequest
+	if err := c.decode(&body, true); err != nil {
+		return err
+	}
+	node := c.agentNode()
+	snap := a.b.Store().Snapshot()
+	n, ok := snap.Node(node)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "node %s does not exist", node)
+	}
+	state := n.State
+	if state == proto.NodeUnreachable || state == proto.NodeRegistered {
+		// The agent is back (or first seen): re-validate it as active; its
+		// next readiness report refreshes the evidence.
+		_, idx, err := a.b.Apply(c.r.Context(), proto.NodeSetStateType, proto.NodeSetStateRequest{At: a.now(), NodeID: node, State: proto.NodeActive, Reason: "agent heartbeat"})
+		if err != nil {
+			return err
+		}
+		c.index = idx
+		state = proto.NodeActive
+		snap = a.b.Store().Snapshot()
+	}
+	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}}
+	for _, cl := range snap.LiveNodeClaims(node) {
+		resp.Claims = append(resp.Claims, proto.ClaimRef{ClaimID: cl.ID, Kind: cl.Kind, NodeID: cl.NodeID, SlotID: cl.SlotID, Generation: cl.Generation})
+	}
+	return c.reply(http.StatusOK, resp)
+}
+
+// agentSlots returns the node's approved slots with their live claims, in
+// the form the node scheduler takes.
+func (a *API) agentSlots(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	node := c.agentNode()
+	snap := a.b.Store().Snapshot()
+	out := []proto.AgentSlot{}
+	for _, sl := range snap.NodeSlots(node) {
+		as := proto.AgentSlot{SlotID: sl.ID, Index: sl.Index, NodeID: sl.NodeID, Generation: sl.Generation, Capacity: sl.Capacity}
+		if cl, ok := snap.LiveClaimForSlot(sl.ID); ok {
+			as.ClaimID, as.Generation = cl.ID, cl.Generation
+		}
+		out = append(out, as)
+	}
+	c.index = snap.TableIndex(state.TableSlots)
+	return c.reply(http.StatusOK, out)
+}

@@ -1,0 +1,89 @@
+// Package labagent configures node agents for the simulated lab hosts: the
+// agent runs on a generated host root (lab/hostsim) with the simulated
+// evidence source and the site fabric configuration of that host. The lab
+// launcher (and end-to-end tests) use Config and Args to start one agent
+// per lab host.
+package labagent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpuaas/gpuaas/agent/config"
+)
+
+// Fabric is the site IPoIB configuration of a lab host.
+type Fabric struct {
+	Interface, Address, RouteTo, RouteVia string
+}
+
+// Fabrics are the lab hosts' fabric settings (the site bootstrap's input).
+// j22u11 has no netplan, address or route on its host, which its agent
+// reports as blockers against these settings.
+var Fabrics = map[string]Fabric{
+	"j22u15": {"ibp26s0", "172.16.22.15/16", "172.16.0.0/12", "172.16.0.1"},
+	"j22u11": {"ibp26s0", "172.16.22.11/16", "172.16.0.0/12", "172.16.0.1"},
+	"j27u15": {"ibp26s0", "172.16.27.15/16", "172.16.0.0/12", "172.16.0.1"},
+}
+
+// Options are what differs between lab agents.
+type Options struct {
+	Host         string   // lab host profile name, also the node ID
+	HostBase     string   // base of the generated host tree
+	StateDir     string   // agent state directory
+	Coordinators []string // coordinator base URLs
+	Token        string   // bootstrap token (unused once enrolled)
+	GossipJoin   []string // memberlist peers
+	// Fast shortens the intervals for tests (heartbeat 200 ms, readiness
+	// 300 ms, long-poll 2 s).
+	Fast bool
+}
+
+// Config returns the agent configuration of a lab host.
+func Config(o Options) (config.Config, error) {
+	f, ok := Fabrics[o.Host]
+	if !ok {
+		return config.Config{}, fmt.Errorf("lab agent: no fabric settings for host %q", o.Host)
+	}
+	c := config.Defaults()
+	c.NodeID, c.HostRoot, c.StateDir = o.Host, o.HostBase, o.StateDir
+	c.Coordinators = append(config.List(nil), o.Coordinators...)
+	c.BootstrapToken = o.Token
+	c.DiagAddr = "127.0.0.1:0"
+	c.GossipBind = "127.0.0.1:0"
+	c.GossipJoin = append(config.List(nil), o.GossipJoin...)
+	c.Evidence = config.EvidenceHostsim
+	c.ImageCacheDir = "/var/lib/gpuaas/images"
+	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
+	if o.Fast {
+		c.HeartbeatInterval = config.Duration(200 * time.Millisecond)
+		c.ReadinessInterval = config.Duration(300 * time.Millisecond)
+		c.PollWait = config.Duration(2 * time.Second)
+	}
+	if err := c.Validate(); err != nil {
+		return config.Config{}, fmt.Errorf("lab agent %s: %w", o.Host, err)
+	}
+	return c, nil
+}
+
+// Args renders a configuration as gpuaas-agent flags.
+func Args(c config.Config) []string {
+	a := []string{
+		"-node-id", c.NodeID, "-host-root", c.HostRoot, "-state-dir", c.StateDir,
+		"-coordinators", c.Coordinators.String(), "-diag-addr", c.DiagAddr, "-evidence", c.Evidence,
+		"-image-cache-dir", c.ImageCacheDir, "-guest-gateway", c.GuestGateway, "-ovs-bridge", c.OVSBridge,
+		"-readiness-interval", c.ReadinessInterval.String(), "-heartbeat-interval", c.HeartbeatInterval.String(),
+		"-poll-wait", c.PollWait.String(), "-log-level", c.LogLevel,
+	}
+	if c.BootstrapToken != "" {
+		a = append(a, "-bootstrap-token", c.BootstrapToken)
+	}
+	if c.FabricInterface != "" {
+		a = append(a, "-fabric-interface", c.FabricInterface, "-fabric-address", c.FabricAddress,
+			"-fabric-route-to", c.FabricRouteTo, "-fabric-route-via", c.FabricRouteVia)
+	}
+	if len(c.GossipJoin) > 0 {
+		a = append(a, "-gossip-bind", c.GossipBind, "-gossip-join", c.GossipJoin.String())
+	}
+	return a
+}

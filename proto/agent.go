@@ -1,0 +1,118 @@
+package proto
+
+import (
+	_ "embed"
+	"encoding/json"
+	"time"
+)
+
+// The agent↔coordinator protocol (proto/agent-openapi.yaml).
+//
+// An operator mints a single-use bootstrap token for a node
+// (POST /v1/nodes/{id}/bootstrap-tokens, admin). The agent exchanges it once
+// (POST /v1/agent/enroll) for a per-node credential; the ledger stores only
+// the credential's SHA-256. Every other /v1/agent route authenticates with
+// "Authorization: Bearer <credential>" and acts for that node only.
+
+// Agent API paths.
+const (
+	AgentEnrollPath    = "/v1/agent/enroll"
+	AgentTasksPath     = "/v1/agent/tasks"
+	AgentReadinessPath = "/v1/agent/readiness"
+	AgentTopologyPath  = "/v1/agent/topology"
+	AgentHeartbeatPath = "/v1/agent/heartbeat"
+)
+
+// Bootstrap token and credential limits.
+const (
+	DefaultBootstrapTTL = time.Hour
+	MaxBootstrapTTL     = 7 * 24 * time.Hour
+	// MaxAgentWait bounds a task long-poll.
+	MaxAgentWait = 5 * time.Minute
+)
+
+// BootstrapTokenCreateRequest is the body of POST /v1/nodes/{id}/bootstrap-tokens.
+type BootstrapTokenCreateRequest struct {
+	// TTLSeconds is the token's lifetime (default 3600, at most 7 days).
+	TTLSeconds int `json:"ttl_seconds,omitempty"`
+}
+
+// BootstrapTokenResponse carries the token once; only its hash is stored.
+type BootstrapTokenResponse struct {
+	NodeID    string    `json:"node_id"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// EnrollRequest is the body of POST /v1/agent/enroll.
+type EnrollRequest struct {
+	NodeID         string `json:"node_id"`
+	BootstrapToken string `json:"bootstrap_token"`
+	Hostname       string `json:"hostname"`
+}
+
+// EnrollResponse carries the node credential once.
+type EnrollResponse struct {
+	NodeID     string    `json:"node_id"`
+	Credential string    `json:"credential"`
+	IssuedAt   time.Time `json:"issued_at"`
+}
+
+// AgentTasksResponse answers GET /v1/agent/tasks: the node's tasks that are
+// queued or running, oldest first, and the tasks table index to pass as
+// ?index= for the next long-poll.
+type AgentTasksResponse struct {
+	Tasks []Task `json:"tasks"`
+	Index uint64 `json:"index"`
+}
+
+// AgentTaskUpdate is the body of POST /v1/agent/tasks/{id}: progress
+// (state running) or the result (succeeded / failed).
+type AgentTaskUpdate struct {
+	State    TaskState       `json:"state"`
+	Progress string          `json:"progress,omitempty"`
+	Result   json.RawMessage `json:"result,omitempty"`
+	Error    string          `json:"error,omitempty"`
+}
+
+// HeartbeatRequest is the body of POST /v1/agent/heartbeat.
+type HeartbeatRequest struct {
+	// Leases are the host-local leases the agent holds, for the
+	// coordinator's view of drift.
+	Leases []ClaimRef `json:"leases,omitempty"`
+}
+
+// HeartbeatResponse tells the agent how the coordinator sees its node and
+// which slot claims are live on it (the agent reconciles its leases with
+// them: orphaned leases are released, missing ones reported).
+type HeartbeatResponse struct {
+	NodeID string     `json:"node_id"`
+	State  NodeState  `json:"state"`
+	Claims []ClaimRef `json:"claims"`
+}
+
+// AgentSlotsPayload is the part of a slice.provision / slice.release task
+// payload the node scheduler reads: the approved slots with their live
+// claims. The coordinator fills it from the ledger when it hands a task
+// to the agent.
+type AgentSlotsPayload struct {
+	AllocationID string      `json:"allocation_id"`
+	Slots        []AgentSlot `json:"slots"`
+}
+
+// AgentSlot is one approved slot as the node scheduler needs it.
+type AgentSlot struct {
+	SlotID     string       `json:"slot_id"`
+	Index      int          `json:"index"`
+	NodeID     string       `json:"node_id"`
+	ClaimID    string       `json:"claim_id"`
+	Generation uint64       `json:"generation"`
+	Capacity   SlotCapacity `json:"capacity"`
+}
+
+//go:embed agent-openapi.yaml
+var agentOpenAPI []byte
+
+// AgentOpenAPI returns the OpenAPI 3 document of the agent protocol
+// (proto/agent-openapi.yaml).
+func AgentOpenAPI() []byte { return append([]byte(nil), agentOpenAPI...) }
