@@ -27,12 +27,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/agent/evidence"
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/disk"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
 	"github.com/gpuaas/gpuaas/hostops/hugepages"
 	"github.com/gpuaas/gpuaas/hostops/pci"
@@ -234,7 +234,7 @@ func readDisks(root hostops.Root, byAddr map[string]pci.Function) ([]Disk, error
 	if err != nil {
 		return nil, fmt.Errorf("list block devices: %w", err)
 	}
-	mounts, err := readMounts(root)
+	mounts, err := disk.ReadMountinfo(root)
 	if err != nil {
 		return nil, err
 	}
@@ -299,7 +299,7 @@ func ParseEUI(s string) (string, error) {
 	return h, nil
 }
 
-func readDisk(root hostops.Root, name string, byAddr map[string]pci.Function, mounts []mount) (Disk, error) {
+func readDisk(root hostops.Root, name string, byAddr map[string]pci.Function, mounts []disk.MountEntry) (Disk, error) {
 	dir := root.SysPath("class", "block", name)
 	d := Disk{Name: name}
 	var err error
@@ -382,8 +382,8 @@ func readDisk(root hostops.Root, name string, byAddr map[string]pci.Function, mo
 			d.Holders = append(d.Holders, h.Name())
 		}
 		for _, m := range mounts {
-			if m.devt == n.devt || m.source == "/dev/"+n.name {
-				d.Mounts = append(d.Mounts, fmt.Sprintf("%s on %s (%s)", n.name, m.point, m.fstype))
+			if fmt.Sprintf("%d:%d", m.Major, m.Minor) == n.devt || m.Source == "/dev/"+n.name {
+				d.Mounts = append(d.Mounts, fmt.Sprintf("%s on %s (%s)", n.name, m.MountPoint, m.FSType))
 			}
 		}
 		sig, err := udevSignature(root, n.devt)
@@ -433,56 +433,6 @@ func ParseUdevSignature(s string) string {
 		return "partition table " + pt
 	}
 	return ""
-}
-
-type mount struct{ devt, point, fstype, source string }
-
-func readMounts(root hostops.Root) ([]mount, error) {
-	p := root.ProcPath("self", "mountinfo")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	ms, err := ParseMountinfo(string(b))
-	if err != nil {
-		return nil, fmt.Errorf("parse mount table %s: %w", p, err)
-	}
-	return ms, nil
-}
-
-// ParseMountinfo parses /proc/self/mountinfo (proc(5)).
-func ParseMountinfo(s string) ([]mount, error) {
-	var out []mount
-	for i, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
-		if line == "" {
-			continue
-		}
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if len(f) < 10 || sep < 6 || sep+2 >= len(f) || !devtRe.MatchString(f[2]) {
-			return nil, fmt.Errorf("line %d: %q is not a mountinfo line", i+1, line)
-		}
-		out = append(out, mount{devt: f[2], point: unescape(f[4]), fstype: f[sep+1], source: unescape(f[sep+2])})
-	}
-	return out, nil
-}
-
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Prerequisite check names.

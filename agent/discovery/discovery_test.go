@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"github.com/gpuaas/gpuaas/hostops/disk"
 	"net"
 	"net/netip"
 	"os"
@@ -228,11 +229,11 @@ func TestParsers(t *testing.T) {
 	_, err = ParseSerial("   ")
 	assert.Error(t, err)
 
-	ms, err := ParseMountinfo("36 35 259:7 / /srv/my\\040share rw,noatime shared:1 - ext4 /dev/nvme7n1p1 rw\n")
+	ms, err := disk.ParseMountinfo("36 35 259:7 / /srv/my\\040share rw,noatime shared:1 - ext4 /dev/nvme7n1p1 rw\n")
 	require.NoError(t, err)
 	require.Len(t, ms, 1)
-	assert.Equal(t, mount{devt: "259:7", point: "/srv/my share", fstype: "ext4", source: "/dev/nvme7n1p1"}, ms[0])
-	_, err = ParseMountinfo("36 35 x:y / /a rw - ext4 /dev/x rw\n")
+	assert.Equal(t, disk.MountEntry{Major: 259, Minor: 7, Root: "/", MountPoint: "/srv/my share", FSType: "ext4", Source: "/dev/nvme7n1p1"}, ms[0])
+	_, err = disk.ParseMountinfo("36 35 x:y / /a rw - ext4 /dev/x rw\n")
 	assert.Error(t, err)
 
 	assert.Equal(t, "ext4", ParseUdevSignature("E:ID_FS_TYPE=ext4\nE:ID_PART_ENTRY_NUMBER=1\n"))

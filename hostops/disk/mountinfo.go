@@ -9,8 +9,8 @@ import (
 	"github.com/gpuaas/gpuaas/hostops"
 )
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
+// MountEntry is one line of /proc/self/mountinfo.
+type MountEntry struct {
 	Major, Minor uint32
 	Root         string // path inside the filesystem
 	MountPoint   string
@@ -18,27 +18,27 @@ type mountEntry struct {
 	Source       string // e.g. /dev/nvme0n1p1
 }
 
-// readMountinfo reads the mount table under root.
-func readMountinfo(root hostops.Root) ([]mountEntry, error) {
+// ReadMountinfo reads the mount table under root.
+func ReadMountinfo(root hostops.Root) ([]MountEntry, error) {
 	p := root.ProcPath("self", "mountinfo")
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, fmt.Errorf("read mount table %s: %w", p, err)
 	}
-	ms, err := parseMountinfo(string(b))
+	ms, err := ParseMountinfo(string(b))
 	if err != nil {
 		return nil, fmt.Errorf("parse mount table %s: %w", p, err)
 	}
 	return ms, nil
 }
 
-// parseMountinfo parses the content of /proc/self/mountinfo (proc(5)):
+// ParseMountinfo parses the content of /proc/self/mountinfo (proc(5)):
 //
 //	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
 //
 // Paths are unescaped (\040 is a space).
-func parseMountinfo(content string) ([]mountEntry, error) {
-	var out []mountEntry
+func ParseMountinfo(content string) ([]MountEntry, error) {
+	var out []MountEntry
 	for i, line := range strings.Split(content, "\n") {
 		if strings.TrimSpace(line) == "" {
 			continue
@@ -58,7 +58,7 @@ func parseMountinfo(content string) ([]mountEntry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", i+1, err)
 		}
-		out = append(out, mountEntry{
+		out = append(out, MountEntry{
 			Major: maj, Minor: min,
 			Root:       unescapeOctal(f[3]),
 			MountPoint: unescapeOctal(f[4]),

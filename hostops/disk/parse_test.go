@@ -23,31 +23,31 @@ func TestParseMountinfo(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		in      string
-		want    []mountEntry
+		want    []MountEntry
 		wantErr string
 	}{
 		{name: "empty", in: ""},
 		{
 			name: "proc(5) example with optional fields",
 			in:   "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n",
-			want: []mountEntry{{Major: 98, Minor: 0, Root: "/mnt1", MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root"}},
+			want: []MountEntry{{Major: 98, Minor: 0, Root: "/mnt1", MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root"}},
 		},
 		{
 			name: "no optional fields, escaped space",
 			in:   "43 27 259:0 / /tmp/cap\\040mnt rw,relatime - ext4 /dev/loop0p1 rw\n",
-			want: []mountEntry{{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}},
+			want: []MountEntry{{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}},
 		},
 		{
 			name: "several optional fields",
 			in:   "50 29 0:45 / /var/lib/x rw shared:5 master:2 propagate_from:1 - btrfs /dev/nvme1n1p2 rw,ssd\n",
-			want: []mountEntry{{Major: 0, Minor: 45, Root: "/", MountPoint: "/var/lib/x", FSType: "btrfs", Source: "/dev/nvme1n1p2"}},
+			want: []MountEntry{{Major: 0, Minor: 45, Root: "/", MountPoint: "/var/lib/x", FSType: "btrfs", Source: "/dev/nvme1n1p2"}},
 		},
 		{name: "truncated", in: "36 35 98:0 /mnt1 /mnt2\n", wantErr: "line 1: malformed"},
 		{name: "no separator", in: "36 35 98:0 /mnt1 /mnt2 rw a b c d e\n", wantErr: "malformed"},
 		{name: "bad devt", in: "36 35 98 /mnt1 /mnt2 rw - ext3 /dev/root rw\n", wantErr: "not major:minor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseMountinfo(tc.in)
+			got, err := ParseMountinfo(tc.in)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				return
@@ -64,18 +64,18 @@ func TestParseMountinfoCapture(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile("testdata/mountinfo-loop-partition.txt")
 	require.NoError(t, err)
-	ms, err := parseMountinfo(string(b))
+	ms, err := ParseMountinfo(string(b))
 	require.NoError(t, err)
 	require.Greater(t, len(ms), 10)
-	var found *mountEntry
+	var found *MountEntry
 	for i := range ms {
 		if ms[i].MountPoint == "/tmp/cap mnt" {
 			found = &ms[i]
 		}
 	}
 	require.NotNil(t, found)
-	assert.Equal(t, mountEntry{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}, *found)
-	assert.Equal(t, mountEntry{Major: 0, Minor: 21, Root: "/", MountPoint: "/proc", FSType: "proc", Source: "proc"}, ms[0])
+	assert.Equal(t, MountEntry{Major: 259, Minor: 0, Root: "/", MountPoint: "/tmp/cap mnt", FSType: "ext4", Source: "/dev/loop0p1"}, *found)
+	assert.Equal(t, MountEntry{Major: 0, Minor: 21, Root: "/", MountPoint: "/proc", FSType: "proc", Source: "proc"}, ms[0])
 }
 
 func TestParseSwaps(t *testing.T) {

@@ -128,7 +128,7 @@ func checkSafe(root hostops.Root, dev Device, want Identity, allowSignatures boo
 		}
 		return node{}, false
 	}
-	mounts, err := readMountinfo(root)
+	mounts, err := ReadMountinfo(root)
 	if err != nil {
 		return fmt.Errorf("check disk %s: %w", dev.Name, err)
 	}
