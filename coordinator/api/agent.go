@@ -13,8 +13,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -128,36 +126,7 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 			*who = p.Name
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
-		if r.Body != nil && r.Method != http.MethodGet {
-			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
-			var mbe *http.MaxBytesError
-			switch {
-			case errors.As(err, &mbe):
-				writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
-				return
-			case err != nil:
-				writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
-				return
-			}
-			c.body = body
-		}
-		forwarded := r.Header.Get(proto.ForwardedHeader) != ""
-		if rt.Write && !forwarded && !a.b.IsLeader() {
-			a.forward(c, nil)
-			return
-		}
-		err := rt.handle(c)
-		if err == nil {
-			return
-		}
-		if proto.CodeOf(err) == proto.CodeNotLeader && !forwarded {
-			a.forward(c, err)
-			return
-		}
-		if proto.CodeOf(err) == proto.CodeInternal {
-			a.log.Error("agent request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
-		}
-		writeProblem(w, r, err)
+		a.dispatch(c, "agent")
 	})
 }
 

@@ -148,38 +148,7 @@ func (a *API) wrap(rt Route) http.Handler {
 			return
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
-		if r.Body != nil && r.Method != http.MethodGet {
-			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
-			var mbe *http.MaxBytesError
-			switch {
-			case errors.As(err, &mbe):
-				writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
-				return
-			case err != nil:
-				writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
-				return
-			}
-			c.body = body
-		}
-		forwarded := r.Header.Get(proto.ForwardedHeader) != ""
-		// Writes are validated and proposed on the leader only, so a
-		// follower's stale view never refuses (or accepts) a write.
-		if rt.Write && !forwarded && !a.b.IsLeader() {
-			a.forward(c, nil)
-			return
-		}
-		err := rt.handle(c)
-		if err == nil {
-			return
-		}
-		if proto.CodeOf(err) == proto.CodeNotLeader && !forwarded {
-			a.forward(c, err)
-			return
-		}
-		if proto.CodeOf(err) == proto.CodeInternal {
-			a.log.Error("api request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
-		}
-		writeProblem(w, r, err)
+		a.dispatch(c, "api")
 	})
 }
 
@@ -302,3 +271,42 @@ func (c *call) pathID(name, what string) (string, error) {
 
 // now is the proposer's clock for the At of commands.
 func now() time.Time { return time.Now().UTC() }
+
+// dispatch reads the bounded body, forwards writes to the leader when this
+// replica is not it, runs the handler and renders its error. kind names the
+// route family in logs ("api", "agent").
+func (a *API) dispatch(c *call, kind string) {
+	w, r := c.w, c.r
+	if r.Body != nil && r.Method != http.MethodGet {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
+			return
+		case err != nil:
+			writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
+			return
+		}
+		c.body = body
+	}
+	forwarded := r.Header.Get(proto.ForwardedHeader) != ""
+	// Writes are validated and proposed on the leader only, so a
+	// follower's stale view never refuses (or accepts) a write.
+	if c.rt.Write && !forwarded && !a.b.IsLeader() {
+		a.forward(c, nil)
+		return
+	}
+	err := c.rt.handle(c)
+	if err == nil {
+		return
+	}
+	if proto.CodeOf(err) == proto.CodeNotLeader && !forwarded {
+		a.forward(c, err)
+		return
+	}
+	if proto.CodeOf(err) == proto.CodeInternal {
+		a.log.Error(kind+" request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeProblem(w, r, err)
+}
