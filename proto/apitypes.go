@@ -145,6 +145,9 @@ type SlotSummary struct {
 type NodeDetail struct {
 	Node        Node        `json:"node"`
 	SlotSummary SlotSummary `json:"slot_summary"`
+	// Drift lists differences between approved slots and the latest
+	// discovery (TopologyDrift); empty when they agree.
+	Drift []SlotDrift `json:"drift,omitempty"`
 }
 
 // SlotCapacityOverride replaces fields of a candidate's discovered

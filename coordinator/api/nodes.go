@@ -78,13 +78,14 @@ func slotSummary(s *state.Snapshot, nodeID string) proto.SlotSummary {
 }
 
 func (a *API) getNode(c *call) error {
-	o := readOpts{tables: []string{state.TableNodes, state.TableSlots, state.TableClaims}, block: true}
+	o := readOpts{tables: []string{state.TableNodes, state.TableSlots, state.TableClaims, state.TableCandidates}, block: true}
 	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
 		n, err := c.node(s)
 		if err != nil {
 			return nil, err
 		}
-		return proto.NodeDetail{Node: *n, SlotSummary: slotSummary(s, n.ID)}, nil
+		topo, _ := s.Candidates(n.ID)
+		return proto.NodeDetail{Node: *n, SlotSummary: slotSummary(s, n.ID), Drift: proto.TopologyDrift(s.Slots(n.ID, ""), topo)}, nil
 	})
 }
 

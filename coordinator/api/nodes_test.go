@@ -226,3 +226,42 @@ func TestUnknownRouteAndMethod(t *testing.T) {
 	allow := strings.Split(r.header.Get("Allow"), ", ")
 	assert.ElementsMatch(t, []string{"GET", "POST"}, allow)
 }
+
+// TestNodeShowsDrift: a re-discovery that no longer finds an approved
+// slot's GPU, or finds its disk mounted, shows as drift on the node; the
+// slots themselves are unchanged.
+func TestNodeShowsDrift(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedRegion("us-east", "h200-a")
+	e.seedNode("j22u15", "us-east", "h200-a", proto.IntentSliceVM, 8, 8)
+
+	var d proto.NodeDetail
+	r := e.do(RoleViewer, http.MethodGet, "/v1/nodes/j22u15", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	r.decode(t, &d)
+	require.Empty(t, d.Drift, "fresh approval agrees with discovery")
+
+	// GPU 3 unplugged; disk of slot 5 mounted.
+	topo := proto.CandidateTopology{NodeID: "j22u15", DiscoveredAt: fixtureAt}
+	for i := range 8 {
+		if i == 3 {
+			continue
+		}
+		topo.Candidates = append(topo.Candidates, proto.SlotCandidate{Index: len(topo.Candidates), Capacity: capacity("j22u15", i), DiskMounted: i == 5})
+	}
+	e.apply(proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: fixtureAt, Topology: topo})
+
+	r = e.do(RoleViewer, http.MethodGet, "/v1/nodes/j22u15", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	d = proto.NodeDetail{}
+	r.decode(t, &d)
+	c3 := capacity("j22u15", 3)
+	require.Equal(t, []proto.SlotDrift{
+		{SlotID: "j22u15-s3", Field: "gpu_pci_address", Detail: "GPU " + c3.GPUPCIAddress + " is no longer discovered"},
+		{SlotID: "j22u15-s3", Field: "nvme", Detail: "disk serial " + c3.NVMe.Serial + " is no longer discovered"},
+		{SlotID: "j22u15-s3", Field: "fabric_vf_pci_address", Detail: "fabric VF " + c3.FabricVFPCIAddress + " is no longer discovered"},
+		{SlotID: "j22u15-s5", Field: "nvme", Detail: "disk serial " + capacity("j22u15", 5).NVMe.Serial + " now has mounted filesystems"},
+	}, d.Drift)
+	require.Equal(t, 8, d.SlotSummary.ByStatus[proto.SlotAvailable], "drift is shown, not acted on")
+}

@@ -90,6 +90,9 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 		held = "node_exclusive (baremetal)"
 	}
 	row(w, "Held by:", held)
+	for _, dr := range d.Drift {
+		row(w, "Drift "+dr.SlotID+":", dr.Detail)
+	}
 	if n.Readiness == nil {
 		row(w, "Readiness:", "no evidence reported")
 		return
