@@ -10,7 +10,9 @@ func TestTopologyDrift(t *testing.T) {
 	capA := SlotCapacity{GPUPCIAddress: "0000:18:00.0", NUMANode: 0, NVMe: DiskIdentity{Serial: "S1"}, FabricVFPCIAddress: "0000:58:00.2"}
 	capB := SlotCapacity{GPUPCIAddress: "0000:2a:00.0", NUMANode: 0, NVMe: DiskIdentity{Serial: "S2"}, FabricVFPCIAddress: "0000:58:00.3"}
 	slots := []*Slot{{ID: "n-s0", Capacity: capA}, {ID: "n-s1", Capacity: capB}}
-	topo := func(cands ...SlotCandidate) *CandidateTopology { return &CandidateTopology{NodeID: "n", Candidates: cands} }
+	topo := func(cands ...SlotCandidate) *CandidateTopology {
+		return &CandidateTopology{NodeID: "n", Candidates: cands}
+	}
 
 	require.Nil(t, TopologyDrift(slots, nil), "nothing discovered, nothing to say")
 	require.Empty(t, TopologyDrift(slots, topo(SlotCandidate{Index: 1, Capacity: capB}, SlotCandidate{Index: 0, Capacity: capA})),
