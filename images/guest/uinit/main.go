@@ -21,6 +21,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -107,15 +108,33 @@ func mountSeed() (Seed, error) {
 	if err != nil {
 		return Seed{}, fmt.Errorf("mount /dev/sr0: %w", err)
 	}
-	meta, err := os.ReadFile(filepath.Join(seedDir, "meta-data"))
+	meta, err := readSeedFile(seedDir, "meta-data")
 	if err != nil {
 		return Seed{}, err
 	}
-	user, err := os.ReadFile(filepath.Join(seedDir, "user-data"))
+	user, err := readSeedFile(seedDir, "user-data")
 	if err != nil {
 		return Seed{}, err
 	}
-	return parseSeed(string(meta), string(user)), nil
+	s := parseSeed(string(meta), string(user))
+	if s.InstanceID == "" {
+		return s, fmt.Errorf("meta-data has no instance-id")
+	}
+	return s, nil
+}
+
+// readSeedFile reads name from the seed, or its ISO 9660 level-1 spelling
+// (dashes become underscores) when the image carries no Rock Ridge or
+// Joliet names, as kdomanski/iso9660 writes it.
+func readSeedFile(dir, name string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		b, err = os.ReadFile(filepath.Join(dir, strings.ReplaceAll(name, "-", "_")))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read seed %s: %w", name, err)
+	}
+	return b, nil
 }
 
 // parseSeed reads the two keys of meta-data and the ssh_authorized_keys
