@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,11 +102,19 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	require.NoError(t, dom.Create())
 
 	ready := regexp.MustCompile(`gpuaas-uinit: ready: instance-id=(\S*) hostname=(\S*)`)
+	// Milestones on the console, timed by when the poll first sees them.
+	milestones := []string{"BdsDxe: starting", "Welcome to u-root", "gpuaas-uinit: step load modules", "gpuaas-uinit: ready"}
+	seen := map[string]time.Duration{}
 	var log string
 	for {
 		b, err := os.ReadFile(serial)
 		require.NoError(t, err)
 		log = string(b)
+		for _, ms := range milestones {
+			if _, ok := seen[ms]; !ok && strings.Contains(log, ms) {
+				seen[ms] = time.Since(start)
+			}
+		}
 		if mm := ready.FindStringSubmatch(log); mm != nil {
 			require.Equal(t, instanceID, mm[1], "instance-id the guest read from its seed")
 			require.Equal(t, hostname, mm[2], "hostname the guest read from its seed")
@@ -121,8 +130,12 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 		require.Regexp(t, regexp.MustCompile(`gpuaas-uinit: step `+regexp.QuoteMeta(s)+` ok`), log, "step %q; serial log:\n%s", s, tail(log, 60))
 	}
 	require.NotContains(t, log, "FAILED", "serial log:\n%s", tail(log, 60))
-	t.Logf("guest ready %.1f s after start (TCG, UEFI, boot from %s); uinit steps:\n%s",
-		elapsed.Seconds(), loop, grepLines(log, "gpuaas-uinit: "))
+	var ms []string
+	for _, m := range milestones {
+		ms = append(ms, fmt.Sprintf("%q at %.1f s", m, seen[m].Seconds()))
+	}
+	t.Logf("guest ready %.1f s after start (TCG, UEFI, boot from %s); console milestones: %s; uinit steps:\n%s",
+		elapsed.Seconds(), loop, strings.Join(ms, ", "), grepLines(log, "gpuaas-uinit: "))
 }
 
 // vmDir is a temporary directory QEMU (running as libvirt-qemu) can reach.
