@@ -5,7 +5,9 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/xml"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/gpuaas/gpuaas/hostops/vm"
 	"github.com/gpuaas/gpuaas/images/guest"
@@ -60,6 +63,7 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	t.Logf("cloned %s onto %s in %s", filepath.Base(img), loop, time.Since(cloneStart).Round(time.Millisecond))
 
 	suffix := randHex(t, 4)
+	signer, authorizedKey := sshKey(t)
 	instanceID, err := seed.NewInstanceID()
 	require.NoError(t, err)
 	hostname := "lab-guest-" + suffix
@@ -67,7 +71,7 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	seedISO := filepath.Join(dir, "seed.iso")
 	require.NoError(t, seed.WriteFile(seedISO, seed.Config{
 		InstanceID: instanceID, Hostname: hostname, MAC: mac,
-		SSHAuthorizedKeys: []string{authorizedKey(t)},
+		SSHAuthorizedKeys: []string{authorizedKey},
 	}))
 
 	serial := filepath.Join(dir, "serial.log")
@@ -81,8 +85,21 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 		SerialLog:  serial,
 		NIC:        vm.NIC{Kind: vm.NICUser, MAC: mac},
 	})
-	x, err := vm.XML(spec)
+	d, err := vm.Domain(spec)
 	require.NoError(t, err)
+	// The test reaches the guest's sshd through a loopback-only forward of
+	// QEMU's user-mode network (libvirt's <interface type='user'> cannot
+	// forward ports without passt), so the NIC is declared on the QEMU
+	// command line with the same MAC; guest DHCP still comes from QEMU.
+	sshPort := freeLoopbackPort(t)
+	d.Devices.Interfaces = nil
+	d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{Args: []libvirtxml.DomainQEMUCommandlineArg{
+		{Value: "-netdev"}, {Value: fmt.Sprintf("user,id=gpuaasnet0,restrict=off,hostfwd=tcp:127.0.0.1:%d-:22", sshPort)},
+		{Value: "-device"}, {Value: "virtio-net-pci,netdev=gpuaasnet0,bus=pcie.0,addr=0x10,mac=" + mac},
+	}}
+	xb, err := xml.MarshalIndent(d, "", "  ")
+	require.NoError(t, err)
+	x := string(xb)
 	require.NotContains(t, x, "<kernel", "the guest must boot from its disk")
 
 	dom, err := conn.DomainDefineXML(x)
@@ -130,6 +147,15 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 		require.Regexp(t, regexp.MustCompile(`gpuaas-uinit: step `+regexp.QuoteMeta(s)+` ok`), log, "step %q; serial log:\n%s", s, tail(log, 60))
 	}
 	require.NotContains(t, log, "FAILED", "serial log:\n%s", tail(log, 60))
+
+	// What the slice readiness gate asks over SSH: the marker's digest on
+	// the booted disk and the instance-id from the seed.
+	client := dialSSH(t, fmt.Sprintf("127.0.0.1:%d", sshPort), signer, serial)
+	sshReady := time.Since(start)
+	out = []byte(run(t, client, "shasum -a 256 /disk"+guest.MarkerPath))
+	require.Equal(t, m.MarkerSHA256, strings.Fields(string(out))[0], "marker digest over SSH")
+	require.Equal(t, instanceID, strings.TrimSpace(run(t, client, "cat /run/gpuaas/instance-id")))
+	t.Logf("SSH answered %.1f s after start; marker sha256 and instance-id match", sshReady.Seconds())
 	var ms []string
 	for _, m := range milestones {
 		ms = append(ms, fmt.Sprintf("%q at %.1f s", m, seen[m].Seconds()))
@@ -169,13 +195,75 @@ func loopDevice(t *testing.T, backing string, size int64) string {
 	return dev
 }
 
-func authorizedKey(t *testing.T) string {
+func sshKey(t *testing.T) (ssh.Signer, string) {
 	t.Helper()
-	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	sp, err := ssh.NewPublicKey(pub)
+	signer, err := ssh.NewSignerFromKey(priv)
 	require.NoError(t, err)
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp))) + " guest-test"
+	return signer, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey()))) + " guest-test"
+}
+
+// freeLoopbackPort returns a TCP port that was free on 127.0.0.1.
+func freeLoopbackPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// dialSSH connects as root with signer, retrying while sshd comes up.
+func dialSSH(t *testing.T, addr string, signer ssh.Signer, serial string) *ssh.Client {
+	t.Helper()
+	cfg := &ssh.ClientConfig{
+		User: "root",
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		// The guest makes a fresh host key each boot; the test trusts the
+		// loopback forward to its own VM.
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(),
+		Timeout:         10 * time.Second,
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := ssh.Dial("tcp", addr, cfg)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(serial)
+			t.Fatalf("ssh %s: %v; serial log:\n%s", addr, err, tail(string(log), 150))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// run runs cmd over c; a guest that never answers fails the test (and
+// its cleanups still run) instead of hanging it.
+func run(t *testing.T, c *ssh.Client, cmd string) string {
+	t.Helper()
+	s, err := c.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := s.CombinedOutput(cmd)
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		require.NoError(t, r.err, "ssh %q: %s", cmd, r.out)
+		return string(r.out)
+	case <-time.After(60 * time.Second):
+		c.Close()
+		t.Fatalf("ssh %q: no answer in 60 s", cmd)
+		return ""
+	}
 }
 
 func randHex(t *testing.T, n int) string {

@@ -50,8 +50,9 @@ const (
 // random.trust_cpu=on: dhclient otherwise stalls for entropy under TCG.
 const DefaultCmdline = "console=ttyS0,115200 random.trust_cpu=on quiet loglevel=4"
 
-// URootCommands are the u-root core commands in the initramfs besides uinit.
-var URootCommands = []string{"init", "gosh", "dhclient", "sshd", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg"}
+// URootCommands are the u-root core commands in the initramfs besides uinit
+// (which serves SSH itself: see images/guest/uinit/sshd.go).
+var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg"}
 
 // The recipe itself is an input: changing how the image is built changes
 // the cache key.
