@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
@@ -35,28 +36,27 @@ func TestSSHExec(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
 
-	run := func(cmd string) (string, error) {
+	run := func(cmd string) (stdout, stderr string, err error) {
 		s, err := client.NewSession()
 		require.NoError(t, err)
 		defer s.Close()
-		type res struct {
-			out []byte
-			err error
-		}
-		done := make(chan res, 1)
-		go func() { out, err := s.CombinedOutput(cmd); done <- res{out, err} }()
+		var o, e bytes.Buffer
+		s.Stdout, s.Stderr = &o, &e
+		done := make(chan error, 1)
+		go func() { done <- s.Run(cmd) }()
 		select {
-		case r := <-done:
-			return string(r.out), r.err
+		case err := <-done:
+			return o.String(), e.String(), err
 		case <-time.After(20 * time.Second):
 			t.Fatalf("ssh %q: no answer in 20 s", cmd)
-			return "", nil
+			return "", "", nil
 		}
 	}
-	out, err := run("echo hello; echo oops >&2")
+	out, errOut, err := run("echo hello; echo oops >&2")
 	require.NoError(t, err)
-	require.Equal(t, "hello\noops\n", out)
-	_, err = run("exit 3")
+	require.Equal(t, "hello\n", out)
+	require.Equal(t, "oops\n", errOut)
+	_, _, err = run("exit 3")
 	var ee *ssh.ExitError
 	require.True(t, errors.As(err, &ee), "%v", err)
 	require.Equal(t, 3, ee.ExitStatus())
