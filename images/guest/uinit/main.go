@@ -10,7 +10,7 @@
 //  4. mount the boot disk's EFI system partition at /disk (where the
 //     image's marker file lives);
 //  5. take a DHCP lease on the first ethernet interface;
-//  6. run sshd on port 22 with a fresh host key.
+//  6. serve SSH on port 22 with a fresh host key (sshd.go).
 //
 // Every step logs to the console (the host keeps the serial log), so a
 // failed boot says where it stopped.
@@ -18,18 +18,17 @@ package main
 
 import (
 	"bufio"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
+	"errors"
 	"fmt"
 	"log"
+	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,7 +53,12 @@ func main() {
 	step("dhcp", dhcp)
 	step("sshd", sshd)
 	log.Printf("ready: instance-id=%s hostname=%s", seed.InstanceID, seed.Hostname)
-	select {} // keep init's child alive; sshd runs in the background
+	// uinit must never return: u-root's init would exit and the kernel
+	// panic. The SSH server runs on goroutines of this process.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGTERM)
+	for range sig {
+	}
 }
 
 func step(name string, f func() error) {
@@ -107,15 +111,33 @@ func mountSeed() (Seed, error) {
 	if err != nil {
 		return Seed{}, fmt.Errorf("mount /dev/sr0: %w", err)
 	}
-	meta, err := os.ReadFile(filepath.Join(seedDir, "meta-data"))
+	meta, err := readSeedFile(seedDir, "meta-data")
 	if err != nil {
 		return Seed{}, err
 	}
-	user, err := os.ReadFile(filepath.Join(seedDir, "user-data"))
+	user, err := readSeedFile(seedDir, "user-data")
 	if err != nil {
 		return Seed{}, err
 	}
-	return parseSeed(string(meta), string(user)), nil
+	s := parseSeed(string(meta), string(user))
+	if s.InstanceID == "" {
+		return s, fmt.Errorf("meta-data has no instance-id")
+	}
+	return s, nil
+}
+
+// readSeedFile reads name from the seed, or its ISO 9660 level-1 spelling
+// (dashes become underscores) when the image carries no Rock Ridge or
+// Joliet names, as kdomanski/iso9660 writes it.
+func readSeedFile(dir, name string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		b, err = os.ReadFile(filepath.Join(dir, strings.ReplaceAll(name, "-", "_")))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read seed %s: %w", name, err)
+	}
+	return b, nil
 }
 
 // parseSeed reads the two keys of meta-data and the ssh_authorized_keys
@@ -208,22 +230,22 @@ func firstEthernet() (string, error) {
 	return "", fmt.Errorf("no network interface")
 }
 
+// sshd starts the SSH server on port 22 in the background.
 func sshd() error {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	keys, err := os.ReadFile("/root/.ssh/authorized_keys")
 	if err != nil {
 		return err
 	}
-	block, err := ssh.MarshalPrivateKey(priv, "gpuaas lab guest host key")
+	cfg, err := sshConfig(keys)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll("/etc/ssh", 0o755); err != nil {
+	ln, err := net.Listen("tcp", ":22")
+	if err != nil {
 		return err
 	}
-	if err := os.WriteFile("/etc/ssh/host_key", pem.EncodeToMemory(block), 0o600); err != nil {
-		return err
-	}
-	cmd := exec.Command("/bbin/sshd", "-keys", "/root/.ssh/authorized_keys", "-privatekey", "/etc/ssh/host_key", "-port", "22")
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	return cmd.Start()
+	go func() {
+		log.Printf("sshd stopped: %v", serveSSH(ln, cfg))
+	}()
+	return nil
 }

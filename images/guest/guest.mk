@@ -1,0 +1,7 @@
+# images/guest/guest.mk — included by the top-level Makefile.
+# `make guest-image` builds the lab guest (u-root + Debian kernel as a UKI on
+# the ESP of a GPT raw disk) into $GPUAAS_IMAGE_CACHE (default
+# ~/.cache/gpuaas/images/<input-hash>/); a second run finds it cached.
+.PHONY: guest-image
+guest-image:
+	$(GO) run ./images/cmd/mkguest
