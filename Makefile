@@ -8,6 +8,8 @@ TEST_FLAGS ?=
 
 .PHONY: all deps build lab test test-unit vet bench clean
 
+include images/guest/guest.mk
+
 all: build
 
 deps:

@@ -3,5 +3,5 @@
 # the ESP of a GPT raw disk) into $GPUAAS_IMAGE_CACHE (default
 # ~/.cache/gpuaas/images/<input-hash>/); a second run finds it cached.
 .PHONY: guest-image
-guest-image:
+guest-image: deps
 	$(GO) run ./images/cmd/mkguest
