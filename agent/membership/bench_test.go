@@ -31,8 +31,9 @@ func TestBenchDetection(t *testing.T) {
 		agents, trials int
 	}{{100, 10}, {1000, 10}} {
 		r := measureDetection(t, size.agents, size.trials)
-		notes := fmt.Sprintf("memberlist v0.6.0 fast profile (probe 250ms, suspicion mult 3), in-memory transport, %d trials; p50 %.2fs; false suspicions %d, false deaths %d; join of %d took %.1fs",
-			size.trials, r.p50, r.falseSuspicions, r.falseDeaths, size.agents, r.joinSeconds)
+		load, _ := os.ReadFile("/proc/loadavg")
+		notes := fmt.Sprintf("memberlist v0.6.0 fast profile (probe 250ms, suspicion mult 3), %d members in ONE process on the in-memory transport, %d trials; p50 %.2fs; false suspicions %d, false deaths %d, deaths not seen within 30s %d (counted as 30s); join of %d took %.1fs; loadavg %s. Limit: every member's probes, acks and gossip share 2 cores, so a busy machine delays acks past the 150ms probe timeout (false suspicions); on real hosts each agent has its own CPU",
+			size.agents, size.trials, r.p50, r.falseSuspicions, r.falseDeaths, r.misses, size.agents, r.joinSeconds, strings.TrimSpace(string(load)))
 		metrics = append(metrics,
 			bench.AtMost(fmt.Sprintf("node_unreachable_detect_p99_s_%d_agents", size.agents), r.p99, "s", 5, notes),
 			bench.Info(fmt.Sprintf("node_unreachable_detect_p50_s_%d_agents", size.agents), r.p50, "s", ""),
@@ -46,6 +47,7 @@ func TestBenchDetection(t *testing.T) {
 type detection struct {
 	p50, p99                     float64
 	falseSuspicions, falseDeaths int
+	misses                       int
 	joinSeconds                  float64
 }
 
@@ -104,8 +106,14 @@ func measureDetection(t *testing.T, agents, trials int) detection {
 
 	rng := rand.New(rand.NewSource(int64(agents)))
 	var samples []float64
-	falseDeaths := 0
+	falseDeaths, misses := 0, 0
 	for trial := 0; trial < trials; trial++ {
+		// A victim the observer sees alive now: a member already (falsely)
+		// declared dead would produce no second event.
+		alive := map[string]bool{}
+		for _, m := range observer.Members() {
+			alive[m.Name] = true
+		}
 		var victim memMember
 		for {
 			victim = members[1+rng.Intn(agents)]
@@ -113,7 +121,7 @@ func measureDetection(t *testing.T, agents, trials int) detection {
 			mu.Lock()
 			dead := killed[name]
 			mu.Unlock()
-			if !dead {
+			if !dead && alive[name] {
 				break
 			}
 		}
@@ -142,14 +150,17 @@ func measureDetection(t *testing.T, agents, trials int) detection {
 				}
 				mu.Unlock()
 			case <-deadline:
-				t.Fatalf("%d agents: %s not detected within 30s", agents, name)
+				// Counted at the bound, and reported as a miss.
+				samples = append(samples, 30)
+				misses++
+				break wait
 			}
 		}
 	}
 	sort.Float64s(samples)
 	return detection{
 		p50: quantile(samples, 0.50), p99: quantile(samples, 0.99),
-		falseSuspicions: int(suspects.Load()), falseDeaths: falseDeaths, joinSeconds: joinSeconds,
+		falseSuspicions: int(suspects.Load()), falseDeaths: falseDeaths, joinSeconds: joinSeconds, misses: misses,
 	}
 }
 
