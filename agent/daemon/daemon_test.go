@@ -122,6 +122,15 @@ func TestAgentEndToEnd(t *testing.T) {
 		return false
 	}, 15*time.Second, 50*time.Millisecond)
 	require.Len(t, plan.Devices, 2)
+	require.Eventually(t, func() bool {
+		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return ok && a.State == proto.AllocProvisioning
+	}, 10*time.Second, 50*time.Millisecond, "the agent's plan moves the allocation to provisioning")
+	for _, sl := range c.srv.Store().Snapshot().NodeSlots("j22u15") {
+		if sl.ClaimID != "" {
+			assert.True(t, sl.Touched, "slot %s is touched once provisioning started", sl.ID)
+		}
+	}
 	assert.Equal(t, t15.Candidates[0].Capacity.PCIeSwitch, t15.Candidates[1].Capacity.PCIeSwitch)
 	ls, err := a15.d.store.List()
 	require.NoError(t, err)
@@ -197,4 +206,9 @@ func TestAgentEndToEnd(t *testing.T) {
 	ls, err = a15.d.store.List()
 	require.NoError(t, err)
 	assert.Empty(t, ls, "orphaned leases released")
+	for _, i := range []int{2, 3} {
+		sl, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", i))
+		require.True(t, ok)
+		assert.Equal(t, proto.SlotCleanupBlocked, sl.Status, "a force-released, provisioned slot waits for a cleanup")
+	}
 }

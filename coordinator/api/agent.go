@@ -371,7 +371,36 @@ func (a *API) agentTaskUpdate(c *call) error {
 		return err
 	}
 	c.index = idx
+	if i := a.provisionStarted(c, t, body.State); i > 0 {
+		c.index = i
+	}
 	return c.reply(http.StatusOK, resp)
+}
+
+// provisionStarted moves a placed allocation to provisioning once its
+// agent reports the slice.provision task succeeded: the node scheduler
+// validated the host and leased the slots, and what follows the plan
+// writes the disks, so from here on the slots count as touched (a
+// force-release leaves them cleanup_blocked). The task report itself has
+// already been recorded; a refused transition (the allocation moved on
+// meanwhile, e.g. force-released) is logged, not returned. It returns the
+// transition's index, 0 when none was made.
+func (a *API) provisionStarted(c *call, t *proto.Task, st proto.TaskState) uint64 {
+	if t.Type != proto.TaskSliceProvision || st != proto.TaskSucceeded || t.AllocationID == "" {
+		return 0
+	}
+	al, ok := a.b.Store().Snapshot().Allocation(t.AllocationID)
+	if !ok || al.State != proto.AllocPlaced {
+		return 0
+	}
+	_, idx, err := a.b.Apply(c.r.Context(), proto.AllocationTransitionType, proto.AllocationTransitionRequest{
+		At: a.now(), AllocationID: al.ID, To: proto.AllocProvisioning, Reason: "agent leased the slots and returned a plan (task " + t.ID + ")",
+	})
+	if err != nil {
+		a.log.Warn("allocation to provisioning after the agent's plan", "allocation", al.ID, "task", t.ID, "err", err)
+		return 0
+	}
+	return idx
 }
 
 func (a *API) agentReadiness(c *call) error {
