@@ -142,6 +142,25 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// FreeGossipPort returns a port on 127.0.0.1 free a moment ago for both
+// TCP and UDP, as memberlist binds both on one port.
+func FreeGossipPort() (int, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("no port free for both TCP and UDP on 127.0.0.1 after 20 tries")
+}
+
 // Token is a bearer token with its role.
 type Token struct {
 	Name   string `json:"name"`

@@ -1,6 +1,8 @@
 package launch
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,4 +40,16 @@ func TestTokens(t *testing.T) {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), tok.Secret, "the tokens file holds hashes only")
+}
+
+func TestFreeGossipPort(t *testing.T) {
+	port, err := FreeGossipPort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	l, err := net.Listen("tcp", addr)
+	require.NoError(t, err, "the port is free for TCP")
+	defer l.Close()
+	u, err := net.ListenPacket("udp", addr)
+	require.NoError(t, err, "and for UDP")
+	u.Close()
 }
