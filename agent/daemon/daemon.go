@@ -167,10 +167,12 @@ func (d *Daemon) DiagAddr() string {
 
 // Run runs the agent until ctx ends.
 func (d *Daemon) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Cancel before waiting: every return (a refused enrollment too) stops
+	// the goroutines started so far, then waits for them.
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errc := make(chan error, 4)
 
 	if d.cfg.DiagAddr != "" {

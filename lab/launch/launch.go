@@ -102,6 +102,25 @@ func (p *Proc) Pid() int {
 	return p.cmd.Process.Pid
 }
 
+// Wait waits for the process to exit and returns its exit error (nil for
+// status 0), or ctx's error first.
+func (p *Proc) Wait(ctx context.Context) error {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done == nil {
+		return fmt.Errorf("wait for %s: not started", p.Name)
+	}
+	select {
+	case <-done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.err
+	case <-ctx.Done():
+		return fmt.Errorf("wait for %s: %w", p.Name, ctx.Err())
+	}
+}
+
 // Kill sends SIGKILL and waits for the exit.
 func (p *Proc) Kill() { p.signalAndWait(syscall.SIGKILL, 0) }
 

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -25,6 +26,10 @@ func TestProcStartStop(t *testing.T) {
 	p.Stop(5 * time.Second)
 	require.False(t, p.Running())
 	require.Less(t, time.Since(start), 4*time.Second, "SIGTERM stops sleep at once")
+	require.Error(t, p.Wait(context.Background()), "killed by a signal")
+	f := &Proc{Name: "false", Args: []string{"/bin/sh", "-c", "exit 3"}, LogPath: filepath.Join(dir, "log", "f.log")}
+	require.NoError(t, f.Start())
+	require.ErrorContains(t, f.Wait(context.Background()), "exit status 3")
 	// Restart after exit works (the lab restarts killed coordinators).
 	require.NoError(t, p.Start())
 	p.Kill()
