@@ -271,6 +271,9 @@ func (d *Daemon) ensureEnrolled(ctx context.Context) error {
 		return nil
 	}
 	if d.cfg.BootstrapToken == "" {
+		if d.cfg.BootstrapTokenFile != "" {
+			return fmt.Errorf("agent %s is not enrolled and its bootstrap token file %s is missing or empty", d.cfg.NodeID, d.cfg.BootstrapTokenFile)
+		}
 		return fmt.Errorf("agent %s is not enrolled and has no bootstrap token (-bootstrap-token or -bootstrap-token-file)", d.cfg.NodeID)
 	}
 	host, _ := os.ReadFile(d.root.EtcPath("hostname"))
