@@ -17,16 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// buildBinaries builds the lab's binaries once into a temp dir.
+// buildBinaries returns the directory of the binaries TestMain built.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
-	bin := t.TempDir()
-	out, err := exec.Command("go", "build", "-o", bin+"/",
-		"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator",
-		"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaasctl",
-		"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
+	require.NoError(t, buildErr)
+	require.NotEmpty(t, binDir)
+	return binDir
 }
 
 type lab struct {
@@ -38,10 +34,10 @@ type lab struct {
 	exited chan error
 }
 
-func startLab(t *testing.T, bin, dir string) *lab {
+func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 	t.Helper()
 	l := &lab{dir: dir, bin: bin, out: &bytes.Buffer{}, exited: make(chan error, 1)}
-	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), "-dir", dir)
+	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), append([]string{"-dir", dir}, args...)...)
 	l.cmd.Stdout, l.cmd.Stderr = l.out, l.out
 	require.NoError(t, l.cmd.Start())
 	go func() { l.exited <- l.cmd.Wait() }()
