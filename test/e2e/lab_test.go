@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 )
 
 // buildBinaries returns the directory of the binaries TestMain built.
@@ -86,16 +88,31 @@ func (l *lab) stop(t *testing.T) {
 	}
 }
 
-// TestLabOperatorPath is the README's first five minutes: start the lab,
-// look at nodes and availability, take a 2-GPU slice, see it, release it,
-// stop with Ctrl-C, start again and find the state kept.
+// TestLabOperatorPath is the README's first five minutes: start the lab
+// (coordinators, then one agent per lab host, onboarded and auto-approved),
+// read the summary, look at nodes and availability, take a 2-GPU slice and
+// see the agent's plan, stop with Ctrl-C, start again and find the state
+// and the agents' credentials kept, release.
 func TestLabOperatorPath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the lab's processes")
 	}
 	bin := buildBinaries(t)
 	dir := filepath.Join(t.TempDir(), "lab")
-	l := startLab(t, bin, dir)
+	hosts := hostsimtest.Dir(t)
+	l := startLab(t, bin, dir, "-hosts-dir", hosts)
+
+	// The summary: auto-approve said, each node's readiness.
+	summary := l.out.String()
+	require.Contains(t, summary, "Auto-approve is ON")
+	require.Contains(t, summary, "15 new slot(s)", "8 complete candidates on j22u15, 7 on j22u11")
+	require.Regexp(t, `j22u15 +slice_vm +active +slice-ready +8 slots`, summary)
+	require.Regexp(t, `j22u11 +slice_vm +active +NOT slice-ready +7 slots`, summary)
+	require.Contains(t, summary, "blocker: ipoib_netplan_missing")
+	require.Regexp(t, `j27u15 +baremetal +active +baremetal`, summary)
+	require.Equal(t, 3, strings.Count(summary, "minted a bootstrap token"), "one token per host on the first start")
+	cred, err := os.ReadFile(filepath.Join(dir, "agents", "j22u15", "credential"))
+	require.NoError(t, err)
 
 	out, err := l.ctl(t, "node", "list")
 	require.NoError(t, err, out)
@@ -118,7 +135,18 @@ func TestLabOperatorPath(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &alloc), out)
 	require.Equal(t, 2, alloc.GPUCount)
 	require.Len(t, alloc.ClaimIDs, 2, "one slot claim per GPU")
-	require.Contains(t, []string{"j22u15", "j22u11"}, alloc.NodeID, "slices go to slice hosts")
+	require.Equal(t, "j22u15", alloc.NodeID, "slices go to the slice-ready host")
+
+	// The agent leases the slots and returns its plan.
+	require.Eventually(t, func() bool {
+		out, err := l.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+		return err == nil && strings.Contains(out, `"provisioning"`)
+	}, 30*time.Second, 200*time.Millisecond, "the agent's plan moves the allocation to provisioning")
+	out, err = l.ctl(t, "alloc", "tasks", alloc.ID, "-o", "json")
+	require.NoError(t, err, out)
+	require.Contains(t, out, `"slice.provision"`)
+	require.Contains(t, out, `"succeeded"`)
+	require.Contains(t, out, `"vcpus"`, "the task result is the bundle plan")
 
 	// The same key returns the same allocation.
 	out, err = l.ctl(t, "alloc", "create", "--gpus", "2", "--region", "lab-east", "--idempotency-key", "e2e-lab-1", "-o", "json")
@@ -136,12 +164,22 @@ func TestLabOperatorPath(t *testing.T) {
 
 	l.stop(t)
 
-	// Restart: same ports, same state.
-	l2 := startLab(t, bin, dir)
+	// Restart: same ports, same state, the agents' credentials kept (no
+	// new token), nothing new to approve.
+	l2 := startLab(t, bin, dir, "-hosts-dir", hosts)
+	summary = l2.out.String()
+	require.NotContains(t, summary, "minted a bootstrap token")
+	require.NotContains(t, summary, "generated host root", "the host roots are reused")
+	require.Contains(t, summary, "0 new slot(s)")
+	require.Regexp(t, `j22u15 +slice_vm +active +slice-ready +8 slots`, summary)
+	cred2, err := os.ReadFile(filepath.Join(dir, "agents", "j22u15", "credential"))
+	require.NoError(t, err)
+	require.Equal(t, string(cred), string(cred2))
 	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
 	require.NoError(t, err, out)
 	require.Contains(t, out, alloc.ID)
-	// An operator releases; with no agent yet to wipe, it stays releasing.
+	// An operator releases; the agent drops its leases but does not wipe
+	// yet (the slice runtime's job), so the allocation stays releasing.
 	out, err = l2.ctl(t, "alloc", "release", alloc.ID)
 	require.NoError(t, err, out)
 	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
