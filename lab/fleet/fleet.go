@@ -45,6 +45,10 @@ type Host struct {
 
 // NewHost picks free loopback ports for a host's agent.
 func NewHost(name, root, stateDir string) (Host, error) {
+	// The name is a node ID and a path element of the roots.
+	if err := proto.ValidateID("lab host", name); err != nil {
+		return Host{}, err
+	}
 	if err := hostops.ValidName(name); err != nil {
 		return Host{}, fmt.Errorf("lab host %q: %w", name, err)
 	}
