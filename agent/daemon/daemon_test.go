@@ -192,8 +192,9 @@ func TestAgentEndToEnd(t *testing.T) {
 	require.Less(t, code, 300, body)
 	require.Eventually(t, func() bool {
 		ls, err := a15.d.store.List()
-		return err == nil && len(ls) == 2
-	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased")
+		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return err == nil && len(ls) == 2 && ok && a.State == proto.AllocProvisioning
+	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased and provisioning")
 	a15.stop()
 	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/force-release", c.admin, map[string]string{"reason": "test"}, nil)
 	require.Less(t, code, 300, body)

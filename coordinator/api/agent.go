@@ -393,7 +393,11 @@ func (a *API) provisionStarted(c *call, t *proto.Task, st proto.TaskState) uint6
 	if !ok || al.State != proto.AllocPlaced {
 		return 0
 	}
-	_, idx, err := a.b.Apply(c.r.Context(), proto.AllocationTransitionType, proto.AllocationTransitionRequest{
+	// The report is recorded: finish the follow-up even if the agent hangs
+	// up now.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), 10*time.Second)
+	defer cancel()
+	_, idx, err := a.b.Apply(ctx, proto.AllocationTransitionType, proto.AllocationTransitionRequest{
 		At: a.now(), AllocationID: al.ID, To: proto.AllocProvisioning, Reason: "agent leased the slots and returned a plan (task " + t.ID + ")",
 	})
 	if err != nil {
