@@ -98,7 +98,9 @@ func run(args []string, out io.Writer) error {
 		if !slices.Contains(labHosts, h) {
 			return fmt.Errorf("-hosts: %q is not a lab host (%s)", h, strings.Join(labHosts, ", "))
 		}
-		hosts = append(hosts, h)
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	abs, err := filepath.Abs(*dir)
@@ -106,9 +108,16 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	if *fresh {
-		if old, err := readState(abs); err == nil && old.HostsDir != "" {
-			if err := os.RemoveAll(old.HostsDir); err != nil {
-				return err
+		// Remove the host roots the lab generated (only those: -hosts-dir
+		// may name a shared folder), then the folder if that empties it.
+		if old, err := readState(abs); err == nil {
+			for _, h := range old.Hosts {
+				if err := os.RemoveAll(h.Root); err != nil {
+					return err
+				}
+			}
+			if old.HostsDir != "" {
+				_ = os.Remove(old.HostsDir)
 			}
 		}
 		if err := os.RemoveAll(abs); err != nil {
