@@ -75,9 +75,14 @@ func TestAgentEndToEnd(t *testing.T) {
 	startAgent(t, agentConfig(t, c, "j22u11", base11, t.TempDir(), c.mint("j22u11", 0)))
 
 	// Enrolled: active, credential stored 0600.
-	require.Eventually(t, func() bool { return c.node("j22u15").State == proto.NodeActive }, 10*time.Second, 50*time.Millisecond)
-	st, err := os.Stat(filepath.Join(state15, CredentialFile))
-	require.NoError(t, err)
+	// (The node turns active inside the enroll request; the agent writes
+	// the credential once the answer is back.)
+	var st os.FileInfo
+	require.Eventually(t, func() bool {
+		var err error
+		st, err = os.Stat(filepath.Join(state15, CredentialFile))
+		return c.node("j22u15").State == proto.NodeActive && err == nil
+	}, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 
 	// Discovery through a task.
