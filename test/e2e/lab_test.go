@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,8 +51,13 @@ func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 			case <-l.exited:
 			case <-time.After(30 * time.Second):
 				_ = l.cmd.Process.Kill()
+				<-l.exited
 			}
 		}
+		// Whatever the lab left behind (it was killed, or failed to stop
+		// a child): its children run in their own process groups, so find
+		// them by the lab folder in their arguments.
+		killByArg(t, dir)
 	})
 	require.Eventually(t, func() bool { return strings.Contains(l.out.String(), "gpuaas lab is up") }, 90*time.Second, 100*time.Millisecond,
 		"lab output:\n%s", l.out)
@@ -62,6 +68,25 @@ func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 		l.env = append(l.env, strings.TrimPrefix(sc.Text(), "export "))
 	}
 	return l
+}
+
+// killByArg SIGKILLs every process whose command line mentions arg (a
+// unique temp path of this test).
+func killByArg(t *testing.T, arg string) {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte(arg)) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		t.Logf("killing leftover process %d: %s", pid, bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 func (l *lab) ctl(t *testing.T, args ...string) (string, error) {
