@@ -115,6 +115,15 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 				return
 			}
 			id, ok := tab.Authenticate(tok)
+			if !ok && !a.b.IsLeader() && r.Header.Get(proto.ForwardedHeader) == "" {
+				// A credential issued a moment ago may not have reached this
+				// replica yet: the leader, which issued it, decides.
+				c := &call{a: a, w: w, r: r, rt: rt}
+				if c.body, ok = readAgentBody(w, r); ok {
+					a.forward(c, nil)
+				}
+				return
+			}
 			if !ok {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent", error="invalid_token"`)
 				writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the node credential is not known (revoked, or never issued); enroll again with a new bootstrap token"))
@@ -128,18 +137,9 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 			*who = p.Name
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
-		if r.Body != nil && r.Method != http.MethodGet {
-			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
-			var mbe *http.MaxBytesError
-			switch {
-			case errors.As(err, &mbe):
-				writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
-				return
-			case err != nil:
-				writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
-				return
-			}
-			c.body = body
+		var read bool
+		if c.body, read = readAgentBody(w, r); !read {
+			return
 		}
 		forwarded := r.Header.Get(proto.ForwardedHeader) != ""
 		if rt.Write && !forwarded && !a.b.IsLeader() {
@@ -159,6 +159,25 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 		}
 		writeProblem(w, r, err)
 	})
+}
+
+// readAgentBody reads a request body (none for GET); on failure it has
+// written the problem and returns false.
+func readAgentBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil || r.Method == http.MethodGet {
+		return nil, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
+		return nil, false
+	case err != nil:
+		writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
+		return nil, false
+	}
+	return body, true
 }
 
 func newTaskID() string {
