@@ -262,8 +262,11 @@ func loadFile(path string, cfg *Config) error {
 // finish fills derived defaults and validates.
 func (c *Config) finish() error {
 	if c.BootstrapToken == "" && c.BootstrapTokenFile != "" {
+		// A missing file is not an error here: an enrolled agent needs no
+		// token (the file is often removed once spent); an agent that is
+		// not enrolled yet refuses to start without one.
 		b, err := os.ReadFile(c.BootstrapTokenFile)
-		if err != nil {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("bootstrap token file: %w", err)
 		}
 		c.BootstrapToken = strings.TrimSpace(string(b))

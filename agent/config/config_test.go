@@ -76,3 +76,22 @@ func TestBadInputNamesTheSetting(t *testing.T) {
 		require.ErrorContains(t, err, "unknown field")
 	})
 }
+
+// A spent bootstrap token file may be gone: the configuration loads
+// (an enrolled agent needs no token); an unreadable one is an error.
+func TestBootstrapTokenFile(t *testing.T) {
+	root := hostRoot(t)
+	dir := t.TempDir()
+	tf := filepath.Join(dir, "bootstrap.token")
+	require.NoError(t, os.WriteFile(tf, []byte("gpb_abc\n"), 0o600))
+	cfg, err := Load([]string{"-host-root", root, "-bootstrap-token-file", tf}, func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "gpb_abc", cfg.BootstrapToken)
+
+	cfg, err = Load([]string{"-host-root", root, "-bootstrap-token-file", filepath.Join(dir, "gone")}, func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Empty(t, cfg.BootstrapToken)
+
+	_, err = Load([]string{"-host-root", root, "-bootstrap-token-file", dir}, func(string) string { return "" }, io.Discard)
+	assert.ErrorContains(t, err, "bootstrap token file")
+}

@@ -167,10 +167,12 @@ func (d *Daemon) DiagAddr() string {
 
 // Run runs the agent until ctx ends.
 func (d *Daemon) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Cancel before waiting: every return (a refused enrollment too) stops
+	// the goroutines started so far, then waits for them.
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errc := make(chan error, 4)
 
 	if d.cfg.DiagAddr != "" {
@@ -269,6 +271,9 @@ func (d *Daemon) ensureEnrolled(ctx context.Context) error {
 		return nil
 	}
 	if d.cfg.BootstrapToken == "" {
+		if d.cfg.BootstrapTokenFile != "" {
+			return fmt.Errorf("agent %s is not enrolled and its bootstrap token file %s is missing or empty", d.cfg.NodeID, d.cfg.BootstrapTokenFile)
+		}
 		return fmt.Errorf("agent %s is not enrolled and has no bootstrap token (-bootstrap-token or -bootstrap-token-file)", d.cfg.NodeID)
 	}
 	host, _ := os.ReadFile(d.root.EtcPath("hostname"))

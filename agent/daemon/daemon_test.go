@@ -75,9 +75,14 @@ func TestAgentEndToEnd(t *testing.T) {
 	startAgent(t, agentConfig(t, c, "j22u11", base11, t.TempDir(), c.mint("j22u11", 0)))
 
 	// Enrolled: active, credential stored 0600.
-	require.Eventually(t, func() bool { return c.node("j22u15").State == proto.NodeActive }, 10*time.Second, 50*time.Millisecond)
-	st, err := os.Stat(filepath.Join(state15, CredentialFile))
-	require.NoError(t, err)
+	// (The node turns active inside the enroll request; the agent writes
+	// the credential once the answer is back.)
+	var st os.FileInfo
+	require.Eventually(t, func() bool {
+		var err error
+		st, err = os.Stat(filepath.Join(state15, CredentialFile))
+		return c.node("j22u15").State == proto.NodeActive && err == nil
+	}, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 
 	// Discovery through a task.
@@ -122,6 +127,15 @@ func TestAgentEndToEnd(t *testing.T) {
 		return false
 	}, 15*time.Second, 50*time.Millisecond)
 	require.Len(t, plan.Devices, 2)
+	require.Eventually(t, func() bool {
+		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return ok && a.State == proto.AllocProvisioning
+	}, 10*time.Second, 50*time.Millisecond, "the agent's plan moves the allocation to provisioning")
+	for _, sl := range c.srv.Store().Snapshot().NodeSlots("j22u15") {
+		if sl.ClaimID != "" {
+			assert.True(t, sl.Touched, "slot %s is touched once provisioning started", sl.ID)
+		}
+	}
 	assert.Equal(t, t15.Candidates[0].Capacity.PCIeSwitch, t15.Candidates[1].Capacity.PCIeSwitch)
 	ls, err := a15.d.store.List()
 	require.NoError(t, err)
@@ -183,8 +197,9 @@ func TestAgentEndToEnd(t *testing.T) {
 	require.Less(t, code, 300, body)
 	require.Eventually(t, func() bool {
 		ls, err := a15.d.store.List()
-		return err == nil && len(ls) == 2
-	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased")
+		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return err == nil && len(ls) == 2 && ok && a.State == proto.AllocProvisioning
+	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased and provisioning")
 	a15.stop()
 	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/force-release", c.admin, map[string]string{"reason": "test"}, nil)
 	require.Less(t, code, 300, body)
@@ -197,4 +212,9 @@ func TestAgentEndToEnd(t *testing.T) {
 	ls, err = a15.d.store.List()
 	require.NoError(t, err)
 	assert.Empty(t, ls, "orphaned leases released")
+	for _, i := range []int{2, 3} {
+		sl, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", i))
+		require.True(t, ok)
+		assert.Equal(t, proto.SlotCleanupBlocked, sl.Status, "a force-released, provisioned slot waits for a cleanup")
+	}
 }

@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -125,4 +128,25 @@ func TestCredentialScoping(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the long-poll did not answer the new task")
 	}
+}
+
+// A refused enrollment ends Run at once with the coordinator's reason
+// (the diagnostics server started before it stops too).
+func TestRefusedEnrollmentEndsRun(t *testing.T) {
+	t.Parallel()
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), "gpb_forged")
+	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	done := make(chan error, 1)
+	go func() { done <- d.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "unknown or forged")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the coordinator refused the token")
+	}
+	assert.Equal(t, proto.NodeRegistered, c.node("j22u15").State)
 }

@@ -113,6 +113,15 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 				return
 			}
 			id, ok := tab.Authenticate(tok)
+			if !ok && !a.b.IsLeader() && r.Header.Get(proto.ForwardedHeader) == "" {
+				// A credential issued a moment ago may not have reached this
+				// replica yet: the leader, which issued it, decides.
+				c := &call{a: a, w: w, r: r, rt: rt}
+				if c.body, ok = readBody(w, r); ok {
+					a.forward(c, nil)
+				}
+				return
+			}
 			if !ok {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent", error="invalid_token"`)
 				writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the node credential is not known (revoked, or never issued); enroll again with a new bootstrap token"))
@@ -129,6 +138,9 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 		a.dispatch(c, "agent")
 	})
 }
+
+// readAgentBody reads a request body (none for GET); on failure it has
+// written the problem and returns false.
 
 func newTaskID() string {
 	var b [8]byte
@@ -340,7 +352,40 @@ func (a *API) agentTaskUpdate(c *call) error {
 		return err
 	}
 	c.index = idx
+	if i := a.provisionStarted(c, t, body.State); i > 0 {
+		c.index = i
+	}
 	return c.reply(http.StatusOK, resp)
+}
+
+// provisionStarted moves a placed allocation to provisioning once its
+// agent reports the slice.provision task succeeded: the node scheduler
+// validated the host and leased the slots, and what follows the plan
+// writes the disks, so from here on the slots count as touched (a
+// force-release leaves them cleanup_blocked). The task report itself has
+// already been recorded; a refused transition (the allocation moved on
+// meanwhile, e.g. force-released) is logged, not returned. It returns the
+// transition's index, 0 when none was made.
+func (a *API) provisionStarted(c *call, t *proto.Task, st proto.TaskState) uint64 {
+	if t.Type != proto.TaskSliceProvision || st != proto.TaskSucceeded || t.AllocationID == "" {
+		return 0
+	}
+	al, ok := a.b.Store().Snapshot().Allocation(t.AllocationID)
+	if !ok || al.State != proto.AllocPlaced {
+		return 0
+	}
+	// The report is recorded: finish the follow-up even if the agent hangs
+	// up now.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), 10*time.Second)
+	defer cancel()
+	_, idx, err := a.b.Apply(ctx, proto.AllocationTransitionType, proto.AllocationTransitionRequest{
+		At: a.now(), AllocationID: al.ID, To: proto.AllocProvisioning, Reason: "agent leased the slots and returned a plan (task " + t.ID + ")",
+	})
+	if err != nil {
+		a.log.Warn("allocation to provisioning after the agent's plan", "allocation", al.ID, "task", t.ID, "err", err)
+		return 0
+	}
+	return idx
 }
 
 func (a *API) agentReadiness(c *call) error {

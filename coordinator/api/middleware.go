@@ -277,18 +277,9 @@ func now() time.Time { return time.Now().UTC() }
 // route family in logs ("api", "agent").
 func (a *API) dispatch(c *call, kind string) {
 	w, r := c.w, c.r
-	if r.Body != nil && r.Method != http.MethodGet {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
-			return
-		case err != nil:
-			writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
-			return
-		}
-		c.body = body
+	var ok bool
+	if c.body, ok = readBody(w, r); !ok {
+		return
 	}
 	forwarded := r.Header.Get(proto.ForwardedHeader) != ""
 	// Writes are validated and proposed on the leader only, so a
@@ -309,4 +300,23 @@ func (a *API) dispatch(c *call, kind string) {
 		a.log.Error(kind+" request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeProblem(w, r, err)
+}
+
+// readBody buffers a request body of at most proto.MaxBodyBytes; on
+// failure it has written the problem response and returns false.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil || r.Method == http.MethodGet {
+		return nil, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		writeProblem(w, r, proto.Errorf(proto.CodeTooLarge, "request body is over %d bytes", proto.MaxBodyBytes))
+		return nil, false
+	case err != nil:
+		writeProblem(w, r, proto.Errorf(proto.CodeInvalidArgument, "read request body: %v", err))
+		return nil, false
+	}
+	return body, true
 }

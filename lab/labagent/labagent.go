@@ -33,6 +33,7 @@ type Options struct {
 	StateDir     string   // agent state directory
 	Coordinators []string // coordinator base URLs
 	Token        string   // bootstrap token (unused once enrolled)
+	TokenFile    string   // file holding the bootstrap token (instead of Token)
 	GossipJoin   []string // memberlist peers
 	// Fast shortens the intervals for tests (heartbeat 200 ms, readiness
 	// 300 ms, long-poll 2 s).
@@ -48,7 +49,7 @@ func Config(o Options) (config.Config, error) {
 	c := config.Defaults()
 	c.NodeID, c.HostRoot, c.StateDir = o.Host, o.HostBase, o.StateDir
 	c.Coordinators = append(config.List(nil), o.Coordinators...)
-	c.BootstrapToken = o.Token
+	c.BootstrapToken, c.BootstrapTokenFile = o.Token, o.TokenFile
 	c.DiagAddr = "127.0.0.1:0"
 	c.GossipBind = "127.0.0.1:0"
 	c.GossipJoin = append(config.List(nil), o.GossipJoin...)
@@ -77,6 +78,9 @@ func Args(c config.Config) []string {
 	}
 	if c.BootstrapToken != "" {
 		a = append(a, "-bootstrap-token", c.BootstrapToken)
+	}
+	if c.BootstrapTokenFile != "" {
+		a = append(a, "-bootstrap-token-file", c.BootstrapTokenFile)
 	}
 	if c.FabricInterface != "" {
 		a = append(a, "-fabric-interface", c.FabricInterface, "-fabric-address", c.FabricAddress,

@@ -2,6 +2,8 @@ package labagent
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,6 +20,17 @@ func TestArgsRoundTrip(t *testing.T) {
 	got, err := config.Load(Args(c), func(string) string { return "" }, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, c, got)
+
+	// A token file instead of the token: the agent reads it at start.
+	tf := filepath.Join(t.TempDir(), "bootstrap.token")
+	require.NoError(t, os.WriteFile(tf, []byte("gpb_from_file\n"), 0o600))
+	c, err = Config(Options{Host: "j22u15", HostBase: "/lab/hosts/j22u15", StateDir: "/lab/agents/j22u15",
+		Coordinators: []string{"http://127.0.0.1:7480"}, TokenFile: tf})
+	require.NoError(t, err)
+	got, err = config.Load(Args(c), func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, tf, got.BootstrapTokenFile)
+	assert.Equal(t, "gpb_from_file", got.BootstrapToken)
 
 	_, err = Config(Options{Host: "nope"})
 	assert.Error(t, err)

@@ -102,6 +102,25 @@ func (p *Proc) Pid() int {
 	return p.cmd.Process.Pid
 }
 
+// Wait waits for the process to exit and returns its exit error (nil for
+// status 0), or ctx's error first.
+func (p *Proc) Wait(ctx context.Context) error {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done == nil {
+		return fmt.Errorf("wait for %s: not started", p.Name)
+	}
+	select {
+	case <-done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.err
+	case <-ctx.Done():
+		return fmt.Errorf("wait for %s: %w", p.Name, ctx.Err())
+	}
+}
+
 // Kill sends SIGKILL and waits for the exit.
 func (p *Proc) Kill() { p.signalAndWait(syscall.SIGKILL, 0) }
 
@@ -140,6 +159,25 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// FreeGossipPort returns a port on 127.0.0.1 free a moment ago for both
+// TCP and UDP, as memberlist binds both on one port.
+func FreeGossipPort() (int, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("no port free for both TCP and UDP on 127.0.0.1 after 20 tries")
 }
 
 // Token is a bearer token with its role.

@@ -1,6 +1,9 @@
 package launch
 
 import (
+	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -23,6 +26,10 @@ func TestProcStartStop(t *testing.T) {
 	p.Stop(5 * time.Second)
 	require.False(t, p.Running())
 	require.Less(t, time.Since(start), 4*time.Second, "SIGTERM stops sleep at once")
+	require.Error(t, p.Wait(context.Background()), "killed by a signal")
+	f := &Proc{Name: "false", Args: []string{"/bin/sh", "-c", "exit 3"}, LogPath: filepath.Join(dir, "log", "f.log")}
+	require.NoError(t, f.Start())
+	require.ErrorContains(t, f.Wait(context.Background()), "exit status 3")
 	// Restart after exit works (the lab restarts killed coordinators).
 	require.NoError(t, p.Start())
 	p.Kill()
@@ -38,4 +45,16 @@ func TestTokens(t *testing.T) {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), tok.Secret, "the tokens file holds hashes only")
+}
+
+func TestFreeGossipPort(t *testing.T) {
+	port, err := FreeGossipPort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	l, err := net.Listen("tcp", addr)
+	require.NoError(t, err, "the port is free for TCP")
+	defer l.Close()
+	u, err := net.ListenPacket("udp", addr)
+	require.NoError(t, err, "and for UDP")
+	u.Close()
 }

@@ -9,24 +9,23 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 )
 
-// buildBinaries builds the lab's binaries once into a temp dir.
+// buildBinaries returns the directory of the binaries TestMain built.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
-	bin := t.TempDir()
-	out, err := exec.Command("go", "build", "-o", bin+"/",
-		"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator",
-		"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaasctl",
-		"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
+	require.NoError(t, buildErr)
+	require.NotEmpty(t, binDir)
+	return binDir
 }
 
 type lab struct {
@@ -38,10 +37,10 @@ type lab struct {
 	exited chan error
 }
 
-func startLab(t *testing.T, bin, dir string) *lab {
+func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 	t.Helper()
 	l := &lab{dir: dir, bin: bin, out: &bytes.Buffer{}, exited: make(chan error, 1)}
-	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), "-dir", dir)
+	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), append([]string{"-dir", dir}, args...)...)
 	l.cmd.Stdout, l.cmd.Stderr = l.out, l.out
 	require.NoError(t, l.cmd.Start())
 	go func() { l.exited <- l.cmd.Wait() }()
@@ -52,8 +51,13 @@ func startLab(t *testing.T, bin, dir string) *lab {
 			case <-l.exited:
 			case <-time.After(30 * time.Second):
 				_ = l.cmd.Process.Kill()
+				<-l.exited
 			}
 		}
+		// Whatever the lab left behind (it was killed, or failed to stop
+		// a child): its children run in their own process groups, so find
+		// them by the lab folder in their arguments.
+		killByArg(t, dir)
 	})
 	require.Eventually(t, func() bool { return strings.Contains(l.out.String(), "gpuaas lab is up") }, 90*time.Second, 100*time.Millisecond,
 		"lab output:\n%s", l.out)
@@ -64,6 +68,25 @@ func startLab(t *testing.T, bin, dir string) *lab {
 		l.env = append(l.env, strings.TrimPrefix(sc.Text(), "export "))
 	}
 	return l
+}
+
+// killByArg SIGKILLs every process whose command line mentions arg (a
+// unique temp path of this test).
+func killByArg(t *testing.T, arg string) {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte(arg)) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		t.Logf("killing leftover process %d: %s", pid, bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 func (l *lab) ctl(t *testing.T, args ...string) (string, error) {
@@ -90,16 +113,31 @@ func (l *lab) stop(t *testing.T) {
 	}
 }
 
-// TestLabOperatorPath is the README's first five minutes: start the lab,
-// look at nodes and availability, take a 2-GPU slice, see it, release it,
-// stop with Ctrl-C, start again and find the state kept.
+// TestLabOperatorPath is the README's first five minutes: start the lab
+// (coordinators, then one agent per lab host, onboarded and auto-approved),
+// read the summary, look at nodes and availability, take a 2-GPU slice and
+// see the agent's plan, stop with Ctrl-C, start again and find the state
+// and the agents' credentials kept, release.
 func TestLabOperatorPath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the lab's processes")
 	}
 	bin := buildBinaries(t)
 	dir := filepath.Join(t.TempDir(), "lab")
-	l := startLab(t, bin, dir)
+	hosts := hostsimtest.Dir(t)
+	l := startLab(t, bin, dir, "-hosts-dir", hosts)
+
+	// The summary: auto-approve said, each node's readiness.
+	summary := l.out.String()
+	require.Contains(t, summary, "Auto-approve is ON")
+	require.Contains(t, summary, "15 new slot(s)", "8 complete candidates on j22u15, 7 on j22u11")
+	require.Regexp(t, `j22u15 +slice_vm +active +slice-ready +8 slots`, summary)
+	require.Regexp(t, `j22u11 +slice_vm +active +NOT slice-ready +7 slots`, summary)
+	require.Contains(t, summary, "blocker: ipoib_netplan_missing")
+	require.Regexp(t, `j27u15 +baremetal +active +baremetal`, summary)
+	require.Equal(t, 3, strings.Count(summary, "minted a bootstrap token"), "one token per host on the first start")
+	cred, err := os.ReadFile(filepath.Join(dir, "agents", "j22u15", "credential"))
+	require.NoError(t, err)
 
 	out, err := l.ctl(t, "node", "list")
 	require.NoError(t, err, out)
@@ -122,7 +160,18 @@ func TestLabOperatorPath(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &alloc), out)
 	require.Equal(t, 2, alloc.GPUCount)
 	require.Len(t, alloc.ClaimIDs, 2, "one slot claim per GPU")
-	require.Contains(t, []string{"j22u15", "j22u11"}, alloc.NodeID, "slices go to slice hosts")
+	require.Equal(t, "j22u15", alloc.NodeID, "slices go to the slice-ready host")
+
+	// The agent leases the slots and returns its plan.
+	require.Eventually(t, func() bool {
+		out, err := l.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+		return err == nil && strings.Contains(out, `"provisioning"`)
+	}, 30*time.Second, 200*time.Millisecond, "the agent's plan moves the allocation to provisioning")
+	out, err = l.ctl(t, "alloc", "tasks", alloc.ID, "-o", "json")
+	require.NoError(t, err, out)
+	require.Contains(t, out, `"slice.provision"`)
+	require.Contains(t, out, `"succeeded"`)
+	require.Contains(t, out, `"vcpus"`, "the task result is the bundle plan")
 
 	// The same key returns the same allocation.
 	out, err = l.ctl(t, "alloc", "create", "--gpus", "2", "--region", "lab-east", "--idempotency-key", "e2e-lab-1", "-o", "json")
@@ -140,12 +189,22 @@ func TestLabOperatorPath(t *testing.T) {
 
 	l.stop(t)
 
-	// Restart: same ports, same state.
-	l2 := startLab(t, bin, dir)
+	// Restart: same ports, same state, the agents' credentials kept (no
+	// new token), nothing new to approve.
+	l2 := startLab(t, bin, dir, "-hosts-dir", hosts)
+	summary = l2.out.String()
+	require.NotContains(t, summary, "minted a bootstrap token")
+	require.NotContains(t, summary, "generated host root", "the host roots are reused")
+	require.Contains(t, summary, "0 new slot(s)")
+	require.Regexp(t, `j22u15 +slice_vm +active +slice-ready +8 slots`, summary)
+	cred2, err := os.ReadFile(filepath.Join(dir, "agents", "j22u15", "credential"))
+	require.NoError(t, err)
+	require.Equal(t, string(cred), string(cred2))
 	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
 	require.NoError(t, err, out)
 	require.Contains(t, out, alloc.ID)
-	// An operator releases; with no agent yet to wipe, it stays releasing.
+	// An operator releases; the agent drops its leases but does not wipe
+	// yet (the slice runtime's job), so the allocation stays releasing.
 	out, err = l2.ctl(t, "alloc", "release", alloc.ID)
 	require.NoError(t, err, out)
 	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")

@@ -1,12 +1,23 @@
 // Command gpuaas-lab runs the simulated lab: three coordinator processes on
-// loopback forming a Raft cluster, loaded with the lab inventory, with data,
-// logs and tokens under one folder (.lab by default). It prints how to reach
-// the API and stops everything cleanly on Ctrl-C. Run again, it restarts the
-// same cluster on the same ports with its state intact.
+// loopback forming a Raft cluster and a memberlist pool, loaded with the
+// lab inventory (regions, pool, the three lab nodes — no slots), then one
+// gpuaas-agent process per lab host on a generated host root (lab/hostsim).
+// It onboards the hosts as an operator would, over the API: mints a
+// single-use bootstrap token for every node whose agent holds no
+// credential yet, queues topology discovery, and — with -auto-approve, the
+// default — approves every complete candidate into a slot. Slots exist
+// only through discovery and approval. Data, logs, tokens and agent state
+// live under one folder (.lab by default); host roots under /dev/shm (the
+// path is kept in lab.json). It prints each node's readiness and how to
+// reach the API, and on Ctrl-C stops the agents, then the coordinators.
+// Run again, it restarts the same cluster on the same ports with its state
+// intact; agents keep their credentials and need no new token.
 package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,11 +28,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuaas/gpuaas/lab"
+	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -30,13 +46,20 @@ import (
 // Raft configuration, so a restarted lab must reuse them.
 type state struct {
 	Coordinators []coord `json:"coordinators"`
+	// HostsDir holds the generated host roots (tmpfs when available).
+	HostsDir string       `json:"hosts_dir,omitempty"`
+	Hosts    []fleet.Host `json:"hosts,omitempty"`
 }
 
 type coord struct {
-	ID   string `json:"id"`
-	HTTP string `json:"http"`
-	Raft string `json:"raft"`
+	ID     string `json:"id"`
+	HTTP   string `json:"http"`
+	Raft   string `json:"raft"`
+	Gossip string `json:"gossip,omitempty"`
 }
+
+// labHosts are the hosts of seed 003: two slice hosts, one baremetal.
+var labHosts = []string{"j22u15", "j22u11", "j27u15"}
 
 type tokens struct {
 	Admin    string `json:"admin"`
@@ -53,16 +76,31 @@ func main() {
 
 func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("gpuaas-lab", flag.ContinueOnError)
-	dir := fs.String("dir", envOr("GPUAAS_LAB_DIR", ".lab"), "lab folder: data, logs, tokens")
+	dir := fs.String("dir", envOr("GPUAAS_LAB_DIR", ".lab"), "lab folder: data, logs, tokens, agent state")
 	n := fs.Int("coordinators", 3, "coordinator replicas (1, 3 or 5)")
-	inventory := fs.String("inventory", "", "inventory JSON (default: the embedded lab inventory)")
-	once := fs.Bool("once", false, "start, wait until the cluster serves, print the summary and stop (for tests)")
-	fresh := fs.Bool("fresh", false, "delete the lab folder first")
+	inventory := fs.String("inventory", "", "inventory JSON (default: the embedded lab inventory: regions, pool, nodes, no slots)")
+	once := fs.Bool("once", false, "start, wait until the cluster serves and the hosts are onboarded, print the summary and stop (for tests)")
+	fresh := fs.Bool("fresh", false, "delete the lab folder (and its host roots) first")
+	autoApprove := fs.Bool("auto-approve", true, "approve every complete discovered candidate into a slot (false: approve them yourself with gpuaasctl slot approve)")
+	hostList := fs.String("hosts", strings.Join(labHosts, ","), "lab hosts to run an agent for (empty: coordinators only)")
+	hostsDir := fs.String("hosts-dir", "", "where the simulated host roots live (default: /dev/shm/gpuaas-lab-<hash of the lab folder>, or <lab folder>/hosts without /dev/shm)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n != 1 && *n != 3 && *n != 5 {
 		return fmt.Errorf("-coordinators %d: use 1, 3 or 5", *n)
+	}
+	var hosts []string
+	for _, h := range strings.Split(*hostList, ",") {
+		if h = strings.TrimSpace(h); h == "" {
+			continue
+		}
+		if !slices.Contains(labHosts, h) {
+			return fmt.Errorf("-hosts: %q is not a lab host (%s)", h, strings.Join(labHosts, ", "))
+		}
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	abs, err := filepath.Abs(*dir)
@@ -70,6 +108,18 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	if *fresh {
+		// Remove the host roots the lab generated (only those: -hosts-dir
+		// may name a shared folder), then the folder if that empties it.
+		if old, err := readState(abs); err == nil {
+			for _, h := range old.Hosts {
+				if err := os.RemoveAll(h.Root); err != nil {
+					return err
+				}
+			}
+			if old.HostsDir != "" {
+				_ = os.Remove(old.HostsDir)
+			}
+		}
 		if err := os.RemoveAll(abs); err != nil {
 			return err
 		}
@@ -81,7 +131,13 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	st, err := loadOrPickState(abs, *n)
+	agentBin := ""
+	if len(hosts) > 0 {
+		if agentBin, err = launch.FindBinary("gpuaas-agent"); err != nil {
+			return err
+		}
+	}
+	st, err := loadOrPickState(abs, *n, *hostsDir, hosts)
 	if err != nil {
 		return err
 	}
@@ -98,9 +154,11 @@ func run(args []string, out io.Writer) error {
 	}
 
 	var procs []*launch.Proc
-	var joins []string
+	var joins, gossips, urls []string
 	for _, c := range st.Coordinators {
 		joins = append(joins, c.HTTP)
+		gossips = append(gossips, c.Gossip)
+		urls = append(urls, "http://"+c.HTTP)
 	}
 	for _, c := range st.Coordinators {
 		p := &launch.Proc{
@@ -112,6 +170,8 @@ func run(args []string, out io.Writer) error {
 				"-http-addr", c.HTTP,
 				"-bootstrap-expect", fmt.Sprint(len(st.Coordinators)),
 				"-join", strings.Join(joins, ","),
+				"-gossip-bind", c.Gossip,
+				"-gossip-join", strings.Join(slices.DeleteFunc(slices.Clone(gossips), func(g string) bool { return g == c.Gossip }), ","),
 				"-tokens-file", tokensFile,
 				"-inventory", invPath,
 				"-log-format", "text",
@@ -125,7 +185,10 @@ func run(args []string, out io.Writer) error {
 		log.Info("started coordinator", "id", c.ID, "http", c.HTTP, "pid", p.Pid(), "log", p.LogPath)
 		procs = append(procs, p)
 	}
+	sup := &supervisor{log: log}
+	// Stop order: agents first (they leave the pool), then coordinators.
 	defer launch.StopAll(procs, 15*time.Second, log)
+	defer sup.stop()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -136,7 +199,16 @@ func run(args []string, out io.Writer) error {
 	if err := writeEnv(abs, st.Coordinators[0].HTTP, toks.Operator); err != nil {
 		return err
 	}
-	printSummary(out, abs, st, leader, toks)
+	api, err := fleet.NewAPI(st.Coordinators[0].HTTP, toks.Admin)
+	if err != nil {
+		return err
+	}
+	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
+	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove)
+	if err != nil {
+		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
+	}
+	printSummary(out, abs, st, leader, views, *autoApprove)
 	if *once {
 		return nil
 	}
@@ -160,6 +232,155 @@ func run(args []string, out io.Writer) error {
 	return nil
 }
 
+// hostView is what the summary shows of one host.
+type hostView struct {
+	host     fleet.Host
+	node     proto.NodeDetail
+	approved []int
+	pid      int
+}
+
+// onboard brings every host up: its root generated (once), its agent
+// started (with a fresh bootstrap token only when it holds no
+// credential), enrollment awaited, topology discovered, complete
+// candidates approved (autoApprove, slice_vm nodes only) and the first
+// readiness report awaited.
+func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, hosts []fleet.Host, autoApprove bool) ([]hostView, error) {
+	views := make([]hostView, len(hosts))
+	errs := make([]error, len(hosts))
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			views[i], errs[i] = onboardHost(ctx, log, api, agents, sup, h, autoApprove)
+		}()
+	}
+	wg.Wait()
+	return views, errors.Join(errs...)
+}
+
+func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, h fleet.Host, autoApprove bool) (hostView, error) {
+	v := hostView{host: h}
+	generated, err := fleet.EnsureRoot(h)
+	if err != nil {
+		return v, err
+	}
+	if generated {
+		log.Info("generated host root", "host", h.Name, "root", h.Root)
+	}
+	token := ""
+	if !fleet.Enrolled(h) {
+		if token, err = api.MintToken(ctx, h.Name, time.Hour); err != nil {
+			return v, err
+		}
+		log.Info("minted a bootstrap token", "host", h.Name)
+	}
+	p, err := agents.Proc(h, token)
+	if err != nil {
+		return v, err
+	}
+	if err := sup.start(p); err != nil {
+		return v, err
+	}
+	log.Info("started agent", "host", h.Name, "pid", p.Pid(), "diag", h.Diag, "log", p.LogPath)
+	if _, err := api.WaitNode(ctx, h.Name, "enrolled and active", func(d proto.NodeDetail) bool {
+		return d.Node.State == proto.NodeActive && fleet.Enrolled(h)
+	}); err != nil {
+		return v, fmt.Errorf("agent %s did not enroll: %w (see %s)", h.Name, err, p.LogPath)
+	}
+	if err := fleet.ForgetToken(h); err != nil {
+		return v, err
+	}
+	topo, err := api.Discover(ctx, h.Name)
+	if err != nil {
+		return v, err
+	}
+	d, err := api.Node(ctx, h.Name)
+	if err != nil {
+		return v, err
+	}
+	if autoApprove && d.Node.ProfileIntent == proto.IntentSliceVM {
+		if v.approved, err = api.ApproveComplete(ctx, topo); err != nil {
+			return v, err
+		}
+		if len(v.approved) > 0 {
+			log.Info("auto-approved complete candidates", "host", h.Name, "indexes", v.approved)
+		}
+	}
+	if v.node, err = api.WaitNode(ctx, h.Name, "readiness reported", func(d proto.NodeDetail) bool {
+		return d.Node.Readiness != nil && d.Node.Readiness.Active
+	}); err != nil {
+		return v, err
+	}
+	v.pid = p.Pid()
+	return v, nil
+}
+
+// supervisor keeps agents running as their systemd unit would
+// (Restart=always): an agent that exits is started again after a pause
+// long enough to see its node go unreachable.
+type supervisor struct {
+	log   *slog.Logger
+	mu    sync.Mutex
+	procs []*launch.Proc
+	done  chan struct{}
+	wg    sync.WaitGroup
+}
+
+const restartPause = 5 * time.Second
+
+func (s *supervisor) start(p *launch.Proc) error {
+	s.mu.Lock()
+	if s.done == nil {
+		s.done = make(chan struct{})
+	}
+	done := s.done
+	s.procs = append(s.procs, p)
+	s.mu.Unlock()
+	if err := p.Start(); err != nil {
+		return err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			for p.Running() {
+				select {
+				case <-done:
+					return
+				case <-time.After(250 * time.Millisecond):
+				}
+			}
+			s.log.Warn("agent exited; restarting it", "agent", p.Name, "after", restartPause.String(), "log", p.LogPath)
+			select {
+			case <-done:
+				return
+			case <-time.After(restartPause):
+			}
+			if err := p.Start(); err != nil {
+				s.log.Error("restart agent", "agent", p.Name, "err", err)
+				return
+			}
+			s.log.Info("agent restarted", "agent", p.Name, "pid", p.Pid())
+		}
+	}()
+	return nil
+}
+
+// stop ends supervision and stops the agents (SIGTERM: they leave the
+// pool and close their state).
+func (s *supervisor) stop() {
+	s.mu.Lock()
+	if s.done != nil {
+		close(s.done)
+	}
+	procs := s.procs
+	s.mu.Unlock()
+	s.wg.Wait()
+	launch.StopAll(procs, 10*time.Second, s.log)
+}
+
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
@@ -167,34 +388,102 @@ func envOr(k, def string) string {
 	return def
 }
 
-func loadOrPickState(dir string, n int) (state, error) {
-	path := filepath.Join(dir, "lab.json")
+func readState(dir string) (state, error) {
 	var st state
-	if b, err := os.ReadFile(path); err == nil {
-		if err := json.Unmarshal(b, &st); err != nil {
-			return st, fmt.Errorf("%s: %w (delete the lab folder or run with -fresh)", path, err)
-		}
+	path := filepath.Join(dir, "lab.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("%s: %w (delete the lab folder or run with -fresh)", path, err)
+	}
+	return st, nil
+}
+
+// loadOrPickState reads lab.json, or picks ports for a new lab; ports and
+// paths missing from an older lab.json (gossip, hosts) are picked and
+// written back.
+func loadOrPickState(dir string, n int, hostsDir string, hosts []string) (state, error) {
+	path := filepath.Join(dir, "lab.json")
+	st, err := readState(dir)
+	switch {
+	case err == nil:
 		if len(st.Coordinators) != n {
 			return st, fmt.Errorf("%s has %d coordinators, asked for %d: run with -fresh", path, len(st.Coordinators), n)
 		}
-		return st, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
+	case errors.Is(err, os.ErrNotExist):
+		for i := 1; i <= n; i++ {
+			hp, err := launch.FreePort()
+			if err != nil {
+				return st, err
+			}
+			rp, err := launch.FreePort()
+			if err != nil {
+				return st, err
+			}
+			st.Coordinators = append(st.Coordinators, coord{ID: fmt.Sprintf("c%d", i),
+				HTTP: fmt.Sprintf("127.0.0.1:%d", hp), Raft: fmt.Sprintf("127.0.0.1:%d", rp)})
+		}
+	default:
 		return st, err
 	}
-	for i := 1; i <= n; i++ {
-		hp, err := launch.FreePort()
-		if err != nil {
-			return st, err
+	for i := range st.Coordinators {
+		if st.Coordinators[i].Gossip == "" {
+			gp, err := launch.FreeGossipPort()
+			if err != nil {
+				return st, err
+			}
+			st.Coordinators[i].Gossip = fmt.Sprintf("127.0.0.1:%d", gp)
 		}
-		rp, err := launch.FreePort()
-		if err != nil {
-			return st, err
-		}
-		st.Coordinators = append(st.Coordinators, coord{ID: fmt.Sprintf("c%d", i),
-			HTTP: fmt.Sprintf("127.0.0.1:%d", hp), Raft: fmt.Sprintf("127.0.0.1:%d", rp)})
 	}
-	b, _ := json.MarshalIndent(st, "", "  ")
-	return st, os.WriteFile(path, append(b, '\n'), 0o644)
+	if hostsDir != "" {
+		if st.HostsDir, err = filepath.Abs(hostsDir); err != nil {
+			return st, err
+		}
+	} else if st.HostsDir == "" {
+		st.HostsDir = defaultHostsDir(dir)
+	}
+	var kept []fleet.Host
+	for _, name := range hosts {
+		i := slices.IndexFunc(st.Hosts, func(h fleet.Host) bool { return h.Name == name })
+		if i >= 0 {
+			h := st.Hosts[i]
+			h.Root = filepath.Join(st.HostsDir, name)
+			kept = append(kept, h)
+			continue
+		}
+		h, err := fleet.NewHost(name, filepath.Join(st.HostsDir, name), filepath.Join(dir, "agents", name))
+		if err != nil {
+			return st, err
+		}
+		kept = append(kept, h)
+	}
+	// Hosts not asked for this run keep their entry (ports, state).
+	for _, h := range st.Hosts {
+		if !slices.ContainsFunc(kept, func(k fleet.Host) bool { return k.Name == h.Name }) {
+			kept = append(kept, h)
+		}
+	}
+	all := st
+	all.Hosts = kept
+	b, _ := json.MarshalIndent(all, "", "  ")
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return st, err
+	}
+	st.Hosts = kept[:len(hosts)]
+	return st, nil
+}
+
+// defaultHostsDir is a stable tmpfs path for the lab folder's host roots
+// (~2,500 small files per host: seconds on a loaded ext4, ~0.1 s on
+// tmpfs), or <lab folder>/hosts without a writable /dev/shm.
+func defaultHostsDir(labDir string) string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
+		sum := sha256.Sum256([]byte(labDir))
+		return filepath.Join("/dev/shm", "gpuaas-lab-"+hex.EncodeToString(sum[:6]))
+	}
+	return filepath.Join(labDir, "hosts")
 }
 
 func loadOrMakeTokens(dir string) (tokens, string, error) {
@@ -273,12 +562,48 @@ func writeEnv(dir, addr, token string) error {
 	return os.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o600)
 }
 
-func printSummary(out io.Writer, dir string, st state, leader string, t tokens) {
-	fmt.Fprintf(out, "\ngpuaas lab is up: %d coordinators (Raft leader at %s), inventory j22u15 + j22u11 (slice), j27u15 (baremetal)\n\n", len(st.Coordinators), leader)
+func printSummary(out io.Writer, dir string, st state, leader string, views []hostView, autoApprove bool) {
+	fmt.Fprintf(out, "\ngpuaas lab is up: %d coordinators (Raft leader at %s), %d agents on simulated H200 hosts\n\n", len(st.Coordinators), leader, len(views))
 	for _, c := range st.Coordinators {
-		fmt.Fprintf(out, "  %s  API http://%s  raft %s  log %s\n", c.ID, c.HTTP, c.Raft, filepath.Join(dir, "logs", c.ID+".log"))
+		fmt.Fprintf(out, "  %s  API http://%s  raft %s  gossip %s  log %s\n", c.ID, c.HTTP, c.Raft, c.Gossip, filepath.Join(dir, "logs", c.ID+".log"))
+	}
+	if len(views) > 0 {
+		fmt.Fprintf(out, "\nNodes (one gpuaas-agent each, host roots under %s):\n\n", st.HostsDir)
+		total := 0
+		for _, v := range views {
+			total += len(v.approved)
+			n := v.node.Node
+			ready := "NOT slice-ready"
+			switch {
+			case n.ProfileIntent == proto.IntentBaremetal:
+				ready = "baremetal (whole node, no slots)"
+			case n.Readiness != nil && n.Readiness.SliceReady:
+				ready = "slice-ready"
+			}
+			fmt.Fprintf(out, "  %-7s %-9s %-7s %-32s %d slots  agent pid %d  diag http://%s/v1/diag/readiness\n",
+				n.ID, n.ProfileIntent, n.State, ready, v.node.SlotSummary.Total, v.pid, v.host.Diag)
+			if n.ProfileIntent == proto.IntentSliceVM && n.Readiness != nil {
+				for _, b := range n.Readiness.Blockers {
+					if len(b) > 110 {
+						b = b[:107] + "..."
+					}
+					fmt.Fprintf(out, "          blocker: %s\n", b)
+				}
+				if len(n.Readiness.Blockers) > 0 {
+					fmt.Fprintf(out, "          (full evidence: bin/gpuaasctl node show %s)\n", n.ID)
+				}
+			}
+		}
+		if autoApprove {
+			fmt.Fprintf(out, "\nAuto-approve is ON (the make lab default): the lab approved every complete discovered candidate of the slice hosts (%d new slot(s) this run).\n", total)
+			fmt.Fprintf(out, "Run gpuaas-lab -auto-approve=false -fresh to approve them yourself (bin/gpuaasctl topology show j22u15; bin/gpuaasctl slot approve j22u15 0).\n")
+		} else {
+			fmt.Fprintf(out, "\nAuto-approve is OFF: slots appear when you approve discovered candidates (bin/gpuaasctl topology show j22u15; bin/gpuaasctl slot approve j22u15 0).\n")
+		}
 	}
 	fmt.Fprintf(out, "\nTokens (admin / operator / viewer) are in %s.\n", filepath.Join(dir, "tokens.secret.json"))
-	fmt.Fprintf(out, "In another shell:\n\n  source %s\n  bin/gpuaasctl node list\n  bin/gpuaasctl availability\n  bin/gpuaasctl alloc create --gpus 2 --region lab-east\n  bin/gpuaasctl alloc list\n\n", filepath.Join(dir, "env"))
-	fmt.Fprintf(out, "Ctrl-C stops the lab; `make lab` again restarts it with its state.\n")
+	fmt.Fprintf(out, "In another shell:\n\n  source %s\n  bin/gpuaasctl node list\n  bin/gpuaasctl node show j22u11          # readiness evidence and blockers\n  bin/gpuaasctl topology show j22u15      # discovered candidates\n  bin/gpuaasctl slot list --node j22u15\n  bin/gpuaasctl availability\n  bin/gpuaasctl alloc create --gpus 2 --region lab-east\n  bin/gpuaasctl alloc tasks ID            # the agent's lease plan (slice.provision result)\n  bin/gpuaasctl alloc list\n\n", filepath.Join(dir, "env"))
+	fmt.Fprintf(out, "Agent logs and state: %s, %s. Kill an agent (kill -9 PID): its node goes unreachable, the lab restarts it after %s.\n",
+		filepath.Join(dir, "logs", "agent-*.log"), filepath.Join(dir, "agents"), restartPause)
+	fmt.Fprintf(out, "Ctrl-C stops the agents, then the coordinators; `make lab` again restarts it with its state.\n")
 }
