@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,12 +50,14 @@ func TestBenchCoordinator(t *testing.T) {
 	}
 	raw := benchRawRaft(t)
 	t.Logf("raw raft no-op applies/s: %.0f", raw)
-	placements, applies := benchPlacements(t)
-	t.Logf("placements/s: %.0f (raft applies/s during the run: %.0f)", placements, applies)
+	three := benchPlacementsOn(t, 3)
+	placements, applies := three.perS, three.appliesPerS
+	t.Logf("placements/s: %.0f (raft applies/s during the run: %.0f, CPU per placement %v)", placements, applies, three.cpu)
 	// The same load on ONE voter (no replication, no follower FSMs):
 	// shows how much of the gap is the ledger apply path itself.
-	single, _ := benchPlacementsOn(t, 1)
-	t.Logf("placements/s on a single voter: %.0f", single)
+	one := benchPlacementsOn(t, 1)
+	single := one.perS
+	t.Logf("placements/s on a single voter: %.0f (CPU per placement %v)", single, one.cpu)
 	p50, p99 := benchFailover(t)
 	t.Logf("failover write unavailability p50 %.3fs p99 %.3fs", p50, p99)
 
@@ -88,11 +91,14 @@ func benchRawRaft(t *testing.T) float64 {
 	return n
 }
 
-func benchPlacements(t *testing.T) (placementsPerS, appliesPerS float64) {
-	return benchPlacementsOn(t, 3)
+// placeRun is one placement run's figures.
+type placeRun struct {
+	perS        float64       // committed placements per second
+	appliesPerS float64       // raft log entries applied per second
+	cpu         time.Duration // process CPU (all replicas) per committed placement
 }
 
-func benchPlacementsOn(t *testing.T, voters int) (placementsPerS, appliesPerS float64) {
+func benchPlacementsOn(t *testing.T, voters int) placeRun {
 	nodes := startCluster(t, voters, nil)
 	leader := waitLeader(t, nodes)
 	ctx := context.Background()
@@ -140,6 +146,7 @@ func benchPlacementsOn(t *testing.T, voters int) (placementsPerS, appliesPerS fl
 	var keys, failovers atomic.Int64
 	idx0 := leader.srv.raft.AppliedIndex()
 	t0 := time.Now()
+	cpu0 := processCPU()
 	rate := runClients(t, func(ctx context.Context, c int, rng *rand.Rand) int {
 		key := fmt.Sprintf("bench-%d", keys.Add(1))
 		req := proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice",
@@ -163,8 +170,13 @@ func benchPlacementsOn(t *testing.T, voters int) (placementsPerS, appliesPerS fl
 			return 1
 		}
 	})
+	cpu := processCPU() - cpu0
 	srv := cur.Load()
-	appliesPerS = float64(srv.raft.AppliedIndex()-idx0) / time.Since(t0).Seconds()
+	elapsed := time.Since(t0).Seconds()
+	run := placeRun{perS: rate, appliesPerS: float64(srv.raft.AppliedIndex()-idx0) / elapsed}
+	if n := rate * elapsed; n > 0 {
+		run.cpu = time.Duration(float64(cpu) / n)
+	}
 	close(releases)
 	relWG.Wait()
 	if f := failovers.Load(); f > 0 {
@@ -174,7 +186,18 @@ func benchPlacementsOn(t *testing.T, voters int) (placementsPerS, appliesPerS fl
 	for _, n := range nodes {
 		n.stop()
 	}
-	return rate, appliesPerS
+	return run
+}
+
+// processCPU is this process's user+system CPU time: on the shared 2-core
+// machine wall-clock rates swing with other load, CPU per operation much
+// less.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // runClients runs op from benchClients goroutines for benchDuration and
