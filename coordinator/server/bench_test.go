@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,10 @@ func TestBenchCoordinator(t *testing.T) {
 	if os.Getenv("GPUAAS_BENCH") == "" {
 		t.Skip("set GPUAAS_BENCH=1 (make bench)")
 	}
+	// The bench process runs the coordinator binary's GC setting.
+	prevGC, err := TuneGC(DefaultGCPercent, 0)
+	require.NoError(t, err)
+	defer debug.SetGCPercent(prevGC)
 	raw := benchRawRaft(t)
 	t.Logf("raw raft no-op applies/s: %.0f", raw)
 	three := benchPlacementsOn(t, 3)
