@@ -55,7 +55,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.SlotApproveType, proto.SlotDisableType, proto.SlotRepairType, proto.AllocationPlaceType,
 	proto.AllocationTransitionType, proto.AllocationReleaseType, proto.AllocationReleasedType,
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
-	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType,
+	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -163,6 +163,8 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		return f.applyTaskCreate(body, index)
 	case proto.SlotHealthType:
 		return f.applySlotHealth(body, index)
+	case proto.CommandBatchType:
+		return f.applyCommandBatch(body, index)
 	default:
 		if ignorable {
 			f.log.Warn("ignoring unknown command type", "type", uint8(t), "index", index)
@@ -170,6 +172,46 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		}
 		panic(fmt.Sprintf("fsm: index %d: unknown command type %d (%s)", index, uint8(t), t))
 	}
+}
+
+// BatchResponse answers a CommandBatchType entry: one response per
+// command, in order (each what the command alone would have answered).
+type BatchResponse struct {
+	Responses []any
+}
+
+// applyCommandBatch applies the commands of one CommandBatchType entry in
+// order, all at index, each behind a savepoint of one store transaction
+// (the enclosing ApplyBatch's, or one opened here). A command that may
+// not be batched (nested batch, server-only type) is refused alone.
+func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
+	cmds, err := proto.DecodeBatch(body)
+	if err != nil {
+		panic(fmt.Sprintf("fsm: index %d: %v", index, err))
+	}
+	own := f.batch == nil
+	if own {
+		f.batch = f.Store().Begin(index)
+	}
+	out := make([]any, len(cmds))
+	for i, c := range cmds {
+		if err := proto.CheckBatchable(c); err != nil {
+			out[i] = proto.Errorf(proto.CodeInvalidArgument, "command %d of batch at index %d: %v", i, index, err)
+			continue
+		}
+		out[i] = f.ApplyCommand(index, c)
+	}
+	f.last = state.Changes{}
+	if own {
+		tx := f.batch
+		f.batch = nil
+		changes := tx.Changes()
+		if err := tx.Commit(); err != nil {
+			panic(fmt.Sprintf("fsm: batch command at index %d: %v", index, err))
+		}
+		f.last = changes
+	}
+	return &BatchResponse{Responses: out}
 }
 
 // decode unmarshals a command body; a failure is fatal (see package doc).

@@ -39,6 +39,26 @@ func decodeCmd[T any](l *raft.Log, name string) T {
 	return req
 }
 
+var _ raft.BatchingFSM = (*enrollFSM)(nil)
+
+func isEnrollCommand(l *raft.Log) bool {
+	if l.Type != raft.LogCommand || len(l.Data) == 0 {
+		return false
+	}
+	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
+	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType:
+		return true
+	}
+	return false
+}
+
+// ApplyBatch implements raft.BatchingFSM: enrollment commands are applied
+// here, the runs of other commands go to the ledger's ApplyBatch (one
+// store transaction per run).
+func (f *enrollFSM) ApplyBatch(logs []*raft.Log) []any {
+	return splitBatch(logs, isEnrollCommand, f.Apply, f.inner)
+}
+
 // Apply implements raft.FSM. Domain refusals are returned as *proto.Error.
 func (f *enrollFSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand || len(l.Data) == 0 {

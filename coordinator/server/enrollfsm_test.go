@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,4 +57,25 @@ func TestEnrollFSMSnapshotRoundTrip(t *testing.T) {
 
 	bad := append([]byte("NOTMAGIC"), sink.Bytes()[8:]...)
 	assert.ErrorContains(t, newEnrollFSM(fsm.New(state.New(), nil)).Restore(io.NopCloser(bytes.NewReader(bad))), "bad magic")
+}
+
+// The server stacks peerFSM over enrollFSM over the ledger: a batch must
+// reach the ledger's ApplyBatch through both wrappers (else every entry
+// is its own store transaction).
+func TestEnrollFSMForwardsBatches(t *testing.T) {
+	t.Parallel()
+	mint, err := proto.Encode(proto.BootstrapTokenMintType|proto.IgnoreUnknownTypeFlag, proto.BootstrapTokenMintRequest{
+		At: time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC), NodeID: "n1", TokenHash: strings.Repeat("ab", 32), ExpiresAt: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)})
+	require.NoError(t, err)
+	cmd := noopCmd(t)
+	logs := []*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: cmd},
+		{Index: 2, Type: raft.LogCommand, Data: cmd},
+		{Index: 3, Type: raft.LogCommand, Data: mint},
+		{Index: 4, Type: raft.LogCommand, Data: cmd},
+	}
+	inner := &batchFSM{}
+	out := newPeerFSM(newEnrollFSM(inner)).ApplyBatch(logs)
+	assert.Equal(t, []any{uint64(1), uint64(2), nil, uint64(3)}, out)
+	assert.Equal(t, [][]uint64{{1, 2}, {4}}, inner.batches)
 }

@@ -45,29 +45,38 @@ func isPeerCommand(l *raft.Log) bool {
 // the ledger's ApplyBatch (one store transaction each) when it batches,
 // peer commands are applied here, and responses keep their positions.
 func (f *peerFSM) ApplyBatch(logs []*raft.Log) []any {
+	return splitBatch(logs, isPeerCommand, f.Apply, f.inner)
+}
+
+// splitBatch applies logs for a wrapper FSM: entries own() says are the
+// wrapper's go to apply one by one, the runs between them to inner's
+// ApplyBatch when inner batches (else one by one), and the responses keep
+// their positions. Every wrapper must forward batches this way, or the
+// ledger falls back to one store transaction per entry.
+func splitBatch(logs []*raft.Log, own func(*raft.Log) bool, apply func(*raft.Log) any, inner raft.FSM) []any {
 	out := make([]any, len(logs))
-	inner, batching := f.inner.(raft.BatchingFSM)
+	batching, ok := inner.(raft.BatchingFSM)
 	start := 0
 	flush := func(end int) {
 		if start >= end {
 			return
 		}
-		if batching {
-			copy(out[start:end], inner.ApplyBatch(logs[start:end]))
+		if ok {
+			copy(out[start:end], batching.ApplyBatch(logs[start:end]))
 		} else {
 			// raft also hands a BatchingFSM configuration entries; a
 			// plain FSM only ever sees commands.
 			for i := start; i < end; i++ {
 				if logs[i].Type == raft.LogCommand {
-					out[i] = f.inner.Apply(logs[i])
+					out[i] = inner.Apply(logs[i])
 				}
 			}
 		}
 	}
 	for i, l := range logs {
-		if isPeerCommand(l) {
+		if own(l) {
 			flush(i)
-			out[i] = f.Apply(l)
+			out[i] = apply(l)
 			start = i + 1
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
@@ -49,14 +50,16 @@ type placeResult struct {
 
 // planned is one proposed placement of a batch.
 type planned struct {
-	call   *placeCall
-	future raft.ApplyFuture
-	slots  []string
-	node   string // baremetal: the node taken whole
+	call  *placeCall
+	slots []string
+	node  string // baremetal: the node taken whole
 }
 
+// batch is the placements planned on one snapshot, proposed as ONE
+// CommandBatchType log entry (future); the FSM answers each in order.
 type batch struct {
 	items     []planned
+	future    raft.ApplyFuture
 	conflicts []*placeCall
 }
 
@@ -281,12 +284,13 @@ func (p *planner) stop(pending []*placeCall, inFlight int, doneCh chan *batch) {
 }
 
 // plan decides every call of a batch against one snapshot and proposes
-// the commands; raft batches them into few log writes.
+// the commands as one CommandBatchType entry.
 func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys map[string]*placeCall) *batch {
 	s := p.s
 	snap := s.Store().Snapshot()
 	now := s.cfg.Now().UTC()
 	b := &batch{}
+	var cmds [][]byte
 	for _, c := range calls {
 		if c.key != "" {
 			if a, ok := snap.AllocationByKey(c.key); ok {
@@ -322,11 +326,31 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 		if c.key != "" {
 			keys[c.key] = c
 		}
-		it.future = s.raft.Apply(buf, s.cfg.ApplyTimeout)
+		cmds = append(cmds, buf)
 		b.items = append(b.items, it)
 	}
+	if len(cmds) == 0 {
+		return b
+	}
+	buf, err := proto.EncodeBatch(cmds)
+	if err != nil {
+		// Only a planner bug gets here: answer, and free what was taken.
+		for _, it := range b.items {
+			it.call.finish(placeResult{err: err})
+		}
+		b.future = errorFuture{err}
+		return b
+	}
+	b.future = s.raft.Apply(buf, s.cfg.ApplyTimeout)
 	return b
 }
+
+// errorFuture is a future that failed before it was proposed.
+type errorFuture struct{ err error }
+
+func (f errorFuture) Error() error  { return f.err }
+func (f errorFuture) Index() uint64 { return 0 }
+func (f errorFuture) Response() any { return nil }
 
 func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[string]bool, now time.Time) (planned, *proto.AllocationPlaceRequest, error) {
 	r := c.req
@@ -368,13 +392,27 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[
 // conflicts back to the loop for re-planning.
 func (p *planner) wait(b *batch, doneCh chan<- *batch) {
 	s := p.s
-	for _, it := range b.items {
+	if _, failed := b.future.(errorFuture); failed {
+		doneCh <- b // the calls were answered by plan
+		return
+	}
+	err := s.await(b.future)
+	var resps []any
+	if err == nil {
+		br, ok := b.future.Response().(*fsm.BatchResponse)
+		if !ok || len(br.Responses) != len(b.items) {
+			err = fmt.Errorf("place: unexpected apply response %T", b.future.Response())
+		} else {
+			resps = br.Responses
+		}
+	}
+	for i, it := range b.items {
 		c := it.call
-		if err := s.await(it.future); err != nil {
+		if err != nil {
 			c.finish(placeResult{err: s.mapRaftErr("place", err)})
 			continue
 		}
-		switch resp := it.future.Response().(type) {
+		switch resp := resps[i].(type) {
 		case *proto.AllocationPlaceResponse:
 			c.finish(placeResult{alloc: resp.Allocation, existing: resp.Existing})
 		case error:

@@ -47,6 +47,7 @@ type Server struct {
 	leaderC context.CancelFunc
 
 	planner *planner
+	applyQ  chan *applyCall // ledger commands waiting for the next batch entry
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -105,7 +106,8 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(raftDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create raft dir %s: %w", raftDir, err)
 	}
-	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16)}
+	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16),
+		applyQ: make(chan *applyCall, applierQueueLen)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	inner := cfg.fsm
@@ -179,7 +181,8 @@ func New(cfg Config) (*Server, error) {
 	s.planner = newPlanner(s)
 	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
 
-	s.wg.Add(2)
+	s.wg.Add(3)
+	go s.runApplier()
 	go s.watchLeadership()
 	go s.registerLoop()
 	if !hasState {
@@ -253,14 +256,30 @@ func (s *Server) Apply(ctx context.Context, t proto.MessageType, req any) (any, 
 	if err != nil {
 		return nil, 0, err
 	}
+	if s.ledger != nil && proto.CheckBatchable(buf) == nil {
+		return s.applyBatched(ctx, t, buf)
+	}
 	return s.applyRaw(ctx, t, buf)
 }
 
+// errShutdown answers calls still queued when the server stops.
+var errShutdown = raft.ErrRaftShutdown
+
+// applyRaw proposes one encoded command as its own log entry.
 func (s *Server) applyRaw(ctx context.Context, t proto.MessageType, buf []byte) (any, uint64, error) {
 	timeout := s.timeout(ctx)
 	if timeout <= 0 {
 		return nil, 0, fmt.Errorf("apply %s: %w", t, context.DeadlineExceeded)
 	}
+	return s.propose(t, buf, timeout)
+}
+
+// proposeRaw is applyRaw for the applier (the server's apply timeout).
+func (s *Server) proposeRaw(t proto.MessageType, buf []byte) (any, uint64, error) {
+	return s.propose(t, buf, s.cfg.ApplyTimeout)
+}
+
+func (s *Server) propose(t proto.MessageType, buf []byte, timeout time.Duration) (any, uint64, error) {
 	f := s.raft.Apply(buf, timeout)
 	if err := s.await(f); err != nil {
 		return nil, 0, s.mapRaftErr("apply "+t.String(), err)

@@ -233,8 +233,7 @@ func schema() *memdb.DBSchema {
 				return nil, false
 			}
 			return str(str(b, o.AllocationID), o.ID), true
-		}),
-		idx(idxState, false, false, byString(func(o *proto.Task) string { return string(o.State) }, false))))
+		})))
 	add(table(TableOutbox,
 		idx(idxID, true, false, byString(func(o *proto.OutboxEntry) string { return o.ID }, false))))
 	add(table(TableTimeline,

@@ -433,9 +433,17 @@ func (s *Snapshot) Tasks(nodeID, allocID, afterID string, limit int) []*proto.Ta
 	return out
 }
 
-// TasksByState returns the tasks in state sorted by ID.
+// TasksByState returns the tasks in state sorted by ID. It scans the
+// table (tests and diagnostics only): an index on state would cost every
+// task write of the hot path a radix insert and delete.
 func (s *Snapshot) TasksByState(st proto.TaskState) []*proto.Task {
-	return list[proto.Task](s, TableTasks, idxState, st)
+	var out []*proto.Task
+	for _, t := range list[proto.Task](s, TableTasks, idxID) {
+		if t.State == st {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // Task returns the task with id.

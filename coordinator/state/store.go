@@ -55,7 +55,11 @@ func New() *Store {
 		// caught by every test.
 		panic(fmt.Sprintf("state: invalid schema: %v", err))
 	}
-	s := &Store{db: db, abandonCh: make(chan struct{})}
+	// Run on a memdb "snapshot": a MemDB that is not the primary does not
+	// track mutations, so a write transaction does not record and close a
+	// watch channel per changed radix node on commit. Nothing here uses
+	// memdb's watches: Wait has its own per-table channels.
+	s := &Store{db: db.Snapshot(), abandonCh: make(chan struct{})}
 	for i := range s.ch {
 		s.ch[i] = make(chan struct{})
 	}

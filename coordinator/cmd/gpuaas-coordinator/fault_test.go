@@ -222,7 +222,7 @@ func TestClusterFaultLeaderKilledTwice(t *testing.T) {
 
 	// Full-cluster restart: kill -9 every server, restart all, the state
 	// every replica serves is identical to before.
-	before := converge(ctx, t, c)
+	before, index := converge(ctx, t, c, 0)
 	for i := range c.Nodes {
 		c.Kill(i)
 	}
@@ -231,7 +231,9 @@ func TestClusterFaultLeaderKilledTwice(t *testing.T) {
 	}
 	_, err = c.Leader(ctx)
 	require.NoError(t, err)
-	after := converge(ctx, t, c)
+	// A restarted server replays its log before it serves that state:
+	// wait until every server is back at the index it served before.
+	after, _ := converge(ctx, t, c, index)
 	assert.Equal(t, before, after, "state after a full-cluster restart")
 
 	for i := range c.Nodes {
@@ -291,10 +293,11 @@ func waitFreeGPUs(ctx context.Context, t testing.TB, c *proctest.Cluster, want i
 	}
 }
 
-// converge waits until every server reports the same state index (read
-// twice, 300 ms apart, to let the outbox pump settle) and returns the
-// allocations and slots every server serves, checked equal.
-func converge(ctx context.Context, t testing.TB, c *proctest.Cluster) string {
+// converge waits until every server reports the same state index, at
+// least minIndex (read twice, 300 ms apart, to let the outbox pump
+// settle) and returns the allocations and slots every server serves,
+// checked equal, and that index.
+func converge(ctx context.Context, t testing.TB, c *proctest.Cluster, minIndex uint64) (string, uint64) {
 	t.Helper()
 	var last uint64
 	for {
@@ -312,7 +315,7 @@ func converge(ctx context.Context, t testing.TB, c *proctest.Cluster) string {
 			for k := range idx {
 				cur = k
 			}
-			if cur == last {
+			if cur == last && cur >= minIndex {
 				break
 			}
 			last = cur
@@ -332,7 +335,7 @@ func converge(ctx context.Context, t testing.TB, c *proctest.Cluster) string {
 			require.Equal(t, first, d, "server %s serves different state", c.Nodes[i].ID)
 		}
 	}
-	return first
+	return first, last
 }
 
 // dumpAPI reads every page of a list from server i.

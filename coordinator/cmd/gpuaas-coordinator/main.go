@@ -39,6 +39,10 @@ func main() {
 		os.Exit(2)
 	}
 	log := newLogger(o)
+	if _, err := server.TuneGC(o.GCPercent, o.MemoryLimit); err != nil {
+		fmt.Fprintln(os.Stderr, "gpuaas-coordinator:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {

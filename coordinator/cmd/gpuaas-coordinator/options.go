@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/gpuaas/gpuaas/coordinator/server"
 )
 
 // options are the binary's settings. Precedence, lowest first: defaults,
@@ -34,6 +36,8 @@ type options struct {
 	SnapshotThreshold uint64
 	GossipBind        string
 	GossipJoin        []string
+	GCPercent         int
+	MemoryLimit       int64
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -75,6 +79,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (default 500ms)")
 	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 500ms)")
 	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")
+	fs.IntVar(&o.GCPercent, "gc-percent", server.DefaultGCPercent, "Go GC target percent (GOGC); the ledger's copy-on-write store churns the heap, so the default is higher than Go's 100")
+	fs.Int64Var(&o.MemoryLimit, "memory-limit", 0, "soft Go memory limit in bytes (0: none); the collector runs harder near it")
 	return fs
 }
 
@@ -152,6 +158,12 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	case "debug", "info", "warn", "error":
 	default:
 		return nil, fmt.Errorf("log-level %q is not one of debug, info, warn, error", o.LogLevel)
+	}
+	if o.GCPercent <= 0 {
+		return nil, fmt.Errorf("gc-percent %d: must be > 0", o.GCPercent)
+	}
+	if o.MemoryLimit < 0 {
+		return nil, fmt.Errorf("memory-limit %d: must be >= 0", o.MemoryLimit)
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		return nil, fmt.Errorf("log-format %q is not one of json, text", o.LogFormat)

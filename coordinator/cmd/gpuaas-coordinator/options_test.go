@@ -9,13 +9,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/server"
 )
 
 func TestOptionsPrecedence(t *testing.T) {
 	t.Parallel()
 	cfg := filepath.Join(t.TempDir(), "c.json")
 	require.NoError(t, os.WriteFile(cfg, []byte(`{"node-id":"fromfile","bootstrap-expect":3,"join":["a:1","b:2"],"http-addr":"127.0.0.1:9","raft-heartbeat-timeout":"700ms"}`), 0o600))
-	env := map[string]string{"GPUAAS_CONFIG": cfg, "GPUAAS_HTTP_ADDR": "127.0.0.1:8", "GPUAAS_DATA_DIR": "/envdir"}
+	env := map[string]string{"GPUAAS_CONFIG": cfg, "GPUAAS_HTTP_ADDR": "127.0.0.1:8", "GPUAAS_DATA_DIR": "/envdir", "GPUAAS_MEMORY_LIMIT": "1073741824"}
 	o, err := parseOptions([]string{"-data-dir", "/flagdir"}, func(k string) string { return env[k] }, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "fromfile", o.NodeID, "file beats default")
@@ -25,6 +27,8 @@ func TestOptionsPrecedence(t *testing.T) {
 	assert.Equal(t, "/flagdir", o.DataDir, "flag beats env")
 	assert.Equal(t, 700*time.Millisecond, o.HeartbeatTimeout)
 	assert.Equal(t, "127.0.0.1:7301", o.RaftAddr, "default")
+	assert.Equal(t, server.DefaultGCPercent, o.GCPercent, "default")
+	assert.Equal(t, int64(1<<30), o.MemoryLimit)
 }
 
 func TestOptionsRefuseBadInput(t *testing.T) {
@@ -45,6 +49,8 @@ func TestOptionsRefuseBadInput(t *testing.T) {
 		"bad env":            {env: map[string]string{"GPUAAS_BOOTSTRAP_EXPECT": "three"}},
 		"bad log level":      {args: []string{"-log-level", "loud"}},
 		"bad log format":     {args: []string{"-log-format", "xml"}},
+		"gc percent zero":    {args: []string{"-gc-percent", "0"}},
+		"negative mem limit": {env: map[string]string{"GPUAAS_MEMORY_LIMIT": "-1"}},
 		"missing config":     {args: []string{"-config", filepath.Join(dir, "absent.json")}},
 		"config not json":    {args: []string{"-config", write("bad.json", "{")}},
 		"config unknown key": {args: []string{"-config", write("unk.json", `{"nodeid":"x"}`)}},
