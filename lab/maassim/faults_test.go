@@ -218,16 +218,18 @@ func TestFaultAcceptedThenTimedOut(t *testing.T) {
 	// A client deadline shorter than the delay: the client times out, the
 	// release is still applied.
 	require.NoError(t, f.sim.InjectFault(id, maassim.Fault{Kind: maassim.FaultAcceptedTimeout, Op: "release", Times: 1, Delay: 5 * time.Second}))
-	short, err := client.GetClientWithTransport(f.base, maassim.DefaultAPIKey, "2.0", deadline{50 * time.Millisecond})
+	// 1s: long enough that a loaded machine still delivers the request
+	// before the deadline, far shorter than the simulator's 5s delay.
+	short, err := client.GetClientWithTransport(f.base, maassim.DefaultAPIKey, "2.0", deadline{time.Second})
 	require.NoError(t, err)
 	start = time.Now()
 	_, err = short.Machine.Release(id, &entity.MachineReleaseParams{})
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
-	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.Less(t, time.Since(start), 4*time.Second, "the client gave up before the simulator answered")
 	require.Eventually(t, func() bool {
 		return len(f.sim.Requests(func(r maassim.Request) bool { return r.Op == "release" })) == 1
-	}, 2*time.Second, 5*time.Millisecond)
+	}, 10*time.Second, 5*time.Millisecond)
 	f.requireStatus(t, id, maassim.StatusReleasing)
 	assert.Equal(t, 1, f.sim.Mutations(id, "release"))
 }
