@@ -1,0 +1,171 @@
+package fsm_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/proto/prototest"
+)
+
+var testSealed = &proto.SealedSecret{KeyID: "k1", Nonce: make([]byte, 12), Ciphertext: make([]byte, 48)}
+
+// maasSite is the fixture site placed in region us-east with both profiles
+// on the region's pool, with (fake) sealed credentials.
+func maasSite() proto.Site {
+	s := prototest.Site()
+	s.Region = "us-east"
+	s.Profiles = map[string]string{"slice": fsmtest.PoolName("us-east"), "bm": fsmtest.PoolName("us-east")}
+	s.Credentials = testSealed
+	return s
+}
+
+// addSites writes a site and two profiles into h (for every-table tests).
+func addSites(h *fsmtest.Harness) {
+	h.OK(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: maasSite()})
+	h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: prototest.SiteProfile()})
+	bm := prototest.SiteProfile()
+	bm.Name, bm.Intent, bm.FabricMode, bm.EnablePhase2RoCE = "bm", proto.IntentBaremetal, proto.FabricIB, false
+	h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: bm})
+}
+
+func maasHarness(t *testing.T) *fsmtest.Harness {
+	t.Helper()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east", "eu-west"}})
+	return h
+}
+
+func TestSiteUpsert(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	got := h.OK(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: maasSite()}).(*proto.Site)
+	assert.Equal(t, h.Index, got.CreateIndex)
+	assert.Equal(t, h.Index, got.ModifyIndex)
+	stored, ok := h.Snap().Site("site-a")
+	require.True(t, ok)
+	assert.Equal(t, testSealed, stored.Credentials)
+	created := h.Index
+
+	// Unchanged: no write.
+	same := h.OK(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: maasSite()}).(*proto.Site)
+	assert.Equal(t, created, same.ModifyIndex)
+	assert.Equal(t, created, h.Snap().TableIndex(state.TableSites))
+
+	// An update without credentials keeps the sealed ones.
+	s := maasSite()
+	s.Credentials = nil
+	s.PXEVLAN = 200
+	upd := h.OK(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: s}).(*proto.Site)
+	assert.Equal(t, created, upd.CreateIndex)
+	assert.Equal(t, h.Index, upd.ModifyIndex)
+	assert.Equal(t, testSealed, upd.Credentials)
+	assert.Equal(t, 200, upd.PXEVLAN)
+}
+
+func TestSiteUpsertRefusals(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		change func(*proto.Site)
+		code   proto.Code
+		want   string
+	}{
+		{"invalid field", func(s *proto.Site) { s.WipePolicy = "shred" }, proto.CodeInvalidArgument, "wipe_policy"},
+		{"unknown region", func(s *proto.Site) { s.Region = "mars" }, proto.CodeNotFound, "region mars not found"},
+		{"unknown pool", func(s *proto.Site) { s.Profiles["slice"] = "nope" }, proto.CodeNotFound, "pool nope of profile slice not found"},
+		{"pool of another region", func(s *proto.Site) { s.Profiles["slice"] = fsmtest.PoolName("eu-west") },
+			proto.CodeInvalidArgument, "is in region eu-west, not the site's region us-east"},
+		{"create without credentials", func(s *proto.Site) { s.Credentials = nil }, proto.CodeInvalidArgument, "maas credentials are required"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := maasHarness(t)
+			s := maasSite()
+			tc.change(&s)
+			e := h.Refuse(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: s}, tc.code)
+			assert.Contains(t, e.Detail, tc.want)
+		})
+	}
+}
+
+func TestSiteUpsertKeepsProfilesConsistent(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	addSites(h)
+	s := maasSite()
+	delete(s.Profiles, "bm")
+	e := h.Refuse(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: s}, proto.CodeIllegalTransition)
+	assert.Contains(t, e.Detail, "site site-a has profile bm; it cannot be dropped")
+
+	s = maasSite()
+	s.RoCEPool = nil
+	e = h.Refuse(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: s}, proto.CodeIllegalTransition)
+	assert.Contains(t, e.Detail, "enable_phase2_roce needs a roce_pool")
+
+	s = maasSite()
+	s.IPoIBPool = nil
+	e = h.Refuse(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: s}, proto.CodeIllegalTransition)
+	assert.Contains(t, e.Detail, "fabric_mode ib needs an ipoib_pool")
+}
+
+func TestSiteProfileUpsert(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	h.OK(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: maasSite()})
+	p := prototest.SiteProfile()
+	got := h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: p}).(*proto.SiteProfile)
+	assert.Equal(t, h.Index, got.CreateIndex)
+	created := h.Index
+	same := h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: p}).(*proto.SiteProfile)
+	assert.Equal(t, created, same.ModifyIndex, "an unchanged profile is not rewritten")
+	p.BatchMaxParallel = 8
+	upd := h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: p}).(*proto.SiteProfile)
+	assert.Equal(t, created, upd.CreateIndex)
+	assert.Equal(t, 8, upd.BatchMaxParallel)
+	list := h.Snap().SiteProfiles("site-a")
+	require.Len(t, list, 1)
+	assert.Equal(t, upd, list[0])
+	assert.Empty(t, h.Snap().SiteProfiles("site-b"))
+}
+
+func TestSiteProfileUpsertRefusals(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		site   func(*proto.Site)
+		change func(*proto.SiteProfile)
+		code   proto.Code
+		want   string
+	}{
+		{"invalid field", nil, func(p *proto.SiteProfile) { p.BatchMaxParallel = 0 }, proto.CodeInvalidArgument, "batch_max_parallel 0"},
+		{"unknown site", nil, func(p *proto.SiteProfile) { p.Site = "site-z" }, proto.CodeNotFound, "site site-z not found"},
+		{"profile not mapped", nil, func(p *proto.SiteProfile) { p.Name = "gpu-x" }, proto.CodeNotFound, "site site-a maps no pool for profile gpu-x"},
+		{"roce without pool", func(s *proto.Site) { s.RoCEPool = nil }, nil, proto.CodeInvalidArgument, "enable_phase2_roce needs a roce_pool"},
+		{"ib without pool", func(s *proto.Site) { s.IPoIBPool = nil }, func(p *proto.SiteProfile) { p.FabricMode, p.EnablePhase2RoCE = proto.FabricIB, false },
+			proto.CodeInvalidArgument, "fabric_mode ib needs an ipoib_pool"},
+		{"slice without guest plan", func(s *proto.Site) { s.GuestSubnetPlan = nil }, nil, proto.CodeInvalidArgument, "intent slice_vm needs a guest_subnet_plan"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := maasHarness(t)
+			s := maasSite()
+			if tc.site != nil {
+				tc.site(&s)
+			}
+			h.OK(proto.SiteUpsertType, proto.SiteUpsertRequest{At: h.At(), Site: s})
+			p := prototest.SiteProfile()
+			if tc.change != nil {
+				tc.change(&p)
+			}
+			e := h.Refuse(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: p}, tc.code)
+			assert.Contains(t, e.Detail, tc.want)
+		})
+	}
+}
