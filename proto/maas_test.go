@@ -69,7 +69,9 @@ func TestSiteValidate(t *testing.T) {
 		{"roce gateway ok", func(s *proto.Site) { s.RoCEPool.Gateway = "10.50.0.1" }, ""},
 		{"roce mtu", func(s *proto.Site) { s.RoCEPool.MTU = 100 }, "mtu 100 is outside 1280..9216"},
 		{"ipoib first bad", func(s *proto.Site) { s.IPoIBPool.First = "" }, "ipoib_pool first \"\" is not an IP"},
-		{"pools overlap", func(s *proto.Site) { s.IPoIBPool = &proto.AddressPool{Subnet: "10.50.4.0/24", First: "10.50.4.1", Last: "10.50.4.9"} }, "overlaps ipoib_pool"},
+		{"pools overlap", func(s *proto.Site) {
+			s.IPoIBPool = &proto.AddressPool{Subnet: "10.50.4.0/24", First: "10.50.4.1", Last: "10.50.4.9"}
+		}, "overlaps ipoib_pool"},
 		{"guest plan supernet", func(s *proto.Site) { s.GuestSubnetPlan.Supernet = "bad" }, "guest_subnet_plan supernet \"bad\""},
 		{"guest plan v6", func(s *proto.Site) { s.GuestSubnetPlan.Supernet = "fd00::/48" }, "is not IPv4"},
 		{"guest plan prefix short", func(s *proto.Site) { s.GuestSubnetPlan.PrefixLen = 12 }, "prefix_len 12 must be longer"},
@@ -120,7 +122,9 @@ func TestSiteProfileValidate(t *testing.T) {
 		{"fallback no erase", func(p *proto.SiteProfile) { p.ReleaseFallbackNoErase = true }, ""},
 		{"retry without attempts", func(p *proto.SiteProfile) { p.MaxDeployRetryAttempts = 0 }, "needs max_deploy_retry_attempts of at least 1"},
 		{"attempts without retry", func(p *proto.SiteProfile) { p.EnableDeployRetryOnDatasourceFailure = false }, "max_deploy_retry_attempts 2 is set but enable_deploy_retry_on_datasource_failure is false"},
-		{"retry off", func(p *proto.SiteProfile) { p.EnableDeployRetryOnDatasourceFailure, p.MaxDeployRetryAttempts = false, 0 }, ""},
+		{"retry off", func(p *proto.SiteProfile) {
+			p.EnableDeployRetryOnDatasourceFailure, p.MaxDeployRetryAttempts = false, 0
+		}, ""},
 		{"attempts too many", func(p *proto.SiteProfile) { p.MaxDeployRetryAttempts = 11 }, "max_deploy_retry_attempts 11 is outside 0..10"},
 		{"attempts negative", func(p *proto.SiteProfile) { p.MaxDeployRetryAttempts = -1 }, "outside 0..10"},
 		{"auto claim", func(p *proto.SiteProfile) { p.AutoClaimSingleNewMachine = true }, ""},
