@@ -535,3 +535,48 @@ func sortedKeys(m map[string]string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// SiteBody is the body of PUT /v1/sites/{name}: the site's fields plus the
+// MAAS API key in clear ("consumer:token:secret"), which the coordinator
+// seals before proposing it. An update without maas_api_key keeps the
+// stored key. Name and credentials come from the path and the coordinator.
+type SiteBody struct {
+	Site
+	MAASAPIKey string `json:"maas_api_key,omitempty"`
+}
+
+// SiteView is a site as the API returns it: never the credentials, only
+// whether a key is stored and which site key sealed it.
+type SiteView struct {
+	Site
+	CredentialsSet   bool   `json:"credentials_set"`
+	CredentialsKeyID string `json:"credentials_key_id,omitempty"`
+}
+
+// ViewOf returns the API view of s (credentials removed).
+func ViewOf(s *Site) SiteView {
+	v := SiteView{Site: *s}
+	if s.Credentials != nil {
+		v.CredentialsSet = true
+		v.CredentialsKeyID = s.Credentials.KeyID
+	}
+	v.Credentials = nil
+	return v
+}
+
+var maasKeyPart = regexp.MustCompile(`^[A-Za-z0-9._~+/=-]{1,200}$`)
+
+// ValidateMAASAPIKey checks the shape of a MAAS API key
+// ("consumer:token:secret") without echoing it in the error.
+func ValidateMAASAPIKey(key string) error {
+	parts := strings.Split(key, ":")
+	if len(parts) != 3 {
+		return Errorf(CodeInvalidArgument, "maas_api_key must have the form consumer:token:secret (got %d colon-separated parts)", len(parts))
+	}
+	for i, p := range parts {
+		if !maasKeyPart.MatchString(p) {
+			return Errorf(CodeInvalidArgument, "maas_api_key part %d (of consumer:token:secret) is empty or has characters outside [A-Za-z0-9._~+/=-]", i+1)
+		}
+	}
+	return nil
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -49,6 +50,10 @@ type Config struct {
 	Inventory *Inventory
 	// Logger receives structured logs; default slog.Default().
 	Logger *slog.Logger
+	// SiteKey seals MAAS site credentials before they are proposed and
+	// opens them on the leader (every replica needs the same key); nil:
+	// sites cannot be given credentials on this replica.
+	SiteKey *sitekey.Key
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.
