@@ -110,7 +110,7 @@ var (
 	deployT = transition{op: "deploy", target: node.StatusDeployed,
 		pending:  []Status{node.StatusAllocated, node.StatusDeploying},
 		failures: []Status{node.StatusFailedDeployment},
-		refuse: map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
+		refuse:   map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
 	releaseT = transition{op: "release", target: node.StatusReady,
 		pending:  []Status{node.StatusReleasing, node.StatusDiskErasing},
 		failures: []Status{node.StatusFailedReleasing, node.StatusFailedDiskErasing}}
