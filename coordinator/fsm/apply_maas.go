@@ -18,6 +18,10 @@ func (f *FSM) applyMAAS(t proto.MessageType, body []byte, index uint64) (resp an
 		return f.applySiteUpsert(body, index), true
 	case proto.SiteProfileUpsertType:
 		return f.applySiteProfileUpsert(body, index), true
+	case proto.MAASWorkflowCreateType:
+		return f.applyMAASWorkflowCreate(body, index), true
+	case proto.MAASWorkflowUpdateType:
+		return f.applyMAASWorkflowUpdate(body, index), true
 	}
 	return nil, false
 }
@@ -129,6 +133,10 @@ func eachMAASObject(snap *state.Snapshot, table string, add func(any)) bool {
 		for _, o := range snap.SiteProfiles("") {
 			add(o)
 		}
+	case state.TableMAASWorkflows:
+		for _, o := range snap.MAASWorkflows() {
+			add(o)
+		}
 	default:
 		return false
 	}
@@ -143,6 +151,8 @@ func restoreMAASRecord(tx *state.Txn, rec recordIn) (err error, ok bool) {
 		return restoreInto(rec.V, tx.PutSite), true
 	case state.TableSiteProfiles:
 		return restoreInto(rec.V, tx.PutSiteProfile), true
+	case state.TableMAASWorkflows:
+		return restoreInto(rec.V, tx.PutMAASWorkflow), true
 	}
 	return nil, false
 }
@@ -154,4 +164,69 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+func (f *FSM) applyMAASWorkflowCreate(body []byte, index uint64) any {
+	req := decode[proto.MAASWorkflowCreateRequest](proto.MAASWorkflowCreateType, body, index)
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		w := req.Workflow
+		w.Meta = proto.Meta{}
+		if err := w.Validate(); err != nil {
+			return nil, err
+		}
+		if w.Stage != proto.OnboardStages[0] || w.State != proto.WorkflowRunning || w.SystemID != "" || w.Attempts != 0 || w.DeployAttempts != 0 {
+			return nil, invalid("workflow %s: a new workflow starts running at stage %s with no progress", w.ID, proto.OnboardStages[0])
+		}
+		site, ok := tx.Site(w.Site)
+		if !ok {
+			return nil, notFound("site", w.Site)
+		}
+		if _, ok := tx.SiteProfile(w.Site, w.Profile); !ok {
+			return nil, proto.Errorf(proto.CodeNotFound, "workflow %s: site %s has no profile %s", w.ID, site.Name, w.Profile)
+		}
+		if old, ok := tx.MAASWorkflow(w.ID); ok {
+			if old.Kind == w.Kind && old.Site == w.Site && old.Profile == w.Profile && old.Hostname == w.Hostname &&
+				slices.Equal(old.MACs, w.MACs) && old.BMCAddress == w.BMCAddress {
+				return old, nil // the same request again
+			}
+			return nil, proto.Errorf(proto.CodeAlreadyExists, "workflow %s exists for another machine definition", w.ID)
+		}
+		w.CreatedAt, w.UpdatedAt = req.At, req.At
+		out := w
+		return &out, tx.PutMAASWorkflow(&out)
+	})
+}
+
+func (f *FSM) applyMAASWorkflowUpdate(body []byte, index uint64) any {
+	req := decode[proto.MAASWorkflowUpdateRequest](proto.MAASWorkflowUpdateType, body, index)
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		w := req.Workflow
+		w.Meta = proto.Meta{}
+		if err := w.Validate(); err != nil {
+			return nil, err
+		}
+		old, ok := tx.MAASWorkflow(w.ID)
+		if !ok {
+			return nil, notFound("workflow", w.ID)
+		}
+		if old.ModifyIndex != req.ExpectModifyIndex {
+			return nil, proto.Errorf(proto.CodeConflict, "workflow %s was modified at index %d, the update expected %d", w.ID, old.ModifyIndex, req.ExpectModifyIndex)
+		}
+		if old.State != proto.WorkflowRunning {
+			return nil, illegal("workflow %s is %s; it cannot change", w.ID, old.State)
+		}
+		if w.Kind != old.Kind || w.Site != old.Site || w.Profile != old.Profile || w.Hostname != old.Hostname ||
+			!slices.Equal(w.MACs, old.MACs) || w.BMCAddress != old.BMCAddress || !w.CreatedAt.Equal(old.CreatedAt) {
+			return nil, invalid("workflow %s: kind, site, profile, machine and created_at are immutable", w.ID)
+		}
+		if old.SystemID != "" && w.SystemID != old.SystemID {
+			return nil, illegal("workflow %s: system_id %s cannot change to %q", w.ID, old.SystemID, w.SystemID)
+		}
+		if proto.StageIndex(w.Stage) < proto.StageIndex(old.Stage) {
+			return nil, illegal("workflow %s: stage cannot go back from %s to %s", w.ID, old.Stage, w.Stage)
+		}
+		w.UpdatedAt = req.At
+		out := w
+		return &out, tx.PutMAASWorkflow(&out)
+	})
 }

@@ -56,7 +56,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationTransitionType, proto.AllocationReleaseType, proto.AllocationReleasedType,
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType,
-	proto.SiteUpsertType, proto.SiteProfileUpsertType,
+	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).

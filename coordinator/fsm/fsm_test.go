@@ -88,7 +88,7 @@ func TestApplySkipsNonCommandEntries(t *testing.T) {
 // refused as a domain error, never "unknown command type".
 func TestApplyHandlesEveryLedgerType(t *testing.T) {
 	t.Parallel()
-	require.Len(t, fsm.LedgerTypes, int(proto.SlotHealthType)+2, "types 1..slot_health, site_upsert and site_profile_upsert are the ledger's")
+	require.Len(t, fsm.LedgerTypes, int(proto.SlotHealthType)+4, "types 1..slot_health and the MAAS types 27..30 are the ledger's")
 	for _, typ := range fsm.LedgerTypes {
 		require.NotEqual(t, fmt.Sprintf("message_type_%d", typ), typ.String(), "type %d has no name", typ)
 		t.Run(typ.String(), func(t *testing.T) {

@@ -1,7 +1,9 @@
 package fsm_test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -31,6 +33,81 @@ func addSites(h *fsmtest.Harness) {
 	bm := prototest.SiteProfile()
 	bm.Name, bm.Intent, bm.FabricMode, bm.EnablePhase2RoCE = "bm", proto.IntentBaremetal, proto.FabricIB, false
 	h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: bm})
+	w := h.OK(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: newWorkflow()}).(*proto.MAASWorkflow)
+	upd := *w
+	upd.Stage, upd.SystemID = proto.StageCommission, "abc123"
+	upd.Buckets = []proto.BucketSpan{{Bucket: proto.BucketDiscovery, Start: w.CreatedAt, End: w.CreatedAt.Add(time.Second)}}
+	upd.Events = []proto.WorkflowEvent{{At: w.CreatedAt, Stage: proto.StageResolve, Kind: "created"}}
+	h.OK(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: upd})
+}
+
+func newWorkflow() proto.MAASWorkflow {
+	return proto.MAASWorkflow{ID: proto.OnboardWorkflowID("site-a", "j22u15"), Kind: proto.WorkflowOnboard, Site: "site-a",
+		Profile: "slice", Hostname: "j22u15", MACs: []string{"52:54:00:00:00:15"}, BMCAddress: "10.0.0.15",
+		Stage: proto.StageResolve, State: proto.WorkflowRunning}
+}
+
+func TestMAASWorkflowCreateUpdate(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	addSites(h)
+	w, ok := h.Snap().MAASWorkflow(proto.OnboardWorkflowID("site-a", "j22u15"))
+	require.True(t, ok)
+	assert.Equal(t, proto.StageCommission, w.Stage)
+	assert.Equal(t, "abc123", w.SystemID)
+
+	// Creating it again is idempotent; another machine under its ID is refused.
+	again := h.OK(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: newWorkflow()}).(*proto.MAASWorkflow)
+	assert.Equal(t, w.ModifyIndex, again.ModifyIndex)
+	other := newWorkflow()
+	other.MACs = []string{"52:54:00:00:00:16"}
+	h.Refuse(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: other}, proto.CodeAlreadyExists)
+
+	// A stale writer (a deposed leader) is refused.
+	stale := *w
+	stale.Stage = proto.StageTag
+	h.Refuse(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex - 1, Workflow: stale}, proto.CodeConflict)
+	back := *w
+	back.Stage = proto.StageResolve
+	h.Refuse(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: back}, proto.CodeIllegalTransition)
+	moved := *w
+	moved.SystemID = "other1"
+	h.Refuse(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: moved}, proto.CodeIllegalTransition)
+	renamed := *w
+	renamed.Hostname = "j22u16"
+	h.Refuse(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: renamed}, proto.CodeInvalidArgument)
+
+	failed := *w
+	failed.State, failed.LastError = proto.WorkflowFailed, "commission of abc123: MAAS reports Failed commissioning"
+	got := h.OK(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: failed}).(*proto.MAASWorkflow)
+	final := *got
+	final.State = proto.WorkflowRunning
+	h.Refuse(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: got.ModifyIndex, Workflow: final}, proto.CodeIllegalTransition)
+}
+
+func TestMAASWorkflowCreateRefusals(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	addSites(h)
+	cases := map[string]func(*proto.MAASWorkflow){
+		"unknown site":     func(w *proto.MAASWorkflow) { w.Site, w.ID = "site-z", "onboard.site-z.x" },
+		"unknown profile":  func(w *proto.MAASWorkflow) { w.Profile = "gpu-x" },
+		"bad mac":          func(w *proto.MAASWorkflow) { w.MACs = []string{"52-54-00-00-00-15"} },
+		"no mac":           func(w *proto.MAASWorkflow) { w.MACs = nil },
+		"bad bmc":          func(w *proto.MAASWorkflow) { w.BMCAddress = "bmc.local" },
+		"starts mid-way":   func(w *proto.MAASWorkflow) { w.Stage = proto.StageDeploy },
+		"bad kind":         func(w *proto.MAASWorkflow) { w.Kind = "reimage" },
+		"succeeded early":  func(w *proto.MAASWorkflow) { w.State = proto.WorkflowSucceeded },
+		"hostname unknown": func(w *proto.MAASWorkflow) { w.Hostname = "Bad Host" },
+	}
+	for name, change := range cases {
+		w := newWorkflow()
+		w.ID = "onboard.x." + strings.ReplaceAll(name, " ", "-")
+		change(&w)
+		resp := h.Apply(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: w})
+		_, refused := resp.(*proto.Error)
+		assert.True(t, refused, "%s: %v", name, resp)
+	}
 }
 
 func maasHarness(t *testing.T) *fsmtest.Harness {

@@ -59,20 +59,21 @@ func rich(t *testing.T) *fsmtest.Harness {
 // tables lists every table of a snapshot through the public read API.
 func tables(s *state.Snapshot) map[string]any {
 	return map[string]any{
-		state.TableRegions:      s.Regions(),
-		state.TablePools:        s.Pools(),
-		state.TableNodes:        s.Nodes(),
-		state.TableCandidates:   s.AllCandidates(),
-		state.TableSlots:        s.Slots("", ""),
-		state.TableAllocations:  s.Allocations(state.AllocationFilter{}),
-		state.TableClaims:       s.Claims(),
-		state.TableTasks:        s.Tasks("", "", "", 0),
-		state.TableOutbox:       s.Outbox(),
-		state.TableTimeline:     s.AllTimeline(),
-		state.TableUsage:        s.Usage(),
-		state.TableSites:        s.Sites(),
-		state.TableSiteProfiles: s.SiteProfiles(""),
-		state.TableIndex:        s.IndexEntries(),
+		state.TableRegions:       s.Regions(),
+		state.TablePools:         s.Pools(),
+		state.TableNodes:         s.Nodes(),
+		state.TableCandidates:    s.AllCandidates(),
+		state.TableSlots:         s.Slots("", ""),
+		state.TableAllocations:   s.Allocations(state.AllocationFilter{}),
+		state.TableClaims:        s.Claims(),
+		state.TableTasks:         s.Tasks("", "", "", 0),
+		state.TableOutbox:        s.Outbox(),
+		state.TableTimeline:      s.AllTimeline(),
+		state.TableUsage:         s.Usage(),
+		state.TableSites:         s.Sites(),
+		state.TableSiteProfiles:  s.SiteProfiles(""),
+		state.TableMAASWorkflows: s.MAASWorkflows(),
+		state.TableIndex:         s.IndexEntries(),
 	}
 }
 
@@ -157,6 +158,8 @@ func reflectLen(v any) int {
 	case []*proto.Site:
 		return len(s)
 	case []*proto.SiteProfile:
+		return len(s)
+	case []*proto.MAASWorkflow:
 		return len(s)
 	}
 	panic("unknown table type")

@@ -10,6 +10,8 @@ import (
 const (
 	TableSites        = "sites"
 	TableSiteProfiles = "site_profiles"
+	// TableMAASWorkflows holds the durable MAAS workflows (by ID).
+	TableMAASWorkflows = "maas_workflows"
 )
 
 func addMAASTables(add func(*memdb.TableSchema)) {
@@ -17,6 +19,25 @@ func addMAASTables(add func(*memdb.TableSchema)) {
 		idx(idxID, true, false, byString(func(o *proto.Site) string { return o.Name }, false))))
 	add(table(TableSiteProfiles,
 		idx(idxID, true, false, func(b []byte, o *proto.SiteProfile) ([]byte, bool) { return str(str(b, o.Site), o.Name), true })))
+	add(table(TableMAASWorkflows,
+		idx(idxID, true, false, byString(func(o *proto.MAASWorkflow) string { return o.ID }, false))))
+}
+
+// MAASWorkflows returns every MAAS workflow sorted by ID.
+func (s *Snapshot) MAASWorkflows() []*proto.MAASWorkflow {
+	return list[proto.MAASWorkflow](s, TableMAASWorkflows, idxID)
+}
+
+// MAASWorkflow returns the workflow with id.
+func (s *Snapshot) MAASWorkflow(id string) (*proto.MAASWorkflow, bool) {
+	return first[proto.MAASWorkflow](s, TableMAASWorkflows, idxID, id)
+}
+
+// PutMAASWorkflow writes a workflow.
+func (t *Txn) PutMAASWorkflow(o *proto.MAASWorkflow) error {
+	old, ok := t.MAASWorkflow(o.ID)
+	t.stamp(TableMAASWorkflows, &o.Meta, metaOf(old, ok, func(x *proto.MAASWorkflow) *proto.Meta { return &x.Meta }))
+	return t.insert(TableMAASWorkflows, prior(old, ok), o)
 }
 
 // Sites returns every site sorted by name.

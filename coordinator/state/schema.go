@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 13
+const numTables = 14
 
 func init() {
 	if len(Tables) != numTables {
@@ -47,7 +47,7 @@ func init() {
 var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
-	TableSites, TableSiteProfiles,
+	TableSites, TableSiteProfiles, TableMAASWorkflows,
 }
 
 func tableNum(table string) int {
