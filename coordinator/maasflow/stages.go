@@ -1,0 +1,229 @@
+package maasflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/canonical/gomaasclient/entity/node"
+
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
+	"github.com/gpuaas/gpuaas/coordinator/maas"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// runStage runs w's current stage (w is a private copy the stage may
+// change: system ID, buckets, events) and returns the next stage.
+func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.WorkflowStage, error) {
+	snap := r.cfg.Ledger.Store().Snapshot()
+	site, ok := snap.Site(w.Site)
+	if !ok {
+		return "", permanent{fmt.Errorf("workflow %s: site %s no longer exists", w.ID, w.Site)}
+	}
+	profile, ok := snap.SiteProfile(w.Site, w.Profile)
+	if !ok {
+		return "", permanent{fmt.Errorf("workflow %s: profile %s/%s no longer exists", w.ID, w.Site, w.Profile)}
+	}
+	if w.Stage == proto.StageRegister {
+		return proto.StageDeploy, r.register(ctx, w, site, profile)
+	}
+	mc, err := r.cfg.MAAS(ctx, site)
+	if err != nil {
+		return "", fmt.Errorf("workflow %s: maas client for site %s: %w", w.ID, site.Name, err)
+	}
+	switch w.Stage {
+	case proto.StageResolve:
+		return proto.StageCommission, r.resolve(ctx, mc, w)
+	case proto.StageCommission:
+		return proto.StageTag, r.commission(ctx, mc, w)
+	case proto.StageTag:
+		return proto.StageRegister, r.tag(ctx, mc, w, profile)
+	case proto.StageDeploy:
+		return proto.StageDone, r.deploy(ctx, mc, w, site, profile)
+	}
+	return "", permanent{fmt.Errorf("workflow %s: no stage %q", w.ID, w.Stage)}
+}
+
+// resolve finds the machine by MAC, hostname or BMC, or creates it.
+func (r *Runner) resolve(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow) error {
+	queries := []maas.Query{{MAC: w.MACs[0]}, {Hostname: w.Hostname}}
+	if w.BMCAddress != "" {
+		queries = append(queries, maas.Query{BMC: w.BMCAddress})
+	}
+	var m *maas.Machine
+	for _, q := range queries {
+		found, err := mc.Resolve(ctx, q)
+		if errors.Is(err, maas.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		m = found
+		addEvent(w, r.now(), "adopted", fmt.Sprintf("machine %s found by %s (%s)", found.SystemID, q, found.StatusName))
+		break
+	}
+	if m == nil {
+		pp := map[string]string{}
+		if w.BMCAddress != "" {
+			pp["power_address"] = w.BMCAddress
+		}
+		created, err := mc.Create(ctx, maas.CreateParams{Hostname: w.Hostname, MACs: w.MACs, PowerType: w.PowerType, PowerParams: pp})
+		if err != nil {
+			// On an unknown outcome the next attempt finds it by MAC.
+			return err
+		}
+		m = created
+		addEvent(w, r.now(), "created", "machine "+created.SystemID)
+	}
+	w.SystemID = m.SystemID
+	now := r.now()
+	endBucket(w, proto.BucketDiscovery, now)
+	openBucket(w, proto.BucketCommission, now)
+	return nil
+}
+
+func (r *Runner) wait(w *proto.MAASWorkflow, expiry time.Duration) maas.Wait {
+	return maas.Wait{Expiry: expiry, OnProgress: func(p maas.ProgressEvent) {
+		switch p.Kind {
+		case maas.ProgressUnknownOutcome:
+			addEvent(w, r.now(), "unknown_outcome", p.Op+": "+p.Detail)
+		case maas.ProgressAlready:
+			addEvent(w, r.now(), "resumed", p.Op+" already under way ("+p.Detail+")")
+		}
+	}}
+}
+
+func (r *Runner) commission(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow) error {
+	if _, err := mc.Commission(ctx, w.SystemID, maas.CommissionParams{}, r.wait(w, r.cfg.CommissionExpiry)); err != nil {
+		return err
+	}
+	now := r.now()
+	endBucket(w, proto.BucketCommission, now)
+	openBucket(w, proto.BucketReadyToDeploy, now)
+	return nil
+}
+
+// IntentTag is the MAAS tag of a profile intent.
+func IntentTag(i proto.ProfileIntent) string {
+	return "gpuaas-profile-" + strings.ReplaceAll(string(i), "_", "-")
+}
+
+func (r *Runner) tag(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
+	return mc.EnsureTag(ctx, w.SystemID, IntentTag(p.Intent), "GPUaaS profile intent")
+}
+
+// register puts the node in the ledger, in its profile's pool.
+func (r *Runner) register(ctx context.Context, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) error {
+	n := proto.Node{ID: w.Hostname, Hostname: w.Hostname, Region: site.Region, Pool: site.Profiles[p.Name], ProfileIntent: p.Intent}
+	_, _, err := r.cfg.Ledger.Apply(ctx, proto.NodeUpsertType, proto.NodeUpsertRequest{At: r.now(), Node: n})
+	if err != nil && proto.CodeOf(err) != proto.CodeUnavailable && proto.CodeOf(err) != proto.CodeInternal {
+		return permanent{fmt.Errorf("register node %s: %w", n.ID, err)}
+	}
+	return err
+}
+
+// deploy deploys with a fresh bootstrap token and waits for Deployed. A
+// datasource failure (MAAS's deploy timeout) is retried through release →
+// Ready → deploy while the profile allows it; other failures end the
+// workflow. The attempt count is recorded before each submission, so a
+// failover never exceeds the budget.
+func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) error {
+	for {
+		m, err := mc.Machine(ctx, w.SystemID)
+		if err != nil {
+			return err
+		}
+		params := maas.DeployParams{DistroSeries: r.cfg.DistroSeries, EnableHwSync: p.RequireHWSync}
+		switch m.Status {
+		case node.StatusDeployed, node.StatusDeploying, node.StatusAllocated:
+			// Submitted before (perhaps by a previous leader): only wait.
+		case node.StatusFailedDeployment:
+			if err := r.retryAfterFailure(ctx, mc, w, p, m); err != nil {
+				return err
+			}
+			continue
+		default:
+			ud, err := r.userData(ctx, w, site, p)
+			if err != nil {
+				return err
+			}
+			params.UserData = ud
+			if err := r.countDeploy(ctx, w); err != nil {
+				return err
+			}
+			now := r.now()
+			endBucket(w, proto.BucketReadyToDeploy, now)
+			openBucket(w, proto.BucketImageDeploy, now)
+		}
+		_, err = mc.Deploy(ctx, w.SystemID, params, r.wait(w, r.cfg.DeployExpiry))
+		var fe *maas.FailedError
+		if errors.As(err, &fe) && fe.Status == node.StatusFailedDeployment {
+			continue // classified by retryAfterFailure on the next turn
+		}
+		if err != nil {
+			return err
+		}
+		endBucket(w, proto.BucketImageDeploy, r.now())
+		return nil
+	}
+}
+
+// datasourceFailure reports whether a failed deployment is the datasource
+// case (MAAS timed the deployment out waiting for the node's first boot
+// to report back), the one failure a redeploy can cure.
+func datasourceFailure(desc string) bool {
+	return strings.Contains(desc, "timed out")
+}
+
+func (r *Runner) retryAfterFailure(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile, m *maas.Machine) error {
+	reason := fmt.Sprintf("deploy of %s failed (%s)", w.SystemID, m.ErrorDescription)
+	switch {
+	case !datasourceFailure(m.ErrorDescription):
+		return permanent{fmt.Errorf("%s: not a datasource failure, not retried", reason)}
+	case !p.EnableDeployRetryOnDatasourceFailure:
+		return permanent{fmt.Errorf("%s: datasource failure; enable_deploy_retry_on_datasource_failure is off", reason)}
+	case w.DeployAttempts > p.MaxDeployRetryAttempts:
+		return permanent{fmt.Errorf("%s: datasource failure; gave up after %d deploy attempts (max_deploy_retry_attempts %d)", reason, w.DeployAttempts, p.MaxDeployRetryAttempts)}
+	}
+	addEvent(w, r.now(), "datasource_retry", fmt.Sprintf("%s: release to Ready, then deploy attempt %d", reason, w.DeployAttempts+1))
+	_, err := mc.Release(ctx, w.SystemID, maas.ReleaseParams{Comment: "gpuaas: datasource retry"}, r.wait(w, r.cfg.ReleaseExpiry))
+	return err
+}
+
+// countDeploy durably counts one more deploy submission before it is made.
+func (r *Runner) countDeploy(ctx context.Context, w *proto.MAASWorkflow) error {
+	prev, ok := r.cfg.Ledger.Store().Snapshot().MAASWorkflow(w.ID)
+	if !ok {
+		return permanent{fmt.Errorf("workflow %s vanished", w.ID)}
+	}
+	w.DeployAttempts++
+	addEvent(w, r.now(), "deploy_submit", fmt.Sprintf("deploy attempt %d", w.DeployAttempts))
+	saved, err := r.update(ctx, prev, *w)
+	if err != nil {
+		w.DeployAttempts--
+		return err
+	}
+	// Keep working on what is stored (the caller's final update expects
+	// its ModifyIndex).
+	*w = *saved
+	w.Buckets = append([]proto.BucketSpan(nil), saved.Buckets...)
+	w.Events = append([]proto.WorkflowEvent(nil), saved.Events...)
+	return nil
+}
+
+// userData mints a bootstrap token and renders the cloud-init document.
+func (r *Runner) userData(ctx context.Context, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) ([]byte, error) {
+	tok := enroll.NewSecret("gpb_")
+	now := r.now()
+	ttl := time.Duration(p.EnrollmentTokenTTLSeconds) * time.Second
+	req := proto.BootstrapTokenMintRequest{At: now, NodeID: w.Hostname, TokenHash: enroll.Hash(tok), ExpiresAt: now.Add(ttl)}
+	if _, _, err := r.cfg.Ledger.Apply(ctx, proto.BootstrapTokenMintType|proto.IgnoreUnknownTypeFlag, req); err != nil {
+		return nil, fmt.Errorf("mint bootstrap token for %s: %w", w.Hostname, err)
+	}
+	return RenderUserData(UserData{CoordinatorURL: r.cfg.CoordinatorURL, NodeID: w.Hostname, Token: tok,
+		SiteBundleRef: p.SiteBootstrapBundleRef, ValidationBundleRef: p.PostDeployValidationBundleRef,
+		FabricMode: p.FabricMode, CABundle: site.CABundle, WorkflowID: w.ID})
+}
