@@ -164,7 +164,9 @@ func TestOnboardHappyPath(t *testing.T) {
 	for op, n := range map[string]int{"commission": 1, "deploy": 1, "release": 0} {
 		assert.Equal(t, n, e.sim.Mutations(sys, op), op)
 	}
-	assert.Len(t, e.sim.Requests(func(r maassim.Request) bool { return r.Kind() == "create" && r.Applied && r.Path != "" && strings.Contains(r.Path, "machines") }), 1)
+	assert.Len(t, e.sim.Requests(func(r maassim.Request) bool {
+		return r.Kind() == "create" && r.Applied && r.Path != "" && strings.Contains(r.Path, "machines")
+	}), 1)
 	assert.Len(t, e.sim.Requests(func(r maassim.Request) bool { return r.Op == "update_nodes" && r.Applied }), 1)
 	m, _ := e.sim.Machine(sys)
 	assert.Equal(t, maassim.StatusDeployed, m.Status)
@@ -222,7 +224,9 @@ func TestOnboardResumesAfterLeaderChange(t *testing.T) {
 	for _, op := range []string{"commission", "deploy"} {
 		assert.Equal(t, 1, e.sim.Mutations(sys, op), op)
 	}
-	assert.Len(t, e.sim.Requests(func(r maassim.Request) bool { return r.Kind() == "create" && r.Applied && strings.Contains(r.Path, "machines") }), 1)
+	assert.Len(t, e.sim.Requests(func(r maassim.Request) bool {
+		return r.Kind() == "create" && r.Applied && strings.Contains(r.Path, "machines")
+	}), 1)
 	assert.Equal(t, 1, e.ledger.mintCount(), "the resumed deploy mints no second token")
 	assert.Equal(t, 1, w.DeployAttempts)
 	var resumed int
@@ -248,7 +252,9 @@ func TestDatasourceRetryOutcomes(t *testing.T) {
 		{"retried then succeeds", nil, 1, proto.WorkflowSucceeded, 2, 1, ""},
 		{"exhausts attempts", func(p *proto.SiteProfile) { p.MaxDeployRetryAttempts = 1 }, 0, proto.WorkflowFailed, 2, 1,
 			"gave up after 2 deploy attempts (max_deploy_retry_attempts 1)"},
-		{"retry disabled", func(p *proto.SiteProfile) { p.EnableDeployRetryOnDatasourceFailure, p.MaxDeployRetryAttempts = false, 0 }, 1,
+		{"retry disabled", func(p *proto.SiteProfile) {
+			p.EnableDeployRetryOnDatasourceFailure, p.MaxDeployRetryAttempts = false, 0
+		}, 1,
 			proto.WorkflowFailed, 1, 0, "enable_deploy_retry_on_datasource_failure is off"},
 	}
 	for i, tc := range cases {
