@@ -54,6 +54,8 @@ type Config struct {
 	// opens them on the leader (every replica needs the same key); nil:
 	// sites cannot be given credentials on this replica.
 	SiteKey *sitekey.Key
+	// MAAS tunes the leader's MAAS workflows (zero fields: defaults).
+	MAAS MAASConfig
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.
@@ -145,4 +147,19 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// MAASConfig tunes the MAAS workflows the leader runs.
+type MAASConfig struct {
+	// CoordinatorURL is the address bootstrapped nodes reach the
+	// coordinator at (default http://<HTTPAddr>).
+	CoordinatorURL string
+	// RequestTimeout bounds each MAAS request; PollInterval paces the
+	// waits for MAAS transitions (coordinator/maas defaults when zero).
+	RequestTimeout time.Duration
+	PollInterval   time.Duration
+	// Expiries of commission, deploy and release; stage retry pacing and
+	// the workflow rescan (coordinator/maasflow defaults when zero).
+	CommissionExpiry, DeployExpiry, ReleaseExpiry time.Duration
+	RetryDelay, Rescan                            time.Duration
 }
