@@ -99,7 +99,9 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 		assert.Equal(t, 1, sim.Mutations(id, op), op)
 	}
 	assert.Len(t, sim.Requests(func(r maassim.Request) bool { return r.Op == "update_nodes" && r.Applied }), 1)
-	assert.Len(t, sim.Requests(func(r maassim.Request) bool { return r.Kind() == "create" && r.Applied && r.Path == "/MAAS/api/2.0/machines/" }), 1)
+	assert.Len(t, sim.Requests(func(r maassim.Request) bool {
+		return r.Kind() == "create" && r.Applied && r.Path == "/MAAS/api/2.0/machines/"
+	}), 1)
 	n, ok := next.srv.Store().Snapshot().Node("j22u15")
 	require.True(t, ok)
 	assert.Equal(t, "pool-slice", n.Pool)
