@@ -193,3 +193,22 @@ func TestMAASCommandNames(t *testing.T) {
 	assert.Equal(t, "site_upsert", proto.SiteUpsertType.String())
 	assert.Equal(t, "site_profile_upsert", proto.SiteProfileUpsertType.String())
 }
+
+func TestViewOfWorkflowTimeline(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	w := &proto.MAASWorkflow{ID: "onboard.s.h", Buckets: []proto.BucketSpan{
+		{Bucket: proto.BucketDiscovery, Start: t0, End: t0.Add(2 * time.Second)},
+		{Bucket: proto.BucketCommission, Start: t0.Add(2 * time.Second), End: t0.Add(8 * time.Minute)},
+		{Bucket: proto.BucketImageDeploy, Start: t0.Add(10 * time.Minute)},
+	}}
+	v := proto.ViewOfWorkflow(w, t0.Add(15*time.Minute))
+	require.Len(t, v.Timeline, 12)
+	assert.Equal(t, proto.BucketRequestToStart, v.Timeline[0].Bucket)
+	assert.False(t, v.Timeline[0].Measured)
+	assert.Equal(t, 2.0, v.Timeline[1].DurationSeconds)
+	assert.Equal(t, 478.0, v.Timeline[2].DurationSeconds)
+	assert.True(t, v.Timeline[4].Open)
+	assert.Equal(t, 300.0, v.Timeline[4].DurationSeconds, "an open bucket runs to now")
+	assert.Equal(t, 480.0, v.TotalSeconds, "only closed buckets count")
+}

@@ -208,3 +208,55 @@ func (b BucketSpan) String() string {
 	}
 	return fmt.Sprintf("%s: %s", b.Bucket, b.End.Sub(b.Start))
 }
+
+// OnboardBody is the body of POST /v1/sites/{name}/onboard.
+type OnboardBody struct {
+	Profile    string   `json:"profile"`
+	Hostname   string   `json:"hostname"`
+	MACs       []string `json:"macs"`
+	BMCAddress string   `json:"bmc_address,omitempty"`
+	PowerType  string   `json:"power_type,omitempty"`
+}
+
+// BucketView is one timeline bucket as the API shows it: every one of the
+// twelve, measured or not, with its duration.
+type BucketView struct {
+	Bucket          TimelineBucket `json:"bucket"`
+	Measured        bool           `json:"measured"`
+	Open            bool           `json:"open"`
+	Start           time.Time      `json:"start,omitzero"`
+	End             time.Time      `json:"end,omitzero"`
+	DurationSeconds float64        `json:"duration_seconds"`
+}
+
+// WorkflowView is a workflow with its timeline laid out bucket by bucket.
+type WorkflowView struct {
+	MAASWorkflow
+	Timeline []BucketView `json:"timeline"`
+	// TotalSeconds sums the measured, closed buckets.
+	TotalSeconds float64 `json:"total_seconds"`
+}
+
+// ViewOfWorkflow lays a workflow's buckets out in the seed's order; open
+// buckets run to now.
+func ViewOfWorkflow(w *MAASWorkflow, now time.Time) WorkflowView {
+	v := WorkflowView{MAASWorkflow: *w}
+	for _, b := range TimelineBuckets {
+		bv := BucketView{Bucket: b}
+		for _, s := range w.Buckets {
+			if s.Bucket != b {
+				continue
+			}
+			bv.Measured, bv.Start, bv.End = true, s.Start, s.End
+			end := s.End
+			if end.IsZero() {
+				bv.Open, end = true, now
+			} else {
+				v.TotalSeconds += end.Sub(s.Start).Seconds()
+			}
+			bv.DurationSeconds = end.Sub(s.Start).Seconds()
+		}
+		v.Timeline = append(v.Timeline, bv)
+	}
+	return v
+}
