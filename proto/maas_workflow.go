@@ -23,8 +23,12 @@ func init() {
 // WorkflowKind names a workflow.
 type WorkflowKind string
 
-// WorkflowOnboard is the onboarding workflow.
-const WorkflowOnboard WorkflowKind = "onboard"
+const (
+	// WorkflowOnboard is the onboarding workflow.
+	WorkflowOnboard WorkflowKind = "onboard"
+	// WorkflowDecommission releases a node per its profile's release mode.
+	WorkflowDecommission WorkflowKind = "decommission"
+)
 
 // WorkflowStage is where an onboarding workflow is.
 type WorkflowStage string
@@ -36,10 +40,30 @@ const (
 	StageRegister   WorkflowStage = "register"   // ledger node in the profile's pool
 	StageDeploy     WorkflowStage = "deploy"     // deploy with cloud-init, wait Deployed (bounded datasource retry)
 	StageDone       WorkflowStage = "done"
+
+	StageRelease  WorkflowStage = "release"   // MAAS release (erase; fallback without erase if allowed)
+	StagePowerOff WorkflowStage = "power_off" // full_decommission only
+	StageDetach   WorkflowStage = "detach"    // ledger node disabled
 )
 
 // OnboardStages lists the onboarding stages in order.
 var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StageRegister, StageDeploy, StageDone}
+
+// DecommissionStages lists the decommission stages in order; each is a
+// no-op for the release modes it does not concern (reimage deploys
+// again, detach_only and customer_handoff never call MAAS).
+var DecommissionStages = []WorkflowStage{StageRelease, StagePowerOff, StageDeploy, StageDetach, StageDone}
+
+// StagesOf returns the stages of a workflow kind (nil: unknown kind).
+func StagesOf(k WorkflowKind) []WorkflowStage {
+	switch k {
+	case WorkflowOnboard:
+		return OnboardStages
+	case WorkflowDecommission:
+		return DecommissionStages
+	}
+	return nil
+}
 
 // WorkflowState is a workflow's outcome so far.
 type WorkflowState string
@@ -103,6 +127,9 @@ type MAASWorkflow struct {
 	BMCAddress string   `json:"bmc_address,omitempty"`
 	PowerType  string   `json:"power_type,omitempty"`
 
+	// ReleaseMode is fixed when a decommission starts (from its profile).
+	ReleaseMode ReleaseMode `json:"release_mode,omitempty"`
+
 	SystemID string        `json:"system_id,omitempty"` // MAAS machine, once resolved
 	Stage    WorkflowStage `json:"stage"`
 	State    WorkflowState `json:"state"`
@@ -147,8 +174,9 @@ func (w *MAASWorkflow) Validate() error {
 	bad := func(format string, args ...any) error {
 		return Errorf(CodeInvalidArgument, "workflow %s: "+format, append([]any{w.ID}, args...)...)
 	}
-	if w.Kind != WorkflowOnboard {
-		return bad("kind %q is not onboard", w.Kind)
+	stages := StagesOf(w.Kind)
+	if stages == nil {
+		return bad("kind %q is not onboard or decommission", truncate(string(w.Kind), 32))
 	}
 	if err := ValidateID("workflow site", w.Site); err != nil {
 		return err
@@ -159,8 +187,11 @@ func (w *MAASWorkflow) Validate() error {
 	if err := ValidateID("workflow hostname", w.Hostname); err != nil {
 		return err
 	}
-	if len(w.MACs) == 0 || len(w.MACs) > 16 {
+	if w.Kind == WorkflowOnboard && len(w.MACs) == 0 || len(w.MACs) > 16 {
 		return bad("needs 1..16 MAC addresses, has %d", len(w.MACs))
+	}
+	if w.Kind == WorkflowDecommission && !slices.Contains(ReleaseModes, w.ReleaseMode) {
+		return bad("release_mode %q is not one of full_decommission, reimage, detach_only, customer_handoff", truncate(string(w.ReleaseMode), 32))
 	}
 	for _, m := range w.MACs {
 		if hw, err := net.ParseMAC(m); err != nil || len(hw) != 6 || hw.String() != m {
@@ -170,8 +201,8 @@ func (w *MAASWorkflow) Validate() error {
 	if w.BMCAddress != "" && net.ParseIP(w.BMCAddress) == nil {
 		return bad("bmc_address %q is not an IP address", truncate(w.BMCAddress, 64))
 	}
-	if !slices.Contains(OnboardStages, w.Stage) {
-		return bad("stage %q is not an onboarding stage", w.Stage)
+	if !slices.Contains(stages, w.Stage) {
+		return bad("stage %q is not a stage of %s", truncate(string(w.Stage), 32), w.Kind)
 	}
 	switch w.State {
 	case WorkflowRunning, WorkflowSucceeded, WorkflowFailed:
@@ -198,8 +229,13 @@ func (w *MAASWorkflow) Validate() error {
 	return nil
 }
 
-// StageIndex is the position of s in OnboardStages (-1: unknown).
-func StageIndex(s WorkflowStage) int { return slices.Index(OnboardStages, s) }
+// StageIndex is the position of s among the stages of kind k (-1: unknown).
+func StageIndex(k WorkflowKind, s WorkflowStage) int { return slices.Index(StagesOf(k), s) }
+
+// DecommissionWorkflowID names the decommission workflow of hostname at site.
+func DecommissionWorkflowID(site, hostname string) string {
+	return "decommission." + site + "." + hostname
+}
 
 // String renders a bucket span for logs.
 func (b BucketSpan) String() string {

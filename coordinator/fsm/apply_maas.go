@@ -174,8 +174,8 @@ func (f *FSM) applyMAASWorkflowCreate(body []byte, index uint64) any {
 		if err := w.Validate(); err != nil {
 			return nil, err
 		}
-		if w.Stage != proto.OnboardStages[0] || w.State != proto.WorkflowRunning || w.SystemID != "" || w.Attempts != 0 || w.DeployAttempts != 0 {
-			return nil, invalid("workflow %s: a new workflow starts running at stage %s with no progress", w.ID, proto.OnboardStages[0])
+		if first := proto.StagesOf(w.Kind)[0]; w.Stage != first || w.State != proto.WorkflowRunning || w.SystemID != "" || w.Attempts != 0 || w.DeployAttempts != 0 {
+			return nil, invalid("workflow %s: a new %s workflow starts running at stage %s with no progress", w.ID, w.Kind, first)
 		}
 		site, ok := tx.Site(w.Site)
 		if !ok {
@@ -186,7 +186,7 @@ func (f *FSM) applyMAASWorkflowCreate(body []byte, index uint64) any {
 		}
 		if old, ok := tx.MAASWorkflow(w.ID); ok {
 			if old.Kind == w.Kind && old.Site == w.Site && old.Profile == w.Profile && old.Hostname == w.Hostname &&
-				slices.Equal(old.MACs, w.MACs) && old.BMCAddress == w.BMCAddress {
+				slices.Equal(old.MACs, w.MACs) && old.BMCAddress == w.BMCAddress && old.ReleaseMode == w.ReleaseMode {
 				return old, nil // the same request again
 			}
 			return nil, proto.Errorf(proto.CodeAlreadyExists, "workflow %s exists for another machine definition", w.ID)
@@ -216,13 +216,13 @@ func (f *FSM) applyMAASWorkflowUpdate(body []byte, index uint64) any {
 			return nil, illegal("workflow %s is %s; it cannot change", w.ID, old.State)
 		}
 		if w.Kind != old.Kind || w.Site != old.Site || w.Profile != old.Profile || w.Hostname != old.Hostname ||
-			!slices.Equal(w.MACs, old.MACs) || w.BMCAddress != old.BMCAddress || !w.CreatedAt.Equal(old.CreatedAt) {
+			!slices.Equal(w.MACs, old.MACs) || w.BMCAddress != old.BMCAddress || w.ReleaseMode != old.ReleaseMode || !w.CreatedAt.Equal(old.CreatedAt) {
 			return nil, invalid("workflow %s: kind, site, profile, machine and created_at are immutable", w.ID)
 		}
 		if old.SystemID != "" && w.SystemID != old.SystemID {
 			return nil, illegal("workflow %s: system_id %s cannot change to %q", w.ID, old.SystemID, w.SystemID)
 		}
-		if proto.StageIndex(w.Stage) < proto.StageIndex(old.Stage) {
+		if proto.StageIndex(w.Kind, w.Stage) < proto.StageIndex(old.Kind, old.Stage) {
 			return nil, illegal("workflow %s: stage cannot go back from %s to %s", w.ID, old.Stage, w.Stage)
 		}
 		w.UpdatedAt = req.At
