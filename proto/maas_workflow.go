@@ -123,7 +123,7 @@ type MAASWorkflow struct {
 	Profile string       `json:"profile"`
 	// The machine: its hostname (also the ledger node ID), MACs, BMC.
 	Hostname   string   `json:"hostname"`
-	MACs       []string `json:"macs"`
+	MACs       []string `json:"macs,omitempty"`
 	BMCAddress string   `json:"bmc_address,omitempty"`
 	PowerType  string   `json:"power_type,omitempty"`
 
@@ -295,4 +295,11 @@ func ViewOfWorkflow(w *MAASWorkflow, now time.Time) WorkflowView {
 		v.Timeline = append(v.Timeline, bv)
 	}
 	return v
+}
+
+// DecommissionBody is the body of POST /v1/sites/{name}/decommission; the
+// release mode is the profile's at the time of the request.
+type DecommissionBody struct {
+	Profile  string `json:"profile"`
+	Hostname string `json:"hostname"`
 }

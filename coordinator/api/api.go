@@ -137,6 +137,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodPut, "/v1/sites/{name}/profiles/{profile}", RoleAdmin, true, a.putSiteProfile},
 		{http.MethodGet, "/v1/sites/{name}/profiles/{profile}", RoleViewer, false, a.getSiteProfile},
 		{http.MethodPost, "/v1/sites/{name}/onboard", RoleAdmin, true, a.onboard},
+		{http.MethodPost, "/v1/sites/{name}/decommission", RoleAdmin, true, a.decommission},
 		{http.MethodGet, "/v1/workflows", RoleViewer, false, a.listWorkflows},
 		{http.MethodGet, "/v1/workflows/{id}", RoleViewer, false, a.getWorkflow},
 

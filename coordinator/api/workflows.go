@@ -27,6 +27,11 @@ func (a *API) onboard(c *call) error {
 	w := proto.MAASWorkflow{ID: proto.OnboardWorkflowID(site, body.Hostname), Kind: proto.WorkflowOnboard, Site: site,
 		Profile: body.Profile, Hostname: body.Hostname, MACs: body.MACs, BMCAddress: body.BMCAddress, PowerType: body.PowerType,
 		Stage: proto.StageResolve, State: proto.WorkflowRunning}
+	return a.createWorkflow(c, w)
+}
+
+// createWorkflow proposes w: 201 when new, 200 with the existing one.
+func (a *API) createWorkflow(c *call, w proto.MAASWorkflow) error {
 	if err := w.Validate(); err != nil {
 		return err
 	}
@@ -46,6 +51,32 @@ func (a *API) onboard(c *call) error {
 		status = http.StatusOK
 	}
 	return c.reply(status, proto.ViewOfWorkflow(got, time.Now().UTC()))
+}
+
+// decommission records a decommission workflow for one node of a site,
+// in the release mode its profile names now.
+func (a *API) decommission(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	site, err := c.pathID("name", "site name")
+	if err != nil {
+		return err
+	}
+	var body proto.DecommissionBody
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if err := proto.ValidateID("profile", body.Profile); err != nil {
+		return err
+	}
+	p, ok := a.b.Store().Snapshot().SiteProfile(site, body.Profile)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "profile %s/%s does not exist", site, body.Profile)
+	}
+	w := proto.MAASWorkflow{ID: proto.DecommissionWorkflowID(site, body.Hostname), Kind: proto.WorkflowDecommission, Site: site,
+		Profile: body.Profile, Hostname: body.Hostname, ReleaseMode: p.ReleaseMode, Stage: proto.StageRelease, State: proto.WorkflowRunning}
+	return a.createWorkflow(c, w)
 }
 
 func (a *API) getWorkflow(c *call) error {

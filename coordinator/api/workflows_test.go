@@ -46,4 +46,13 @@ func TestOnboardAndReadWorkflow(t *testing.T) {
 	e.do(RoleAdmin, http.MethodPost, "/v1/sites/site-a/onboard", other).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 	e.do(RoleViewer, http.MethodGet, "/v1/workflows/onboard.site-a.nope", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 	e.do(RoleViewer, http.MethodGet, "/v1/workflows?state=bogus", nil).requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)
+
+	d := e.do(RoleAdmin, http.MethodPost, "/v1/sites/site-a/decommission", proto.DecommissionBody{Profile: "slice", Hostname: "j22u15"})
+	require.Equal(t, http.StatusCreated, d.status, "%s", d.body)
+	var dv proto.WorkflowView
+	d.decode(t, &dv)
+	assert.Equal(t, proto.WorkflowDecommission, dv.Kind)
+	assert.Equal(t, proto.ReleaseFullDecommission, dv.ReleaseMode, "the profile's mode")
+	assert.Equal(t, proto.StageRelease, dv.Stage)
+	e.do(RoleAdmin, http.MethodPost, "/v1/sites/site-a/decommission", proto.DecommissionBody{Profile: "nope", Hostname: "j22u15"}).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 }
