@@ -144,6 +144,9 @@ type MAASWorkflow struct {
 
 	Buckets []BucketSpan    `json:"buckets,omitempty"`
 	Events  []WorkflowEvent `json:"events,omitempty"`
+	// MAASEventsAfter is the ID of the last MAAS event copied into Events
+	// (MAAS INFO events of each stage window are copied).
+	MAASEventsAfter int `json:"maas_events_after,omitempty"`
 	Meta
 }
 

@@ -47,6 +47,7 @@ func (r *Runner) decommissionStage(ctx context.Context, w *proto.MAASWorkflow, s
 		if err != nil {
 			return "", err
 		}
+		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StagePowerOff, r.release(ctx, mc, w, p)
 	case proto.StagePowerOff:
 		if mode != proto.ReleaseFullDecommission {

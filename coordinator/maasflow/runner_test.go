@@ -195,6 +195,17 @@ func TestOnboardHappyPath(t *testing.T) {
 		}
 	}
 	assert.Greater(t, got[proto.BucketImageDeploy].End.Sub(got[proto.BucketImageDeploy].Start), time.Duration(0))
+
+	// MAAS's INFO events of the commission and deploy windows are copied.
+	var maasEvents []string
+	for _, ev := range w.Events {
+		if ev.Kind == "maas_info" {
+			maasEvents = append(maasEvents, string(ev.Stage)+"/"+ev.Detail)
+		}
+	}
+	assert.Contains(t, maasEvents, "commission/Commissioning")
+	assert.Contains(t, maasEvents, "deploy/Installing OS")
+	assert.NotZero(t, w.MAASEventsAfter)
 }
 
 // TestOnboardResumesAfterLeaderChange: the runner (the leader's loop) is

@@ -40,10 +40,12 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 	case proto.StageResolve:
 		return proto.StageCommission, r.resolve(ctx, mc, w)
 	case proto.StageCommission:
+		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageTag, r.commission(ctx, mc, w)
 	case proto.StageTag:
 		return proto.StageRegister, r.tag(ctx, mc, w, profile)
 	case proto.StageDeploy:
+		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageDone, r.deploy(ctx, mc, w, site, profile)
 	}
 	return "", permanent{fmt.Errorf("workflow %s: no stage %q", w.ID, w.Stage)}
@@ -229,4 +231,30 @@ func (r *Runner) userData(ctx context.Context, w *proto.MAASWorkflow, site *prot
 	return RenderUserData(UserData{CoordinatorURL: r.cfg.CoordinatorURL, NodeID: w.Hostname, Token: tok,
 		SiteBundleRef: p.SiteBootstrapBundleRef, ValidationBundleRef: p.PostDeployValidationBundleRef,
 		FabricMode: p.FabricMode, CABundle: site.CABundle, WorkflowID: w.ID})
+}
+
+// copyMAASEvents copies the machine's MAAS INFO (and higher) events since
+// the last copied one into the workflow's events, oldest first: the MAAS
+// side of the stage window that just ran. A failed read is logged only.
+func (r *Runner) copyMAASEvents(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow) {
+	if w.SystemID == "" || ctx.Err() != nil {
+		return
+	}
+	evs, err := mc.Events(ctx, w.SystemID, "INFO", w.MAASEventsAfter)
+	if err != nil {
+		r.log.Warn("copy maas events", "workflow", w.ID, "system_id", w.SystemID, "err", err)
+		return
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		e := evs[i]
+		if e.ID <= w.MAASEventsAfter {
+			continue
+		}
+		detail := e.Type
+		if e.Description != "" {
+			detail += ": " + e.Description
+		}
+		addEvent(w, r.now(), "maas_"+strings.ToLower(string(e.Level)), detail)
+		w.MAASEventsAfter = e.ID
+	}
 }
