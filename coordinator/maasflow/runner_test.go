@@ -27,7 +27,8 @@ type ledger struct {
 	mu    sync.Mutex
 	f     *fsm.FSM
 	index uint64
-	mints int
+	mints    int
+	lastMint proto.BootstrapTokenMintRequest
 }
 
 func (l *ledger) Store() *state.Store { return l.f.Store() }
@@ -41,6 +42,7 @@ func (l *ledger) Apply(_ context.Context, t proto.MessageType, req any) (any, ui
 	}
 	if t&^proto.IgnoreUnknownTypeFlag == proto.BootstrapTokenMintType {
 		l.mints++ // applied by the server's enrollment FSM, not the ledger
+		l.lastMint = req.(proto.BootstrapTokenMintRequest)
 	}
 	l.index++
 	resp := l.f.ApplyCommand(l.index, b)
