@@ -24,9 +24,9 @@ import (
 // ledger is the replicated ledger FSM applied in process: what every
 // coordinator replica holds, without the network.
 type ledger struct {
-	mu    sync.Mutex
-	f     *fsm.FSM
-	index uint64
+	mu       sync.Mutex
+	f        *fsm.FSM
+	index    uint64
 	mints    int
 	lastMint proto.BootstrapTokenMintRequest
 }
