@@ -34,11 +34,13 @@ const (
 type WorkflowStage string
 
 const (
-	StageResolve    WorkflowStage = "resolve"    // find or create the machine
-	StageCommission WorkflowStage = "commission" // commission to Ready
-	StageTag        WorkflowStage = "tag"        // profile intent tag
-	StageRegister   WorkflowStage = "register"   // ledger node in the profile's pool
-	StageDeploy     WorkflowStage = "deploy"     // deploy with cloud-init, wait Deployed (bounded datasource retry)
+	StageResolve    WorkflowStage = "resolve"       // find or create the machine
+	StageCommission WorkflowStage = "commission"    // commission to Ready
+	StageTag        WorkflowStage = "tag"           // profile intent tag
+	StagePXE        WorkflowStage = "pxe_preflight" // boot interface on a site PXE subnet
+	StageStorage    WorkflowStage = "storage"       // boot disk (BOSS first) + storage layout, read back
+	StageRegister   WorkflowStage = "register"      // ledger node in the profile's pool
+	StageDeploy     WorkflowStage = "deploy"        // deploy with cloud-init, wait Deployed (bounded datasource retry)
 	StageDone       WorkflowStage = "done"
 
 	StageRelease  WorkflowStage = "release"   // MAAS release (erase; fallback without erase if allowed)
@@ -47,7 +49,7 @@ const (
 )
 
 // OnboardStages lists the onboarding stages in order.
-var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StageRegister, StageDeploy, StageDone}
+var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRegister, StageDeploy, StageDone}
 
 // DecommissionStages lists the decommission stages in order; each is a
 // no-op for the release modes it does not concern (reimage deploys

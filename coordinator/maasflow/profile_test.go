@@ -111,3 +111,61 @@ func TestBatchMaxParallel(t *testing.T) {
 		})
 	}
 }
+
+func TestStrictPXEPreflight(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprint(strict), func(t *testing.T) {
+			t.Parallel()
+			e := newEnvSite(t, func(s *proto.Site) { s.PXESubnets = []string{"10.99.0.0/24"} },
+				func(p *proto.SiteProfile) { p.StrictPXEPreflight = strict })
+			id := e.onboard("pxe", "52:54:00:00:06:01", "")
+			e.start()
+			want := proto.WorkflowSucceeded
+			if strict {
+				want = proto.WorkflowFailed
+			}
+			w := e.waitState(id, want)
+			sys := e.systemID("pxe")
+			kinds := map[string]bool{}
+			for _, ev := range w.Events {
+				kinds[ev.Kind] = true
+			}
+			if strict {
+				assert.Equal(t, proto.StagePXE, w.Stage)
+				assert.Contains(t, w.LastError, "none of the site's PXE subnets [10.99.0.0/24] (strict_pxe_preflight)")
+				assert.Zero(t, e.sim.Mutations(sys, "deploy"), "no deploy after a failed preflight")
+			} else {
+				assert.True(t, kinds["pxe_warning"], "recorded, not fatal")
+				assert.Equal(t, 1, e.sim.Mutations(sys, "deploy"))
+			}
+		})
+	}
+}
+
+func TestStorageLayoutProfile(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{"flat", ""} {
+		t.Run("layout="+layout, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(p *proto.SiteProfile) { p.StorageLayoutProfile = layout })
+			hw := maassim.DefaultHardware
+			require.NoError(t, e.sim.SetHardware("52:54:00:00:07:01", hw))
+			id := e.onboard("st", "52:54:00:00:07:01", "")
+			e.start()
+			e.waitState(id, proto.WorkflowSucceeded)
+			sys := e.systemID("st")
+			m, _ := e.sim.Machine(sys)
+			if layout == "" {
+				assert.Zero(t, e.sim.Mutations(sys, "set_storage_layout"))
+				return
+			}
+			assert.Equal(t, 1, e.sim.Mutations(sys, "set_storage_layout"))
+			assert.Equal(t, "flat", m.StorageLayout)
+			c := e.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Op == "set_storage_layout" })
+			require.Len(t, c, 1)
+			assert.Equal(t, fmt.Sprint(m.RootDeviceID), c[0].Params.Get("root_device"))
+			assert.LessOrEqual(t, e.sim.Mutations(sys, "set_boot_disk"), 1)
+		})
+	}
+}

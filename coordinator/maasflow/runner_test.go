@@ -64,6 +64,11 @@ const speed = 7200
 
 func newEnv(t *testing.T, profile func(*proto.SiteProfile)) *env {
 	t.Helper()
+	return newEnvSite(t, nil, profile)
+}
+
+func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.SiteProfile)) *env {
+	t.Helper()
 	sim := maassimtest.Start(t, maassim.Options{Clock: maassim.NewScaledClock(maassimtest.Epoch, speed),
 		Subnets: []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"}}})
 	l := &ledger{f: fsm.New(nil, nil)}
@@ -78,6 +83,9 @@ func newEnv(t *testing.T, profile func(*proto.SiteProfile)) *env {
 	// The ledger only ever holds sealed credentials; this test's MAAS
 	// factory does not open them (coordinator/server does, on the leader).
 	site.Credentials = &proto.SealedSecret{KeyID: "test", Nonce: make([]byte, 12), Ciphertext: make([]byte, 32)}
+	if siteFn != nil {
+		siteFn(&site)
+	}
 	e.ok(proto.SiteUpsertType, proto.SiteUpsertRequest{At: at, Site: site})
 	p := prototest.SiteProfile()
 	if profile != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -43,7 +44,11 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageTag, r.commission(ctx, mc, w)
 	case proto.StageTag:
-		return proto.StageRegister, r.tag(ctx, mc, w, profile)
+		return proto.StagePXE, r.tag(ctx, mc, w, profile)
+	case proto.StagePXE:
+		return proto.StageStorage, r.pxePreflight(ctx, mc, w, site, profile)
+	case proto.StageStorage:
+		return proto.StageRegister, r.storage(ctx, mc, w, profile)
 	case proto.StageDeploy:
 		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageDone, r.deploy(ctx, mc, w, site, profile)
@@ -257,4 +262,72 @@ func (r *Runner) copyMAASEvents(ctx context.Context, mc *maas.Client, w *proto.M
 		addEvent(w, r.now(), "maas_"+strings.ToLower(string(e.Level)), detail)
 		w.MAASEventsAfter = e.ID
 	}
+}
+
+// pxePreflight checks that the machine's boot (PXE) interface is linked
+// to one of the site's PXE subnets. With strict_pxe_preflight a mismatch
+// stops the workflow before deploy; without it, it is recorded.
+func (r *Runner) pxePreflight(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) error {
+	m, err := mc.Machine(ctx, w.SystemID)
+	if err != nil {
+		return err
+	}
+	bi := m.BootInterface
+	var seen []string
+	for _, l := range bi.Links {
+		seen = append(seen, l.Subnet.CIDR)
+		pfx, err := netip.ParsePrefix(l.Subnet.CIDR)
+		if err != nil {
+			continue
+		}
+		for _, c := range site.PXESubnets {
+			if q, err := netip.ParsePrefix(c); err == nil && q.Masked() == pfx.Masked() {
+				addEvent(w, r.now(), "pxe_ok", fmt.Sprintf("boot interface %s (%s) on PXE subnet %s", bi.Name, bi.MACAddress, c))
+				return nil
+			}
+		}
+	}
+	msg := fmt.Sprintf("PXE preflight: boot interface %q (%s) is linked to %v, none of the site's PXE subnets %v", bi.Name, bi.MACAddress, seen, site.PXESubnets)
+	if p.StrictPXEPreflight {
+		return permanent{fmt.Errorf("%s (strict_pxe_preflight)", msg)}
+	}
+	addEvent(w, r.now(), "pxe_warning", msg)
+	return nil
+}
+
+// storage selects the boot disk (a BOSS device when there is one, else
+// MAAS's choice) and applies the profile's storage layout with / on it;
+// both are verified by read-back. No storage_layout_profile: MAAS's
+// default layout stays.
+func (r *Runner) storage(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
+	if p.StorageLayoutProfile == "" {
+		addEvent(w, r.now(), "skipped", "no storage_layout_profile: MAAS default layout")
+		return nil
+	}
+	bds, err := mc.BlockDevices(ctx, w.SystemID)
+	if err != nil {
+		return err
+	}
+	m, err := mc.Machine(ctx, w.SystemID)
+	if err != nil {
+		return err
+	}
+	boot := m.BootDisk.ID
+	for _, bd := range bds {
+		if strings.Contains(strings.ToUpper(bd.Model), "BOSS") {
+			boot = bd.ID
+			break
+		}
+	}
+	if boot == 0 {
+		return permanent{fmt.Errorf("storage of %s: no boot disk (MAAS reports none and no BOSS device)", w.SystemID)}
+	}
+	if err := mc.SetBootDisk(ctx, w.SystemID, boot); err != nil {
+		return err
+	}
+	if err := mc.SetStorageLayout(ctx, w.SystemID, p.StorageLayoutProfile, boot); err != nil {
+		return err
+	}
+	addEvent(w, r.now(), "storage", fmt.Sprintf("boot disk %d, layout %s", boot, p.StorageLayoutProfile))
+	return nil
 }
