@@ -429,3 +429,44 @@ func (c *Client) PowerOff(ctx context.Context, id string) error {
 
 // encodeUserData is MAAS's user_data: base64 of the cloud-init document.
 func encodeUserData(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// MachinesInStatus lists the machines in a MAAS status ("new", "ready"...).
+func (c *Client) MachinesInStatus(ctx context.Context, status string) ([]entity.Machine, error) {
+	mc, err := c.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := mc.Machines.Get(&entity.MachinesParams{Status: []string{status}})
+	if err != nil {
+		return nil, fmt.Errorf("list machines in status %s: %w", status, classify(err, false))
+	}
+	return ms, nil
+}
+
+// SetHostname renames a machine (idempotent: a machine already named so
+// is left alone) and verifies by read-back.
+func (c *Client) SetHostname(ctx context.Context, id, hostname string) error {
+	m, err := c.Machine(ctx, id)
+	if err != nil {
+		return err
+	}
+	if m.Hostname == hostname {
+		return nil
+	}
+	mc, err := c.api(ctx)
+	if err != nil {
+		return err
+	}
+	c.log.Info("maas rename machine", "system_id", id, "from", m.Hostname, "to", hostname)
+	_, werr := mc.Machine.Update(id, &entity.MachineUpdateParams{Hostname: hostname}, nil)
+	if werr = classify(werr, true); werr != nil && !isUnknown(werr) {
+		return fmt.Errorf("rename %s to %s: %w", id, hostname, werr)
+	}
+	if m, err = c.Machine(ctx, id); err != nil {
+		return err
+	}
+	if m.Hostname != hostname {
+		return fmt.Errorf("rename %s to %s: read-back shows %s (%w)", id, hostname, m.Hostname, orMismatch(werr))
+	}
+	return nil
+}

@@ -169,3 +169,48 @@ func TestStorageLayoutProfile(t *testing.T) {
 		})
 	}
 }
+
+func TestAutoClaimSingleNewMachine(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		on       bool
+		enlisted int
+		want     proto.WorkflowState
+		creates  int
+	}{
+		{"on, one New machine: claimed", true, 1, proto.WorkflowSucceeded, 0},
+		{"off: a machine is created", false, 1, proto.WorkflowSucceeded, 1},
+		{"on, two New machines: refused", true, 2, proto.WorkflowFailed, 0},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(p *proto.SiteProfile) { p.AutoClaimSingleNewMachine = tc.on })
+			var enlisted []string
+			for j := range tc.enlisted {
+				id, err := e.sim.Enlist(maassim.Enlistment{Hostname: fmt.Sprintf("maas-random-%d", j), MACs: []string{fmt.Sprintf("52:54:00:00:08:%d%d", i, j)}})
+				require.NoError(t, err)
+				enlisted = append(enlisted, id)
+			}
+			// The operator's MAC is not one MAAS saw (a data NIC, say).
+			id := e.onboard("claim", fmt.Sprintf("52:54:00:00:09:%02x", i), "")
+			e.start()
+			w := e.waitState(id, tc.want)
+			creates := e.sim.Requests(func(r maassim.Request) bool {
+				return r.Applied && r.Kind() == "create" && r.Path == "/MAAS/api/2.0/machines/"
+			})
+			assert.Len(t, creates, tc.creates)
+			switch {
+			case tc.want == proto.WorkflowFailed:
+				assert.Contains(t, w.LastError, "2 machines are New")
+			case tc.on:
+				assert.Equal(t, enlisted[0], w.SystemID)
+				m, _ := e.sim.Machine(enlisted[0])
+				assert.Equal(t, "claim", m.Hostname)
+			default:
+				assert.NotEqual(t, enlisted[0], w.SystemID)
+			}
+		})
+	}
+}

@@ -39,7 +39,7 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 	}
 	switch w.Stage {
 	case proto.StageResolve:
-		return proto.StageCommission, r.resolve(ctx, mc, w)
+		return proto.StageCommission, r.resolve(ctx, mc, w, profile)
 	case proto.StageCommission:
 		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageTag, r.commission(ctx, mc, w)
@@ -57,7 +57,7 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 }
 
 // resolve finds the machine by MAC, hostname or BMC, or creates it.
-func (r *Runner) resolve(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow) error {
+func (r *Runner) resolve(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
 	queries := []maas.Query{{MAC: w.MACs[0]}, {Hostname: w.Hostname}}
 	if w.BMCAddress != "" {
 		queries = append(queries, maas.Query{BMC: w.BMCAddress})
@@ -74,6 +74,25 @@ func (r *Runner) resolve(ctx context.Context, mc *maas.Client, w *proto.MAASWork
 		m = found
 		addEvent(w, r.now(), "adopted", fmt.Sprintf("machine %s found by %s (%s)", found.SystemID, q, found.StatusName))
 		break
+	}
+	if m == nil && p.AutoClaimSingleNewMachine {
+		news, err := mc.MachinesInStatus(ctx, "new")
+		if err != nil {
+			return err
+		}
+		switch len(news) {
+		case 0:
+		case 1:
+			if err := mc.SetHostname(ctx, news[0].SystemID, w.Hostname); err != nil {
+				return err
+			}
+			if m, err = mc.Machine(ctx, news[0].SystemID); err != nil {
+				return err
+			}
+			addEvent(w, r.now(), "auto_claimed", fmt.Sprintf("the single New machine %s (was %s) claimed as %s", m.SystemID, news[0].Hostname, w.Hostname))
+		default:
+			return permanent{fmt.Errorf("resolve %s: no machine matches and %d machines are New; auto_claim_single_new_machine claims only a single one", w.Hostname, len(news))}
+		}
 	}
 	if m == nil {
 		pp := map[string]string{}
