@@ -39,6 +39,7 @@ const (
 	StageTag        WorkflowStage = "tag"           // profile intent tag
 	StagePXE        WorkflowStage = "pxe_preflight" // boot interface on a site PXE subnet
 	StageStorage    WorkflowStage = "storage"       // boot disk (BOSS first) + storage layout, read back
+	StageRoCE       WorkflowStage = "roce"          // phase-2 RoCE address from the site pool via link_subnet, read back
 	StageRegister   WorkflowStage = "register"      // ledger node in the profile's pool
 	StageDeploy     WorkflowStage = "deploy"        // deploy with cloud-init, wait Deployed (bounded datasource retry)
 	StageDone       WorkflowStage = "done"
@@ -49,7 +50,7 @@ const (
 )
 
 // OnboardStages lists the onboarding stages in order.
-var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRegister, StageDeploy, StageDone}
+var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageDone}
 
 // DecommissionStages lists the decommission stages in order; each is a
 // no-op for the release modes it does not concern (reimage deploys
@@ -132,9 +133,12 @@ type MAASWorkflow struct {
 	// ReleaseMode is fixed when a decommission starts (from its profile).
 	ReleaseMode ReleaseMode `json:"release_mode,omitempty"`
 
-	SystemID string        `json:"system_id,omitempty"` // MAAS machine, once resolved
-	Stage    WorkflowStage `json:"stage"`
-	State    WorkflowState `json:"state"`
+	SystemID string `json:"system_id,omitempty"` // MAAS machine, once resolved
+	// RoCEAddress is the phase-2 RoCE address the ledger assigned from
+	// the site's roce_pool (unique per site; fixed once set).
+	RoCEAddress string        `json:"roce_address,omitempty"`
+	Stage       WorkflowStage `json:"stage"`
+	State       WorkflowState `json:"state"`
 	// Attempts counts runs of the current stage; DeployAttempts counts
 	// deploy submissions (the datasource retry budget).
 	Attempts       int       `json:"attempts"`

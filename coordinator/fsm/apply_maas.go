@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"net/netip"
 	"reflect"
 	"slices"
 
@@ -222,6 +223,9 @@ func (f *FSM) applyMAASWorkflowUpdate(body []byte, index uint64) any {
 		if old.SystemID != "" && w.SystemID != old.SystemID {
 			return nil, illegal("workflow %s: system_id %s cannot change to %q", w.ID, old.SystemID, w.SystemID)
 		}
+		if err := checkRoCEAddress(tx, old, &w); err != nil {
+			return nil, err
+		}
 		if proto.StageIndex(w.Kind, w.Stage) < proto.StageIndex(old.Kind, old.Stage) {
 			return nil, illegal("workflow %s: stage cannot go back from %s to %s", w.ID, old.Stage, w.Stage)
 		}
@@ -229,4 +233,32 @@ func (f *FSM) applyMAASWorkflowUpdate(body []byte, index uint64) any {
 		out := w
 		return &out, tx.PutMAASWorkflow(&out)
 	})
+}
+
+// checkRoCEAddress admits a workflow's RoCE address: fixed once set,
+// inside the site's roce_pool range, and held by no other workflow of the
+// site (the ledger is the address book of phase 2).
+func checkRoCEAddress(tx *state.Txn, old, w *proto.MAASWorkflow) error {
+	if w.RoCEAddress == old.RoCEAddress {
+		return nil
+	}
+	if old.RoCEAddress != "" {
+		return illegal("workflow %s: roce_address %s cannot change to %q", w.ID, old.RoCEAddress, w.RoCEAddress)
+	}
+	site, ok := tx.Site(w.Site)
+	if !ok || site.RoCEPool == nil {
+		return invalid("workflow %s: site %s has no roce_pool", w.ID, w.Site)
+	}
+	a, err := netip.ParseAddr(w.RoCEAddress)
+	first, _ := netip.ParseAddr(site.RoCEPool.First)
+	last, _ := netip.ParseAddr(site.RoCEPool.Last)
+	if err != nil || a.Less(first) || last.Less(a) {
+		return invalid("workflow %s: roce_address %q is outside the site's pool %s-%s", w.ID, w.RoCEAddress, first, last)
+	}
+	for _, o := range tx.MAASWorkflows() {
+		if o.ID != w.ID && o.Site == w.Site && o.RoCEAddress == w.RoCEAddress {
+			return proto.Errorf(proto.CodeConflict, "workflow %s: roce_address %s is held by workflow %s", w.ID, w.RoCEAddress, o.ID)
+		}
+	}
+	return nil
 }

@@ -246,3 +246,26 @@ func TestSiteProfileUpsertRefusals(t *testing.T) {
 		})
 	}
 }
+
+func TestMAASWorkflowRoCEAddressIsUniquePerSite(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	addSites(h)
+	a, _ := h.Snap().MAASWorkflow(proto.OnboardWorkflowID("site-a", "j22u15"))
+	second := newWorkflow()
+	second.ID, second.Hostname, second.MACs = proto.OnboardWorkflowID("site-a", "j22u11"), "j22u11", []string{"52:54:00:00:00:11"}
+	b := h.OK(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: second}).(*proto.MAASWorkflow)
+
+	withAddr := func(w *proto.MAASWorkflow, addr string) proto.MAASWorkflowUpdateRequest {
+		c := *w
+		c.RoCEAddress = addr
+		return proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: c}
+	}
+	h.Refuse(proto.MAASWorkflowUpdateType, withAddr(a, "10.50.0.9"), proto.CodeInvalidArgument)   // below First
+	h.Refuse(proto.MAASWorkflowUpdateType, withAddr(a, "10.50.3.251"), proto.CodeInvalidArgument) // above Last
+	a = h.OK(proto.MAASWorkflowUpdateType, withAddr(a, "10.50.0.10")).(*proto.MAASWorkflow)
+	e := h.Refuse(proto.MAASWorkflowUpdateType, withAddr(b, "10.50.0.10"), proto.CodeConflict)
+	assert.Contains(t, e.Detail, "is held by workflow onboard.site-a.j22u15")
+	h.Refuse(proto.MAASWorkflowUpdateType, withAddr(a, "10.50.0.12"), proto.CodeIllegalTransition)
+	h.OK(proto.MAASWorkflowUpdateType, withAddr(b, "10.50.0.11"))
+}

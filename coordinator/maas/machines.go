@@ -470,3 +470,21 @@ func (c *Client) SetHostname(ctx context.Context, id, hostname string) error {
 	}
 	return nil
 }
+
+// SubnetByCIDR returns the ID of the MAAS subnet with cidr.
+func (c *Client) SubnetByCIDR(ctx context.Context, cidr string) (int, error) {
+	mc, err := c.api(ctx)
+	if err != nil {
+		return 0, err
+	}
+	subnets, err := mc.Subnets.Get()
+	if err != nil {
+		return 0, fmt.Errorf("list subnets: %w", classify(err, false))
+	}
+	for _, s := range subnets {
+		if s.CIDR == cidr {
+			return s.ID, nil
+		}
+	}
+	return 0, fmt.Errorf("subnet %s: %w", cidr, ErrNotFound)
+}

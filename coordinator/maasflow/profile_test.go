@@ -214,3 +214,44 @@ func TestAutoClaimSingleNewMachine(t *testing.T) {
 		})
 	}
 }
+
+// TestPhase2RoCE: with enable_phase2_roce each machine gets the next free
+// address of the site's pool on its RoCE NIC before deploy, verified by
+// read-back; without it nothing is linked.
+func TestPhase2RoCE(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(p *proto.SiteProfile) { p.EnablePhase2RoCE = on })
+			var ids []string
+			for i := range 2 {
+				hw := maassim.DefaultHardware
+				hw.Interfaces = []maassim.InterfaceSpec{{Name: "ens1f0np0", MAC: fmt.Sprintf("52:54:00:00:0b:%02x", i)}}
+				mac := fmt.Sprintf("52:54:00:00:0a:%02x", i)
+				require.NoError(t, e.sim.SetHardware(mac, hw))
+				ids = append(ids, e.onboard(fmt.Sprintf("roce%d", i), mac, ""))
+			}
+			e.start()
+			var addrs []string
+			for i, id := range ids {
+				w := e.waitState(id, proto.WorkflowSucceeded)
+				sys := e.systemID(fmt.Sprintf("roce%d", i))
+				m, _ := e.sim.Machine(sys)
+				if !on {
+					assert.Empty(t, w.RoCEAddress)
+					assert.Zero(t, e.sim.Mutations(sys, "link_subnet"))
+					continue
+				}
+				assert.Equal(t, 1, e.sim.Mutations(sys, "link_subnet"))
+				assert.Contains(t, m.Links, maassim.LinkSnapshot{Interface: "ens1f0np0", Mode: "static", IP: w.RoCEAddress, SubnetID: 2},
+					"the RoCE NIC has the ledger's address in MAAS")
+				addrs = append(addrs, w.RoCEAddress)
+			}
+			if on {
+				slices.Sort(addrs)
+				assert.Equal(t, []string{"10.50.0.10", "10.50.0.11"}, addrs, "distinct, lowest first")
+			}
+		})
+	}
+}

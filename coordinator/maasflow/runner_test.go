@@ -70,7 +70,8 @@ func newEnv(t *testing.T, profile func(*proto.SiteProfile)) *env {
 func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.SiteProfile)) *env {
 	t.Helper()
 	sim := maassimtest.Start(t, maassim.Options{Clock: maassim.NewScaledClock(maassimtest.Epoch, speed),
-		Subnets: []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"}}})
+		Subnets: []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"},
+			{ID: 2, Name: "roce", CIDR: "10.50.0.0/16", VID: 50}}})
 	l := &ledger{f: fsm.New(nil, nil)}
 	e := &env{t: t, sim: sim, ledger: l}
 	at := time.Now().UTC()
@@ -88,6 +89,8 @@ func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.Site
 	}
 	e.ok(proto.SiteUpsertType, proto.SiteUpsertRequest{At: at, Site: site})
 	p := prototest.SiteProfile()
+	// Phase-2 RoCE needs a RoCE NIC and subnet: TestPhase2RoCE turns it on.
+	p.EnablePhase2RoCE = false
 	if profile != nil {
 		profile(&p)
 	}

@@ -48,7 +48,9 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 	case proto.StagePXE:
 		return proto.StageStorage, r.pxePreflight(ctx, mc, w, site, profile)
 	case proto.StageStorage:
-		return proto.StageRegister, r.storage(ctx, mc, w, profile)
+		return proto.StageRoCE, r.storage(ctx, mc, w, profile)
+	case proto.StageRoCE:
+		return proto.StageRegister, r.roce(ctx, mc, w, site, profile)
 	case proto.StageDeploy:
 		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageDone, r.deploy(ctx, mc, w, site, profile)
@@ -349,4 +351,87 @@ func (r *Runner) storage(ctx context.Context, mc *maas.Client, w *proto.MAASWork
 	}
 	addEvent(w, r.now(), "storage", fmt.Sprintf("boot disk %d, layout %s", boot, p.StorageLayoutProfile))
 	return nil
+}
+
+// roce gives the machine its phase-2 RoCE address before deploy: the
+// ledger assigns the lowest free address of the site's roce_pool
+// (recorded before MAAS is touched, unique per site), then link_subnet
+// puts it statically on the first non-boot interface, verified by
+// read-back. Only with enable_phase2_roce.
+func (r *Runner) roce(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) error {
+	if !p.EnablePhase2RoCE {
+		addEvent(w, r.now(), "skipped", "enable_phase2_roce is off")
+		return nil
+	}
+	if site.RoCEPool == nil {
+		return permanent{fmt.Errorf("phase-2 RoCE: site %s has no roce_pool", site.Name)}
+	}
+	if w.RoCEAddress == "" {
+		addr, err := r.freeRoCEAddress(site)
+		if err != nil {
+			return err
+		}
+		prev, ok := r.cfg.Ledger.Store().Snapshot().MAASWorkflow(w.ID)
+		if !ok {
+			return permanent{fmt.Errorf("workflow %s vanished", w.ID)}
+		}
+		w.RoCEAddress = addr
+		addEvent(w, r.now(), "roce_assigned", addr)
+		saved, err := r.update(ctx, prev, *w)
+		if err != nil {
+			w.RoCEAddress = ""
+			return err
+		}
+		*w = *saved
+		w.Buckets = append([]proto.BucketSpan(nil), saved.Buckets...)
+		w.Events = append([]proto.WorkflowEvent(nil), saved.Events...)
+	}
+	subnet, err := mc.SubnetByCIDR(ctx, site.RoCEPool.Subnet)
+	if err != nil {
+		return permanent{fmt.Errorf("phase-2 RoCE: %w", err)}
+	}
+	m, err := mc.Machine(ctx, w.SystemID)
+	if err != nil {
+		return err
+	}
+	ifs, err := mc.Interfaces(ctx, w.SystemID)
+	if err != nil {
+		return err
+	}
+	iface := -1
+	for _, i := range ifs {
+		if i.ID != m.BootInterface.ID && i.Type == "physical" {
+			iface = i.ID
+			break
+		}
+	}
+	if iface < 0 {
+		return permanent{fmt.Errorf("phase-2 RoCE: machine %s has no physical interface besides its boot interface", w.SystemID)}
+	}
+	return mc.LinkStatic(ctx, w.SystemID, iface, subnet, w.RoCEAddress)
+}
+
+// freeRoCEAddress is the lowest address of the site's pool that no
+// workflow of the site holds (the FSM re-checks on apply).
+func (r *Runner) freeRoCEAddress(site *proto.Site) (string, error) {
+	held := map[string]bool{}
+	for _, o := range r.cfg.Ledger.Store().Snapshot().MAASWorkflows() {
+		if o.Site == site.Name && o.RoCEAddress != "" {
+			held[o.RoCEAddress] = true
+		}
+	}
+	a, err := netip.ParseAddr(site.RoCEPool.First)
+	if err != nil {
+		return "", permanent{fmt.Errorf("roce_pool first: %w", err)}
+	}
+	last, err := netip.ParseAddr(site.RoCEPool.Last)
+	if err != nil {
+		return "", permanent{fmt.Errorf("roce_pool last: %w", err)}
+	}
+	for ; !last.Less(a); a = a.Next() {
+		if !held[a.String()] {
+			return a.String(), nil
+		}
+	}
+	return "", permanent{fmt.Errorf("phase-2 RoCE: site %s roce_pool %s-%s is exhausted", site.Name, site.RoCEPool.First, site.RoCEPool.Last)}
 }

@@ -63,7 +63,9 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 	site.Credentials, err = leader.srv.SealSiteSecret(site.Name, []byte(sim.APIKey))
 	require.NoError(t, err)
 	apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: now, Site: site})
-	apply(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: now, Profile: prototest.SiteProfile()})
+	profile := prototest.SiteProfile()
+	profile.EnablePhase2RoCE = false // the simulated hosts here have no RoCE NIC
+	apply(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: now, Profile: profile})
 	w, err := leader.srv.StartOnboarding(ctx, proto.MAASWorkflow{Site: "site-a", Profile: "slice", Hostname: "j22u15",
 		MACs: []string{"52:54:00:00:00:15"}, BMCAddress: "10.0.0.15", PowerType: "ipmi"})
 	require.NoError(t, err)
