@@ -42,6 +42,7 @@ const (
 	StageRoCE       WorkflowStage = "roce"          // phase-2 RoCE address from the site pool via link_subnet, read back
 	StageRegister   WorkflowStage = "register"      // ledger node in the profile's pool
 	StageDeploy     WorkflowStage = "deploy"        // deploy with cloud-init, wait Deployed (bounded datasource retry)
+	StageHWSync     WorkflowStage = "hw_sync"       // require_hw_sync: MAAS reports a hardware sync
 	StageDone       WorkflowStage = "done"
 
 	StageRelease  WorkflowStage = "release"   // MAAS release (erase; fallback without erase if allowed)
@@ -50,7 +51,7 @@ const (
 )
 
 // OnboardStages lists the onboarding stages in order.
-var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageDone}
+var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageHWSync, StageDone}
 
 // DecommissionStages lists the decommission stages in order; each is a
 // no-op for the release modes it does not concern (reimage deploys

@@ -1,6 +1,7 @@
 package maasflow_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/maas"
 	"github.com/gpuaas/gpuaas/lab/maassim"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -254,4 +256,28 @@ func TestPhase2RoCE(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRequireHWSyncGate: require_hw_sync holds completion until MAAS
+// reports a hardware sync; a sync that never comes fails the workflow.
+func TestRequireHWSyncGate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil) // fixture: require_hw_sync on
+	c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey})
+	require.NoError(t, err)
+	m, err := c.Create(context.Background(), maas.CreateParams{Hostname: "stale", MACs: []string{"52:54:00:00:0c:01"}})
+	require.NoError(t, err)
+	require.NoError(t, e.sim.InjectFault(m.SystemID, maassim.Fault{Kind: maassim.FaultHwSyncStale}))
+	stale := e.onboard("stale", "52:54:00:00:0c:01", "")
+	fresh := e.onboard("fresh", "52:54:00:00:0c:02", "")
+	e.start()
+	w := e.waitState(fresh, proto.WorkflowSucceeded)
+	synced := false
+	for _, ev := range w.Events {
+		synced = synced || ev.Kind == "hw_sync"
+	}
+	assert.True(t, synced)
+	w = e.waitState(stale, proto.WorkflowFailed)
+	assert.Equal(t, proto.StageHWSync, w.Stage)
+	assert.Contains(t, w.LastError, "reported no hardware sync")
 }

@@ -47,6 +47,9 @@ type Config struct {
 	// Expiries of the long MAAS transitions (defaults: commission 60m,
 	// deploy 90m, release 60m).
 	CommissionExpiry, DeployExpiry, ReleaseExpiry time.Duration
+	// HWSyncPoll paces the hardware-sync gate (default 10s); HWSyncExpiry
+	// bounds it (default twice the profile's hardware_sync_interval).
+	HWSyncPoll, HWSyncExpiry time.Duration
 	// MaxStageAttempts bounds transient failures of one stage (default 5);
 	// RetryDelay separates them (default 10s).
 	MaxStageAttempts int
@@ -81,6 +84,9 @@ func New(cfg Config) *Runner {
 	}
 	if cfg.ReleaseExpiry <= 0 {
 		cfg.ReleaseExpiry = 60 * time.Minute
+	}
+	if cfg.HWSyncPoll <= 0 {
+		cfg.HWSyncPoll = 10 * time.Second
 	}
 	if cfg.MaxStageAttempts <= 0 {
 		cfg.MaxStageAttempts = 5

@@ -113,7 +113,7 @@ func (e *env) runner() *maasflow.Runner {
 		},
 		CoordinatorURL:   "http://127.0.0.1:7300",
 		CommissionExpiry: 10 * time.Second, DeployExpiry: 10 * time.Second, ReleaseExpiry: 10 * time.Second,
-		RetryDelay: 10 * time.Millisecond, Rescan: 20 * time.Millisecond,
+		RetryDelay: 10 * time.Millisecond, Rescan: 20 * time.Millisecond, HWSyncPoll: 2 * time.Millisecond, HWSyncExpiry: 3 * time.Second,
 	})
 }
 

@@ -53,7 +53,9 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 		return proto.StageRegister, r.roce(ctx, mc, w, site, profile)
 	case proto.StageDeploy:
 		defer r.copyMAASEvents(ctx, mc, w)
-		return proto.StageDone, r.deploy(ctx, mc, w, site, profile)
+		return proto.StageHWSync, r.deploy(ctx, mc, w, site, profile)
+	case proto.StageHWSync:
+		return proto.StageDone, r.hwSync(ctx, mc, w, profile)
 	}
 	return "", permanent{fmt.Errorf("workflow %s: no stage %q", w.ID, w.Stage)}
 }
@@ -434,4 +436,41 @@ func (r *Runner) freeRoCEAddress(site *proto.Site) (string, error) {
 		}
 	}
 	return "", permanent{fmt.Errorf("phase-2 RoCE: site %s roce_pool %s-%s is exhausted", site.Name, site.RoCEPool.First, site.RoCEPool.Last)}
+}
+
+// hwSync is the require_hw_sync completion gate: the node is not done
+// until MAAS reports a hardware sync of the deployed machine. A machine
+// deployed without hardware sync, or whose sync never comes before the
+// expiry, fails the workflow with that reason.
+func (r *Runner) hwSync(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
+	if !p.RequireHWSync {
+		addEvent(w, r.now(), "skipped", "require_hw_sync is off")
+		return nil
+	}
+	expiry := r.cfg.HWSyncExpiry
+	if expiry <= 0 {
+		expiry = 2 * time.Duration(p.HardwareSyncInterval)
+	}
+	start := time.Now()
+	for {
+		m, err := mc.Machine(ctx, w.SystemID)
+		if err != nil {
+			return err
+		}
+		if !m.EnableHwSync {
+			return permanent{fmt.Errorf("hardware sync gate: %s was deployed without hardware sync (require_hw_sync)", w.SystemID)}
+		}
+		if last := time.Time(m.HwLastSync); !last.IsZero() {
+			addEvent(w, r.now(), "hw_sync", "MAAS last_sync "+last.UTC().Format(time.RFC3339))
+			return nil
+		}
+		if time.Since(start) >= expiry {
+			return permanent{fmt.Errorf("hardware sync gate: MAAS reported no hardware sync of %s within %s (stale or broken sync; require_hw_sync)", w.SystemID, expiry)}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(r.cfg.HWSyncPoll):
+		}
+	}
 }

@@ -162,4 +162,6 @@ type MAASConfig struct {
 	// the workflow rescan (coordinator/maasflow defaults when zero).
 	CommissionExpiry, DeployExpiry, ReleaseExpiry time.Duration
 	RetryDelay, Rescan                            time.Duration
+	// HWSyncPoll and HWSyncExpiry pace and bound the require_hw_sync gate.
+	HWSyncPoll, HWSyncExpiry time.Duration
 }

@@ -35,7 +35,8 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, SiteKey: key,
 			MAAS: MAASConfig{PollInterval: 5 * time.Millisecond, RequestTimeout: 2 * time.Second,
 				CommissionExpiry: 20 * time.Second, DeployExpiry: 20 * time.Second, ReleaseExpiry: 20 * time.Second,
-				RetryDelay: 20 * time.Millisecond, Rescan: 50 * time.Millisecond}}
+				RetryDelay: 20 * time.Millisecond, Rescan: 50 * time.Millisecond,
+				HWSyncPoll: 5 * time.Millisecond, HWSyncExpiry: 10 * time.Second}}
 		if first != "" {
 			cfg.Join = []string{first}
 		}

@@ -73,7 +73,8 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 	maasflow.New(maasflow.Config{
 		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url,
 		CommissionExpiry: m.CommissionExpiry, DeployExpiry: m.DeployExpiry, ReleaseExpiry: m.ReleaseExpiry,
-		RetryDelay: m.RetryDelay, Rescan: m.Rescan, Now: s.cfg.Now, Logger: s.log,
+		RetryDelay: m.RetryDelay, Rescan: m.Rescan, HWSyncPoll: m.HWSyncPoll, HWSyncExpiry: m.HWSyncExpiry,
+		Now: s.cfg.Now, Logger: s.log,
 	}).Run(ctx)
 }
 
