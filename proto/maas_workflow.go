@@ -43,6 +43,7 @@ const (
 	StageRegister   WorkflowStage = "register"      // ledger node in the profile's pool
 	StageDeploy     WorkflowStage = "deploy"        // deploy with cloud-init, wait Deployed (bounded datasource retry)
 	StageHWSync     WorkflowStage = "hw_sync"       // require_hw_sync: MAAS reports a hardware sync
+	StageEnroll     WorkflowStage = "enroll"        // the node's agent enrolled with its bootstrap token
 	StageDone       WorkflowStage = "done"
 
 	StageRelease  WorkflowStage = "release"   // MAAS release (erase; fallback without erase if allowed)
@@ -51,7 +52,7 @@ const (
 )
 
 // OnboardStages lists the onboarding stages in order.
-var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageHWSync, StageDone}
+var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageHWSync, StageEnroll, StageDone}
 
 // DecommissionStages lists the decommission stages in order; each is a
 // no-op for the release modes it does not concern (reimage deploys

@@ -50,6 +50,12 @@ type Config struct {
 	// HWSyncPoll paces the hardware-sync gate (default 10s); HWSyncExpiry
 	// bounds it (default twice the profile's hardware_sync_interval).
 	HWSyncPoll, HWSyncExpiry time.Duration
+	// EnrolledSince reports whether the node's agent enrolled at or after
+	// since (the server's enrollment table); nil skips the enrollment
+	// gate. EnrollPoll paces it (default 2s, shorter than MAAS polling);
+	// the gate expires with the profile's enrollment token TTL.
+	EnrolledSince func(nodeID string, since time.Time) bool
+	EnrollPoll    time.Duration
 	// MaxStageAttempts bounds transient failures of one stage (default 5);
 	// RetryDelay separates them (default 10s).
 	MaxStageAttempts int
@@ -87,6 +93,9 @@ func New(cfg Config) *Runner {
 	}
 	if cfg.HWSyncPoll <= 0 {
 		cfg.HWSyncPoll = 10 * time.Second
+	}
+	if cfg.EnrollPoll <= 0 {
+		cfg.EnrollPoll = 2 * time.Second
 	}
 	if cfg.MaxStageAttempts <= 0 {
 		cfg.MaxStageAttempts = 5

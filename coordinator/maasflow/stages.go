@@ -55,7 +55,9 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 		defer r.copyMAASEvents(ctx, mc, w)
 		return proto.StageHWSync, r.deploy(ctx, mc, w, site, profile)
 	case proto.StageHWSync:
-		return proto.StageDone, r.hwSync(ctx, mc, w, profile)
+		return proto.StageEnroll, r.hwSync(ctx, mc, w, profile)
+	case proto.StageEnroll:
+		return proto.StageDone, r.enrollGate(ctx, w, profile)
 	}
 	return "", permanent{fmt.Errorf("workflow %s: no stage %q", w.ID, w.Stage)}
 }
@@ -173,6 +175,11 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		switch m.Status {
 		case node.StatusDeployed, node.StatusDeploying, node.StatusAllocated:
 			// Submitted before (perhaps by a previous leader): only wait.
+			// The buckets were recorded with the deploy count; if not
+			// (an older record), they start now.
+			now := r.now()
+			endBucket(w, proto.BucketReadyToDeploy, now)
+			openBucket(w, proto.BucketImageDeploy, now)
 		case node.StatusFailedDeployment:
 			if err := r.retryAfterFailure(ctx, mc, w, p, m); err != nil {
 				return err
@@ -184,12 +191,14 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 				return err
 			}
 			params.UserData = ud
-			if err := r.countDeploy(ctx, w); err != nil {
-				return err
-			}
+			// The bucket marks are recorded with the deploy count, before
+			// the submission, so a new leader finds them.
 			now := r.now()
 			endBucket(w, proto.BucketReadyToDeploy, now)
 			openBucket(w, proto.BucketImageDeploy, now)
+			if err := r.countDeploy(ctx, w); err != nil {
+				return err
+			}
 		}
 		_, err = mc.Deploy(ctx, w.SystemID, params, r.wait(w, r.cfg.DeployExpiry))
 		var fe *maas.FailedError
@@ -199,7 +208,9 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		if err != nil {
 			return err
 		}
-		endBucket(w, proto.BucketImageDeploy, r.now())
+		now := r.now()
+		endBucket(w, proto.BucketImageDeploy, now)
+		openBucket(w, proto.BucketEnrollment, now)
 		return nil
 	}
 }
@@ -473,4 +484,36 @@ func (r *Runner) hwSync(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		case <-time.After(r.cfg.HWSyncPoll):
 		}
 	}
+}
+
+// enrollGate waits until the node's agent enrolled with the bootstrap
+// token the deploy carried (polled more often than MAAS, so an enrolled
+// node is not held behind a coarse tick). It expires with the token.
+func (r *Runner) enrollGate(ctx context.Context, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
+	if r.cfg.EnrolledSince == nil {
+		addEvent(w, r.now(), "skipped", "no enrollment table on this runner")
+		return nil
+	}
+	var since time.Time
+	for _, b := range w.Buckets {
+		if b.Bucket == proto.BucketImageDeploy {
+			since = b.Start
+		}
+	}
+	expiry := time.Duration(p.EnrollmentTokenTTLSeconds) * time.Second
+	start := time.Now()
+	for !r.cfg.EnrolledSince(w.Hostname, since) {
+		if time.Since(start) >= expiry {
+			return permanent{fmt.Errorf("enrollment gate: node %s did not enroll within the bootstrap token's %s", w.Hostname, expiry)}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(r.cfg.EnrollPoll):
+		}
+	}
+	now := r.now()
+	endBucket(w, proto.BucketEnrollment, now)
+	addEvent(w, now, "enrolled", "node "+w.Hostname)
+	return nil
 }

@@ -164,4 +164,6 @@ type MAASConfig struct {
 	RetryDelay, Rescan                            time.Duration
 	// HWSyncPoll and HWSyncExpiry pace and bound the require_hw_sync gate.
 	HWSyncPoll, HWSyncExpiry time.Duration
+	// EnrollPoll paces the enrollment completion gate.
+	EnrollPoll time.Duration
 }

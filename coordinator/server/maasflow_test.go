@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/lab/maassim"
 	"github.com/gpuaas/gpuaas/lab/maassim/maassimtest"
@@ -24,8 +26,10 @@ import (
 // workflow appears exactly once in the simulator's request log.
 func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 	t.Parallel()
+	deployed := make(chan maassim.Deployed, 4)
 	sim := maassimtest.Start(t, maassim.Options{Clock: maassim.NewScaledClock(maassimtest.Epoch, 600),
-		Subnets: []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"}}})
+		Subnets:    []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"}},
+		OnDeployed: func(d maassim.Deployed) { deployed <- d }})
 	key, err := sitekey.New(bytes.Repeat([]byte{0x5a}, sitekey.KeySize))
 	require.NoError(t, err)
 	var nodes []*testNode
@@ -36,7 +40,7 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 			MAAS: MAASConfig{PollInterval: 5 * time.Millisecond, RequestTimeout: 2 * time.Second,
 				CommissionExpiry: 20 * time.Second, DeployExpiry: 20 * time.Second, ReleaseExpiry: 20 * time.Second,
 				RetryDelay: 20 * time.Millisecond, Rescan: 50 * time.Millisecond,
-				HWSyncPoll: 5 * time.Millisecond, HWSyncExpiry: 10 * time.Second}}
+				HWSyncPoll: 5 * time.Millisecond, HWSyncExpiry: 10 * time.Second, EnrollPoll: 5 * time.Millisecond}}
 		if first != "" {
 			cfg.Join = []string{first}
 		}
@@ -91,6 +95,25 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 		}
 	}
 	next := waitLeader(t, rest)
+	// The deployed host's agent enrolls with the bootstrap token from the
+	// user-data MAAS was given, through the enrollment FSM.
+	go func() {
+		d := <-deployed
+		m := regexp.MustCompile(`GPUAAS_BOOTSTRAP_TOKEN=(\S+)`).FindSubmatch(d.UserData)
+		if m == nil {
+			return
+		}
+		req := proto.NodeEnrollRequest{At: time.Now().UTC(), NodeID: "j22u15", TokenHash: enroll.Hash(string(m[1])),
+			CredentialHash: enroll.Hash(enroll.NewSecret("gpn_")), Hostname: d.Hostname}
+		for ctx.Err() == nil {
+			for _, n := range rest {
+				if _, _, err := n.srv.Apply(ctx, proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, req); err == nil {
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 	require.Eventually(t, func() bool {
 		got, ok := next.srv.Store().Snapshot().MAASWorkflow(w.ID)
 		return ok && got.State != proto.WorkflowRunning
@@ -110,6 +133,16 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 	assert.Equal(t, "pool-slice", n.Pool)
 	m, _ := sim.Machine(id)
 	assert.Contains(t, string(m.UserData), "GPUAAS_BOOTSTRAP_TOKEN=gpb_")
+	_, enrolled := next.srv.Enrollment().Credential("j22u15")
+	assert.True(t, enrolled, "completion waited for the agent's enrollment")
+	spans := map[proto.TimelineBucket]proto.BucketSpan{}
+	for _, b := range got.Buckets {
+		spans[b.Bucket] = b
+	}
+	for _, b := range []proto.TimelineBucket{proto.BucketRequestToStart, proto.BucketDiscovery, proto.BucketCommission,
+		proto.BucketReadyToDeploy, proto.BucketImageDeploy, proto.BucketEnrollment} {
+		assert.False(t, spans[b].End.IsZero(), "bucket %s measured", b)
+	}
 	resumed := false
 	for _, ev := range got.Events {
 		resumed = resumed || ev.Kind == "resumed" && ev.Stage == proto.StageDeploy

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/maas"
 	"github.com/gpuaas/gpuaas/coordinator/maasflow"
@@ -74,7 +75,11 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url,
 		CommissionExpiry: m.CommissionExpiry, DeployExpiry: m.DeployExpiry, ReleaseExpiry: m.ReleaseExpiry,
 		RetryDelay: m.RetryDelay, Rescan: m.Rescan, HWSyncPoll: m.HWSyncPoll, HWSyncExpiry: m.HWSyncExpiry,
-		Now: s.cfg.Now, Logger: s.log,
+		Now: s.cfg.Now, Logger: s.log, EnrollPoll: m.EnrollPoll,
+		EnrolledSince: func(node string, since time.Time) bool {
+			c, ok := s.Enrollment().Credential(node)
+			return ok && !c.IssuedAt.Before(since)
+		},
 	}).Run(ctx)
 }
 
