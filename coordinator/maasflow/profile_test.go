@@ -281,3 +281,27 @@ func TestRequireHWSyncGate(t *testing.T) {
 	assert.Equal(t, proto.StageHWSync, w.Stage)
 	assert.Contains(t, w.LastError, "reported no hardware sync")
 }
+
+// TestWorkflowDeployAcceptedThen504: MAAS applies the deploy and answers
+// 504; the workflow records the unknown outcome, polls, and finishes with
+// one deploy in the request log.
+func TestWorkflowDeployAcceptedThen504(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey})
+	require.NoError(t, err)
+	m, err := c.Create(context.Background(), maas.CreateParams{Hostname: "slow", MACs: []string{"52:54:00:00:0d:01"}})
+	require.NoError(t, err)
+	require.NoError(t, e.sim.InjectFault(m.SystemID, maassim.Fault{Kind: maassim.FaultAcceptedTimeout, Op: "deploy", Times: 1, Delay: 10 * time.Millisecond}))
+	id := e.onboard("slow", "52:54:00:00:0d:01", "")
+	e.start()
+	w := e.waitState(id, proto.WorkflowSucceeded)
+	assert.Equal(t, 1, e.sim.Mutations(m.SystemID, "deploy"))
+	assert.Len(t, e.sim.Requests(func(r maassim.Request) bool { return r.SystemID == m.SystemID && r.Op == "deploy" }), 1, "never re-sent")
+	unknown := false
+	for _, ev := range w.Events {
+		unknown = unknown || ev.Kind == "unknown_outcome" && ev.Stage == proto.StageDeploy
+	}
+	assert.True(t, unknown, "the unknown outcome is on the workflow's record")
+	assert.Equal(t, 1, w.DeployAttempts)
+}
