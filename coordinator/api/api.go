@@ -132,6 +132,15 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/pools", RoleViewer, false, a.listPools},
 		{http.MethodPut, "/v1/pools/{name}", RoleAdmin, true, a.putPool},
 
+		{http.MethodPut, "/v1/sites/{name}", RoleAdmin, true, a.putSite},
+		{http.MethodGet, "/v1/sites/{name}", RoleViewer, false, a.getSite},
+		{http.MethodPut, "/v1/sites/{name}/profiles/{profile}", RoleAdmin, true, a.putSiteProfile},
+		{http.MethodGet, "/v1/sites/{name}/profiles/{profile}", RoleViewer, false, a.getSiteProfile},
+		{http.MethodPost, "/v1/sites/{name}/onboard", RoleAdmin, true, a.onboard},
+		{http.MethodPost, "/v1/sites/{name}/decommission", RoleAdmin, true, a.decommission},
+		{http.MethodGet, "/v1/workflows", RoleViewer, false, a.listWorkflows},
+		{http.MethodGet, "/v1/workflows/{id}", RoleViewer, false, a.getWorkflow},
+
 		{http.MethodGet, "/v1/availability", RoleViewer, false, a.getAvailability},
 		{http.MethodGet, "/v1/usage", RoleViewer, false, a.getUsage},
 

@@ -120,7 +120,8 @@ func (a *app) root() *cobra.Command {
 	pf.BoolVar(&a.consistent, "consistent", false, "read through the leader (Raft barrier) instead of the local replica")
 
 	root.AddCommand(a.allocCmd(), a.nodeCmd(), a.slotCmd(), a.topologyCmd(), a.availabilityCmd(),
-		a.tasksCmd(), a.usageCmd(), a.regionCmd(), a.poolCmd(), a.operatorCmd(), a.statusCmd(), a.tokenCmd())
+		a.tasksCmd(), a.usageCmd(), a.regionCmd(), a.poolCmd(), a.operatorCmd(), a.statusCmd(), a.tokenCmd(),
+		a.workflowCmd(), a.siteCmd())
 	return root
 }
 

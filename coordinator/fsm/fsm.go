@@ -56,6 +56,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationTransitionType, proto.AllocationReleaseType, proto.AllocationReleasedType,
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
+	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -166,6 +167,9 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 	case proto.CommandBatchType:
 		return f.applyCommandBatch(body, index)
 	default:
+		if resp, ok := f.applyMAAS(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
 		if ignorable {
 			f.log.Warn("ignoring unknown command type", "type", uint8(t), "index", index)
 			return nil

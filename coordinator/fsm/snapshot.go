@@ -130,7 +130,9 @@ func eachObject(snap *state.Snapshot, table string, fn func(any) error) error {
 			add(o)
 		}
 	default:
-		return fmt.Errorf("snapshot: no record type for table %q", table)
+		if !eachMAASObject(snap, table, add) {
+			return fmt.Errorf("snapshot: no record type for table %q", table)
+		}
 	}
 	for _, o := range objs {
 		if err := fn(o); err != nil {
@@ -207,6 +209,9 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 	case recordIndex:
 		return restoreInto(rec.V, tx.RestoreIndex)
 	default:
+		if err, ok := restoreMAASRecord(tx, rec); ok {
+			return err
+		}
 		return fmt.Errorf("unknown record type %q", rec.T)
 	}
 }

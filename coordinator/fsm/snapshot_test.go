@@ -51,6 +51,7 @@ func rich(t *testing.T) *fsmtest.Harness {
 	h.OK(proto.SlotDisableType, proto.SlotDisableRequest{At: h.At(), SlotID: slot(n0, 7), Reason: "bad riser"})
 	h.OK(proto.SlotHealthType, proto.SlotHealthRequest{At: h.At(), SlotID: slot(n0, 6), HealthState: proto.HealthDegraded, HealthDetail: "ECC"})
 	h.OK(proto.NodeDrainType, proto.NodeDrainRequest{At: h.At(), NodeID: "us-east-n0002", Draining: true})
+	addSites(h)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 	return h
 }
@@ -58,18 +59,21 @@ func rich(t *testing.T) *fsmtest.Harness {
 // tables lists every table of a snapshot through the public read API.
 func tables(s *state.Snapshot) map[string]any {
 	return map[string]any{
-		state.TableRegions:     s.Regions(),
-		state.TablePools:       s.Pools(),
-		state.TableNodes:       s.Nodes(),
-		state.TableCandidates:  s.AllCandidates(),
-		state.TableSlots:       s.Slots("", ""),
-		state.TableAllocations: s.Allocations(state.AllocationFilter{}),
-		state.TableClaims:      s.Claims(),
-		state.TableTasks:       s.Tasks("", "", "", 0),
-		state.TableOutbox:      s.Outbox(),
-		state.TableTimeline:    s.AllTimeline(),
-		state.TableUsage:       s.Usage(),
-		state.TableIndex:       s.IndexEntries(),
+		state.TableRegions:       s.Regions(),
+		state.TablePools:         s.Pools(),
+		state.TableNodes:         s.Nodes(),
+		state.TableCandidates:    s.AllCandidates(),
+		state.TableSlots:         s.Slots("", ""),
+		state.TableAllocations:   s.Allocations(state.AllocationFilter{}),
+		state.TableClaims:        s.Claims(),
+		state.TableTasks:         s.Tasks("", "", "", 0),
+		state.TableOutbox:        s.Outbox(),
+		state.TableTimeline:      s.AllTimeline(),
+		state.TableUsage:         s.Usage(),
+		state.TableSites:         s.Sites(),
+		state.TableSiteProfiles:  s.SiteProfiles(""),
+		state.TableMAASWorkflows: s.MAASWorkflows(),
+		state.TableIndex:         s.IndexEntries(),
 	}
 }
 
@@ -150,6 +154,12 @@ func reflectLen(v any) int {
 	case []*proto.UsageRecord:
 		return len(s)
 	case []*state.IndexEntry:
+		return len(s)
+	case []*proto.Site:
+		return len(s)
+	case []*proto.SiteProfile:
+		return len(s)
+	case []*proto.MAASWorkflow:
 		return len(s)
 	}
 	panic("unknown table type")

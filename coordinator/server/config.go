@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -49,6 +50,12 @@ type Config struct {
 	Inventory *Inventory
 	// Logger receives structured logs; default slog.Default().
 	Logger *slog.Logger
+	// SiteKey seals MAAS site credentials before they are proposed and
+	// opens them on the leader (every replica needs the same key); nil:
+	// sites cannot be given credentials on this replica.
+	SiteKey *sitekey.Key
+	// MAAS tunes the leader's MAAS workflows (zero fields: defaults).
+	MAAS MAASConfig
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.
@@ -140,4 +147,23 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// MAASConfig tunes the MAAS workflows the leader runs.
+type MAASConfig struct {
+	// CoordinatorURL is the address bootstrapped nodes reach the
+	// coordinator at (default http://<HTTPAddr>).
+	CoordinatorURL string
+	// RequestTimeout bounds each MAAS request; PollInterval paces the
+	// waits for MAAS transitions (coordinator/maas defaults when zero).
+	RequestTimeout time.Duration
+	PollInterval   time.Duration
+	// Expiries of commission, deploy and release; stage retry pacing and
+	// the workflow rescan (coordinator/maasflow defaults when zero).
+	CommissionExpiry, DeployExpiry, ReleaseExpiry time.Duration
+	RetryDelay, Rescan                            time.Duration
+	// HWSyncPoll and HWSyncExpiry pace and bound the require_hw_sync gate.
+	HWSyncPoll, HWSyncExpiry time.Duration
+	// EnrollPoll paces the enrollment completion gate.
+	EnrollPoll time.Duration
 }

@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 11
+const numTables = 14
 
 func init() {
 	if len(Tables) != numTables {
@@ -47,6 +47,7 @@ func init() {
 var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
+	TableSites, TableSiteProfiles, TableMAASWorkflows,
 }
 
 func tableNum(table string) int {
@@ -240,6 +241,7 @@ func schema() *memdb.DBSchema {
 		idx(idxID, true, false, func(b []byte, o *proto.TimelineEvent) ([]byte, bool) { return u64(str(b, o.AllocationID), o.Seq), true })))
 	add(table(TableUsage,
 		idx(idxID, true, false, byString(func(o *proto.UsageRecord) string { return o.AllocationID }, false))))
+	addMAASTables(add)
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
 		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))

@@ -30,6 +30,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
 	"github.com/gpuaas/gpuaas/coordinator/server"
+	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 )
 
 func main() {
@@ -83,6 +84,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 	}
+	var siteKey *sitekey.Key
+	if o.SiteKeyFile != "" {
+		if siteKey, err = sitekey.Load(o.SiteKeyFile); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", o.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen http %s: %w", o.HTTPAddr, err)
@@ -96,7 +103,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken,
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
-		Inventory: inv, Logger: log,
+		Inventory: inv, Logger: log, SiteKey: siteKey,
 	})
 	if err != nil {
 		ln.Close()

@@ -27,6 +27,7 @@ type options struct {
 	Join              []string
 	JoinTokenFile     string
 	TokensFile        string
+	SiteKeyFile       string
 	Inventory         string
 	LogLevel          string
 	LogFormat         string
@@ -62,6 +63,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	})
 	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding the cluster join token (server-to-server routes)")
 	fs.StringVar(&o.TokensFile, "tokens-file", "", "API tokens file (JSON [{name, role, sha256}]); default: a generated admin token in <data-dir>/admin.token")
+	fs.StringVar(&o.SiteKeyFile, "site-key-file", "", "file with the 64-hex-digit AES-256 key sealing MAAS site credentials (the same on every replica, mode 0600)")
 	fs.StringVar(&o.Inventory, "inventory", "", "inventory JSON loaded by the leader into an empty ledger")
 	fs.StringVar(&o.GossipBind, "gossip-bind", "", "memberlist bind address host:port for the agent pool (empty: no gossip, HTTP heartbeats only)")
 	fs.Func("gossip-join", "memberlist peers to join, comma-separated", func(v string) error {

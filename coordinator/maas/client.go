@@ -1,0 +1,166 @@
+// Package maas is the coordinator's MAAS 2.0 client: the calls the MAAS
+// workflows make (resolve, create, commission, tag, boot disk, storage
+// layout, link_subnet, deploy, release, power, events), on top of
+// github.com/canonical/gomaasclient, with two rules the workflows rely on:
+//
+//   - Every request has a deadline. gomaasclient takes no context, so each
+//     call builds a gomaasclient whose transport derives every request's
+//     context from the caller's ctx plus Config.RequestTimeout.
+//   - A mutation is never retried blindly. A mutation that timed out, lost
+//     its connection, or was answered 504 has an unknown outcome
+//     (ErrUnknownOutcome): MAAS may have applied it. Long transitions
+//     (commission, deploy, release) then poll the machine for the target
+//     state and fail only on a MAAS failure state or expiry (DESIGN.md
+//     invariant 6); short configuration writes (boot disk, storage layout,
+//     link_subnet, tags) re-read and verify what they wrote.
+//
+// gomaasapi underneath re-sends a request answered 409 or 503 with a
+// Retry-After header by itself: MAAS sends those only when nothing was
+// applied, so that retry is safe.
+package maas
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/canonical/gomaasclient/client"
+	gomaasapi "github.com/juju/gomaasapi/v2"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Config configures a Client.
+type Config struct {
+	// URL is the MAAS base URL ("http://maas:5240/MAAS/").
+	URL string
+	// APIKey is the "consumer:token:secret" API key (never logged).
+	APIKey string
+	// RequestTimeout bounds every HTTP request (default 30s).
+	RequestTimeout time.Duration
+	// PollInterval is how often a transition re-reads the machine
+	// (default 5s).
+	PollInterval time.Duration
+	// Transport is the base transport (default http.DefaultTransport).
+	Transport http.RoundTripper
+	// Logger receives one line per mutation; default discards.
+	Logger *slog.Logger
+}
+
+// Client talks to one MAAS region.
+type Client struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// ErrUnknownOutcome marks a mutation whose request may or may not have
+// been applied by MAAS (client deadline, lost connection, 504).
+var ErrUnknownOutcome = errors.New("outcome unknown: MAAS may have applied the request")
+
+// ErrNotFound is returned when MAAS has no such object.
+var ErrNotFound = errors.New("not found in MAAS")
+
+// New checks cfg and returns a client. It does not contact MAAS.
+func New(cfg Config) (*Client, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("maas client: url %q is not an http(s) URL", cfg.URL)
+	}
+	if err := proto.ValidateMAASAPIKey(cfg.APIKey); err != nil {
+		return nil, fmt.Errorf("maas client for %s: %w", cfg.URL, err)
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 5 * time.Second
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = http.DefaultTransport
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{cfg: cfg, log: log.With("maas", u.Host)}, nil
+}
+
+// api returns a gomaasclient whose every request carries ctx and the
+// request timeout. Building one is cheap (no I/O).
+func (c *Client) api(ctx context.Context) (*client.Client, error) {
+	mc, err := client.GetClientWithTransport(c.cfg.URL, c.cfg.APIKey, "2.0", deadlineTransport{ctx: ctx, timeout: c.cfg.RequestTimeout, base: c.cfg.Transport})
+	if err != nil {
+		// gomaasapi's errors may quote the key: never pass them on.
+		return nil, fmt.Errorf("maas client for %s: cannot build the API client", c.cfg.URL)
+	}
+	return mc, nil
+}
+
+// deadlineTransport gives every request the caller's context bounded by
+// timeout; the context ends when the response body is closed.
+type deadlineTransport struct {
+	ctx     context.Context
+	timeout time.Duration
+	base    http.RoundTripper
+}
+
+func (t deadlineTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(t.ctx, t.timeout)
+	resp, err := t.base.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelBody) Close() error { err := b.ReadCloser.Close(); b.cancel(); return err }
+
+// ServerError is MAAS's answer to a refused request.
+type ServerError struct {
+	Status int
+	Body   string
+}
+
+func (e *ServerError) Error() string { return fmt.Sprintf("MAAS answered %d: %s", e.Status, e.Body) }
+
+// classify turns a gomaasclient error into this package's errors:
+// *ServerError for MAAS answers (504 also wraps ErrUnknownOutcome, 404
+// ErrNotFound), ErrUnknownOutcome for transport failures of mutations.
+func classify(err error, mutation bool) error {
+	if err == nil {
+		return nil
+	}
+	if se, ok := gomaasapi.GetServerError(err); ok {
+		e := &ServerError{Status: se.StatusCode, Body: truncate(se.BodyMessage, 300)}
+		switch {
+		case se.StatusCode == http.StatusGatewayTimeout && mutation:
+			return fmt.Errorf("%w: %w", ErrUnknownOutcome, e)
+		case se.StatusCode == http.StatusNotFound:
+			return fmt.Errorf("%w: %w", ErrNotFound, e)
+		}
+		return e
+	}
+	if mutation {
+		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
+	}
+	return err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
