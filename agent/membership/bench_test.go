@@ -30,7 +30,14 @@ func TestBenchDetection(t *testing.T) {
 	for _, size := range []struct {
 		agents, trials int
 	}{{100, 10}, {1000, 10}} {
-		r := measureDetection(t, size.agents, size.trials)
+		r, err := measureDetection(t, size.agents, size.trials)
+		if err != nil {
+			t.Logf("%d agents: not measured: %v", size.agents, err)
+			metrics = append(metrics, bench.Metric{Metric: fmt.Sprintf("node_unreachable_detect_p99_s_%d_agents", size.agents),
+				Unit: "s", Target: "<= 5", Met: false, MeasuredAt: time.Now().UTC(),
+				Notes: fmt.Sprintf("not measured: %v. %d memberlist members in ONE process on 2 cores cannot finish joining in time (join is a full-state push-pull per member, O(n^2) in total, plus every member's probes); needs members spread over processes or machines", err, size.agents)})
+			continue
+		}
 		load, _ := os.ReadFile("/proc/loadavg")
 		notes := fmt.Sprintf("memberlist v0.6.0 fast profile (probe 250ms, suspicion mult 3), %d members in ONE process on the in-memory transport, %d trials; p50 %.2fs; false suspicions %d, false deaths %d, deaths not seen within 30s %d (counted as 30s); join of %d took %.1fs; loadavg %s. Limit: every member's probes, acks and gossip share 2 cores, so a busy machine delays acks past the 150ms probe timeout (false suspicions); on real hosts each agent has its own CPU",
 			size.agents, size.trials, r.p50, r.falseSuspicions, r.falseDeaths, r.misses, size.agents, r.joinSeconds, strings.TrimSpace(string(load)))
@@ -44,6 +51,10 @@ func TestBenchDetection(t *testing.T) {
 	require.NoError(t, bench.WritePart("membership", metrics))
 }
 
+// joinBound caps how long a pool may take to form before the size is
+// reported as not measured.
+const joinBound = 150 * time.Second
+
 type detection struct {
 	p50, p99                     float64
 	falseSuspicions, falseDeaths int
@@ -51,7 +62,7 @@ type detection struct {
 	joinSeconds                  float64
 }
 
-func measureDetection(t *testing.T, agents, trials int) detection {
+func measureDetection(t *testing.T, agents, trials int) (detection, error) {
 	nw := memnet.New()
 	var (
 		mu       sync.Mutex
@@ -82,7 +93,9 @@ func measureDetection(t *testing.T, agents, trials int) detection {
 		}
 		p, err := Start(Config{Name: name, Meta: Meta{Role: role, NodeID: name}, Transport: tr, Logger: quiet(), OnLog: onLog})
 		require.NoError(t, err)
-		t.Cleanup(func() { _ = p.Shutdown() })
+		// Each size's pool is stopped when its measurement ends, so the
+		// next size does not share the cores with it.
+		defer func() { _ = p.Shutdown() }()
 		if i > 0 {
 			// Join a random earlier member, as agents would join any
 			// coordinator or agent they know.
@@ -92,12 +105,22 @@ func measureDetection(t *testing.T, agents, trials int) detection {
 					break
 				}
 			}
-			require.NoError(t, err)
+			if err != nil {
+				return detection{}, fmt.Errorf("member %d of %d could not join: %w", i, agents, err)
+			}
+			if time.Since(start) > joinBound {
+				return detection{}, fmt.Errorf("only %d of %d members joined within %s", i, agents, joinBound)
+			}
 		}
 		members = append(members, memMember{p: p, tr: tr})
 	}
 	observer := members[0].p
-	require.Eventually(t, func() bool { return observer.NumMembers() == agents+1 }, 120*time.Second, 100*time.Millisecond)
+	for observer.NumMembers() != agents+1 {
+		if time.Since(start) > joinBound+time.Minute {
+			return detection{}, fmt.Errorf("the observer sees %d of %d members after %s", observer.NumMembers(), agents+1, time.Since(start).Round(time.Second))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	joinSeconds := time.Since(start).Seconds()
 	// Let the pool settle, then drain join events.
 	time.Sleep(2 * time.Second)
@@ -161,7 +184,7 @@ func measureDetection(t *testing.T, agents, trials int) detection {
 	return detection{
 		p50: quantile(samples, 0.50), p99: quantile(samples, 0.99),
 		falseSuspicions: int(suspects.Load()), falseDeaths: falseDeaths, joinSeconds: joinSeconds, misses: misses,
-	}
+	}, nil
 }
 
 func drain(p *Pool) {
