@@ -73,6 +73,12 @@ type AgentTaskUpdate struct {
 	Progress string          `json:"progress,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
 	Error    string          `json:"error,omitempty"`
+	// Event is a stage boundary to append to the task's allocation
+	// timeline (proto/slice.go).
+	Event *StageEvent `json:"event,omitempty"`
+	// Done and Total are the current stage's byte progress.
+	Done  int64 `json:"done,omitempty"`
+	Total int64 `json:"total,omitempty"`
 }
 
 // HeartbeatRequest is the body of POST /v1/agent/heartbeat.

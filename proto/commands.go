@@ -195,6 +195,8 @@ type AllocationTransitionRequest struct {
 	To           AllocState `json:"to"`
 	Reason       string     `json:"reason,omitempty"`
 	TouchedSlots []string   `json:"touched_slots,omitempty"`
+	// Access is recorded on the allocation when it becomes active.
+	Access *SliceAccess `json:"access,omitempty"`
 }
 
 // AllocationReleaseRequest starts a graceful release: allocation
@@ -263,6 +265,12 @@ type TaskUpdateRequest struct {
 	Progress string          `json:"progress,omitempty"`
 	Result   json.RawMessage `json:"result,omitempty"`
 	Error    string          `json:"error,omitempty"`
+	// Event, when set, is appended to the task's allocation timeline in
+	// the same command.
+	Event *StageEvent `json:"event,omitempty"`
+	Stage string      `json:"stage,omitempty"`
+	Done  int64       `json:"done,omitempty"`
+	Total int64       `json:"total,omitempty"`
 }
 
 type TimelineAppendRequest struct {

@@ -18,13 +18,15 @@ type ClaimRef struct {
 // (slice.provision, baremetal.handoff) and release (slice.release,
 // baremetal.release) tasks of an allocation when the proposer gave none.
 type AllocationTaskPayload struct {
-	AllocationID  string        `json:"allocation_id"`
-	Shape         CapacityShape `json:"capacity_shape"`
-	SKU           string        `json:"sku"`
-	GPUCount      int           `json:"gpu_count"`
-	Image         string        `json:"image,omitempty"`
-	SSHPublicKeys []string      `json:"ssh_public_keys,omitempty"`
-	Claims        []ClaimRef    `json:"claims"`
+	AllocationID string        `json:"allocation_id"`
+	Shape        CapacityShape `json:"capacity_shape"`
+	SKU          string        `json:"sku"`
+	GPUCount     int           `json:"gpu_count"`
+	Image        string        `json:"image,omitempty"`
+	// ImageRef is the approved catalog entry Image resolved to.
+	ImageRef      *ImageRef  `json:"image_ref,omitempty"`
+	SSHPublicKeys []string   `json:"ssh_public_keys,omitempty"`
+	Claims        []ClaimRef `json:"claims"`
 	// Slots are the IDs of the slots the claims hold, sorted by index.
 	Slots []string `json:"slots"`
 }

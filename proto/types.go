@@ -220,6 +220,8 @@ type Allocation struct {
 	CreatedAt      time.Time     `json:"created_at"`
 	ActivatedAt    *time.Time    `json:"activated_at,omitempty"`
 	EndedAt        *time.Time    `json:"ended_at,omitempty"`
+	// Access tells the tenant how to reach the slice once active.
+	Access *SliceAccess `json:"access,omitempty"`
 	Meta
 }
 
@@ -281,10 +283,14 @@ type Task struct {
 	Payload      json.RawMessage `json:"payload,omitempty"`
 	State        TaskState       `json:"state"`
 	Progress     string          `json:"progress,omitempty"`
-	Result       json.RawMessage `json:"result,omitempty"`
-	Error        string          `json:"error,omitempty"`
-	CreatedAt    time.Time       `json:"created_at"`
-	UpdatedAt    time.Time       `json:"updated_at"`
+	// Stage, Done and Total are the running stage and its byte progress.
+	Stage     string          `json:"stage,omitempty"`
+	Done      int64           `json:"done,omitempty"`
+	Total     int64           `json:"total,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
 	Meta
 }
 
