@@ -57,6 +57,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
+	proto.LedgerPurgeType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -166,6 +167,8 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		return f.applySlotHealth(body, index)
 	case proto.CommandBatchType:
 		return f.applyCommandBatch(body, index)
+	case proto.LedgerPurgeType:
+		return f.applyLedgerPurge(body, index)
 	default:
 		if resp, ok := f.applyMAAS(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp

@@ -56,6 +56,8 @@ type Config struct {
 	SiteKey *sitekey.Key
 	// MAAS tunes the leader's MAAS workflows (zero fields: defaults).
 	MAAS MAASConfig
+	// Purge tunes how long ended allocations stay in the ledger.
+	Purge PurgeConfig
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.

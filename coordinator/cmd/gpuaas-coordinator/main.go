@@ -104,6 +104,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
+		Purge: server.PurgeConfig{Retention: o.RetainEnded},
 	})
 	if err != nil {
 		ln.Close()

@@ -39,6 +39,7 @@ type options struct {
 	GossipJoin        []string
 	GCPercent         int
 	MemoryLimit       int64
+	RetainEnded       time.Duration
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -82,6 +83,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 500ms)")
 	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")
 	fs.IntVar(&o.GCPercent, "gc-percent", server.DefaultGCPercent, "Go GC target percent (GOGC); the ledger's copy-on-write store churns the heap, so the default is higher than Go's 100")
+	fs.DurationVar(&o.RetainEnded, "retain-ended", server.DefaultRetention, "how long released and failed allocations (with their claims, tasks and timeline) stay in the ledger before the leader purges them; usage records stay; negative: never purge")
 	fs.Int64Var(&o.MemoryLimit, "memory-limit", 0, "soft Go memory limit in bytes (0: none); the collector runs harder near it")
 	return fs
 }
@@ -160,6 +162,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	case "debug", "info", "warn", "error":
 	default:
 		return nil, fmt.Errorf("log-level %q is not one of debug, info, warn, error", o.LogLevel)
+	}
+	if o.RetainEnded == 0 {
+		return nil, fmt.Errorf("retain-ended 0: give a positive duration, or a negative one to never purge")
 	}
 	if o.GCPercent <= 0 {
 		return nil, fmt.Errorf("gc-percent %d: must be > 0", o.GCPercent)
