@@ -9,8 +9,11 @@
 // the agent binds them to vfio-pci itself) and a serial console logged to
 // a file on the host. No graphics, no VNC, no unauthenticated console.
 //
+// vCPUs are pinned to the plan's host CPUs, memory is bound strictly to
+// the GPUs' NUMA nodes and, when the profile says so, backed by hugepages.
+//
 // LabSized maps a production spec to what the lab machine can run (1
-// vCPU, 512 MiB, no hostdevs, TCG).
+// vCPU, 512 MiB, no hostdevs, no pinning or hugepages, TCG).
 package vm
 
 import (
@@ -19,6 +22,9 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 
 	"libvirt.org/go/libvirtxml"
 
@@ -78,6 +84,15 @@ type DomainSpec struct {
 	SerialLog  string   // host file receiving the serial console
 	NIC        NIC      // management NIC
 	Hostdevs   []string // PCI addresses passed through with VFIO (GPUs, fabric VFs)
+	// CPUPins pins vCPU i to host CPU CPUPins[i] (the bundle plan's pin
+	// set); empty: no pinning. When set it has exactly VCPUs entries.
+	CPUPins []int
+	// NUMANodes binds guest memory strictly to these host NUMA nodes (the
+	// nodes of the slice's GPUs); empty: no binding.
+	NUMANodes []int
+	// HugepageKiB backs guest memory with hugepages of this size (2048 or
+	// 1048576) from NUMANodes; 0: normal pages.
+	HugepageKiB int
 }
 
 // LabSized returns s reduced to what the lab machine runs for real: 1
@@ -88,6 +103,9 @@ func LabSized(s DomainSpec) DomainSpec {
 	s.VCPUs = 1
 	s.MemoryMiB = 512
 	s.Hostdevs = nil
+	// Two lab cores and no spare hugepages: no pinning, binding or
+	// hugepage backing.
+	s.CPUPins, s.NUMANodes, s.HugepageKiB = nil, nil, 0
 	return s
 }
 
@@ -139,6 +157,33 @@ func (s DomainSpec) Validate() error {
 		}
 	default:
 		return fmt.Errorf("domain %s: NIC kind %q: want %q or %q", s.Name, s.NIC.Kind, NICOpenVSwitch, NICUser)
+	}
+	if len(s.CPUPins) > 0 && len(s.CPUPins) != s.VCPUs {
+		return fmt.Errorf("domain %s: %d CPU pins for %d vCPUs: pin every vCPU or none", s.Name, len(s.CPUPins), s.VCPUs)
+	}
+	pinned := map[int]bool{}
+	for _, c := range s.CPUPins {
+		if c < 0 || c > 4095 {
+			return fmt.Errorf("domain %s: CPU pin %d: want a host CPU 0-4095", s.Name, c)
+		}
+		if pinned[c] {
+			return fmt.Errorf("domain %s: host CPU %d pinned twice", s.Name, c)
+		}
+		pinned[c] = true
+	}
+	for _, n := range s.NUMANodes {
+		if n < 0 || n > 63 {
+			return fmt.Errorf("domain %s: NUMA node %d: want 0-63", s.Name, n)
+		}
+	}
+	switch s.HugepageKiB {
+	case 0:
+	case 2048, 1048576:
+		if s.MemoryMiB*1024%s.HugepageKiB != 0 {
+			return fmt.Errorf("domain %s: %d MiB of memory is not a whole number of %d KiB hugepages", s.Name, s.MemoryMiB, s.HugepageKiB)
+		}
+	default:
+		return fmt.Errorf("domain %s: hugepage size %d KiB: want 2048 or 1048576", s.Name, s.HugepageKiB)
 	}
 	seen := map[string]bool{}
 	for _, a := range s.Hostdevs {
@@ -216,6 +261,20 @@ func Domain(s DomainSpec) (*libvirtxml.Domain, error) {
 	} else {
 		d.CPU = &libvirtxml.DomainCPU{Mode: "host-passthrough", Migratable: "off"}
 	}
+	if len(s.CPUPins) > 0 {
+		d.CPUTune = &libvirtxml.DomainCPUTune{}
+		for i, c := range s.CPUPins {
+			d.CPUTune.VCPUPin = append(d.CPUTune.VCPUPin, libvirtxml.DomainCPUTuneVCPUPin{VCPU: uint(i), CPUSet: strconv.Itoa(c)})
+		}
+	}
+	if len(s.NUMANodes) > 0 {
+		d.NUMATune = &libvirtxml.DomainNUMATune{Memory: &libvirtxml.DomainNUMATuneMemory{Mode: "strict", Nodeset: nodeset(s.NUMANodes)}}
+	}
+	if s.HugepageKiB > 0 {
+		// The pages come from the host nodes numatune binds memory to.
+		page := libvirtxml.DomainMemoryHugepage{Size: uint(s.HugepageKiB), Unit: "KiB"}
+		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{Hugepages: []libvirtxml.DomainMemoryHugepage{page}}}
+	}
 	for _, a := range s.Hostdevs {
 		h, err := hostdev(a)
 		if err != nil {
@@ -224,6 +283,18 @@ func Domain(s DomainSpec) (*libvirtxml.Domain, error) {
 		d.Devices.Hostdevs = append(d.Devices.Hostdevs, h)
 	}
 	return d, nil
+}
+
+// nodeset renders NUMA node numbers as a libvirt nodeset ("0,1").
+func nodeset(nodes []int) string {
+	ns := slices.Clone(nodes)
+	slices.Sort(ns)
+	ns = slices.Compact(ns)
+	parts := make([]string, len(ns))
+	for i, n := range ns {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
 }
 
 // XML returns the domain XML for s.

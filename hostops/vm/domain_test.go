@@ -31,7 +31,10 @@ func productionSpec() DomainSpec {
 			Kind: NICOpenVSwitch, MAC: "52:54:00:22:15:01", Bridge: "ovsbr0",
 			InterfaceID: "0c9d8e7f-6a5b-4c3d-9e1f-2a3b4c5d6e7f",
 		},
-		Hostdevs: []string{"0000:18:00.0", "0000:1a:00.2"},
+		Hostdevs:    []string{"0000:18:00.0", "0000:1a:00.2"},
+		CPUPins:     []int{2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109},
+		NUMANodes:   []int{0},
+		HugepageKiB: 1048576,
 	}
 }
 
@@ -70,6 +73,7 @@ func TestLabSized(t *testing.T) {
 	l := LabSized(p)
 	want := p
 	want.Hypervisor, want.VCPUs, want.MemoryMiB, want.Hostdevs = TCG, 1, 512, nil
+	want.CPUPins, want.NUMANodes, want.HugepageKiB = nil, nil, 0
 	if d := cmp.Diff(want, l); d != "" {
 		t.Fatalf("LabSized (-want +got):\n%s", d)
 	}
@@ -134,6 +138,12 @@ func TestValidate(t *testing.T) {
 		"user nic + bridge": {func(s *DomainSpec) { s.NIC.Kind = NICUser }, "user-mode NIC"},
 		"bad hostdev":       {func(s *DomainSpec) { s.Hostdevs = []string{"18:00.0"} }, "PCI address"},
 		"dup hostdev":       {func(s *DomainSpec) { s.Hostdevs = []string{"0000:18:00.0", "0000:18:00.0"} }, "twice"},
+		"short pin set":     {func(s *DomainSpec) { s.CPUPins = s.CPUPins[:3] }, "3 CPU pins for 24 vCPUs"},
+		"dup pin":           {func(s *DomainSpec) { s.CPUPins[1] = s.CPUPins[0] }, "pinned twice"},
+		"negative pin":      {func(s *DomainSpec) { s.CPUPins[0] = -1 }, "CPU pin -1"},
+		"bad numa node":     {func(s *DomainSpec) { s.NUMANodes = []int{64} }, "NUMA node 64"},
+		"odd hugepage size": {func(s *DomainSpec) { s.HugepageKiB = 4096 }, "hugepage size 4096"},
+		"partial hugepages": {func(s *DomainSpec) { s.MemoryMiB = 65537 }, "whole number"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := productionSpec()
