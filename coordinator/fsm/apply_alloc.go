@@ -508,11 +508,20 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 				return nil, err
 			}
 		case proto.AllocFailed:
+			// A touched slot goes cleanup_blocked, an untouched one is
+			// freed (freeTarget).
 			for _, s := range slots {
-				if slices.Contains(req.TouchedSlots, s.ID) {
+				switch {
+				case slices.Contains(req.TouchedSlots, s.ID):
 					s.Touched = true
+				case req.TouchedExact:
+					s.Touched = false // the agent never wrote this disk
 				}
-				to, why := freeTarget(s, "provision of "+a.ID+" failed after touching the disk")
+				blocked := "provision of " + a.ID + " failed after touching the disk"
+				if req.Reason != "" {
+					blocked += ": " + req.Reason
+				}
+				to, why := freeTarget(s, blocked)
 				if err := freeSlot(cmd, s, to, why); err != nil {
 					return nil, err
 				}

@@ -140,3 +140,28 @@ func TestTransitionRecordsAccessWhenActive(t *testing.T) {
 	assert.Equal(t, good, *a.Access)
 	assert.Equal(t, good, *h.Alloc("a1").Access)
 }
+
+// A failed provision with the agent's exact list of touched slots blocks
+// those and frees the others; without the list every slot the provision
+// may have written stays blocked.
+func TestFailedProvisionTouchedExact(t *testing.T) {
+	t.Parallel()
+	for _, exact := range []bool{true, false} {
+		h := seeded(t)
+		h.Place(h.SliceRequest("a1", "", n0, slot(n0, 0), slot(n0, 1)))
+		h.Transition("a1", proto.AllocProvisioning)
+		h.OK(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: h.At(), AllocationID: "a1", To: proto.AllocFailed,
+			Reason: "stage clone failed: short write", TouchedSlots: []string{slot(n0, 1)}, TouchedExact: exact})
+		s0, s1 := h.Slot(slot(n0, 0)), h.Slot(slot(n0, 1))
+		assert.Equal(t, proto.SlotCleanupBlocked, s1.Status)
+		assert.True(t, s1.Touched)
+		assert.Contains(t, s1.StatusReason, "stage clone failed: short write")
+		if exact {
+			assert.Equal(t, proto.SlotAvailable, s0.Status, "never written: free")
+			assert.False(t, s0.Touched)
+		} else {
+			assert.Equal(t, proto.SlotCleanupBlocked, s0.Status, "may have been written: blocked")
+		}
+		assert.Equal(t, "stage clone failed: short write", h.Alloc("a1").Reason)
+	}
+}
