@@ -45,7 +45,7 @@ func (a *app) allocCreateCmd() *cobra.Command {
 			"a failure prints the stage and reason and exits 1.",
 		Example: "  gpuaasctl alloc create --gpus 2 --region us-east\n  gpuaasctl alloc create --gpus 1 --region us-east --ssh-key \"$(cat ~/.ssh/id_ed25519.pub)\" --wait\n" +
 			"  gpuaasctl alloc create --shape baremetal --region us-east --idempotency-key order-17",
-		Args:    exactArgs(),
+		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req.CapacityShape = proto.CapacityShape(shape)
 			if !req.CapacityShape.Valid() {

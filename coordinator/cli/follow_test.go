@@ -35,7 +35,7 @@ var t0 = time.Date(2026, 11, 21, 22, 0, 0, 0, time.UTC)
 
 // timeline builds events from (offset ms, stage, status, message).
 type ev struct {
-	ms                   int
+	ms                 int
 	stage, status, msg string
 }
 
