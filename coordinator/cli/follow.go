@@ -127,7 +127,7 @@ func progressLine(stage string, done, total int64, rate float64) string {
 	}
 	s := fmt.Sprintf("%-13s %s / %s (%3.0f%%)", stage, fmtBytes(float64(done)), fmtBytes(float64(total)), pct)
 	if rate > 0 {
-		eta := time.Duration(math.Round(float64(total-done)/rate)) * time.Second
+		eta := time.Duration(math.Round(float64(total-done) / rate * float64(time.Second)))
 		s += fmt.Sprintf("  %s/s  ETA %s", fmtBytes(rate), fmtDuration(eta))
 	}
 	return s
@@ -401,6 +401,37 @@ func (a *app) followTask(cmd *cobra.Command, t proto.Task, label string, limit t
 		b.Update(&t, label, true, time.Now())
 		if time.Now().After(deadline) {
 			return t, fmt.Errorf("gave up after %s: task %s is %s", limit, t.ID, t.State)
+		}
+	}
+}
+
+// settledSlot returns the slot once it has left cleanup_blocked: the
+// proof is recorded right after the task's final report, so a reader may
+// see the task done a moment before the slot moves. It blocks on the
+// node's slots (a few rounds at most) and returns the last answer.
+func (a *app) settledSlot(cmd *cobra.Command, node, id string) (*Response, error) {
+	var index uint64
+	for round := 0; ; round++ {
+		q := map[string]string{"node": node, "limit": "1000"}
+		if index > 0 {
+			q["index"], q["wait"] = strconv.FormatUint(index, 10), "5s"
+		}
+		r, err := a.call(cmd, http.MethodGet, "/v1/slots", q, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		l, err := decode[proto.List[proto.Slot]](r)
+		if err != nil {
+			return nil, err
+		}
+		index = l.Index
+		for _, s := range l.Items {
+			if s.ID == id && (s.Status != proto.SlotCleanupBlocked || round >= 3) {
+				return a.call(cmd, http.MethodGet, "/v1/slots/"+pathEscape(id), nil, nil, nil)
+			}
+		}
+		if round >= 3 {
+			return nil, fmt.Errorf("slot %s is not listed for node %s", id, node)
 		}
 	}
 }

@@ -268,8 +268,7 @@ func (a *app) slotCleanupCmd() *cobra.Command {
 			if t.State != proto.TaskSucceeded {
 				return fmt.Errorf("cleanup task %s of slot %s %s: %s", t.ID, args[0], t.State, t.Error)
 			}
-			r, err = a.call(cmd, http.MethodGet, "/v1/slots/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
+			if r, err = a.settledSlot(cmd, t.NodeID, args[0]); err != nil {
 				return err
 			}
 			return show(a, r, slotDetail)
