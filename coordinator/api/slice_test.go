@@ -17,6 +17,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/proto/prototest"
 )
 
 // sliceEnv is one real coordinator (Raft, bbolt, the operator API and
@@ -497,4 +498,56 @@ func TestSliceReportAfterForceReleaseIsRecordedNotApplied(t *testing.T) {
 	assert.Nil(t, got.Access)
 	assert.Equal(t, proto.SlotCleanupBlocked, e.slot(slots[0]).Status)
 	assert.Contains(t, e.logs.String(), "not activated")
+}
+
+// The cleanup payload takes the wipe policy of the node's site: the site
+// it was onboarded through, else the only site of its region.
+func TestSlotCleanupWipePolicyFromTheNodesSite(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	r := e.do(RoleOperator, http.MethodPost, "/v1/allocations",
+		proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"},
+		proto.IdempotencyKeyHeader, "k-wipe")
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	var a proto.Allocation
+	r.decode(t, &a)
+	e.apply(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: fixtureAt, AllocationID: a.ID, To: proto.AllocProvisioning})
+	e.apply(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: fixtureAt, AllocationID: a.ID, To: proto.AllocFailed, Reason: "test"})
+	var slotID string
+	for _, s := range e.b.Store().Snapshot().NodeSlots(a.NodeID) {
+		if s.Status == proto.SlotCleanupBlocked {
+			slotID = s.ID
+		}
+	}
+	require.NotEmpty(t, slotID)
+	site := func(name string, policy proto.WipePolicy) proto.Site {
+		s := prototest.Site()
+		s.Name, s.Region, s.Profiles, s.WipePolicy = name, "us-east", map[string]string{"slice": "h200-a"}, policy
+		s.Credentials = &proto.SealedSecret{KeyID: "k1", Nonce: make([]byte, 12), Ciphertext: make([]byte, 48)}
+		return s
+	}
+	policy := func(key string) string {
+		r := e.do(RoleAdmin, http.MethodPost, "/v1/slots/"+slotID+"/cleanup", nil, proto.IdempotencyKeyHeader, key)
+		require.Contains(t, []int{http.StatusOK, http.StatusAccepted}, r.status, "body: %s", r.body)
+		var tk proto.Task
+		r.decode(t, &tk)
+		var p proto.SlotCleanupPayload
+		require.NoError(t, json.Unmarshal(tk.Payload, &p))
+		return p.WipePolicy
+	}
+	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site("site-a", proto.WipeNVMeFormat)})
+	assert.Equal(t, "nvme_format", policy("k1"), "the only site of the region")
+	// Cancel the open task so the next request creates one.
+	tk, ok := e.b.Store().Snapshot().Task(slotCleanupTaskID(e.b.Store().Snapshot().Slots(a.NodeID, proto.SlotCleanupBlocked)[0], "k1"))
+	require.True(t, ok)
+	e.apply(proto.TaskUpdateType, proto.TaskUpdateRequest{At: fixtureAt, TaskID: tk.ID, NodeID: tk.NodeID, State: proto.TaskFailed, Error: "test"})
+	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site("site-b", proto.WipeZero)})
+	prof := prototest.SiteProfile()
+	prof.Site, prof.Name = "site-b", "slice"
+	e.apply(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: fixtureAt, Profile: prof})
+	e.apply(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: fixtureAt, Workflow: proto.MAASWorkflow{
+		ID: proto.OnboardWorkflowID("site-b", a.NodeID), Kind: proto.WorkflowOnboard, Site: "site-b", Profile: "slice",
+		Hostname: a.NodeID, MACs: []string{"52:54:00:11:22:33"}, Stage: proto.StageResolve, State: proto.WorkflowRunning}})
+	assert.Equal(t, "zero", policy("k2"), "the site the node was onboarded through")
 }
