@@ -325,6 +325,25 @@ func openCleanup(snap *state.Snapshot, slot *proto.Slot) (*proto.Task, bool) {
 	return nil, false
 }
 
+// lastHolder is the allocation whose claim last held the slot (the one
+// whose failed provision or release blocked it), "" when none did.
+func lastHolder(snap *state.Snapshot, slot *proto.Slot) string {
+	var best *proto.Claim
+	for _, c := range snap.Claims() {
+		held := c.Kind == proto.ClaimSlot && c.SlotID == slot.ID || c.Kind == proto.ClaimNodeExclusive && c.NodeID == slot.NodeID
+		if held && (best == nil || c.CreateIndex > best.CreateIndex) {
+			best = c
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	if _, ok := snap.Allocation(best.AllocationID); !ok {
+		return ""
+	}
+	return best.AllocationID
+}
+
 // nodeSite is the site a node was onboarded through, else the only site
 // of its region.
 func nodeSite(snap *state.Snapshot, n *proto.Node) (*proto.Site, bool) {
@@ -345,8 +364,10 @@ func nodeSite(snap *state.Snapshot, n *proto.Node) (*proto.Site, bool) {
 
 // cleanupSlot queues an operator-triggered cleanup of a cleanup_blocked
 // slot: a slot.cleanup task for the slot's node whose proof makes the
-// slot available (slice.go). The open task is answered (200) instead of
-// a second one; a new task answers 202.
+// slot available (slice.go). The task belongs to the allocation that last
+// held the slot, so the agent's stage events land on the timeline that
+// shows why the slot was blocked. The open task is answered (200)
+// instead of a second one; a new task answers 202.
 func (a *API) cleanupSlot(c *call) error {
 	if _, err := c.query(); err != nil {
 		return err
@@ -399,7 +420,7 @@ func (a *API) cleanupSlot(c *call) error {
 	tid := slotCleanupTaskID(slot, key)
 	at := now()
 	_, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: at,
-		Task: proto.Task{ID: tid, NodeID: node.ID, Type: proto.TaskSlotCleanup, Payload: payload, CreatedAt: at}})
+		Task: proto.Task{ID: tid, NodeID: node.ID, AllocationID: lastHolder(snap, slot), Type: proto.TaskSlotCleanup, Payload: payload, CreatedAt: at}})
 	status := http.StatusAccepted
 	switch {
 	case proto.CodeOf(err) == proto.CodeAlreadyExists:

@@ -319,8 +319,9 @@ func TestSliceProvisionFailureAndOperatorCleanup(t *testing.T) {
 	at := e.agentTask(node, "", proto.TaskSlotCleanup)
 	require.Equal(t, ct.ID, at.ID)
 	before := *e.task(ct.ID)
+	assert.Equal(t, a.ID, ct.AllocationID, "the cleanup belongs to the allocation that blocked the slot")
 	for _, u := range []proto.AgentTaskUpdate{
-		{State: proto.TaskRunning, Event: event(proto.StageCleanup, "started", "")}, // no allocation timeline
+		{State: proto.TaskRunning, Event: event(proto.StageCleanup, "bogus", "")}, // bad status
 		{State: proto.TaskSucceeded}, // no proof
 		{State: proto.TaskSucceeded, Result: mustJSON(t, proto.SlotCleanupResult{SlotID: free.ID, Proof: *wipeProof()})}, // another slot
 		{State: proto.TaskSucceeded, Result: mustJSON(t, proto.SlotCleanupResult{SlotID: blocked.ID})},                   // empty proof
@@ -332,9 +333,12 @@ func TestSliceProvisionFailureAndOperatorCleanup(t *testing.T) {
 	assert.Equal(t, before, *e.task(ct.ID))
 	assert.Equal(t, proto.SlotCleanupBlocked, e.slot(blocked.ID).Status)
 
+	e.mustReport(node, ct.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: event(proto.StageCleanup, "started", "")})
 	e.mustReport(node, ct.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Done: 4 << 20, Total: 8 << 20})
-	e.mustReport(node, ct.ID, proto.AgentTaskUpdate{State: proto.TaskSucceeded,
+	e.mustReport(node, ct.ID, proto.AgentTaskUpdate{State: proto.TaskSucceeded, Event: event(proto.StageCleanup, "succeeded", "zero"),
 		Result: mustJSON(t, proto.SlotCleanupResult{SlotID: blocked.ID, Proof: *wipeProof()})})
+	tl := e.stages(a.ID)
+	assert.Equal(t, []string{"cleanup/started", "cleanup/succeeded"}, tl[len(tl)-2:], "the cleanup shows on the timeline that blocked the slot")
 	s := e.slot(blocked.ID)
 	assert.Equal(t, proto.SlotAvailable, s.Status)
 	require.NotNil(t, s.WipeProof)
