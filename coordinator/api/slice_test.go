@@ -380,6 +380,16 @@ func TestSliceLegacyResultsAndFailedRelease(t *testing.T) {
 		assert.Equal(t, proto.SlotCleanupBlocked, s.Status)
 		assert.Contains(t, s.StatusReason, "libvirt: domain would not stop")
 	}
+
+	// A plan refused before anything was written: failed, slots free.
+	c := e.place(1)
+	task = e.agentTask(c.NodeID, c.ID, proto.TaskSliceProvision)
+	e.mustReport(c.NodeID, task.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: event(proto.StagePlan, "failed", "hugepages short")})
+	e.mustReport(c.NodeID, task.ID, proto.AgentTaskUpdate{State: proto.TaskFailed, Error: "hugepages: need 32, 0 free on NUMA 0"})
+	got := e.alloc(c.ID)
+	assert.Equal(t, proto.AllocFailed, got.State)
+	assert.Equal(t, "slice.provision task "+task.ID+" failed: hugepages: need 32, 0 free on NUMA 0", got.Reason)
+	assert.Equal(t, proto.SlotAvailable, e.slot(payloadSlots(t, task)[0]).Status, "never provisioning: never touched")
 }
 
 // rawReport posts a raw body as node's agent.
