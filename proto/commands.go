@@ -197,6 +197,11 @@ type AllocationTransitionRequest struct {
 	TouchedSlots []string   `json:"touched_slots,omitempty"`
 	// Access is recorded on the allocation when it becomes active.
 	Access *SliceAccess `json:"access,omitempty"`
+	// TouchedExact says TouchedSlots is the agent's complete list of the
+	// slots whose disks the failed provision wrote: the others were never
+	// written and are freed without a wipe. Without it every slot the
+	// provision may have written stays touched (cleanup_blocked).
+	TouchedExact bool `json:"touched_exact,omitempty"`
 }
 
 // AllocationReleaseRequest starts a graceful release: allocation

@@ -345,47 +345,29 @@ func (a *API) agentTaskUpdate(c *call) error {
 	if t.NodeID != node {
 		return proto.Errorf(proto.CodeForbidden, "task %s belongs to node %s; this credential acts for node %s only", id, t.NodeID, node)
 	}
+	// A malformed result is refused before anything is recorded
+	// (slice.go); what the report means follows the task update.
+	if _, err := checkTaskReport(t, body.State, body.Result); err != nil {
+		return err
+	}
 	resp, idx, err := a.b.Apply(c.r.Context(), proto.TaskUpdateType, proto.TaskUpdateRequest{
 		At: a.now(), TaskID: id, NodeID: node, State: body.State, Progress: body.Progress, Result: body.Result, Error: body.Error,
+		Event: body.Event, Done: body.Done, Total: body.Total,
 	})
 	if err != nil {
 		return err
 	}
 	c.index = idx
-	if i := a.provisionStarted(c, t, body.State); i > 0 {
-		c.index = i
+	if rec, ok := resp.(*proto.Task); ok {
+		ev := body.Event
+		if rec.ModifyIndex != idx {
+			ev = nil // a re-delivered final report: nothing was appended
+		}
+		if i := a.afterTaskReport(c.r.Context(), rec, ev); i > 0 {
+			c.index = i
+		}
 	}
 	return c.reply(http.StatusOK, resp)
-}
-
-// provisionStarted moves a placed allocation to provisioning once its
-// agent reports the slice.provision task succeeded: the node scheduler
-// validated the host and leased the slots, and what follows the plan
-// writes the disks, so from here on the slots count as touched (a
-// force-release leaves them cleanup_blocked). The task report itself has
-// already been recorded; a refused transition (the allocation moved on
-// meanwhile, e.g. force-released) is logged, not returned. It returns the
-// transition's index, 0 when none was made.
-func (a *API) provisionStarted(c *call, t *proto.Task, st proto.TaskState) uint64 {
-	if t.Type != proto.TaskSliceProvision || st != proto.TaskSucceeded || t.AllocationID == "" {
-		return 0
-	}
-	al, ok := a.b.Store().Snapshot().Allocation(t.AllocationID)
-	if !ok || al.State != proto.AllocPlaced {
-		return 0
-	}
-	// The report is recorded: finish the follow-up even if the agent hangs
-	// up now.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), 10*time.Second)
-	defer cancel()
-	_, idx, err := a.b.Apply(ctx, proto.AllocationTransitionType, proto.AllocationTransitionRequest{
-		At: a.now(), AllocationID: al.ID, To: proto.AllocProvisioning, Reason: "agent leased the slots and returned a plan (task " + t.ID + ")",
-	})
-	if err != nil {
-		a.log.Warn("allocation to provisioning after the agent's plan", "allocation", al.ID, "task", t.ID, "err", err)
-		return 0
-	}
-	return idx
 }
 
 func (a *API) agentReadiness(c *call) error {

@@ -126,6 +126,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/slots/{id}", RoleViewer, false, a.getSlot},
 		{http.MethodPost, "/v1/slots/{id}/disable", RoleAdmin, true, a.disableSlot},
 		{http.MethodPost, "/v1/slots/{id}/repair", RoleAdmin, true, a.repairSlot},
+		{http.MethodPost, "/v1/slots/{id}/cleanup", RoleAdmin, true, a.cleanupSlot},
 
 		{http.MethodGet, "/v1/regions", RoleViewer, false, a.listRegions},
 		{http.MethodPut, "/v1/regions/{name}", RoleAdmin, true, a.putRegion},

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -32,14 +33,19 @@ func newIdempotencyKey() (string, error) {
 func (a *app) allocCreateCmd() *cobra.Command {
 	var req proto.AllocationCreateRequest
 	var shape, key string
+	var wait bool
+	var waitLimit time.Duration
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "Place an allocation (gpu_slice by default); prints the allocation",
 		Long: "Place an allocation. The idempotency key makes retries safe: the same key returns the\n" +
 			"same allocation. Without --idempotency-key one is generated and printed on stderr;\n" +
-			"re-run with it to retry.",
-		Example: "  gpuaasctl alloc create --gpus 2 --region us-east\n  gpuaasctl alloc create --shape baremetal --region us-east --idempotency-key order-17",
-		Args:    exactArgs(),
+			"re-run with it to retry. With --wait the command follows the allocation live: one line\n" +
+			"per stage, a progress bar during the clone, and at the end the SSH command of the slice;\n" +
+			"a failure prints the stage and reason and exits 1.",
+		Example: "  gpuaasctl alloc create --gpus 2 --region us-east\n  gpuaasctl alloc create --gpus 1 --region us-east --ssh-key \"$(cat ~/.ssh/id_ed25519.pub)\" --wait\n" +
+			"  gpuaasctl alloc create --shape baremetal --region us-east --idempotency-key order-17",
+		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req.CapacityShape = proto.CapacityShape(shape)
 			if !req.CapacityShape.Valid() {
@@ -72,7 +78,17 @@ func (a *app) allocCreateCmd() *cobra.Command {
 			if r.Status == http.StatusOK {
 				fmt.Fprintf(a.errOut, "idempotency key %s was used before: this is the allocation it created\n", key)
 			}
-			return show(a, r, allocDetail)
+			if !wait {
+				return show(a, r, allocDetail)
+			}
+			al, err := decode[proto.Allocation](r)
+			if err != nil {
+				return err
+			}
+			if a.output != "json" {
+				fmt.Fprintf(a.out, "allocation %s placed on node %s; following it (Ctrl-C stops following, not the allocation)\n", al.ID, al.NodeID)
+			}
+			return a.followAllocation(cmd, al.ID, waitLimit)
 		},
 	}
 	f := c.Flags()
@@ -84,6 +100,8 @@ func (a *app) allocCreateCmd() *cobra.Command {
 	f.StringArrayVar(&req.SSHPublicKeys, "ssh-key", nil, "OpenSSH public key (repeatable)")
 	f.StringVar(&req.Owner, "owner", "", "owner (default: the token's name)")
 	f.StringVar(&key, "idempotency-key", "", "idempotency key (generated and printed when absent)")
+	f.BoolVar(&wait, "wait", false, "follow the allocation until it is active (prints the SSH command) or failed (exit 1)")
+	f.DurationVar(&waitLimit, "wait-timeout", 15*time.Minute, "how long --wait follows before giving up")
 	return c
 }
 
@@ -112,6 +130,9 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 	row(w, "Created:", ts(x.CreatedAt))
 	row(w, "Activated:", tsp(x.ActivatedAt))
 	row(w, "Ended:", tsp(x.EndedAt))
+	if x.Access != nil {
+		row(w, "SSH:", x.Access.SSH())
+	}
 	row(w, "Index:", fmt.Sprintf("create %d, modify %d", x.CreateIndex, x.ModifyIndex))
 }
 
@@ -201,7 +222,7 @@ func (a *app) allocForceReleaseCmd() *cobra.Command {
 func (a *app) allocTimelineCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "timeline ID",
-		Short: "Show an allocation's timeline",
+		Short: "Show an allocation's timeline with each stage's duration (its end minus its start)",
 		Args:  exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/timeline", nil, nil, nil)
@@ -209,9 +230,9 @@ func (a *app) allocTimelineCmd() *cobra.Command {
 				return err
 			}
 			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
-				row(w, "SEQ", "AT", "STAGE", "STATUS", "MESSAGE")
-				for _, e := range l.Items {
-					row(w, e.Seq, ts(e.At), e.Stage, e.Status, e.Message)
+				row(w, "SEQ", "AT", "STAGE", "STATUS", "DURATION", "MESSAGE")
+				for _, cells := range timelineRows(l.Items) {
+					row(w, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5])
 				}
 			})
 		},

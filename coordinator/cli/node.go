@@ -198,9 +198,13 @@ func (a *app) listTasks(cmd *cobra.Command, path, after string, limit int) error
 		return err
 	}
 	return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Task]) {
-		row(w, "ID", "NODE", "ALLOCATION", "TYPE", "STATE", "UPDATED", "PROGRESS", "ERROR")
+		row(w, "ID", "NODE", "ALLOCATION", "TYPE", "STATE", "UPDATED", "STAGE", "PROGRESS", "ERROR")
 		for _, t := range l.Items {
-			row(w, t.ID, t.NodeID, t.AllocationID, t.Type, t.State, ts(t.UpdatedAt), t.Progress, t.Error)
+			progress := t.Progress
+			if p := progressText(t.Done, t.Total); p != "" {
+				progress = strings.TrimSpace(p + " " + progress)
+			}
+			row(w, t.ID, t.NodeID, t.AllocationID, t.Type, t.State, ts(t.UpdatedAt), t.Stage, progress, t.Error)
 		}
 		nextHint(a, l.Next)
 	})

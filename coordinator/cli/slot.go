@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,8 +14,8 @@ import (
 )
 
 func (a *app) slotCmd() *cobra.Command {
-	c := &cobra.Command{Use: "slot", Aliases: []string{"slots"}, Short: "List, approve, disable and repair slots"}
-	c.AddCommand(a.slotListCmd(), a.slotShowCmd(), a.slotApproveCmd(), a.slotDisableCmd(), a.slotRepairCmd())
+	c := &cobra.Command{Use: "slot", Aliases: []string{"slots"}, Short: "List, approve, disable, repair and clean up slots"}
+	c.AddCommand(a.slotListCmd(), a.slotShowCmd(), a.slotApproveCmd(), a.slotDisableCmd(), a.slotRepairCmd(), a.slotCleanupCmd())
 	return c
 }
 
@@ -225,4 +227,78 @@ func (a *app) topologyCmd() *cobra.Command {
 		},
 	})
 	return c
+}
+
+func (a *app) slotCleanupCmd() *cobra.Command {
+	var key string
+	var wait bool
+	var waitLimit time.Duration
+	c := &cobra.Command{
+		Use:   "cleanup ID",
+		Short: "Queue a wipe of a cleanup_blocked slot by its node's agent (admin); its proof makes the slot available",
+		Long: "Queue a slot.cleanup task for a cleanup_blocked slot. While one is open it is shown instead\n" +
+			"of a second; --idempotency-key makes a retry return the task it created. With --wait the\n" +
+			"command follows the wipe and shows the slot at the end (exit 1 when the cleanup failed).",
+		Args: exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			hdr := http.Header{}
+			if key != "" {
+				if err := proto.ValidateIdempotencyKey(key); err != nil {
+					return usageError{err}
+				}
+				hdr.Set(proto.IdempotencyKeyHeader, key)
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/slots/"+pathEscape(args[0])+"/cleanup", nil, nil, hdr)
+			if err != nil {
+				return err
+			}
+			if r.Status == http.StatusOK {
+				fmt.Fprintln(a.errOut, "a cleanup of this slot was requested before: this is its task")
+			}
+			if !wait {
+				return show(a, r, taskDetail)
+			}
+			t, err := decode[proto.Task](r)
+			if err != nil {
+				return err
+			}
+			if t, err = a.followTask(cmd, t, proto.StageWipe, waitLimit); err != nil {
+				return err
+			}
+			if t.State != proto.TaskSucceeded {
+				return fmt.Errorf("cleanup task %s of slot %s %s: %s", t.ID, args[0], t.State, t.Error)
+			}
+			if r, err = a.settledSlot(cmd, t.NodeID, args[0]); err != nil {
+				return err
+			}
+			return show(a, r, slotDetail)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&key, "idempotency-key", "", "idempotency key: a retry with it returns the task it created")
+	f.BoolVar(&wait, "wait", false, "follow the cleanup until the slot has its proof")
+	f.DurationVar(&waitLimit, "wait-timeout", 30*time.Minute, "how long --wait follows before giving up")
+	return c
+}
+
+func taskDetail(w *tabwriter.Writer, t proto.Task) {
+	row(w, "ID:", t.ID)
+	row(w, "Type:", t.Type)
+	row(w, "Node:", t.NodeID)
+	row(w, "Allocation:", t.AllocationID)
+	row(w, "State:", t.State)
+	if t.Stage != "" || t.Total > 0 {
+		row(w, "Stage:", strings.TrimSpace(t.Stage+" "+progressText(t.Done, t.Total)))
+	}
+	row(w, "Error:", t.Error)
+	row(w, "Created:", ts(t.CreatedAt))
+	row(w, "Updated:", ts(t.UpdatedAt))
+}
+
+// progressText is "done / total (pct)" or "" without a total.
+func progressText(done, total int64) string {
+	if total <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s / %s (%.0f%%)", fmtBytes(float64(done)), fmtBytes(float64(total)), 100*float64(done)/float64(total))
 }

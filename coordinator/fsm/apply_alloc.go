@@ -446,6 +446,14 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 		if err := checkReason(req.AllocationID, req.Reason); err != nil {
 			return nil, err
 		}
+		if req.Access != nil {
+			if req.To != proto.AllocActive {
+				return nil, invalid("%s: allocation %s: access is recorded only when the allocation becomes active, not %s", cmd, req.AllocationID, req.To)
+			}
+			if err := req.Access.Validate(); err != nil {
+				return nil, invalid("%s: allocation %s: %s", cmd, req.AllocationID, detail(err))
+			}
+		}
 		a, err := editAlloc(tx, req.AllocationID)
 		if err != nil {
 			return nil, err
@@ -491,16 +499,29 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 				}
 			}
 			a.ActivatedAt = &now
+			if req.Access != nil {
+				acc := *req.Access
+				a.Access = &acc
+			}
 			u := &proto.UsageRecord{AllocationID: a.ID, Shape: a.Shape, SKU: a.SKU, GPUCount: a.GPUCount, NodeID: a.NodeID, Start: now}
 			if err := tx.PutUsage(u); err != nil {
 				return nil, err
 			}
 		case proto.AllocFailed:
+			// A touched slot goes cleanup_blocked, an untouched one is
+			// freed (freeTarget).
 			for _, s := range slots {
-				if slices.Contains(req.TouchedSlots, s.ID) {
+				switch {
+				case slices.Contains(req.TouchedSlots, s.ID):
 					s.Touched = true
+				case req.TouchedExact:
+					s.Touched = false // the agent never wrote this disk
 				}
-				to, why := freeTarget(s, "provision of "+a.ID+" failed after touching the disk")
+				blocked := "provision of " + a.ID + " failed after touching the disk"
+				if req.Reason != "" {
+					blocked += ": " + req.Reason
+				}
+				to, why := freeTarget(s, blocked)
 				if err := freeSlot(cmd, s, to, why); err != nil {
 					return nil, err
 				}

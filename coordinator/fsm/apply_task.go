@@ -94,6 +94,9 @@ func (f *FSM) applyTaskUpdate(body []byte, index uint64) any {
 		if len(req.Progress) > maxProgress || len(req.Error) > maxTaskError || len(req.Result) > maxPayload {
 			return nil, invalid("%s: task %s: progress, error or result too large (limits %d, %d, %d bytes)", cmd, req.TaskID, maxProgress, maxTaskError, maxPayload)
 		}
+		if err := checkTaskProgress(cmd, req); err != nil {
+			return nil, err
+		}
 		cur, ok := tx.Task(req.TaskID)
 		if !ok {
 			return nil, notFound("task", req.TaskID)
@@ -107,10 +110,33 @@ func (f *FSM) applyTaskUpdate(body []byte, index uint64) any {
 			}
 			return nil, proto.Errorf(proto.CodeIllegalTransition, "%s: task %s is %s (final); cannot move to %s", cmd, cur.ID, cur.State, req.State)
 		}
+		now := at(req.At)
+		if req.Event != nil {
+			if cur.AllocationID == "" {
+				return nil, invalid("%s: task %s (%s) belongs to no allocation: its stage event has no timeline to go to", cmd, cur.ID, cur.Type)
+			}
+			if _, ok := tx.Allocation(cur.AllocationID); !ok {
+				return nil, notFound("allocation", cur.AllocationID)
+			}
+			if err := appendTimeline(tx, cur.AllocationID, req.Event.Stage, req.Event.Status, req.Event.Message, now); err != nil {
+				return nil, err
+			}
+		}
 		t := *cur
-		t.State, t.Progress, t.Error, t.UpdatedAt = req.State, req.Progress, req.Error, at(req.At)
+		t.State, t.Progress, t.Error, t.UpdatedAt = req.State, req.Progress, req.Error, now
 		if len(req.Result) > 0 {
 			t.Result = slices.Clone(req.Result)
+		}
+		stage := req.Stage
+		if stage == "" && req.Event != nil {
+			stage = req.Event.Stage
+		}
+		switch {
+		case stage != "" && stage != cur.Stage:
+			// A new stage starts its own byte count.
+			t.Stage, t.Done, t.Total = stage, req.Done, req.Total
+		case req.Done != 0 || req.Total != 0:
+			t.Done, t.Total = req.Done, req.Total
 		}
 		return &t, tx.PutTask(&t)
 	})
@@ -140,4 +166,31 @@ func (f *FSM) applyTimelineAppend(body []byte, index uint64) any {
 		e.Meta = proto.Meta{}
 		return &e, tx.PutTimeline(&e)
 	})
+}
+
+// checkTaskProgress validates the stage event, the running stage and the
+// byte progress of a task update.
+func checkTaskProgress(cmd string, req *proto.TaskUpdateRequest) error {
+	if req.Event != nil {
+		if err := req.Event.Validate(); err != nil {
+			return invalid("%s: task %s: %s", cmd, req.TaskID, detail(err))
+		}
+	}
+	if req.Stage != "" {
+		if err := proto.ValidateID("stage", req.Stage); err != nil {
+			return invalid("%s: task %s: %s", cmd, req.TaskID, detail(err))
+		}
+	}
+	if req.Done < 0 || req.Total < 0 || req.Done > req.Total {
+		return invalid("%s: task %s: progress done=%d total=%d; both must be non-negative and done at most total", cmd, req.TaskID, req.Done, req.Total)
+	}
+	return nil
+}
+
+// detail is an error's text without its code prefix.
+func detail(err error) string {
+	if pe, ok := err.(*proto.Error); ok {
+		return pe.Detail
+	}
+	return err.Error()
 }

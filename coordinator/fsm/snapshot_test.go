@@ -32,7 +32,9 @@ func rich(t *testing.T) *fsmtest.Harness {
 	// active slice with usage, released slice, failed slice, releasing baremetal.
 	h.Place(h.SliceRequest("act", "k-act", n0, slot(n0, 0), slot(n0, 1)))
 	h.Transition("act", proto.AllocProvisioning)
-	h.Transition("act", proto.AllocActive)
+	h.OK(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: h.At(), AllocationID: "act", To: proto.AllocActive,
+		Access: &proto.SliceAccess{GuestIP: "10.77.0.10", GuestMAC: "52:54:00:00:00:0a", JumpHost: "j22u15.lab", User: "root",
+			SSHCommand: "ssh -J root@j22u15.lab root@10.77.0.10"}})
 	h.Place(h.SliceRequest("rel", "", n1, slot(n1, 0)))
 	h.Transition("rel", proto.AllocProvisioning)
 	h.Transition("rel", proto.AllocActive)
@@ -45,6 +47,8 @@ func rich(t *testing.T) *fsmtest.Harness {
 	h.Place(h.BaremetalRequest("bm", "k-bm", bm0))
 	release(h, "bm")
 	h.OK(proto.OutboxDeliverType, proto.OutboxDeliverRequest{At: h.At(), IDs: []string{"act-provision", "rel-provision"}})
+	h.OK(proto.TaskUpdateType, proto.TaskUpdateRequest{At: h.At(), TaskID: "act-provision", NodeID: n0, State: proto.TaskRunning,
+		Event: &proto.StageEvent{Stage: proto.StageClone, Status: "started"}, Done: 1 << 20, Total: 8 << 20})
 	h.OK(proto.TaskUpdateType, proto.TaskUpdateRequest{At: h.At(), TaskID: "act-provision", NodeID: n0, State: proto.TaskSucceeded})
 	h.OK(proto.TaskCreateType, proto.TaskCreateRequest{At: h.At(), Task: proto.Task{ID: "disc", NodeID: n1, Type: proto.TaskTopologyDiscover}})
 	h.OK(proto.TimelineAppendType, proto.TimelineAppendRequest{At: h.At(), Event: proto.TimelineEvent{AllocationID: "act", Stage: "ssh", Status: "succeeded"}})
@@ -286,4 +290,24 @@ func TestPersistCancelsSinkOnError(t *testing.T) {
 	err = snap.Persist(sink)
 	require.ErrorContains(t, err, "disk full")
 	assert.True(t, sink.cancelled)
+}
+
+// The slice runtime's fields (allocation access, task stage and byte
+// progress) are in the fixture and survive a restore.
+func TestSnapshotKeepsSliceRuntimeFields(t *testing.T) {
+	t.Parallel()
+	h := rich(t)
+	restored := fsm.New(nil, nil)
+	require.NoError(t, restored.Restore(io.NopCloser(bytes.NewReader(snapshotBytes(t, h.FSM)))))
+	got := restored.Store().Snapshot()
+	a, ok := got.Allocation("act")
+	require.True(t, ok)
+	require.NotNil(t, a.Access)
+	assert.Equal(t, "10.77.0.10", a.Access.GuestIP)
+	assert.Equal(t, "ssh -J root@j22u15.lab root@10.77.0.10", a.Access.SSHCommand)
+	task, ok := got.Task("act-provision")
+	require.True(t, ok)
+	assert.Equal(t, proto.StageClone, task.Stage)
+	assert.Equal(t, int64(1<<20), task.Done)
+	assert.Equal(t, int64(8<<20), task.Total)
 }

@@ -1,0 +1,437 @@
+package cli
+
+// Live views of the slice runtime (proto/slice.go): `alloc create --wait`
+// follows an allocation through its stages, `alloc timeline` shows the
+// stages with their durations, `slot cleanup --wait` follows a cleanup.
+//
+// Following uses blocking queries: the allocation's task list answers
+// ?index=N&wait=D as soon as a task or the allocation changes (every
+// stage event and every byte-progress report rewrites the task), then the
+// timeline and the allocation are read at once. The rendering is pure
+// (stageView, progressLine, timelineRows): fed with timeline events and
+// task rows, it returns the text, so golden tests pin it down.
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// stageView turns timeline events, as they arrive, into one line per
+// finished stage: the stage, its outcome and its duration (the event
+// minus the stage's started event), and its message.
+type stageView struct {
+	seen    uint64               // highest Seq rendered
+	started map[string]time.Time // stage → its latest started event
+	first   time.Time            // the first event (placement)
+}
+
+func newStageView() *stageView { return &stageView{started: map[string]time.Time{}} }
+
+// Add renders the events not seen before (in Seq order) and returns
+// their lines.
+func (v *stageView) Add(evs []proto.TimelineEvent) []string {
+	var out []string
+	for _, e := range evs {
+		if e.Seq <= v.seen {
+			continue
+		}
+		v.seen = e.Seq
+		if v.first.IsZero() {
+			v.first = e.At
+		}
+		if e.Status == "started" {
+			v.started[e.Stage] = e.At
+			continue
+		}
+		dur := "-"
+		if s, ok := v.started[opener(v.started, e.Stage)]; ok {
+			dur = fmtDuration(e.At.Sub(s))
+			delete(v.started, opener(v.started, e.Stage))
+		}
+		out = append(out, strings.TrimRight(fmt.Sprintf("%-13s %-9s %8s  %s", e.Stage, e.Status, dur, e.Message), " "))
+	}
+	return out
+}
+
+// Open reports whether stage has started and not ended yet.
+func (v *stageView) Open(stage string) bool {
+	_, ok := v.started[stage]
+	return ok
+}
+
+// Elapsed is the time from the first event seen to at.
+func (v *stageView) Elapsed(at time.Time) time.Duration {
+	if v.first.IsZero() {
+		return 0
+	}
+	return at.Sub(v.first)
+}
+
+// opener is the started stage an event of stage ends: its own, or, for
+// the allocation's active/failed transition, provisioning.
+func opener(started map[string]time.Time, stage string) string {
+	if _, ok := started[stage]; !ok && (stage == string(proto.AllocActive) || stage == string(proto.AllocFailed)) {
+		return string(proto.AllocProvisioning)
+	}
+	return stage
+}
+
+// fmtDuration prints a stage duration: milliseconds under a second,
+// tenths of seconds under a minute, else minutes and seconds.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-"
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	default:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+}
+
+// fmtBytes prints a byte count in binary units.
+func fmtBytes(n float64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	i := 0
+	for n >= 1024 && i < len(units)-1 {
+		n /= 1024
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%.0f %s", n, units[i])
+	}
+	return fmt.Sprintf("%.1f %s", n, units[i])
+}
+
+// progressLine is the plain (non-terminal) progress of a stage: bytes
+// done of total, percent, rate and ETA (rate in bytes per second; 0 when
+// not known yet).
+func progressLine(stage string, done, total int64, rate float64) string {
+	pct := 0.0
+	if total > 0 {
+		pct = 100 * float64(done) / float64(total)
+	}
+	s := fmt.Sprintf("%-13s %s / %s (%3.0f%%)", stage, fmtBytes(float64(done)), fmtBytes(float64(total)), pct)
+	if rate > 0 {
+		eta := time.Duration(math.Round(float64(total-done) / rate * float64(time.Second)))
+		s += fmt.Sprintf("  %s/s  ETA %s", fmtBytes(rate), fmtDuration(eta))
+	}
+	return s
+}
+
+// timelineRows are the rows of `alloc timeline`: every event with the
+// duration of the stage it ends.
+func timelineRows(evs []proto.TimelineEvent) [][]string {
+	started := map[string]time.Time{}
+	rows := make([][]string, 0, len(evs))
+	for _, e := range evs {
+		dur := ""
+		switch e.Status {
+		case "started":
+			started[e.Stage] = e.At
+		default:
+			if s, ok := started[opener(started, e.Stage)]; ok {
+				dur = fmtDuration(e.At.Sub(s))
+				delete(started, opener(started, e.Stage))
+			}
+		}
+		rows = append(rows, []string{fmt.Sprint(e.Seq), ts(e.At), e.Stage, e.Status, dur, e.Message})
+	}
+	return rows
+}
+
+// failedStage is the stage a failed allocation failed in: the last
+// failed event before the allocation's own.
+func failedStage(evs []proto.TimelineEvent) string {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if e := evs[i]; e.Status == "failed" && e.Stage != string(proto.AllocFailed) {
+			return e.Stage
+		}
+	}
+	return ""
+}
+
+// outcome renders the end of a followed allocation: the SSH command of
+// an active slice, or the stage and reason of a failure (as an error).
+func outcome(a proto.Allocation, evs []proto.TimelineEvent, elapsed time.Duration) (string, error) {
+	switch a.State {
+	case proto.AllocActive:
+		s := fmt.Sprintf("allocation %s is active after %s", a.ID, fmtDuration(elapsed))
+		if a.Access != nil {
+			s += "\nssh: " + a.Access.SSH()
+		}
+		return s, nil
+	case proto.AllocFailed:
+		stage := failedStage(evs)
+		if stage == "" {
+			stage = "unknown"
+		}
+		return "", fmt.Errorf("allocation %s failed at stage %s: %s", a.ID, stage, a.Reason)
+	default:
+		return "", fmt.Errorf("allocation %s is %s: %s", a.ID, a.State, a.Reason)
+	}
+}
+
+// bar is the byte progress of the running stage: a progress bar with
+// rate and ETA on a terminal, else a plain line per change.
+type bar struct {
+	out   io.Writer
+	tty   bool
+	stage string
+	pb    *progressbar.ProgressBar
+	// plain mode: the last observation, for the rate.
+	lastDone int64
+	lastAt   time.Time
+	rate     float64
+	printed  string
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// Update shows task progress observed at at. label names a task without
+// a stage; open is false once the timeline says the stage ended. A task
+// without byte progress, or a stage that ended, ends the current bar.
+func (b *bar) Update(t *proto.Task, label string, open bool, at time.Time) {
+	if t == nil || t.Total <= 0 || t.State != proto.TaskRunning || !open {
+		b.End()
+		return
+	}
+	stage := t.Stage
+	if stage == "" {
+		stage = label
+	}
+	if stage != b.stage {
+		b.End()
+		b.stage, b.lastDone, b.lastAt, b.rate = stage, t.Done, at, 0
+		if b.tty {
+			b.pb = progressbar.NewOptions64(t.Total, progressbar.OptionSetWriter(b.out), progressbar.OptionShowBytes(true),
+				progressbar.OptionSetDescription(fmt.Sprintf("%-13s", stage)), progressbar.OptionSetPredictTime(true),
+				progressbar.OptionShowElapsedTimeOnFinish(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
+		}
+	}
+	if b.pb != nil {
+		_ = b.pb.Set64(t.Done)
+		return
+	}
+	if dt := at.Sub(b.lastAt).Seconds(); dt > 0 && t.Done > b.lastDone {
+		b.rate = float64(t.Done-b.lastDone) / dt
+		b.lastDone, b.lastAt = t.Done, at
+	}
+	if l := progressLine(stage, t.Done, t.Total, b.rate); l != b.printed {
+		fmt.Fprintln(b.out, l)
+		b.printed = l
+	}
+}
+
+// End finishes the current bar, if any.
+func (b *bar) End() {
+	if b.pb != nil {
+		_ = b.pb.Finish()
+		fmt.Fprintln(b.out)
+		b.pb = nil
+	}
+	b.stage, b.printed = "", ""
+}
+
+// follower renders one followed allocation.
+type follower struct {
+	out  io.Writer
+	view *stageView
+	bar  *bar
+}
+
+func newFollower(out io.Writer, tty bool) *follower {
+	return &follower{out: out, view: newStageView(), bar: &bar{out: out, tty: tty}}
+}
+
+// Observe renders one observation made at at: the timeline's new stage
+// lines (ending any progress bar first), then the running stage's byte
+// progress of the provision task.
+func (f *follower) Observe(evs []proto.TimelineEvent, prov *proto.Task, at time.Time) {
+	if lines := f.view.Add(evs); len(lines) > 0 {
+		f.bar.End()
+		fmt.Fprintln(f.out, strings.Join(lines, "\n"))
+	}
+	if prov != nil {
+		f.bar.Update(prov, "", f.view.Open(prov.Stage), at)
+	}
+}
+
+// blockWait is the ?wait= of a blocking query: well inside the per-call
+// timeout.
+func (a *app) blockWait() string {
+	w := min(20*time.Second, a.timeout/2)
+	if w < time.Second {
+		w = time.Second
+	}
+	return w.String()
+}
+
+// followAllocation prints an allocation's stages as they happen, the
+// running stage's byte progress, and the outcome: the SSH command of an
+// active slice, or (as the error) the stage and reason of a failure. It
+// gives up after limit.
+func (a *app) followAllocation(cmd *cobra.Command, id string, limit time.Duration) error {
+	out := a.out
+	if a.output == "json" {
+		out = io.Discard
+	}
+	f := newFollower(out, isTerminal(out))
+	b := f.bar
+	defer b.End()
+	deadline := time.Now().Add(limit)
+	base := "/v1/allocations/" + pathEscape(id)
+	var index uint64
+	stalled := 0
+	for {
+		q := map[string]string{"limit": "1000"}
+		if index > 0 {
+			q["index"], q["wait"] = strconv.FormatUint(index, 10), a.blockWait()
+		}
+		r, err := a.call(cmd, http.MethodGet, base+"/tasks", q, nil, nil)
+		if err != nil {
+			return err
+		}
+		tasks, err := decode[proto.List[proto.Task]](r)
+		if err != nil {
+			return err
+		}
+		moved := tasks.Index != index
+		index = tasks.Index
+		if r, err = a.call(cmd, http.MethodGet, base+"/timeline", nil, nil, nil); err != nil {
+			return err
+		}
+		tl, err := decode[proto.List[proto.TimelineEvent]](r)
+		if err != nil {
+			return err
+		}
+		if r, err = a.call(cmd, http.MethodGet, base, nil, nil, nil); err != nil {
+			return err
+		}
+		al, err := decode[proto.Allocation](r)
+		if err != nil {
+			return err
+		}
+		var prov *proto.Task
+		for i := range tasks.Items {
+			if t := &tasks.Items[i]; t.Type == proto.TaskSliceProvision || t.Type == proto.TaskBaremetalHandoff {
+				prov = t
+			}
+		}
+		f.Observe(tl.Items, prov, time.Now())
+		switch al.State {
+		case proto.AllocActive, proto.AllocFailed, proto.AllocReleased, proto.AllocReleasing:
+			b.End()
+			msg, err := outcome(al, tl.Items, f.view.Elapsed(time.Now().UTC()))
+			if a.output == "json" {
+				if jerr := show(a, &Response{Body: r.Body}, allocDetail); jerr != nil {
+					return jerr
+				}
+			} else if msg != "" {
+				fmt.Fprintln(a.out, msg)
+			}
+			return err
+		}
+		if prov != nil && prov.State != proto.TaskQueued && prov.State != proto.TaskRunning {
+			// The task is over; its follow-up lands right after it. An
+			// allocation still not final a round later will not move.
+			if stalled++; stalled > 1 && !moved || stalled > 3 {
+				b.End()
+				return fmt.Errorf("task %s is %s but allocation %s is still %s (the agent reported no slice result)", prov.ID, prov.State, al.ID, al.State)
+			}
+		}
+		if time.Now().After(deadline) {
+			b.End()
+			return fmt.Errorf("gave up after %s: allocation %s is %s", limit, al.ID, al.State)
+		}
+	}
+}
+
+// followTask waits until a node task is final, showing its byte
+// progress (labelled label when it reports no stage), and returns it.
+func (a *app) followTask(cmd *cobra.Command, t proto.Task, label string, limit time.Duration) (proto.Task, error) {
+	b := &bar{out: a.out, tty: isTerminal(a.out)}
+	defer b.End()
+	deadline := time.Now().Add(limit)
+	var index uint64
+	for {
+		q := map[string]string{"limit": "1000"}
+		if index > 0 {
+			q["index"], q["wait"] = strconv.FormatUint(index, 10), a.blockWait()
+		}
+		r, err := a.call(cmd, http.MethodGet, "/v1/nodes/"+pathEscape(t.NodeID)+"/tasks", q, nil, nil)
+		if err != nil {
+			return t, err
+		}
+		l, err := decode[proto.List[proto.Task]](r)
+		if err != nil {
+			return t, err
+		}
+		index = l.Index
+		found := false
+		for _, x := range l.Items {
+			if x.ID == t.ID {
+				t, found = x, true
+			}
+		}
+		if !found {
+			return t, fmt.Errorf("task %s is no longer listed for node %s", t.ID, t.NodeID)
+		}
+		if t.State != proto.TaskQueued && t.State != proto.TaskRunning {
+			return t, nil
+		}
+		b.Update(&t, label, true, time.Now())
+		if time.Now().After(deadline) {
+			return t, fmt.Errorf("gave up after %s: task %s is %s", limit, t.ID, t.State)
+		}
+	}
+}
+
+// settledSlot returns the slot once it has left cleanup_blocked: the
+// proof is recorded right after the task's final report, so a reader may
+// see the task done a moment before the slot moves. It blocks on the
+// node's slots (a few rounds at most) and returns the last answer.
+func (a *app) settledSlot(cmd *cobra.Command, node, id string) (*Response, error) {
+	var index uint64
+	for round := 0; ; round++ {
+		q := map[string]string{"node": node, "limit": "1000"}
+		if index > 0 {
+			q["index"], q["wait"] = strconv.FormatUint(index, 10), "5s"
+		}
+		r, err := a.call(cmd, http.MethodGet, "/v1/slots", q, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		l, err := decode[proto.List[proto.Slot]](r)
+		if err != nil {
+			return nil, err
+		}
+		index = l.Index
+		for _, s := range l.Items {
+			if s.ID == id && (s.Status != proto.SlotCleanupBlocked || round >= 3) {
+				return a.call(cmd, http.MethodGet, "/v1/slots/"+pathEscape(id), nil, nil, nil)
+			}
+		}
+		if round >= 3 {
+			return nil, fmt.Errorf("slot %s is not listed for node %s", id, node)
+		}
+	}
+}
