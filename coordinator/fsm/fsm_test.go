@@ -88,7 +88,20 @@ func TestApplySkipsNonCommandEntries(t *testing.T) {
 // refused as a domain error, never "unknown command type".
 func TestApplyHandlesEveryLedgerType(t *testing.T) {
 	t.Parallel()
-	require.Len(t, fsm.LedgerTypes, int(proto.SlotHealthType)+5, "types 1..slot_health, command_batch and the MAAS types 28..31 are the ledger's")
+	// Types 1..slot_health, command_batch and the MAAS types 28..31 are
+	// the ledger's (later ones are appended by their own features); none
+	// is listed twice.
+	seen := map[proto.MessageType]bool{}
+	for _, typ := range fsm.LedgerTypes {
+		require.False(t, seen[typ], "%s listed twice", typ)
+		seen[typ] = true
+	}
+	for typ := proto.RegionUpsertType; typ <= proto.SlotHealthType; typ++ {
+		require.True(t, seen[typ], "%s is missing", typ)
+	}
+	for _, typ := range []proto.MessageType{proto.CommandBatchType, proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType} {
+		require.True(t, seen[typ], "%s is missing", typ)
+	}
 	for _, typ := range fsm.LedgerTypes {
 		if typ == proto.CommandBatchType {
 			continue // framed, not JSON: batch_test.go
