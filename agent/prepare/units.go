@@ -80,7 +80,8 @@ func RenderUnits(in UnitInputs) []Unit {
 
 	check := make([]string, 0, len(in.VFIO))
 	for _, a := range in.VFIO {
-		check = append(check, fmt.Sprintf("test \"$(basename \"$(readlink /sys/bus/pci/devices/%s/driver)\")\" = vfio-pci", a))
+		// "$$" is systemd's escape for a literal "$".
+		check = append(check, fmt.Sprintf("test \"$$(basename \"$$(readlink /sys/bus/pci/devices/%s/driver)\")\" = vfio-pci", a))
 	}
 	vfio := []string{"/usr/bin/udevadm settle"}
 	if len(check) > 0 {
