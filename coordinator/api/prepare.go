@@ -68,3 +68,35 @@ func (a *API) requeuePrepareOnDrift(c *call, nodeID string, blockers []string) (
 	slog.Warn("slice readiness drifted: host.prepare_slice queued", "node", nodeID, "task", t.ID, "blockers", blockers)
 	return idx, nil
 }
+
+// approveDiskOwnership records an operator's approval of destructive slice
+// ownership of a convertible disk (POST /v1/nodes/{id}/disks/ownership,
+// admin) and answers with the node's topology.
+func (a *API) approveDiskOwnership(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	nodeID, err := c.pathID("id", "node id")
+	if err != nil {
+		return err
+	}
+	var body proto.DiskOwnershipBody
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	for _, f := range []string{body.Serial, body.WWN, body.EUI} {
+		if len(f) > 128 {
+			return proto.Errorf(proto.CodeInvalidArgument, "disk identity fields are at most 128 characters")
+		}
+	}
+	req := proto.DiskOwnershipApproveRequest{At: now(), NodeID: nodeID, Disk: proto.DiskIdentity{Serial: body.Serial, WWN: body.WWN, EUI: body.EUI},
+		By: c.p.Name, Reason: body.Reason}
+	if err := c.apply(proto.DiskOwnershipApproveType, req); err != nil {
+		return err
+	}
+	topo, ok := a.b.Store().Snapshot().Candidates(nodeID)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "node %s has no discovered topology", nodeID)
+	}
+	return c.reply(http.StatusOK, topo)
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -136,4 +137,55 @@ func (a *app) printPrepare(cmd *cobra.Command, t proto.Task) error {
 		return fmt.Errorf("host.prepare_slice on %s %s: %s", t.NodeID, t.State, t.Error)
 	}
 	return nil
+}
+
+// nodeDiskApproveCmd is "node disk-approve ID": record destructive slice
+// ownership of a convertible disk.
+func (a *app) nodeDiskApproveCmd() *cobra.Command {
+	var b proto.DiskOwnershipBody
+	c := &cobra.Command{
+		Use:   "disk-approve ID",
+		Short: "Approve destructive slice ownership of a disk that carried a host share mount (admin)",
+		Long: "Convertible storage: a disk discovery saw with a host share mount stays out of slots until this\n" +
+			"approval is recorded, infra has unmounted it and discovery is re-run; its slot then starts\n" +
+			"cleanup_blocked and becomes available only with a wipe proof (slot cleanup).",
+		Args: exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if b.Serial == "" && b.WWN == "" && b.EUI == "" {
+				return usagef("name the disk with --serial, --wwn or --eui")
+			}
+			if b.Reason == "" {
+				return usagef("--reason is required (e.g. the infra ticket)")
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/disks/ownership", nil, b, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, t proto.CandidateTopology) {
+				row(w, "DISK", "MOUNTED", "MOUNTS", "APPROVER", "REASON")
+				for _, d := range t.ConvertibleDisks {
+					by, reason := "", ""
+					if d.Approval != nil {
+						by, reason = d.Approval.By, d.Approval.Reason
+					}
+					row(w, diskLabel(d.Disk), d.MountedNow, strings.Join(d.Mounts, "; "), by, reason)
+				}
+			})
+		},
+	}
+	c.Flags().StringVar(&b.Serial, "serial", "", "disk serial number")
+	c.Flags().StringVar(&b.WWN, "wwn", "", "disk WWN")
+	c.Flags().StringVar(&b.EUI, "eui", "", "disk EUI-64")
+	c.Flags().StringVar(&b.Reason, "reason", "", "why (e.g. the infra ticket that drained the share)")
+	return c
+}
+
+func diskLabel(d proto.DiskIdentity) string {
+	switch {
+	case d.Serial != "":
+		return "serial " + d.Serial
+	case d.WWN != "":
+		return "wwn " + d.WWN
+	}
+	return "eui " + d.EUI
 }

@@ -63,3 +63,25 @@ func TestCLINodePrepareSlice(t *testing.T) {
 	assert.Equal(t, ExitError, r.code)
 	assert.True(t, strings.Contains(r.err, "not finished after 600ms"), r.err)
 }
+
+func TestCLINodeDiskApprove(t *testing.T) {
+	t.Parallel()
+	c := startCoordinator(t)
+	node := "us-east-n0000"
+	disk := proto.DiskIdentity{Serial: "S7SHARE01", Model: "SAMSUNG"}
+	topo := proto.CandidateTopology{NodeID: node, DiscoveredAt: time.Now(), Candidates: []proto.SlotCandidate{{Index: 20,
+		Capacity: proto.SlotCapacity{NVMe: disk}, DiskMounted: true, DiskMounts: []string{"nvme7n1p1 on /srv/share (ext4)"}}}}
+	_, _, err := c.srv.Apply(context.Background(), proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: time.Now(), Topology: topo})
+	require.NoError(t, err)
+
+	r := c.run(api.RoleAdmin, "node", "disk-approve", node, "--serial", "S7SHARE01")
+	assert.Equal(t, ExitUsage, r.code, r.err)
+	r = c.run(api.RoleAdmin, "node", "disk-approve", node, "--serial", "NOPE", "--reason", "x")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "never seen with a host share mount")
+	r = c.run(api.RoleAdmin, "node", "disk-approve", node, "--serial", "S7SHARE01", "--reason", "INFRA-9 drained").ok(t)
+	requireAligned(t, r.out)
+	assert.Contains(t, r.out, "serial S7SHARE01")
+	assert.Contains(t, r.out, "admin-user")
+	assert.Contains(t, r.out, "INFRA-9 drained")
+}
