@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"slices"
@@ -27,11 +28,13 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/gpuaas/gpuaas/agent/evidence"
+	"github.com/gpuaas/gpuaas/agent/prepare"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
 	"github.com/gpuaas/gpuaas/hostops/nat"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
+	"github.com/gpuaas/gpuaas/lab/hostsim"
 )
 
 // Host is the runtime of one simulated host.
@@ -527,4 +530,22 @@ func (d *DHCP) Update(res []dhcp.Reservation) error {
 	d.h.record("kill -HUP dnsmasq")
 	d.h.mu.Unlock()
 	return nil
+}
+
+// PrepareHost returns host.prepare_slice's backends for the simulated host
+// at root: the simulated kernel for sysfs, this runtime for netlink, OVS,
+// NAT, dnsmasq and units, and the Hostsim evidence source.
+func PrepareHost(root hostops.Root, log *slog.Logger) (prepare.Host, *Host, error) {
+	k, err := hostsim.NewKernel(root)
+	if err != nil {
+		return prepare.Host{}, nil, err
+	}
+	h := New(root)
+	return prepare.Host{
+		Root: root, PCI: k, Netlink: h.Netlink(), Evidence: evidence.Hostsim{Root: root}, Units: h,
+		NewSwitch: func(b string, gw netip.Prefix) (prepare.Switch, error) { return h.Switch(b, gw), nil },
+		NewNAT:    func(b, up string, sub netip.Prefix) (prepare.NAT, error) { return h.NAT(b, up, sub) },
+		NewDHCP:   func(b string, gw netip.Prefix) (prepare.DHCP, error) { return h.DHCP(b, gw), nil },
+		Log:       log,
+	}, h, nil
 }
