@@ -17,7 +17,9 @@ import (
 
 type systemctlReply string
 
-func (r systemctlReply) Run(context.Context, string, ...string) ([]byte, error) { return []byte(r), nil }
+func (r systemctlReply) Run(context.Context, string, ...string) ([]byte, error) {
+	return []byte(r), nil
+}
 
 // TestAgentSupervisedDnsmasqCounts: on a systemd host whose dnsmasq.service
 // is inactive, the dnsmasq the agent supervises (hostops/dhcp, found by its
