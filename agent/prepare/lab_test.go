@@ -317,3 +317,59 @@ func snapshot(t testing.TB, root hostops.Root) map[string]string {
 	}
 	return out
 }
+
+// TestInterruptedRunConverges: a GPU held by a busy host driver stops the
+// run after the VFs were created (the result lists them); once the holder
+// lets go, a re-run finishes without redoing them.
+func TestInterruptedRunConverges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	root, k := hostsimtest.HostFrom(t, "j22u11", func(p *hostsim.Profile) {
+		p.NumVFs = map[string]int{}
+		p.Bind = map[string]string{}
+		p.Drivers = append(p.Drivers, "nvidia")
+		p.Modules = append(p.Modules, hostsim.Module{Name: "nvidia", Refcnt: 0})
+	})
+	require.NoError(t, hostsim.HoldModule(root, "nvidia", 1)) // nvidia-persistenced
+	s := simHostOn(root, k)
+	p := j22u11Payload()
+
+	res, err := prepare.Prepare(ctx, s.host, p, s.opts(p))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "held by host driver nvidia, which is in use")
+	assert.Equal(t, []string{"sriov: 0000:58:00.0 sriov_numvfs 0 -> 8"}, res.Changed)
+	assert.False(t, res.SliceReady)
+
+	require.NoError(t, hostsim.HoldModule(root, "nvidia", 0))
+	res, err = prepare.Prepare(ctx, s.host, p, s.opts(p))
+	require.NoError(t, err)
+	assert.NotContains(t, res.Changed, "sriov: 0000:58:00.0 sriov_numvfs 0 -> 8")
+	assert.Contains(t, res.Changed, "vfio: 0000:18:00.0 bound to vfio-pci (was nvidia)")
+	assert.True(t, res.SliceReady, "%v", res.Blockers)
+	mp, err := os.ReadFile(root.EtcPath("modprobe.d", "gpuaas-vfio.conf"))
+	require.NoError(t, err)
+	assert.Contains(t, string(mp), "softdep nvidia pre: vfio-pci")
+}
+
+// TestJ22u15StaysSliceReady: on the complete lab host, Prepare adopts what
+// its site bootstrap set up (writing only the files this agent manages) and
+// the host stays slice-ready throughout; a re-run changes nothing.
+func TestJ22u15StaysSliceReady(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSimHost(t, "j22u15")
+	p := j22u11Payload()
+	p.FabricAddress = "172.16.22.15/16"
+	before, err := s.evaluate(ctx, p)
+	require.NoError(t, err)
+	require.True(t, before.SliceReady, "%v", before.Blockers)
+	res, err := prepare.Prepare(ctx, s.host, p, s.opts(p))
+	require.NoError(t, err)
+	assert.True(t, res.SliceReady, "%v", res.Blockers)
+	for _, c := range res.Changed {
+		assert.False(t, strings.HasPrefix(c, "fabric: ibp26s0") || strings.HasPrefix(c, "sriov:") || strings.HasPrefix(c, "ovs:"), "unexpected live change on a converged host: %s", c)
+	}
+	again, err := prepare.Prepare(ctx, s.host, p, s.opts(p))
+	require.NoError(t, err)
+	assert.Equal(t, []string{}, again.Changed)
+}
