@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,8 +132,27 @@ func TestTranscriptJ22u11(t *testing.T) {
 	s := newSimHost(t, "j22u11")
 	p := j22u11Payload()
 
+	files := fileSnapshot(t, s.root)
 	res, err := prepare.Prepare(ctx, s.host, p, s.opts(p))
 	require.NoError(t, err)
+
+	// The files written under the host root, and nothing else.
+	wantFiles := []string{
+		"etc/modprobe.d/gpuaas-vfio.conf", "etc/netplan/60-gpuaas-ipoib.yaml",
+		"etc/systemd/system/gpuaas-slice-fabric-vfs.service", "etc/systemd/system/gpuaas-slice-network-baseline.service",
+		"etc/systemd/system/gpuaas-slice-ovs-bridge.service", "etc/systemd/system/gpuaas-slice-vfio-devices.service",
+		"etc/udev/rules.d/40-gpuaas-vfio.rules", "proc/sys/net/ipv4/ip_forward",
+		"var/lib/gpuaas/dhcp/dnsmasq.conf", "var/lib/gpuaas/dhcp/hosts",
+	}
+	if d := cmp.Diff(wantFiles, changedFiles(files, fileSnapshot(t, s.root))); d != "" {
+		t.Errorf("files written (-want +got):\n%s", d)
+	}
+	rule, err := os.ReadFile(s.root.EtcPath("udev", "rules.d", "40-gpuaas-vfio.rules"))
+	require.NoError(t, err)
+	for _, a := range []string{"0000:18:00.0", "0000:9a:00.1", "0000:bb:00.0", "0000:58:00.2", "0000:58:01.1"} {
+		assert.Contains(t, string(rule), `KERNEL=="`+a+`", ATTR{driver_override}="vfio-pci"`)
+	}
+	assert.Equal(t, 17, strings.Count(string(rule), "ATTR{driver_override}"), "8 GPUs, the HDA companion, 8 fabric VFs")
 
 	vfs := []string{"0000:58:00.2", "0000:58:00.3", "0000:58:00.4", "0000:58:00.5", "0000:58:00.6", "0000:58:00.7", "0000:58:01.0", "0000:58:01.1"}
 	var wantWrites []pci.Write
@@ -372,4 +392,36 @@ func TestJ22u15StaysSliceReady(t *testing.T) {
 	again, err := prepare.Prepare(ctx, s.host, p, s.opts(p))
 	require.NoError(t, err)
 	assert.Equal(t, []string{}, again.Changed)
+}
+
+// fileSnapshot reads the files under the host root's etc, var and
+// proc/sys, keyed by their path relative to the host base.
+func fileSnapshot(t testing.TB, root hostops.Root) map[string]string {
+	t.Helper()
+	base := filepath.Dir(root.Etc)
+	out := map[string]string{}
+	for _, dir := range []string{root.Etc, root.Var, root.ProcPath("sys")} {
+		require.NoError(t, filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+			if err != nil || !fi.Mode().IsRegular() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			rel, _ := filepath.Rel(base, p)
+			out[rel] = string(b)
+			return err
+		}))
+	}
+	return out
+}
+
+// changedFiles lists the paths added or changed between two snapshots, sorted.
+func changedFiles(before, after map[string]string) []string {
+	var out []string
+	for p, v := range after {
+		if old, ok := before[p]; !ok || old != v {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
