@@ -189,3 +189,15 @@ func diskLabel(d proto.DiskIdentity) string {
 	}
 	return "eui " + d.EUI
 }
+
+// convertibleLine describes a convertible disk for topology show.
+func convertibleLine(d proto.ConvertibleDisk) string {
+	s := diskLabel(d.Disk) + " had host share mounts (" + strings.Join(d.Mounts, "; ") + ")"
+	if d.MountedNow {
+		s += ", still mounted"
+	}
+	if d.Approval == nil {
+		return s + "; needs destructive ownership approval (gpuaasctl node disk-approve)"
+	}
+	return s + "; ownership approved by " + d.Approval.By + ": " + d.Approval.Reason
+}

@@ -84,4 +84,6 @@ func TestCLINodeDiskApprove(t *testing.T) {
 	assert.Contains(t, r.out, "serial S7SHARE01")
 	assert.Contains(t, r.out, "admin-user")
 	assert.Contains(t, r.out, "INFRA-9 drained")
+	r = c.run(api.RoleViewer, "topology", "show", node).ok(t)
+	assert.Contains(t, r.out, "convertible:  serial S7SHARE01 had host share mounts (nvme7n1p1 on /srv/share (ext4)), still mounted; ownership approved by admin-user: INFRA-9 drained")
 }
