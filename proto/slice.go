@@ -141,6 +141,21 @@ type HostPrepareSlicePayload struct {
 	FabricRoute   string `json:"fabric_route,omitempty"`
 	// VFsPerPF is how many fabric VFs to create on each fabric PF (0 = one per GPU).
 	VFsPerPF int `json:"vfs_per_pf,omitempty"`
+	// GuestGateway is the ovsbr0 gateway address inside GuestSubnet ("" =
+	// the subnet's first address).
+	GuestGateway string `json:"guest_gateway,omitempty"`
+	// FabricInterface is the IPoIB interface (e.g. ibp26s0) and
+	// FabricGateway the fabric route's next hop inside the fabric subnet;
+	// "" takes the agent's configured values.
+	FabricInterface string `json:"fabric_interface,omitempty"`
+	FabricGateway   string `json:"fabric_gateway,omitempty"`
+	// FabricPFs are the PCI addresses of the SR-IOV PFs that carry the
+	// per-slot fabric VFs (empty = the PFs that already have VFs, else the
+	// first SR-IOV PF with a driver bound).
+	FabricPFs []string `json:"fabric_pfs,omitempty"`
+	// Uplink is the interface guests are NATed out of ("" = the interface
+	// of the host's IPv4 default route).
+	Uplink string `json:"uplink,omitempty"`
 }
 
 // HostPrepareSliceResult lists what host.prepare_slice changed (empty on a

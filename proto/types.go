@@ -334,6 +334,9 @@ type CandidateTopology struct {
 	Blockers     []string        `json:"blockers,omitempty"`
 	DiscoveredAt time.Time       `json:"discovered_at"`
 	TopologyPrereqs
+	// ConvertibleDisks is kept by the coordinator (an agent's value is
+	// ignored): disks ever seen with host share mounts (proto/storage.go).
+	ConvertibleDisks []ConvertibleDisk `json:"convertible_disks,omitempty"`
 	Meta
 }
 
@@ -345,4 +348,6 @@ type SlotCandidate struct {
 	DiskMounted    bool     `json:"disk_mounted,omitempty"`
 	DiskSignatures []string `json:"disk_signatures,omitempty"`
 	Problems       []string `json:"problems,omitempty"`
+	// DiskMounts names the disk's host mounts ("nvme7n1p1 on /srv/share (ext4)").
+	DiskMounts []string `json:"disk_mounts,omitempty"`
 }

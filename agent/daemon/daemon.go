@@ -33,6 +33,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/leases"
 	"github.com/gpuaas/gpuaas/agent/membership"
 	"github.com/gpuaas/gpuaas/agent/nodesched"
+	"github.com/gpuaas/gpuaas/agent/prepare"
 	"github.com/gpuaas/gpuaas/agent/readiness"
 	"github.com/gpuaas/gpuaas/agent/systemd"
 	"github.com/gpuaas/gpuaas/hostops"
@@ -67,6 +68,9 @@ type Daemon struct {
 	lastOK    time.Time
 	reconcile *nodesched.Reconciliation
 	diagAddr  string
+
+	prepHost      *prepare.Host // host.prepare_slice backends (nil: the real host's)
+	wasSliceReady bool
 }
 
 // New builds a daemon from cfg; it opens the state store but does not
@@ -441,6 +445,7 @@ func (d *Daemon) readinessLoop(ctx context.Context) error {
 		if err != nil {
 			d.log.Error("readiness", "err", err)
 		} else {
+			d.noteSliceDrift(r)
 			err := d.client.PutReadiness(ctx, r)
 			d.noteCoordinator(err)
 			if err != nil && ctx.Err() == nil {
@@ -544,6 +549,10 @@ func idempotent(typ string) bool {
 		// Discovery only reads; the node scheduler's leases make planning
 		// and releasing idempotent.
 		return true
+	case proto.TaskHostPrepareSlice:
+		// Prepare observes before it changes and never destroys: a re-run
+		// after a crash converges.
+		return true
 	}
 	return false
 }
@@ -580,6 +589,8 @@ func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error)
 			return nil, err
 		}
 		return json.Marshal(map[string]any{"released_leases": len(ls)})
+	case proto.TaskHostPrepareSlice:
+		return d.prepareSlice(ctx, t)
 	}
 	return nil, fmt.Errorf("task type %q is not handled by this agent", t.Type)
 }

@@ -95,6 +95,7 @@ func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.Ca
 			d := disks[best]
 			c.Capacity.NVMe = d.Identity()
 			c.DiskMounted = len(d.Mounts) > 0
+			c.DiskMounts = d.Mounts
 			c.DiskSignatures = d.Signatures
 			c.Problems = append(c.Problems, d.Problems()...)
 			if d.Switch != g.Switch {

@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/dhcp"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
 	"github.com/gpuaas/gpuaas/hostops/units"
@@ -71,9 +72,26 @@ func NewHost(root hostops.Root, ovsRunDir string) (*Host, error) {
 // Unit asks systemd, or the process table when systemd is not running.
 func (h *Host) Unit(ctx context.Context, unit string) (units.Evidence, error) {
 	if p, ok := unitProcess[unit]; ok {
-		return units.Daemon(ctx, h.Systemd, unit, p)
+		ev, err := units.Daemon(ctx, h.Systemd, unit, p)
+		if err != nil || ev.OK() || unit != "dnsmasq.service" {
+			return ev, err
+		}
+		return h.agentDnsmasq(ev)
 	}
 	return h.Systemd.IsActive(ctx, unit)
+}
+
+// agentDnsmasq counts the guest dnsmasq the agent supervises
+// (hostops/dhcp.Server, identified by its pid file) as the dnsmasq the
+// gate asks for when the dnsmasq.service unit itself is not active.
+func (h *Host) agentDnsmasq(unit units.Evidence) (units.Evidence, error) {
+	pid := filepath.Join(dhcp.DefaultDir(h.Root), "dnsmasq.pid")
+	pev, err := units.ProcessMatching(h.Root, units.Match{Name: "dnsmasq", Arg: "--pid-file=" + pid})
+	if err != nil || !pev.OK() {
+		return unit, err
+	}
+	return units.Evidence{Subject: unit.Subject, State: units.Up,
+		Detail: "agent-supervised dnsmasq (" + pev.Detail + "); unit: " + unit.Detail}, nil
 }
 
 // Tool looks name up on PATH, or stats it when it is an absolute path.

@@ -55,6 +55,7 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodPut, proto.AgentTopologyPath, "node", true},
 		{http.MethodPost, proto.AgentHeartbeatPath, "node", true},
 		{http.MethodGet, "/v1/agent/slots", "node", false},
+		{http.MethodPost, "/v1/nodes/{id}/prepare-slice", "admin", true},
 	}
 }
 
@@ -71,6 +72,7 @@ func (a *API) registerAgentRoutes() {
 		"PUT " + proto.AgentTopologyPath:         a.agentTopology,
 		"POST " + proto.AgentHeartbeatPath:       a.agentHeartbeat,
 		"GET /v1/agent/slots":                    a.agentSlots,
+		"POST /v1/nodes/{id}/prepare-slice":      a.queuePrepareSlice,
 	}
 	for _, r := range AgentRoutes() {
 		h := handlers[r.Method+" "+r.Pattern]
@@ -381,11 +383,22 @@ func (a *API) agentReadiness(c *call) error {
 	if len(body.Evidence) > 256 || len(body.Blockers) > 256 {
 		return proto.Errorf(proto.CodeInvalidArgument, "at most 256 evidence items and 256 blockers are accepted")
 	}
+	var wasReady bool
+	if n, ok := a.b.Store().Snapshot().Node(c.agentNode()); ok && n.Readiness != nil {
+		wasReady = n.Readiness.SliceReady
+	}
 	resp, idx, err := a.b.Apply(c.r.Context(), proto.NodeReadinessType, proto.NodeReadinessRequest{At: a.now(), NodeID: c.agentNode(), Readiness: body})
 	if err != nil {
 		return err
 	}
 	c.index = idx
+	if wasReady && !body.SliceReady {
+		if i, err := a.requeuePrepareOnDrift(c, c.agentNode(), body.Blockers); err != nil {
+			return err
+		} else if i > 0 {
+			c.index = i
+		}
+	}
 	return c.reply(http.StatusOK, resp)
 }
 

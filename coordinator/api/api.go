@@ -121,6 +121,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/nodes/{id}/topology", RoleViewer, false, a.getTopology},
 		{http.MethodPost, "/v1/nodes/{id}/slots", RoleAdmin, true, a.approveSlot},
 		{http.MethodGet, "/v1/nodes/{id}/tasks", RoleViewer, false, a.listNodeTasks},
+		{http.MethodPost, "/v1/nodes/{id}/disks/ownership", RoleAdmin, true, a.approveDiskOwnership},
 
 		{http.MethodGet, "/v1/slots", RoleViewer, false, a.listSlots},
 		{http.MethodGet, "/v1/slots/{id}", RoleViewer, false, a.getSlot},

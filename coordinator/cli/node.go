@@ -14,7 +14,7 @@ import (
 
 func (a *app) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Aliases: []string{"nodes"}, Short: "List, show, drain and re-purpose nodes"}
-	c.AddCommand(a.nodeListCmd(), a.nodeShowCmd(), a.nodeDrainCmd("drain", true), a.nodeDrainCmd("undrain", false), a.nodeIntentCmd(), a.nodeTasksCmd())
+	c.AddCommand(a.nodeListCmd(), a.nodeShowCmd(), a.nodeDrainCmd("drain", true), a.nodeDrainCmd("undrain", false), a.nodeIntentCmd(), a.nodeTasksCmd(), a.nodePrepareSliceCmd(), a.nodeDiskApproveCmd())
 	return c
 }
 

@@ -223,6 +223,9 @@ func (a *app) topologyCmd() *cobra.Command {
 				for _, b := range t.Blockers {
 					row(w, "blocker:", b)
 				}
+				for _, d := range t.ConvertibleDisks {
+					row(w, "convertible:", convertibleLine(d))
+				}
 			})
 		},
 	})

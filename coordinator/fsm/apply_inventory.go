@@ -273,6 +273,8 @@ func (f *FSM) applyCandidateTopology(body []byte, index uint64) any {
 			c.DiscoveredAt = req.At
 		}
 		c.Meta = proto.Meta{}
+		old, _ := tx.Candidates(c.NodeID)
+		c.ConvertibleDisks = mergeConvertible(old, &c)
 		return &c, tx.PutCandidates(&c)
 	})
 }
@@ -341,15 +343,25 @@ func (f *FSM) applySlotApprove(body []byte, index uint64) any {
 		if m := capacity.MissingBindings(); len(m) > 0 {
 			return nil, invalid("slot_approve: slot %s is incomplete, missing %s", id, strings.Join(m, ", "))
 		}
+		owned, gateErr := convertibleGate(tx, id, req.NodeID, capacity.NVMe)
 		if cand != nil && sameDisk(cand.Capacity.NVMe, capacity.NVMe) {
+			problems := cand.Problems
+			if owned {
+				problems = withoutSignatureProblems(problems)
+			}
 			switch {
 			case cand.DiskMounted:
 				return nil, invalid("slot_approve: slot %s: disk %s is mounted or has mounted children", id, diskName(capacity.NVMe))
-			case len(cand.DiskSignatures) > 0:
+			case gateErr != nil:
+				return nil, gateErr
+			case len(cand.DiskSignatures) > 0 && !owned:
 				return nil, invalid("slot_approve: slot %s: disk %s carries unexpected signatures (%s); wipe or remap it first", id, diskName(capacity.NVMe), strings.Join(cand.DiskSignatures, ", "))
-			case len(cand.Problems) > 0:
-				return nil, invalid("slot_approve: slot %s: candidate has problems: %s", id, strings.Join(cand.Problems, "; "))
+			case len(problems) > 0:
+				return nil, invalid("slot_approve: slot %s: candidate has problems: %s", id, strings.Join(problems, "; "))
 			}
+		}
+		if gateErr != nil {
+			return nil, gateErr
 		}
 		for _, o := range tx.NodeSlots(req.NodeID) {
 			if o.ID == id {
@@ -382,6 +394,10 @@ func (f *FSM) applySlotApprove(body []byte, index uint64) any {
 			c := *old
 			c.Capacity, c.Status, c.StatusReason = capacity, proto.SlotAvailable, ""
 			s = &c
+		}
+		if owned {
+			// Convertible storage: only a wipe proof makes it available.
+			s.Status, s.StatusReason, s.Touched = proto.SlotCleanupBlocked, ConvertibleReason, true
 		}
 		return s, tx.PutSlot(s)
 	})

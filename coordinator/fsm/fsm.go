@@ -57,7 +57,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
-	proto.LedgerPurgeType,
+	proto.LedgerPurgeType, proto.DiskOwnershipApproveType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -139,6 +139,8 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		return f.applyCandidateTopology(body, index)
 	case proto.SlotApproveType:
 		return f.applySlotApprove(body, index)
+	case proto.DiskOwnershipApproveType:
+		return f.applyDiskOwnershipApprove(body, index)
 	case proto.SlotDisableType:
 		return f.applySlotDisable(body, index)
 	case proto.SlotRepairType:

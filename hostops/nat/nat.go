@@ -297,3 +297,84 @@ func EnableForwarding(root hostops.Root) error {
 	}
 	return nil
 }
+
+// Installed reports whether the table holds what Ensure installs: the
+// guests set, the three hooked chains with as many rules as RenderBase
+// adds to each, naming this configuration's bridge, uplink and subnet. A
+// missing table is false, not an error.
+func (n *NAT) Installed(ctx context.Context) (bool, error) {
+	out, err := n.cfg.Runner.Run(ctx, command.Cmd{Name: "nft", Args: []string{"-j", "list", "table", "inet", n.cfg.Table}})
+	if err != nil {
+		var ce *command.Error
+		if errors.As(err, &ce) && strings.Contains(ce.Stderr, "No such file or directory") {
+			return false, nil
+		}
+		return false, fmt.Errorf("list nftables table inet %s: %w", n.cfg.Table, err)
+	}
+	ok, err := n.matchesBase(out)
+	if err != nil {
+		return false, fmt.Errorf("list nftables table inet %s: %w", n.cfg.Table, err)
+	}
+	return ok, nil
+}
+
+// matchesBase compares `nft -j list table` output with RenderBase.
+func (n *NAT) matchesBase(b []byte) (bool, error) {
+	var doc struct {
+		Nftables []struct {
+			Set   *struct{ Name string } `json:"set"`
+			Chain *struct {
+				Name string `json:"name"`
+				Hook string `json:"hook"`
+			} `json:"chain"`
+			Rule json.RawMessage `json:"rule"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return false, fmt.Errorf("parse nft -j output: %w", err)
+	}
+	want := map[string]int{}
+	prefix := "add rule inet " + n.cfg.Table + " "
+	for _, line := range strings.Split(n.RenderBase(), "\n") {
+		if rest, ok := strings.CutPrefix(line, prefix); ok {
+			chain, _, _ := strings.Cut(rest, " ")
+			want[chain]++
+		}
+	}
+	got := map[string]int{}
+	hooked := map[string]bool{}
+	set := false
+	var rules strings.Builder
+	for _, o := range doc.Nftables {
+		switch {
+		case o.Set != nil:
+			set = set || o.Set.Name == "guests"
+		case o.Chain != nil:
+			hooked[o.Chain.Name] = o.Chain.Hook != ""
+		case o.Rule != nil:
+			var r struct {
+				Chain string `json:"chain"`
+			}
+			if err := json.Unmarshal(o.Rule, &r); err != nil {
+				return false, fmt.Errorf("parse nft rule: %w", err)
+			}
+			got[r.Chain]++
+			rules.Write(o.Rule)
+		}
+	}
+	if !set {
+		return false, nil
+	}
+	for chain, cnt := range want {
+		if !hooked[chain] || got[chain] != cnt {
+			return false, nil
+		}
+	}
+	all := rules.String()
+	for _, s := range []string{`"` + n.cfg.Bridge + `"`, `"` + n.cfg.Uplink + `"`, `"` + n.cfg.Subnet.Addr().String() + `"`} {
+		if !strings.Contains(all, s) {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -336,3 +336,46 @@ func prefixOf(a netlink.Addr) (netip.Prefix, bool) {
 func sortPorts(ps []Port) {
 	sort.Slice(ps, func(i, j int) bool { return ps[i].Name < ps[j].Name })
 }
+
+// BaseFlowsInstalled reports whether the bridge carries the base flows
+// EnsureBridge installs (default drop, broadcast from the gateway): flows
+// do not survive an ovs-vswitchd restart while the bridge does.
+func (s *Switch) BaseFlowsInstalled(ctx context.Context) (bool, error) {
+	var out []*goovs.Flow
+	err := s.do(ctx, nil, func(c *goovs.Client) (err error) {
+		out, err = c.OpenFlow.DumpFlowsWithFlowArgs(s.bridge, &goovs.MatchFlow{Cookie: BaseCookie, CookieMask: ^uint64(0), Table: goovs.AnyTable})
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("dump base flows of %s: %w", s.bridge, err)
+	}
+	return hasBaseFlows(out), nil
+}
+
+// hasBaseFlows reports whether flows include every base flow (by cookie,
+// priority and actions).
+func hasBaseFlows(flows []*goovs.Flow) bool {
+	for _, want := range baseFlows() {
+		wt, err := want.MarshalText()
+		if err != nil {
+			return false
+		}
+		found := false
+		for _, f := range flows {
+			if f.Cookie != want.Cookie || f.Priority != want.Priority || len(f.Actions) != len(want.Actions) {
+				continue
+			}
+			same := true
+			for i := range f.Actions {
+				a, err1 := f.Actions[i].MarshalText()
+				b, err2 := want.Actions[i].MarshalText()
+				same = same && err1 == nil && err2 == nil && string(a) == string(b)
+			}
+			found = found || same
+		}
+		if !found || len(wt) == 0 {
+			return false
+		}
+	}
+	return true
+}

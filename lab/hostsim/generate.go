@@ -740,13 +740,14 @@ func (g *gen) mdArray(md MD, udev *[]string) error {
 func (g *gen) procAndEtc() error {
 	p := g.p
 	files := map[string]string{
-		"proc/cmdline":             p.Cmdline + "\n",
-		"proc/version":             fmt.Sprintf("Linux version %s (buildd@lcy02-amd64-001) (x86_64-linux-gnu-gcc-13 (Ubuntu 13.2.0-23ubuntu4) 13.2.0) #49-Ubuntu SMP PREEMPT_DYNAMIC\n", p.Kernel),
-		"proc/sys/kernel/hostname": p.Hostname + "\n",
-		"etc/hostname":             p.Hostname + "\n",
-		"etc/machine-id":           p.MachineID + "\n",
-		"etc/os-release":           "PRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\nNAME=\"Ubuntu\"\nVERSION_ID=\"24.04\"\nID=ubuntu\nVERSION_CODENAME=noble\n",
-		"etc/gpuaas/profile":       p.ProfileTag + "\n",
+		"proc/cmdline":                 p.Cmdline + "\n",
+		"proc/version":                 fmt.Sprintf("Linux version %s (buildd@lcy02-amd64-001) (x86_64-linux-gnu-gcc-13 (Ubuntu 13.2.0-23ubuntu4) 13.2.0) #49-Ubuntu SMP PREEMPT_DYNAMIC\n", p.Kernel),
+		"proc/sys/kernel/hostname":     p.Hostname + "\n",
+		"proc/sys/net/ipv4/ip_forward": "0\n", // the kernel default; the slice NAT turns it on
+		"etc/hostname":                 p.Hostname + "\n",
+		"etc/machine-id":               p.MachineID + "\n",
+		"etc/os-release":               "PRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\nNAME=\"Ubuntu\"\nVERSION_ID=\"24.04\"\nID=ubuntu\nVERSION_CODENAME=noble\n",
+		"etc/gpuaas/profile":           p.ProfileTag + "\n",
 	}
 	route, err := renderRoutes(p.Runtime.Routes)
 	if err != nil {

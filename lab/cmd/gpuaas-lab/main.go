@@ -1,7 +1,9 @@
 // Command gpuaas-lab runs the simulated lab: three coordinator processes on
 // loopback forming a Raft cluster and a memberlist pool, loaded with the
 // lab inventory (regions, pool, the three lab nodes — no slots), then one
-// gpuaas-agent process per lab host on a generated host root (lab/hostsim).
+// gpuaas-lab-agent process (gpuaas-agent plus the simulated host backends
+// host.prepare_slice changes) per lab host on a generated host root
+// (lab/hostsim).
 // It onboards the hosts as an operator would, over the API: mints a
 // single-use bootstrap token for every node whose agent holds no
 // credential yet, queues topology discovery, and — with -auto-approve, the
@@ -133,7 +135,7 @@ func run(args []string, out io.Writer) error {
 	}
 	agentBin := ""
 	if len(hosts) > 0 {
-		if agentBin, err = launch.FindBinary("gpuaas-agent"); err != nil {
+		if agentBin, err = launch.FindBinary("gpuaas-lab-agent"); err != nil {
 			return err
 		}
 	}
@@ -568,7 +570,7 @@ func printSummary(out io.Writer, dir string, st state, leader string, views []ho
 		fmt.Fprintf(out, "  %s  API http://%s  raft %s  gossip %s  log %s\n", c.ID, c.HTTP, c.Raft, c.Gossip, filepath.Join(dir, "logs", c.ID+".log"))
 	}
 	if len(views) > 0 {
-		fmt.Fprintf(out, "\nNodes (one gpuaas-agent each, host roots under %s):\n\n", st.HostsDir)
+		fmt.Fprintf(out, "\nNodes (one gpuaas-lab-agent each, host roots under %s):\n\n", st.HostsDir)
 		total := 0
 		for _, v := range views {
 			total += len(v.approved)
