@@ -46,6 +46,9 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 	if err := create.Validate(f.skus); err != nil {
 		return nil, err
 	}
+	if _, err := resolveImage(&tx.Snapshot, in.Image, in.Shape); err != nil {
+		return nil, err
+	}
 	region, ok := tx.Region(in.Region)
 	if !ok {
 		return nil, notFound("region", in.Region)
@@ -317,6 +320,13 @@ func putOutboxTask(tx *state.Txn, t proto.Task, typ string, a *proto.Allocation,
 	if len(t.Payload) == 0 {
 		p := proto.AllocationTaskPayload{AllocationID: a.ID, Shape: a.Shape, SKU: a.SKU, GPUCount: a.GPUCount,
 			Image: a.Image, SSHPublicKeys: a.SSHPublicKeys, Slots: slotIDs(slots)}
+		if typ == proto.TaskSliceProvision || typ == proto.TaskBaremetalHandoff {
+			ref, err := resolveImage(&tx.Snapshot, a.Image, a.Shape)
+			if err != nil {
+				return err
+			}
+			p.ImageRef = ref
+		}
 		for _, c := range claims {
 			p.Claims = append(p.Claims, proto.ClaimRef{ClaimID: c.ID, Kind: c.Kind, NodeID: c.NodeID, SlotID: c.SlotID, Generation: c.Generation})
 		}

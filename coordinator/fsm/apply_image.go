@@ -1,0 +1,176 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Image catalog commands (types 32–33) and the resolution of an
+// allocation's image to an approved catalog entry.
+
+// applyImage applies an image command; ok is false for a type it does not
+// know.
+func (f *FSM) applyImage(t proto.MessageType, body []byte, index uint64) (resp any, ok bool) {
+	switch t {
+	case proto.ImageUpsertType:
+		return f.applyImageUpsert(body, index), true
+	case proto.ImageApproveType:
+		return f.applyImageApprove(body, index), true
+	}
+	return nil, false
+}
+
+func (f *FSM) applyImageUpsert(body []byte, index uint64) any {
+	req := decode[proto.ImageUpsertRequest](proto.ImageUpsertType, body, index)
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		in := req.Image
+		if err := in.Validate(); err != nil {
+			return nil, err
+		}
+		old, exists := tx.Image(in.Name, in.Version)
+		if !exists {
+			im := &proto.Image{Name: in.Name, Version: in.Version, Kind: in.Kind, Digest: in.Digest, Size: in.Size,
+				ReadinessCheck: in.ReadinessCheck, State: proto.ImagePending, CreatedAt: at(req.At)}
+			return im, tx.PutImage(im)
+		}
+		same := old.Kind == in.Kind && old.Digest == in.Digest && old.Size == in.Size && old.ReadinessCheck == in.ReadinessCheck
+		if same {
+			return old, nil // unchanged: no write, no index bump
+		}
+		if old.State != proto.ImagePending {
+			if old.Digest != in.Digest {
+				return nil, illegal("image_upsert: image %s is %s with digest %s; its digest never changes (publish a new version for %s)", old, old.State, old.Digest, in.Digest)
+			}
+			return nil, illegal("image_upsert: image %s is %s; its kind, size and readiness check are fixed (publish a new version)", old, old.State)
+		}
+		im := *old
+		im.Kind, im.Digest, im.Size, im.ReadinessCheck = in.Kind, in.Digest, in.Size, in.ReadinessCheck
+		return &im, tx.PutImage(&im)
+	})
+}
+
+func (f *FSM) applyImageApprove(body []byte, index uint64) any {
+	req := decode[proto.ImageApproveRequest](proto.ImageApproveType, body, index)
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		if err := req.Validate(); err != nil {
+			return nil, err
+		}
+		old, ok := tx.Image(req.Name, req.Version)
+		if !ok {
+			return nil, notFound("image", req.Name+":"+req.Version)
+		}
+		if req.Digest != "" && req.Digest != old.Digest {
+			return nil, conflict("image_approve: image %s has digest %s, not %s", old, old.Digest, req.Digest)
+		}
+		if old.State == req.Action {
+			for _, a := range old.Approvals {
+				if a.By == req.By && a.Action == req.Action {
+					return old, nil // a repeat of the same decision: no write
+				}
+			}
+			if req.Action == proto.ImageRevoked {
+				return old, nil // revoked stays revoked
+			}
+		}
+		im := *old
+		im.State = req.Action
+		im.Approvals = append(slices.Clone(old.Approvals), proto.ImageApproval{By: req.By, At: at(req.At), Note: req.Note, Action: req.Action})
+		return &im, tx.PutImage(&im)
+	})
+}
+
+// resolveImage turns an allocation's image ("name" = the approved version
+// created last, or "name:version") into the reference its provision task
+// carries. A slice needs an approved slice image; a baremetal node a MAAS
+// root-filesystem tarball (a ddgz disk image does not fit the flat
+// storage path). An empty spec resolves to nil.
+func resolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) (*proto.ImageRef, error) {
+	if spec == "" {
+		return nil, nil
+	}
+	name, version, err := proto.ParseImageSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	var im *proto.Image
+	if version != "" {
+		x, ok := snap.Image(name, version)
+		if !ok {
+			return nil, proto.Errorf(proto.CodeNotFound, "image %s:%s is not in the catalog", name, version)
+		}
+		if x.State != proto.ImageApproved {
+			return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s:%s is %s, not approved", name, version, x.State)
+		}
+		im = x
+	} else {
+		versions := snap.Images(name)
+		if len(versions) == 0 {
+			return nil, proto.Errorf(proto.CodeNotFound, "image %s is not in the catalog", name)
+		}
+		for _, x := range versions {
+			if x.State == proto.ImageApproved && (im == nil || x.CreateIndex > im.CreateIndex) {
+				im = x
+			}
+		}
+		if im == nil {
+			return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s has no approved version (%d known)", name, len(versions))
+		}
+	}
+	switch {
+	case shape == proto.ShapeGPUSlice && !im.Kind.Slice():
+		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a %s image; a gpu_slice needs slice_base or slice_cuda", im, im.Kind)
+	case shape == proto.ShapeBaremetal && im.Kind == proto.ImageMAASDdgz:
+		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a ddgz full-disk image; baremetal hosts deploy a maas_tgz root filesystem (MAAS owns partitioning on the flat storage path)", im)
+	case shape == proto.ShapeBaremetal && im.Kind != proto.ImageMAASTgz:
+		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a %s image; a baremetal node needs maas_tgz", im, im.Kind)
+	}
+	return im.Ref(), nil
+}
+
+// ResolveImage is resolveImage for the leader's planner: it refuses an
+// unknown, unapproved or unfitting image before any placement is planned.
+func ResolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) (*proto.ImageRef, error) {
+	return resolveImage(snap, spec, shape)
+}
+
+// eachImageObject adds every catalog entry (false: not the images table).
+func eachImageObject(snap *state.Snapshot, table string, add func(any)) bool {
+	if table != state.TableImages {
+		return false
+	}
+	for _, o := range snap.Images("") {
+		add(o)
+	}
+	return true
+}
+
+// restoreImageRecord loads one snapshot record of the images table.
+func restoreImageRecord(tx *state.Txn, rec recordIn) (err error, ok bool) {
+	if rec.T != state.TableImages {
+		return nil, false
+	}
+	return restoreInto(rec.V, tx.PutImage), true
+}
+
+// checkImages checks the catalog: every entry valid, in a known state,
+// approved and revoked entries carrying the decision that put them there.
+func checkImages(snap *state.Snapshot) error {
+	for _, im := range snap.Images("") {
+		if err := im.Validate(); err != nil {
+			return fmt.Errorf("image %s: %w", im, err)
+		}
+		switch im.State {
+		case proto.ImagePending:
+		case proto.ImageApproved, proto.ImageRevoked:
+			if n := len(im.Approvals); n == 0 || im.Approvals[n-1].Action != im.State {
+				return fmt.Errorf("image %s: %s without a matching last decision in its approvals", im, im.State)
+			}
+		default:
+			return fmt.Errorf("image %s: unknown state %q", im, im.State)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package proto
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// The image catalog: every image a slice boots or MAAS deploys is a
+// versioned, content-addressed entry in the ledger. An entry is created
+// pending (its blob may be uploaded to the coordinators), approved by an
+// admin, and may be revoked; only approved entries are handed to agents.
+// An approved entry's digest never changes: a different artifact is a new
+// version.
+//
+// Raft commands continue the append-only enum in the images range (32–34).
+const (
+	ImageUpsertType  MessageType = 32
+	ImageApproveType MessageType = 33
+)
+
+func init() {
+	messageTypeNames[ImageUpsertType] = "image_upsert"
+	messageTypeNames[ImageApproveType] = "image_approve"
+}
+
+// ImageKind says what an image is for; for MAAS images it decides the
+// boot-resource file type of the upload.
+type ImageKind string
+
+const (
+	// ImageSliceBase is a small slice VM base image (raw disk).
+	ImageSliceBase ImageKind = "slice_base"
+	// ImageSliceCUDA is the separate CUDA developer slice image, with its
+	// own readiness check.
+	ImageSliceCUDA ImageKind = "slice_cuda"
+	// ImageMAASTgz is a MAAS custom host image as a root-filesystem
+	// tarball (boot-resource filetype tgz): MAAS owns partitioning, the
+	// flat-storage deploy path works.
+	ImageMAASTgz ImageKind = "maas_tgz"
+	// ImageMAASDdgz is a MAAS full-disk image (filetype ddgz). Refused as
+	// a host image for the flat-storage path (seed 002: the disk image's
+	// root and the MAAS-created EFI partition did not align).
+	ImageMAASDdgz ImageKind = "maas_ddgz"
+)
+
+// ImageKinds lists every image kind.
+var ImageKinds = []ImageKind{ImageSliceBase, ImageSliceCUDA, ImageMAASTgz, ImageMAASDdgz}
+
+// Valid reports whether k is a known kind.
+func (k ImageKind) Valid() bool {
+	for _, v := range ImageKinds {
+		if k == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Slice reports whether the kind is a slice VM image.
+func (k ImageKind) Slice() bool { return k == ImageSliceBase || k == ImageSliceCUDA }
+
+// MAASFileType is the MAAS boot-resource filetype of a MAAS image kind
+// ("" for slice images).
+func (k ImageKind) MAASFileType() string {
+	switch k {
+	case ImageMAASTgz:
+		return "tgz"
+	case ImageMAASDdgz:
+		return "ddgz"
+	}
+	return ""
+}
+
+// ImageState is where an image is in its approval life cycle.
+type ImageState string
+
+const (
+	ImagePending  ImageState = "pending"
+	ImageApproved ImageState = "approved"
+	ImageRevoked  ImageState = "revoked"
+)
+
+// ImageStates lists every image state.
+var ImageStates = []ImageState{ImagePending, ImageApproved, ImageRevoked}
+
+// MaxImageSize bounds an image blob (1 TiB).
+const MaxImageSize int64 = 1 << 40
+
+// ImageApproval is one approval or revocation of an image.
+type ImageApproval struct {
+	By     string     `json:"by"`
+	At     time.Time  `json:"at"`
+	Note   string     `json:"note,omitempty"`
+	Action ImageState `json:"action"` // approved | revoked
+}
+
+// Image is one catalog entry.
+type Image struct {
+	Name    string    `json:"name"`
+	Version string    `json:"version"`
+	Kind    ImageKind `json:"kind"`
+	Digest  string    `json:"digest"` // "sha256:<64 hex>"
+	Size    int64     `json:"size"`
+	// ReadinessCheck names the image-specific check the slice readiness
+	// gate runs over SSH ("" = the base check only).
+	ReadinessCheck string          `json:"readiness_check,omitempty"`
+	State          ImageState      `json:"state"`
+	Approvals      []ImageApproval `json:"approvals,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	Meta
+}
+
+// BlobPath is the coordinator path of an image's blob.
+func BlobPath(name, version string) string { return "/v1/images/" + name + "/" + version + "/blob" }
+
+// Ref is the reference a provision task carries.
+func (im *Image) Ref() *ImageRef {
+	return &ImageRef{Name: im.Name, Version: im.Version, Kind: string(im.Kind), Digest: im.Digest, Size: im.Size,
+		URL: BlobPath(im.Name, im.Version), ReadinessCheck: im.ReadinessCheck}
+}
+
+var (
+	imageDigestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	checkNamePattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+)
+
+// ValidateDigest checks an image digest: "sha256:" and 64 lowercase hex.
+func ValidateDigest(what, d string) error {
+	if !imageDigestPattern.MatchString(d) {
+		return Errorf(CodeInvalidArgument, "%s %q is not an image digest (sha256:<64 lowercase hex digits>)", what, truncate(d, 80))
+	}
+	return nil
+}
+
+// DigestHex returns the hex part of a valid digest.
+func DigestHex(d string) string { return strings.TrimPrefix(d, "sha256:") }
+
+// Validate checks the fields an upsert sets.
+func (im *Image) Validate() error {
+	if err := ValidateID("image name", im.Name); err != nil {
+		return err
+	}
+	if err := ValidateID("image version", im.Version); err != nil {
+		return err
+	}
+	if !im.Kind.Valid() {
+		return Errorf(CodeInvalidArgument, "image %s:%s: kind %q is not one of %v", im.Name, im.Version, im.Kind, ImageKinds)
+	}
+	if err := ValidateDigest("image "+im.Name+":"+im.Version+" digest", im.Digest); err != nil {
+		return err
+	}
+	if im.Size <= 0 || im.Size > MaxImageSize {
+		return Errorf(CodeInvalidArgument, "image %s:%s: size %d is out of range (1 to %d bytes)", im.Name, im.Version, im.Size, MaxImageSize)
+	}
+	if im.ReadinessCheck != "" && !checkNamePattern.MatchString(im.ReadinessCheck) {
+		return Errorf(CodeInvalidArgument, "image %s:%s: readiness_check %q is not a check name ([a-z0-9._-], at most 64)", im.Name, im.Version, truncate(im.ReadinessCheck, 80))
+	}
+	return nil
+}
+
+// ParseImageSpec splits an allocation's image: "name" (the newest
+// approved version) or "name:version".
+func ParseImageSpec(s string) (name, version string, err error) {
+	name, version, hasVersion := strings.Cut(s, ":")
+	if err := ValidateID("image name", name); err != nil {
+		return "", "", err
+	}
+	if hasVersion {
+		if err := ValidateID("image version", version); err != nil {
+			return "", "", err
+		}
+	}
+	return name, version, nil
+}
+
+// ImageUpsertRequest creates a pending catalog entry or replaces the
+// fields of one whose digest is unchanged (an approved entry keeps its
+// state and approvals; a different digest needs a new version).
+type ImageUpsertRequest struct {
+	At    time.Time `json:"at"`
+	Image Image     `json:"image"`
+}
+
+// ImageApproveRequest approves (Action approved) or revokes (Action
+// revoked) a catalog entry and records who did it.
+type ImageApproveRequest struct {
+	At      time.Time  `json:"at"`
+	Name    string     `json:"name"`
+	Version string     `json:"version"`
+	Action  ImageState `json:"action"`
+	By      string     `json:"by"`
+	Note    string     `json:"note,omitempty"`
+	// Digest, when set, must equal the entry's (the admin approves what
+	// they checked).
+	Digest string `json:"digest,omitempty"`
+}
+
+// ImageBody is the body of PUT /v1/images/{name}/{version}.
+type ImageBody struct {
+	Kind           ImageKind `json:"kind"`
+	Digest         string    `json:"digest"`
+	Size           int64     `json:"size"`
+	ReadinessCheck string    `json:"readiness_check,omitempty"`
+}
+
+// ImageApproveBody is the body of POST .../approve and .../revoke.
+type ImageApproveBody struct {
+	Note   string `json:"note,omitempty"`
+	Digest string `json:"digest,omitempty"`
+}
+
+// MaxApprovalNote bounds an approval note.
+const MaxApprovalNote = 1024
+
+// Validate checks an approve/revoke command.
+func (r *ImageApproveRequest) Validate() error {
+	if err := ValidateID("image name", r.Name); err != nil {
+		return err
+	}
+	if err := ValidateID("image version", r.Version); err != nil {
+		return err
+	}
+	if r.Action != ImageApproved && r.Action != ImageRevoked {
+		return Errorf(CodeInvalidArgument, "image %s:%s: action %q is not approved or revoked", r.Name, r.Version, r.Action)
+	}
+	if err := ValidateID("approver", r.By); err != nil {
+		return err
+	}
+	if len(r.Note) > MaxApprovalNote {
+		return Errorf(CodeInvalidArgument, "note is %d characters; at most %d are allowed", len(r.Note), MaxApprovalNote)
+	}
+	if r.Digest != "" {
+		return ValidateDigest("digest", r.Digest)
+	}
+	return nil
+}
+
+// String is "name:version".
+func (im *Image) String() string { return fmt.Sprintf("%s:%s", im.Name, im.Version) }
