@@ -404,7 +404,7 @@ func TestPinnedNeverEvicted(t *testing.T) {
 	assert.Contains(t, err.Error(), a.Digest)
 	assert.Len(t, c.Entries(), 2)
 	releaseA()
-	releaseA() // idempotent
+	releaseA()                                     // idempotent
 	_, err = c.Fetch(context.Background(), d, nil) // now a can go
 	require.NoError(t, err)
 	_, err = os.Stat(pa)
