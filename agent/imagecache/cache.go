@@ -7,9 +7,13 @@
 // verification record in dir/meta/<hex>.json. A mismatch deletes the
 // partial and names both digests.
 //
-// A cached image is re-verified lazily: a hit whose size and modification
-// time still match its verification record is trusted; anything else is
-// hashed again before use. The cache keeps its files within a byte
+// The digest is computed while the bytes are written (a resumed download
+// first hashes the partial it continues). A cached image is re-verified
+// lazily: a hit whose size and modification time still match its
+// verification record, written in this kernel boot, is trusted; anything
+// else is hashed again before use. (Images are not fsynced: a crash can
+// lose written pages, and the next boot re-verifies instead. A damaged
+// partial inherited from a crash is downloaded again from byte 0.) The cache keeps its files within a byte
 // budget, evicting the least recently used images, never one that is
 // pinned: every successful Fetch pins its image until Release (a
 // provision holds the image while it clones). Concurrent Fetches of one
@@ -27,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"net/http"
@@ -73,6 +78,7 @@ type Cache struct {
 	cfg Config
 	log *slog.Logger
 
+	boot    string // this kernel boot's ID ("" if unknown)
 	mu      sync.Mutex
 	wmu     sync.Mutex         // serialises record writes
 	entries map[string]*entry  // verified images by hex digest
@@ -80,9 +86,11 @@ type Cache struct {
 	flights map[string]*flight // downloads in progress by hex digest
 
 	// Transferred counts bytes received from sources; Resumes counts
-	// downloads continued from a partial file.
+	// downloads continued from a partial file; Rehashes counts cached
+	// images hashed again before use.
 	Transferred atomic.Int64
 	Resumes     atomic.Int64
+	Rehashes    atomic.Int64
 }
 
 // record is the persisted verification record of a cached image.
@@ -92,6 +100,11 @@ type record struct {
 	ModTimeNS  int64     `json:"mod_time_ns"`
 	VerifiedAt time.Time `json:"verified_at"`
 	LastUsed   time.Time `json:"last_used"`
+	// BootID is the kernel boot the verification happened in. Verified
+	// images are not fsynced (that would double the cost of a fetch): a
+	// record from an earlier boot (a crash may have lost written pages)
+	// is re-verified once on first use.
+	BootID string `json:"boot_id"`
 }
 
 type entry struct {
@@ -148,7 +161,7 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Cache{cfg: cfg, log: cfg.Log.With("component", "imagecache"),
+	c := &Cache{cfg: cfg, log: cfg.Log.With("component", "imagecache"), boot: bootID(),
 		entries: map[string]*entry{}, pins: map[string]int{}, flights: map[string]*flight{}}
 	for _, d := range []string{"partial", "sha256", "meta"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
@@ -344,7 +357,8 @@ func (c *Cache) use(h string, e *entry, ref proto.ImageRef) (string, error) {
 		c.drop(h, fmt.Sprintf("size %d, the catalog says %d", fi.Size(), ref.Size))
 		return "", errStale
 	}
-	if rec.VerifiedAt.IsZero() || rec.Size != fi.Size() || rec.ModTimeNS != fi.ModTime().UnixNano() {
+	if rec.VerifiedAt.IsZero() || rec.Size != fi.Size() || rec.ModTimeNS != fi.ModTime().UnixNano() || rec.BootID != c.boot {
+		c.Rehashes.Add(1)
 		got, err := hashFile(p)
 		if err != nil {
 			return "", fmt.Errorf("re-verify image %s: %w", ref.Digest, err)
@@ -353,7 +367,7 @@ func (c *Cache) use(h string, e *entry, ref proto.ImageRef) (string, error) {
 			c.drop(h, "re-verification: sha256 is "+got)
 			return "", errStale
 		}
-		rec = record{Digest: ref.Digest, Size: fi.Size(), ModTimeNS: fi.ModTime().UnixNano(), VerifiedAt: c.cfg.Now().UTC()}
+		rec = record{Digest: ref.Digest, Size: fi.Size(), ModTimeNS: fi.ModTime().UnixNano(), VerifiedAt: c.cfg.Now().UTC(), BootID: c.boot}
 		c.log.Info("image re-verified", "digest", ref.Digest)
 	}
 	rec.LastUsed = c.cfg.Now().UTC()
@@ -542,9 +556,41 @@ func (c *Cache) download(ctx context.Context, ref proto.ImageRef, h string, prog
 	return fmt.Errorf("fetch image %s: every source failed: %w", name, errors.Join(errs...))
 }
 
+// hashState is the running SHA-256 of the partial file's first n bytes.
+type hashState struct {
+	h hash.Hash
+	n int64
+}
+
+// sync makes st cover exactly the first size bytes of the partial: kept
+// when it already does, else recomputed from the file (a partial left by
+// an earlier process, or one cut short).
+func (st *hashState) sync(f *os.File, size int64) error {
+	if st.h != nil && st.n == size {
+		return nil
+	}
+	st.h, st.n = sha256.New(), 0
+	if size == 0 {
+		return nil
+	}
+	n, err := io.CopyBuffer(st.h, io.NewSectionReader(f, 0, size), make([]byte, 1<<20))
+	if err != nil {
+		return fmt.Errorf("hash partial: %w", err)
+	}
+	st.n = n
+	return nil
+}
+
 // fromSource downloads from one source, resuming after cut connections.
+// A digest mismatch of a download that continued a partial found on disk
+// (possibly damaged by a crash) is retried once from the first byte.
 func (c *Cache) fromSource(ctx context.Context, ref proto.ImageRef, h string, src Source, progress func(done, total int64)) error {
 	var last error
+	st := &hashState{}
+	inherited := false
+	if fi, err := os.Stat(c.dir("partial", h)); err == nil && fi.Size() > 0 {
+		inherited = true
+	}
 	for attempt := 0; attempt <= c.cfg.Retries; attempt++ {
 		if attempt > 0 {
 			select {
@@ -553,9 +599,17 @@ func (c *Cache) fromSource(ctx context.Context, ref proto.ImageRef, h string, sr
 				return ctx.Err()
 			}
 		}
-		done, retry, err := c.attempt(ctx, ref, h, src, progress)
+		done, retry, err := c.attempt(ctx, ref, h, src, st, progress)
 		if err == nil && done {
-			return c.finish(ref, h, src)
+			err = c.finish(ref, h, src, st)
+			var dm *DigestMismatchError
+			if errors.As(err, &dm) && inherited {
+				c.log.Warn("partial left on disk was damaged; downloading from the first byte", "digest", ref.Digest, "source", src.String())
+				inherited, st = false, &hashState{}
+				last = err
+				continue
+			}
+			return err
 		}
 		if err != nil && !retry {
 			return err
@@ -565,9 +619,10 @@ func (c *Cache) fromSource(ctx context.Context, ref proto.ImageRef, h string, sr
 	return fmt.Errorf("%s: gave up after %d attempts: %w", src, c.cfg.Retries+1, last)
 }
 
-// attempt runs one request. done: the partial holds ref.Size bytes;
-// retry: the failure was a cut transfer worth resuming.
-func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src Source, progress func(done, total int64)) (done, retry bool, err error) {
+// attempt runs one request, hashing what it writes. done: the partial
+// holds ref.Size bytes; retry: the failure was a cut transfer worth
+// resuming.
+func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src Source, st *hashState, progress func(done, total int64)) (done, retry bool, err error) {
 	partial := c.dir("partial", h)
 	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -579,11 +634,21 @@ func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src S
 		return false, false, fmt.Errorf("stat partial %s: %w", partial, err)
 	}
 	offset := fi.Size()
-	if offset > ref.Size {
+	restart := func() error {
 		if err := f.Truncate(0); err != nil {
-			return false, false, fmt.Errorf("truncate partial %s: %w", partial, err)
+			return fmt.Errorf("truncate partial %s: %w", partial, err)
 		}
 		offset = 0
+		st.h, st.n = sha256.New(), 0
+		return nil
+	}
+	if offset > ref.Size {
+		if err := restart(); err != nil {
+			return false, false, err
+		}
+	}
+	if err := st.sync(f, offset); err != nil {
+		return false, false, fmt.Errorf("partial %s: %w", partial, err)
 	}
 	if offset == ref.Size {
 		return true, false, nil
@@ -605,14 +670,13 @@ func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src S
 		}
 	case http.StatusOK:
 		if offset > 0 { // the source ignored the range: start over
-			if err := f.Truncate(0); err != nil {
-				return false, false, fmt.Errorf("truncate partial %s: %w", partial, err)
+			if err := restart(); err != nil {
+				return false, false, err
 			}
-			offset = 0
 		}
 	case http.StatusRequestedRangeNotSatisfiable:
-		if err := f.Truncate(0); err != nil {
-			return false, false, fmt.Errorf("truncate partial %s: %w", partial, err)
+		if err := restart(); err != nil {
+			return false, false, err
 		}
 		return false, true, fmt.Errorf("%s: range from %d not satisfiable; restarting", src, offset)
 	default:
@@ -628,24 +692,35 @@ func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src S
 	// Read at most one byte more than the image: a longer body is wrong.
 	body := io.LimitReader(resp.Body, ref.Size-offset+1)
 	for {
-		k, rerr := body.Read(buf)
+		k, rerr := io.ReadFull(body, buf)
 		if k > 0 {
-			if _, werr := f.Write(buf[:k]); werr != nil {
-				return false, false, fmt.Errorf("write partial %s: %w", partial, werr)
-			}
-			n += int64(k)
-			c.Transferred.Add(int64(k))
-			if n > ref.Size {
+			if n+int64(k) > ref.Size {
 				_ = f.Close()
 				_ = os.Remove(partial)
+				st.h, st.n = nil, 0
 				return false, false, fmt.Errorf("%s: sent more than the catalog's %d bytes; partial deleted", src, ref.Size)
 			}
+			if _, werr := f.Write(buf[:k]); werr != nil {
+				st.h = nil // the file's tail is unknown now
+				return false, false, fmt.Errorf("write partial %s: %w", partial, werr)
+			}
+			st.h.Write(buf[:k])
+			n += int64(k)
+			st.n = n
+			c.Transferred.Add(int64(k))
 			if progress != nil && time.Since(last) >= 100*time.Millisecond {
 				last = time.Now()
 				progress(n, ref.Size)
 			}
 		}
-		if rerr == io.EOF {
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF && n == ref.Size {
+			break
+		}
+		if rerr == io.ErrUnexpectedEOF {
+			// A short final read: more may follow only on a new request.
+			if n < ref.Size {
+				return false, true, fmt.Errorf("%s: transfer ended at byte %d of %d", src, n, ref.Size)
+			}
 			break
 		}
 		if rerr != nil {
@@ -660,9 +735,6 @@ func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src S
 	}
 	if n < ref.Size {
 		return false, true, fmt.Errorf("%s: transfer ended at byte %d of %d", src, n, ref.Size)
-	}
-	if err := f.Sync(); err != nil {
-		return false, false, fmt.Errorf("sync partial %s: %w", partial, err)
 	}
 	return true, false, nil
 }
@@ -680,13 +752,20 @@ func contentRangeStart(v string) (int64, error) {
 	return strconv.ParseInt(s, 10, 64)
 }
 
-// finish verifies the complete partial and moves it into place.
-func (c *Cache) finish(ref proto.ImageRef, h string, src Source) error {
+// finish checks the complete partial's digest (hashed while it was
+// written) and moves it into place; a mismatch deletes it.
+func (c *Cache) finish(ref proto.ImageRef, h string, src Source, st *hashState) error {
 	partial := c.dir("partial", h)
-	got, err := hashFile(partial)
+	f, err := os.Open(partial)
 	if err != nil {
-		return err
+		return fmt.Errorf("open partial %s: %w", partial, err)
 	}
+	err = st.sync(f, ref.Size)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("partial %s: %w", partial, err)
+	}
+	got := "sha256:" + hex.EncodeToString(st.h.Sum(nil))
 	if got != ref.Digest {
 		_ = os.Remove(partial)
 		return &DigestMismatchError{Image: ref.Name + ":" + ref.Version, Source: src.String(), Want: ref.Digest, Got: got}
@@ -697,16 +776,12 @@ func (c *Cache) finish(ref proto.ImageRef, h string, src Source) error {
 	if err := os.Rename(partial, c.path(h)); err != nil {
 		return fmt.Errorf("move image %s into the cache: %w", ref.Digest, err)
 	}
-	if d, err := os.Open(c.dir("sha256")); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
 	fi, err := os.Stat(c.path(h))
 	if err != nil {
 		return fmt.Errorf("stat image %s: %w", ref.Digest, err)
 	}
 	now := c.cfg.Now().UTC()
-	rec := record{Digest: ref.Digest, Size: fi.Size(), ModTimeNS: fi.ModTime().UnixNano(), VerifiedAt: now, LastUsed: now}
+	rec := record{Digest: ref.Digest, Size: fi.Size(), ModTimeNS: fi.ModTime().UnixNano(), VerifiedAt: now, LastUsed: now, BootID: c.boot}
 	if err := c.writeRecord(h, rec); err != nil {
 		return err
 	}
@@ -715,4 +790,14 @@ func (c *Cache) finish(ref proto.ImageRef, h string, src Source) error {
 	c.mu.Unlock()
 	c.log.Info("image cached", "image", ref.Name+":"+ref.Version, "digest", ref.Digest, "bytes", fi.Size(), "source", src.String())
 	return nil
+}
+
+// bootID is the kernel's boot ID ("" when unreadable: records are then
+// trusted across reboots only by size and modification time).
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

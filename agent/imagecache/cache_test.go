@@ -178,6 +178,7 @@ func TestFetchVerifiesAndCaches(t *testing.T) {
 	rec2, err := c.readRecord(proto.DigestHex(ref.Digest))
 	require.NoError(t, err)
 	assert.Equal(t, rec1.VerifiedAt, rec2.VerifiedAt, "a matching record is trusted, not re-hashed")
+	assert.Zero(t, c.Rehashes.Load())
 	assert.True(t, rec2.LastUsed.After(rec1.LastUsed))
 	entries, err := os.ReadDir(filepath.Join(c.cfg.Dir, "partial"))
 	require.NoError(t, err)
@@ -317,6 +318,7 @@ func TestLazyReverify(t *testing.T) {
 	require.NoError(t, err)
 	c.Release(ref.Digest)
 	assert.Equal(t, int64(1), s.requests.Load())
+	assert.Equal(t, int64(1), c.Rehashes.Load())
 
 	// Flipped byte: dropped and fetched again.
 	require.NoError(t, os.Chmod(p, 0o644))
@@ -476,4 +478,52 @@ func TestFetchRefusesBadRefs(t *testing.T) {
 	assert.Contains(t, err.Error(), "HTTP 404")
 	var dm *DigestMismatchError
 	assert.False(t, errors.As(err, &dm))
+}
+
+// TestDamagedPartialRestarts: a partial left by a crash whose bytes are
+// wrong fails verification once, then the image is downloaded from byte 0.
+func TestDamagedPartialRestarts(t *testing.T) {
+	t.Parallel()
+	s := newBlobServer(t)
+	data := randomBytes(t, 1<<20)
+	ref := s.add(data)
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "partial"), 0o755))
+	half := len(data) / 2
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "partial", proto.DigestHex(ref.Digest)), randomBytes(t, half), 0o644))
+	c := newCacheIn(t, dir, 64<<20, s.source(t))
+	p, err := c.Fetch(context.Background(), ref, nil)
+	require.NoError(t, err)
+	got, _ := os.ReadFile(p)
+	assert.True(t, bytes.Equal(data, got))
+	assert.Equal(t, int64(len(data)-half+len(data)), c.Transferred.Load(), "the rest, then everything again")
+	assert.Equal(t, int64(2), s.requests.Load())
+}
+
+// TestRecordFromEarlierBootReverified: after a reboot (another boot ID in
+// the record) a cached image is hashed once before use, then trusted.
+func TestRecordFromEarlierBootReverified(t *testing.T) {
+	t.Parallel()
+	s := newBlobServer(t)
+	ref := s.add(randomBytes(t, 1<<20))
+	c := newCache(t, 64<<20, s.source(t))
+	_, err := c.Fetch(context.Background(), ref, nil)
+	require.NoError(t, err)
+	h := proto.DigestHex(ref.Digest)
+	rec, err := c.readRecord(h)
+	require.NoError(t, err)
+	rec.BootID = "an-earlier-boot"
+	require.NoError(t, c.writeRecord(h, rec))
+
+	c2 := newCacheIn(t, c.cfg.Dir, 64<<20, s.source(t))
+	_, err = c2.Fetch(context.Background(), ref, nil)
+	require.NoError(t, err)
+	rec2, err := c2.readRecord(h)
+	require.NoError(t, err)
+	assert.Equal(t, bootID(), rec2.BootID)
+	assert.Equal(t, int64(1), c2.Rehashes.Load(), "re-verified once")
+	_, err = c2.Fetch(context.Background(), ref, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), c2.Rehashes.Load(), "then trusted")
+	assert.Equal(t, int64(1), s.requests.Load(), "verified in place, not downloaded")
 }
