@@ -3,6 +3,7 @@ package proto
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -88,12 +89,16 @@ var ImageStates = []ImageState{ImagePending, ImageApproved, ImageRevoked}
 // MaxImageSize bounds an image blob (1 TiB).
 const MaxImageSize int64 = 1 << 40
 
-// ImageApproval is one approval or revocation of an image.
+// ImageApproval is one approval or revocation of an image. An approval
+// may be scoped to a MAAS site (and one of its profiles): the image is
+// then approved for nodes of that site only. A revocation is global.
 type ImageApproval struct {
-	By     string     `json:"by"`
-	At     time.Time  `json:"at"`
-	Note   string     `json:"note,omitempty"`
-	Action ImageState `json:"action"` // approved | revoked
+	By      string     `json:"by"`
+	At      time.Time  `json:"at"`
+	Note    string     `json:"note,omitempty"`
+	Action  ImageState `json:"action"` // approved | revoked
+	Site    string     `json:"site,omitempty"`
+	Profile string     `json:"profile,omitempty"`
 }
 
 // Image is one catalog entry.
@@ -195,6 +200,9 @@ type ImageApproveRequest struct {
 	// Digest, when set, must equal the entry's (the admin approves what
 	// they checked).
 	Digest string `json:"digest,omitempty"`
+	// Site (and Profile) scope an approval; empty approves everywhere.
+	Site    string `json:"site,omitempty"`
+	Profile string `json:"profile,omitempty"`
 }
 
 // ImageBody is the body of PUT /v1/images/{name}/{version}.
@@ -205,10 +213,13 @@ type ImageBody struct {
 	ReadinessCheck string    `json:"readiness_check,omitempty"`
 }
 
-// ImageApproveBody is the body of POST .../approve and .../revoke.
+// ImageApproveBody is the body of POST .../approve and .../revoke (site
+// and profile only on approve).
 type ImageApproveBody struct {
-	Note   string `json:"note,omitempty"`
-	Digest string `json:"digest,omitempty"`
+	Note    string `json:"note,omitempty"`
+	Digest  string `json:"digest,omitempty"`
+	Site    string `json:"site,omitempty"`
+	Profile string `json:"profile,omitempty"`
 }
 
 // MaxApprovalNote bounds an approval note.
@@ -232,9 +243,69 @@ func (r *ImageApproveRequest) Validate() error {
 		return Errorf(CodeInvalidArgument, "note is %d characters; at most %d are allowed", len(r.Note), MaxApprovalNote)
 	}
 	if r.Digest != "" {
-		return ValidateDigest("digest", r.Digest)
+		if err := ValidateDigest("digest", r.Digest); err != nil {
+			return err
+		}
+	}
+	if r.Site != "" {
+		if r.Action == ImageRevoked {
+			return Errorf(CodeInvalidArgument, "image %s:%s: a revocation is global; it takes no site", r.Name, r.Version)
+		}
+		if err := ValidateID("site", r.Site); err != nil {
+			return err
+		}
+	}
+	if r.Profile != "" {
+		if r.Site == "" {
+			return Errorf(CodeInvalidArgument, "image %s:%s: a profile scope needs its site", r.Name, r.Version)
+		}
+		if err := ValidateID("profile", r.Profile); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// ApprovedFor reports whether the image may be used on a node of site
+// with one of profiles: it is approved, and an approval since the last
+// revocation is global or names that site (and, if it names a profile,
+// one of profiles). site "" asks for a global approval.
+func (im *Image) ApprovedFor(site string, profiles ...string) bool {
+	if im.State != ImageApproved {
+		return false
+	}
+	for i := len(im.Approvals) - 1; i >= 0; i-- {
+		a := im.Approvals[i]
+		if a.Action == ImageRevoked {
+			return false
+		}
+		if a.Site == "" || a.Site == site && (a.Profile == "" || slices.Contains(profiles, a.Profile)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Scope describes where the approvals of an image apply ("everywhere",
+// or the sites and profiles named since the last revocation).
+func (im *Image) Scope() string {
+	var scopes []string
+	for i := len(im.Approvals) - 1; i >= 0; i-- {
+		a := im.Approvals[i]
+		if a.Action == ImageRevoked {
+			break
+		}
+		switch {
+		case a.Site == "":
+			return "everywhere"
+		case a.Profile == "":
+			scopes = append(scopes, "site "+a.Site)
+		default:
+			scopes = append(scopes, "site "+a.Site+" profile "+a.Profile)
+		}
+	}
+	slices.Sort(scopes)
+	return strings.Join(slices.Compact(scopes), ", ")
 }
 
 // String is "name:version".

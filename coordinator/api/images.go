@@ -147,7 +147,8 @@ func (a *API) decideImage(action proto.ImageState) func(*call) error {
 		if err := c.decode(&body, true); err != nil {
 			return err
 		}
-		req := proto.ImageApproveRequest{At: now(), Name: name, Version: version, Action: action, By: c.p.Name, Note: body.Note, Digest: body.Digest}
+		req := proto.ImageApproveRequest{At: now(), Name: name, Version: version, Action: action, By: c.p.Name, Note: body.Note,
+			Digest: body.Digest, Site: body.Site, Profile: body.Profile}
 		if err := req.Validate(); err != nil {
 			return err
 		}

@@ -89,6 +89,10 @@ func TestImageCatalogAPI(t *testing.T) {
 	}
 	e.do(RoleAdmin, http.MethodPut, "/v1/images/Ubuntu/1", body).requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)
 
+	// Scopes name an existing site; a revocation takes none.
+	e.do(RoleAdmin, http.MethodPost, "/v1/images/ubuntu-base/24.04.1/approve", proto.ImageApproveBody{Site: "nowhere"}).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
+	e.do(RoleAdmin, http.MethodPost, "/v1/images/ubuntu-base/24.04.1/revoke", proto.ImageApproveBody{Site: "nowhere"}).requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)
+
 	// Approve with a note; the approver is the token's name.
 	r = e.do(RoleAdmin, http.MethodPost, "/v1/images/ubuntu-base/24.04.1/approve", proto.ImageApproveBody{Note: "boot-tested", Digest: digest})
 	require.Equal(t, http.StatusOK, r.status, string(r.body))

@@ -98,13 +98,23 @@ func imageDetail(w *tabwriter.Writer, x proto.Image) {
 		row(w, "MAAS file type:", ft)
 	}
 	row(w, "State:", x.State)
+	if x.State == proto.ImageApproved {
+		row(w, "Approved for:", x.Scope())
+	}
 	row(w, "Digest:", x.Digest)
 	row(w, "Size:", x.Size)
 	row(w, "Readiness check:", x.ReadinessCheck)
 	row(w, "Blob:", proto.BlobPath(x.Name, x.Version))
 	row(w, "Created:", ts(x.CreatedAt))
 	for _, ap := range x.Approvals {
-		row(w, "Decision:", fmt.Sprintf("%s by %s at %s %s", ap.Action, ap.By, ts(ap.At), ap.Note))
+		scope := ""
+		if ap.Site != "" {
+			scope = " for site " + ap.Site
+			if ap.Profile != "" {
+				scope += " profile " + ap.Profile
+			}
+		}
+		row(w, "Decision:", fmt.Sprintf("%s%s by %s at %s %s", ap.Action, scope, ap.By, ts(ap.At), ap.Note))
 	}
 	row(w, "Index:", fmt.Sprintf("create %d, modify %d", x.CreateIndex, x.ModifyIndex))
 }
@@ -189,7 +199,7 @@ func (a *app) imagePushCmd() *cobra.Command {
 }
 
 func (a *app) imageDecideCmd(verb string, action proto.ImageState) *cobra.Command {
-	var note, digest string
+	var note, digest, site, profile string
 	c := &cobra.Command{
 		Use:   verb + " NAME:VERSION",
 		Short: map[proto.ImageState]string{proto.ImageApproved: "Approve an image for use (admin)", proto.ImageRevoked: "Revoke an image (admin)"}[action],
@@ -199,7 +209,7 @@ func (a *app) imageDecideCmd(verb string, action proto.ImageState) *cobra.Comman
 			if err != nil {
 				return err
 			}
-			r, err := a.call(cmd, http.MethodPost, imagePath(name, version)+"/"+verb, nil, proto.ImageApproveBody{Note: note, Digest: digest}, nil)
+			r, err := a.call(cmd, http.MethodPost, imagePath(name, version)+"/"+verb, nil, proto.ImageApproveBody{Note: note, Digest: digest, Site: site, Profile: profile}, nil)
 			if err != nil {
 				return err
 			}
@@ -209,6 +219,8 @@ func (a *app) imageDecideCmd(verb string, action proto.ImageState) *cobra.Comman
 	c.Flags().StringVar(&note, "note", "", "why (recorded with the decision)")
 	if action == proto.ImageApproved {
 		c.Flags().StringVar(&digest, "digest", "", "refuse unless the entry has this digest (sha256:...)")
+		c.Flags().StringVar(&site, "site", "", "approve for this MAAS site only (default: everywhere)")
+		c.Flags().StringVar(&profile, "profile", "", "with --site: approve for this site profile only")
 	}
 	return c
 }

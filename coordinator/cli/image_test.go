@@ -51,6 +51,10 @@ func TestCLIImagePushApproveList(t *testing.T) {
 	r = c.run(api.RoleAdmin, "image", "approve", "ubuntu-base:24.04.1", "--note", "boot-tested", "--digest", digest).ok(t)
 	assert.Equal(t, "approved", field(t, r.out, "State"))
 	assert.Contains(t, field(t, r.out, "Decision"), "approved by admin-user")
+	assert.Equal(t, "everywhere", field(t, r.out, "Approved for"))
+	r = c.run(api.RoleAdmin, "image", "approve", "ubuntu-base:24.04.1", "--site", "nowhere")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "site nowhere not found")
 
 	// A different file under the approved version is refused by the ledger.
 	other := filepath.Join(t.TempDir(), "other.raw")

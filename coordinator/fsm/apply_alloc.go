@@ -46,9 +46,6 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 	if err := create.Validate(f.skus); err != nil {
 		return nil, err
 	}
-	if _, err := resolveImage(&tx.Snapshot, in.Image, in.Shape); err != nil {
-		return nil, err
-	}
 	region, ok := tx.Region(in.Region)
 	if !ok {
 		return nil, notFound("region", in.Region)
@@ -71,6 +68,9 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 		return nil, conflict("allocation_place: node %s is %s, not active", node.ID, node.State)
 	case node.Draining:
 		return nil, conflict("allocation_place: node %s is draining", node.ID)
+	}
+	if _, err := resolveImage(&tx.Snapshot, in.Image, in.Shape, scopeOfNode(&tx.Snapshot, node.ID)); err != nil {
+		return nil, err
 	}
 	wantClaims := 1
 	if in.Shape == proto.ShapeGPUSlice {
@@ -321,7 +321,7 @@ func putOutboxTask(tx *state.Txn, t proto.Task, typ string, a *proto.Allocation,
 		p := proto.AllocationTaskPayload{AllocationID: a.ID, Shape: a.Shape, SKU: a.SKU, GPUCount: a.GPUCount,
 			Image: a.Image, SSHPublicKeys: a.SSHPublicKeys, Slots: slotIDs(slots)}
 		if typ == proto.TaskSliceProvision || typ == proto.TaskBaremetalHandoff {
-			ref, err := resolveImage(&tx.Snapshot, a.Image, a.Shape)
+			ref, err := resolveImage(&tx.Snapshot, a.Image, a.Shape, scopeOfNode(&tx.Snapshot, a.NodeID))
 			if err != nil {
 				return err
 			}

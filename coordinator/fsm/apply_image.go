@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -65,29 +66,89 @@ func (f *FSM) applyImageApprove(body []byte, index uint64) any {
 		if req.Digest != "" && req.Digest != old.Digest {
 			return nil, conflict("image_approve: image %s has digest %s, not %s", old, old.Digest, req.Digest)
 		}
-		if old.State == req.Action {
-			for _, a := range old.Approvals {
-				if a.By == req.By && a.Action == req.Action {
-					return old, nil // a repeat of the same decision: no write
-				}
+		if req.Site != "" {
+			site, ok := tx.Site(req.Site)
+			if !ok {
+				return nil, notFound("site", req.Site)
 			}
+			if req.Profile != "" && site.Profiles[req.Profile] == "" {
+				return nil, proto.Errorf(proto.CodeNotFound, "image_approve: site %s has no profile %s", req.Site, req.Profile)
+			}
+		}
+		if old.State == req.Action {
 			if req.Action == proto.ImageRevoked {
 				return old, nil // revoked stays revoked
+			}
+			for i := len(old.Approvals) - 1; i >= 0 && old.Approvals[i].Action == proto.ImageApproved; i-- {
+				a := old.Approvals[i]
+				if a.By == req.By && a.Site == req.Site && a.Profile == req.Profile {
+					return old, nil // a repeat of the same decision: no write
+				}
 			}
 		}
 		im := *old
 		im.State = req.Action
-		im.Approvals = append(slices.Clone(old.Approvals), proto.ImageApproval{By: req.By, At: at(req.At), Note: req.Note, Action: req.Action})
+		im.Approvals = append(slices.Clone(old.Approvals), proto.ImageApproval{By: req.By, At: at(req.At), Note: req.Note,
+			Action: req.Action, Site: req.Site, Profile: req.Profile})
 		return &im, tx.PutImage(&im)
 	})
 }
 
-// resolveImage turns an allocation's image ("name" = the approved version
+// imageScope is where an allocation's node sits: the MAAS site whose
+// profiles map the node's pool, and those profiles ("" / none when no
+// site does: only a global approval counts there).
+type imageScope struct {
+	site     string
+	profiles []string
+}
+
+// scopeOfNode finds the site and profiles of a node's pool.
+func scopeOfNode(snap *state.Snapshot, nodeID string) *imageScope {
+	sc := &imageScope{}
+	n, ok := snap.Node(nodeID)
+	if !ok {
+		return sc
+	}
+	for _, site := range snap.Sites() {
+		for _, name := range sortedKeys(site.Profiles) {
+			if site.Profiles[name] == n.Pool {
+				sc.site = site.Name
+				sc.profiles = append(sc.profiles, name)
+			}
+		}
+		if sc.site != "" {
+			return sc
+		}
+	}
+	return sc
+}
+
+// usable reports whether im may be used in scope (nil: approved anywhere).
+func (sc *imageScope) usable(im *proto.Image) bool {
+	if sc == nil {
+		return im.State == proto.ImageApproved
+	}
+	return im.ApprovedFor(sc.site, sc.profiles...)
+}
+
+func (sc *imageScope) String() string {
+	if sc == nil {
+		return "anywhere"
+	}
+	if sc.site == "" {
+		return "everywhere (the node belongs to no site)"
+	}
+	return "site " + sc.site + " (profiles " + strings.Join(sc.profiles, ", ") + ")"
+}
+
+// resolveImage turns an allocation's image ("name" = the usable version
 // created last, or "name:version") into the reference its provision task
 // carries. A slice needs an approved slice image; a baremetal node a MAAS
 // root-filesystem tarball (a ddgz disk image does not fit the flat
-// storage path). An empty spec resolves to nil.
-func resolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) (*proto.ImageRef, error) {
+// storage path). The approval must cover scope (the node's site; nil:
+// approved anywhere, the planner's early check). An empty spec resolves
+// to nil.
+func resolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape, scope *imageScope) (*proto.ImageRef, error) {
 	if spec == "" {
 		return nil, nil
 	}
@@ -104,19 +165,29 @@ func resolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) 
 		if x.State != proto.ImageApproved {
 			return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s:%s is %s, not approved", name, version, x.State)
 		}
+		if !scope.usable(x) {
+			return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s:%s is approved for %s, not for %s", name, version, x.Scope(), scope)
+		}
 		im = x
 	} else {
 		versions := snap.Images(name)
 		if len(versions) == 0 {
 			return nil, proto.Errorf(proto.CodeNotFound, "image %s is not in the catalog", name)
 		}
+		approved := 0
 		for _, x := range versions {
-			if x.State == proto.ImageApproved && (im == nil || x.CreateIndex > im.CreateIndex) {
+			if x.State == proto.ImageApproved {
+				approved++
+			}
+			if scope.usable(x) && (im == nil || x.CreateIndex > im.CreateIndex) {
 				im = x
 			}
 		}
-		if im == nil {
+		switch {
+		case im == nil && approved == 0:
 			return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s has no approved version (%d known)", name, len(versions))
+		case im == nil:
+			return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s has %d approved version(s), none approved for %s", name, approved, scope)
 		}
 	}
 	switch {
@@ -130,10 +201,18 @@ func resolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) 
 	return im.Ref(), nil
 }
 
-// ResolveImage is resolveImage for the leader's planner: it refuses an
+// ResolveImage is the leader planner's early check: it refuses an
 // unknown, unapproved or unfitting image before any placement is planned.
+// (Apply re-checks against the chosen node's site.)
 func ResolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) (*proto.ImageRef, error) {
-	return resolveImage(snap, spec, shape)
+	return resolveImage(snap, spec, shape, nil)
+}
+
+// ImageApprovedForNode reports whether im may be used on node (its
+// site's approvals, or a global one): the MAAS predeploy check "selected
+// image version exists and is approved for the site".
+func ImageApprovedForNode(snap *state.Snapshot, im *proto.Image, nodeID string) bool {
+	return scopeOfNode(snap, nodeID).usable(im)
 }
 
 // eachImageObject adds every catalog entry (false: not the images table).

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -224,4 +225,62 @@ func TestCheckerImages(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.Equal(t, tables(h.Snap())["images"], tables(c.FSM().Store().Snapshot())["images"])
+}
+
+// TestImageApprovalScopes: an approval scoped to a MAAS site covers the
+// nodes of that site's pools only; a global one covers every node; a
+// revocation voids every earlier approval.
+func TestImageApprovalScopes(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east", "eu-west"}, SliceNodes: 2})
+	addSites(h) // site-a: us-east's pool
+	site := maasSite().Name
+	east, west := fsmtest.NodeID("us-east", 0), fsmtest.NodeID("eu-west", 0)
+	upsertImage(h, testImage("base", "1", proto.ImageSliceBase))
+	approve := func(req proto.ImageApproveRequest) *proto.Image {
+		req.At, req.Name, req.Version, req.By = h.At(), "base", "1", "admin"
+		if req.Action == "" {
+			req.Action = proto.ImageApproved
+		}
+		return h.OK(proto.ImageApproveType, req).(*proto.Image)
+	}
+	n := 0
+	place := func(node string, ok bool) {
+		t.Helper()
+		n++
+		id := fmt.Sprintf("p%d", n)
+		req := h.SliceRequest(id, "k-"+id, node, slot(node, n))
+		req.Allocation.Image = "base"
+		if ok {
+			h.Place(req)
+			return
+		}
+		e := h.Refuse(proto.AllocationPlaceType, req, proto.CodeInvalidArgument)
+		assert.Contains(t, e.Detail, "approved")
+	}
+
+	im := approve(proto.ImageApproveRequest{Site: site, Profile: "slice", Note: "site-a only"})
+	assert.Equal(t, "site "+site+" profile slice", im.Scope())
+	place(east, true)
+	place(west, false)
+	im = approve(proto.ImageApproveRequest{Note: "everywhere"})
+	assert.Equal(t, "everywhere", im.Scope())
+	place(west, true)
+	approve(proto.ImageApproveRequest{Action: proto.ImageRevoked})
+	place(east, false)
+	approve(proto.ImageApproveRequest{Site: site})
+	place(east, true)
+	place(west, false) // the global approval came before the revocation
+
+	h.Refuse(proto.ImageApproveType, proto.ImageApproveRequest{At: h.At(), Name: "base", Version: "1", Action: proto.ImageApproved, By: "admin", Site: "nowhere"}, proto.CodeNotFound)
+	h.Refuse(proto.ImageApproveType, proto.ImageApproveRequest{At: h.At(), Name: "base", Version: "1", Action: proto.ImageApproved, By: "admin", Site: site, Profile: "gpu-x"}, proto.CodeNotFound)
+	h.Refuse(proto.ImageApproveType, proto.ImageApproveRequest{At: h.At(), Name: "base", Version: "1", Action: proto.ImageApproved, By: "admin", Profile: "slice"}, proto.CodeInvalidArgument)
+	h.Refuse(proto.ImageApproveType, proto.ImageApproveRequest{At: h.At(), Name: "base", Version: "1", Action: proto.ImageRevoked, By: "admin", Site: site}, proto.CodeInvalidArgument)
+
+	got, ok := h.Snap().Image("base", "1")
+	require.True(t, ok)
+	assert.True(t, fsm.ImageApprovedForNode(h.Snap(), got, east))
+	assert.False(t, fsm.ImageApprovedForNode(h.Snap(), got, west))
+	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 }
