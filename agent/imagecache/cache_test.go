@@ -527,3 +527,25 @@ func TestRecordFromEarlierBootReverified(t *testing.T) {
 	assert.Equal(t, int64(1), c2.Rehashes.Load(), "then trusted")
 	assert.Equal(t, int64(1), s.requests.Load(), "verified in place, not downloaded")
 }
+
+type fakeGetter struct{}
+
+func (fakeGetter) GetBlob(context.Context, string, int64) (*http.Response, error) {
+	return nil, errors.New("unused")
+}
+
+func TestSources(t *testing.T) {
+	t.Parallel()
+	srcs, err := Sources("http://mirror.lab/blobs/", fakeGetter{})
+	require.NoError(t, err)
+	require.Len(t, srcs, 2)
+	assert.Equal(t, "mirror http://mirror.lab/blobs", srcs[0].String())
+	assert.Equal(t, "coordinators", srcs[1].String())
+	srcs, err = Sources("", fakeGetter{})
+	require.NoError(t, err)
+	assert.Len(t, srcs, 1)
+	_, err = Sources("", nil)
+	require.Error(t, err)
+	_, err = Sources("mirror.lab", nil)
+	require.Error(t, err)
+}

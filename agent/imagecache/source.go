@@ -64,3 +64,23 @@ func (s mirrorSource) Get(ctx context.Context, ref proto.ImageRef, offset int64)
 	}
 	return s.client.Do(req)
 }
+
+// Sources is the agent's usual source list: the mirror (when mirror is
+// not "") tried first, then the coordinators.
+func Sources(mirror string, coordinators BlobGetter) ([]Source, error) {
+	var out []Source
+	if mirror != "" {
+		m, err := Mirror(mirror, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	if coordinators != nil {
+		out = append(out, Coordinators(coordinators))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("image cache: no source (neither a mirror nor coordinators)")
+	}
+	return out, nil
+}
