@@ -310,3 +310,26 @@ func (im *Image) Scope() string {
 
 // String is "name:version".
 func (im *Image) String() string { return fmt.Sprintf("%s:%s", im.Name, im.Version) }
+
+// CheckHostImage checks that im can be deployed by MAAS as a host image
+// with storage layout (a profile's storage_layout_profile; "" is MAAS's
+// default, flat). A host image is a MAAS kind; a ddgz full-disk image is
+// refused unless the layout is "blank": with any layout MAAS partitions
+// the disk itself, and seed 002's ddgz deploy reached curtin but failed at
+// GRUB/EFI because the image's root and MAAS's EFI partition did not
+// align — a tgz root filesystem lets MAAS own partitioning.
+func (im *Image) CheckHostImage(layout string) error {
+	switch im.Kind {
+	case ImageMAASTgz:
+		return nil
+	case ImageMAASDdgz:
+		if layout == "blank" {
+			return nil
+		}
+		if layout == "" {
+			layout = "flat"
+		}
+		return Errorf(CodeInvalidArgument, "image %s is a ddgz full-disk image; the %s storage layout needs a maas_tgz root filesystem (MAAS owns partitioning)", im, layout)
+	}
+	return Errorf(CodeInvalidArgument, "image %s is a %s image, not a MAAS host image (maas_tgz)", im, im.Kind)
+}

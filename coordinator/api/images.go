@@ -186,6 +186,12 @@ func (a *API) blobHandler(rt Route) http.Handler {
 				}
 			}
 		}
+		if !ok && rt.Method == http.MethodGet && !a.b.IsLeader() && r.Header.Get(proto.ForwardedHeader) == "" && r.Header.Get(blobPeerHeader) == "" {
+			// A node credential issued a moment ago may not have reached
+			// this replica yet: the leader, which issued it, decides.
+			a.forwardStream(&call{a: a, w: w, r: r, rt: rt})
+			return
+		}
 		if !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas", error="invalid_token"`)
 			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the bearer token is not known"))
@@ -344,11 +350,13 @@ func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error
 	return err
 }
 
-// forwardStream proxies a blob upload to the leader without buffering it.
+// forwardStream proxies a blob request to the leader without buffering
+// its body (an upload of an entry this replica does not know yet, or a
+// download with a credential it does not know yet).
 func (a *API) forwardStream(c *call) {
 	addr := a.b.LeaderHTTPAddr()
 	if addr == "" {
-		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica does not know the image and no leader is known; retry shortly"))
+		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica cannot serve the request alone and no leader is known; retry shortly"))
 		return
 	}
 	target, err := leaderURL(addr)
@@ -370,7 +378,7 @@ func (a *API) forwardStream(c *call) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeProblem(w, r, proto.Errorf(proto.CodeUnavailable, "forwarding the upload to the leader at %s failed: %v", addr, err))
+			writeProblem(w, r, proto.Errorf(proto.CodeUnavailable, "forwarding to the leader at %s failed: %v", addr, err))
 		},
 	}
 	rp.ServeHTTP(c.w, c.r)

@@ -7,9 +7,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -291,4 +295,51 @@ func TestImageBlobPeerFetch(t *testing.T) {
 	leader.env.do(RoleOperator, http.MethodPost, "/v1/allocations",
 		proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east", Image: "nope"},
 		proto.IdempotencyKeyHeader, "k-nope").requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
+}
+
+// TestBlobUnknownCredentialOnFollowerIsForwarded: a follower that does not
+// know a node credential yet hands the download to the leader once,
+// streaming its answer; a request forwarded already is refused.
+func TestBlobUnknownCredentialOnFollowerIsForwarded(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got []*http.Request
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Clone(r.Context()))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write([]byte("blob bytes"))
+	}))
+	t.Cleanup(leader.Close)
+	e, bl := newBlobEnv(t)
+	bl.setFollower(strings.TrimPrefix(leader.URL, "http://"))
+	get := func(hdr ...string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, e.url+"/v1/images/base/1/blob", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer gpn_fresh")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get()
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, "blob bytes", body)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, got, 1)
+	assert.Equal(t, "Bearer gpn_fresh", got[0].Header.Get("Authorization"))
+	assert.Equal(t, "1", got[0].Header.Get(proto.ForwardedHeader))
+	mu.Unlock()
+	code, _ = get(proto.ForwardedHeader, "1")
+	assert.Equal(t, http.StatusUnauthorized, code)
+	code, _ = get(blobPeerHeader, "1")
+	assert.Equal(t, http.StatusUnauthorized, code)
+	mu.Lock()
+	assert.Len(t, got, 1)
 }

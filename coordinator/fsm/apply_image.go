@@ -100,6 +100,9 @@ func (f *FSM) applyImageApprove(body []byte, index uint64) any {
 type imageScope struct {
 	site     string
 	profiles []string
+	// layout is the storage layout of the node's baremetal profile ("":
+	// MAAS's default, flat).
+	layout string
 }
 
 // scopeOfNode finds the site and profiles of a node's pool.
@@ -114,6 +117,9 @@ func scopeOfNode(snap *state.Snapshot, nodeID string) *imageScope {
 			if site.Profiles[name] == n.Pool {
 				sc.site = site.Name
 				sc.profiles = append(sc.profiles, name)
+				if p, ok := snap.SiteProfile(site.Name, name); ok && p.Intent == proto.IntentBaremetal {
+					sc.layout = p.StorageLayoutProfile
+				}
 			}
 		}
 		if sc.site != "" {
@@ -193,10 +199,13 @@ func resolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape, 
 	switch {
 	case shape == proto.ShapeGPUSlice && !im.Kind.Slice():
 		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a %s image; a gpu_slice needs slice_base or slice_cuda", im, im.Kind)
-	case shape == proto.ShapeBaremetal && im.Kind == proto.ImageMAASDdgz:
-		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a ddgz full-disk image; baremetal hosts deploy a maas_tgz root filesystem (MAAS owns partitioning on the flat storage path)", im)
-	case shape == proto.ShapeBaremetal && im.Kind != proto.ImageMAASTgz:
-		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a %s image; a baremetal node needs maas_tgz", im, im.Kind)
+	case shape == proto.ShapeBaremetal && scope == nil && im.Kind.MAASFileType() == "":
+		return nil, proto.Errorf(proto.CodeInvalidArgument, "image %s is a %s image; a baremetal node needs a MAAS host image (maas_tgz)", im, im.Kind)
+	case shape == proto.ShapeBaremetal && scope != nil:
+		// The node's profile decides whether a ddgz disk image fits.
+		if err := im.CheckHostImage(scope.layout); err != nil {
+			return nil, err
+		}
 	}
 	return im.Ref(), nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/proto/prototest"
 )
 
 func digestOf(s string) string {
@@ -283,4 +284,32 @@ func TestImageApprovalScopes(t *testing.T) {
 	assert.True(t, fsm.ImageApprovedForNode(h.Snap(), got, east))
 	assert.False(t, fsm.ImageApprovedForNode(h.Snap(), got, west))
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
+}
+
+// TestBaremetalHostImageFollowsStorageLayout: a ddgz disk image deploys a
+// baremetal node only when its site profile's storage layout is blank;
+// with flat (seed 002's failure) it is refused, a tgz always fits.
+func TestBaremetalHostImageFollowsStorageLayout(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east", "eu-west"}, BaremetalNodes: 1})
+	addSites(h) // profile bm of site-a maps us-east's pool
+	bm := prototest.SiteProfile()
+	bm.Name, bm.Intent, bm.FabricMode, bm.EnablePhase2RoCE = "bm", proto.IntentBaremetal, proto.FabricIB, false
+	bm.StorageLayoutProfile = "flat"
+	h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: bm})
+	upsertImage(h, testImage("disk", "1", proto.ImageMAASDdgz))
+	decideImage(h, "disk", "1", proto.ImageApproved)
+	node := fsmtest.BaremetalNodeID("us-east", 0)
+
+	req := h.BaremetalRequest("b1", "k-b1", node)
+	req.Allocation.Image = "disk"
+	e := h.Refuse(proto.AllocationPlaceType, req, proto.CodeInvalidArgument)
+	assert.Contains(t, e.Detail, "flat storage layout needs a maas_tgz")
+
+	bm.StorageLayoutProfile = "blank"
+	h.OK(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: h.At(), Profile: bm})
+	req = h.BaremetalRequest("b1", "k-b1", node)
+	req.Allocation.Image = "disk"
+	h.Place(req)
 }
