@@ -549,3 +549,32 @@ func TestSources(t *testing.T) {
 	_, err = Sources("mirror.lab", nil)
 	require.Error(t, err)
 }
+
+// TestCancelledFetchResumesLater: a provision cancelled mid-download
+// leaves the partial; the next Fetch continues it.
+func TestCancelledFetchResumesLater(t *testing.T) {
+	t.Parallel()
+	s := newBlobServer(t)
+	data := randomBytes(t, 4<<20)
+	ref := s.add(data)
+	c := newCache(t, 64<<20, s.source(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := c.Fetch(ctx, ref, func(done, _ int64) {
+		if done >= 1<<20 {
+			cancel()
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	fi, err := os.Stat(filepath.Join(c.cfg.Dir, "partial", proto.DigestHex(ref.Digest)))
+	require.NoError(t, err)
+	have := fi.Size()
+	require.Greater(t, have, int64(0))
+	require.Less(t, have, ref.Size)
+	before := c.Transferred.Load()
+	p, err := c.Fetch(context.Background(), ref, nil)
+	require.NoError(t, err)
+	got, _ := os.ReadFile(p)
+	assert.True(t, bytes.Equal(data, got))
+	assert.Equal(t, int64(1), c.Resumes.Load())
+	assert.Equal(t, ref.Size-have, c.Transferred.Load()-before)
+}

@@ -253,6 +253,7 @@ func (a *API) putImageBlob(c *call) error {
 		return fmt.Errorf("store blob of image %s: %w", im, err)
 	}
 	a.log.Info("image blob stored", "image", im.String(), "digest", im.Digest, "bytes", n, "duration_ms", time.Since(start).Milliseconds(), "by", c.p.Name)
+	go a.replicateBlob(im, c.r.Header.Get("Authorization"))
 	return a.replyImage(c, name, version)
 }
 
@@ -348,6 +349,50 @@ func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error
 		return proto.Errorf(proto.CodeUnavailable, "image %s: a peer sent a blob that failed verification: %v", im, err)
 	}
 	return err
+}
+
+// replicateBlob asks every other replica for the blob just stored (a HEAD
+// of the blob route: a replica lacking it fetches it from its peers,
+// verifies and keeps it), so it survives the loss of this one. Best
+// effort: a replica that misses it fetches it on first download.
+func (a *API) replicateBlob(im *proto.Image, auth string) {
+	peers, err := a.b.Peers()
+	if err != nil {
+		a.log.Warn("replicate image blob: list peers", "image", im.String(), "err", err)
+		return
+	}
+	self := ""
+	if n, ok := a.b.(interface{ NodeID() string }); ok {
+		self = n.NodeID()
+	}
+	client := &http.Client{Transport: a.proxy.transport}
+	for _, p := range peers {
+		if p.ID == self || p.HTTPAddr == "" {
+			continue
+		}
+		base, err := leaderURL(p.HTTPAddr)
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		req, err := http.NewRequestWithContext(ctx, http.MethodHead, base.String()+proto.BlobPath(im.Name, im.Version), nil)
+		if err == nil {
+			req.Header.Set("Authorization", auth)
+			var resp *http.Response
+			if resp, err = client.Do(req); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("HTTP %d", resp.StatusCode)
+				}
+			}
+		}
+		cancel()
+		if err != nil {
+			a.log.Warn("replicate image blob", "image", im.String(), "peer", p.ID, "err", err)
+			continue
+		}
+		a.log.Info("image blob replicated", "image", im.String(), "digest", im.Digest, "peer", p.ID)
+	}
 }
 
 // forwardStream proxies a blob request to the leader without buffering

@@ -262,8 +262,13 @@ func TestImageBlobPeerFetch(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	r = leader.env.do(RoleAdmin, http.MethodPut, "/v1/images/base/1/blob", data, octet...)
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	// The replica that took the upload has the others fetch it.
+	for _, x := range followers {
+		require.Eventually(t, func() bool { return x.srv.Blobs().Has(digest, size) }, 20*time.Second, 20*time.Millisecond, "replicated to %s", x.srv.NodeID())
+	}
+	// A replica that lost it (or joined later) fetches it on first download.
 	f := followers[0]
-	require.Eventually(t, func() bool { _, ok := f.srv.Store().Snapshot().Image("base", "1"); return ok }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, os.Remove(filepath.Join(f.srv.Blobs().Dir(), "sha256", proto.DigestHex(digest))))
 	require.False(t, f.srv.Blobs().Has(digest, size))
 
 	r = f.env.do(RoleViewer, http.MethodGet, "/v1/images/base/1/blob", nil, "Range", "bytes=100-")
