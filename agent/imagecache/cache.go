@@ -289,10 +289,10 @@ func (c *Cache) Fetch(ctx context.Context, ref proto.ImageRef, progress func(don
 			case <-ctx.Done():
 				return "", fmt.Errorf("fetch image %s:%s: %w", ref.Name, ref.Version, ctx.Err())
 			}
-			if f.err != nil {
+			if f.err != nil && (ctx.Err() != nil || !errors.Is(f.err, context.Canceled) && !errors.Is(f.err, context.DeadlineExceeded)) {
 				return "", f.err
 			}
-			continue
+			continue // done, or the downloading caller gave up: take over
 		}
 		f := &flight{done: make(chan struct{})}
 		if progress != nil {

@@ -578,3 +578,40 @@ func TestCancelledFetchResumesLater(t *testing.T) {
 	assert.Equal(t, int64(1), c.Resumes.Load())
 	assert.Equal(t, ref.Size-have, c.Transferred.Load()-before)
 }
+
+// TestWaiterTakesOverCancelledDownload: when the caller that started a
+// shared download gives up, a caller still waiting continues it.
+func TestWaiterTakesOverCancelledDownload(t *testing.T) {
+	t.Parallel()
+	s := newBlobServer(t)
+	data := randomBytes(t, 4<<20)
+	ref := s.add(data)
+	c := newCache(t, 64<<20, s.source(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	var once sync.Once
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Fetch(ctx, ref, func(done, _ int64) {
+			once.Do(func() { close(started) })
+			if done >= 1<<20 {
+				<-ctx.Done() // hold the download until cancelled
+			}
+		})
+		errc <- err
+	}()
+	<-started
+	waiter := make(chan error, 1)
+	var path string
+	go func() {
+		var err error
+		path, err = c.Fetch(context.Background(), ref, nil)
+		waiter <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let the second caller wait on the flight
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	require.NoError(t, <-waiter)
+	got, _ := os.ReadFile(path)
+	assert.True(t, bytes.Equal(data, got))
+}
