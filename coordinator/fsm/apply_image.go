@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -258,6 +259,42 @@ func checkImages(snap *state.Snapshot) error {
 			}
 		default:
 			return fmt.Errorf("image %s: unknown state %q", im, im.State)
+		}
+	}
+	return nil
+}
+
+// checkImageRefs checks that every image reference a provision task (or
+// its outbox entry) carries names a catalog entry with that digest and
+// size: approved entries are immutable and never deleted, so a reference
+// can never go stale.
+func checkImageRefs(snap *state.Snapshot) error {
+	check := func(t *proto.Task) error {
+		if t.Type != proto.TaskSliceProvision && t.Type != proto.TaskBaremetalHandoff || len(t.Payload) == 0 {
+			return nil
+		}
+		var p proto.AllocationTaskPayload
+		if json.Unmarshal(t.Payload, &p) != nil || p.ImageRef == nil {
+			return nil // a proposer-given payload of another shape
+		}
+		r := p.ImageRef
+		im, ok := snap.Image(r.Name, r.Version)
+		switch {
+		case !ok:
+			return fmt.Errorf("task %s: image %s:%s is not in the catalog", t.ID, r.Name, r.Version)
+		case im.Digest != r.Digest || im.Size != r.Size:
+			return fmt.Errorf("task %s: image %s carries digest %s (%d bytes), the catalog has %s (%d bytes)", t.ID, im, r.Digest, r.Size, im.Digest, im.Size)
+		}
+		return nil
+	}
+	for _, t := range snap.Tasks("", "", "", 0) {
+		if err := check(t); err != nil {
+			return err
+		}
+	}
+	for _, o := range snap.Outbox() {
+		if err := check(&o.Task); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
+	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/proto/prototest"
 )
@@ -312,4 +313,43 @@ func TestBaremetalHostImageFollowsStorageLayout(t *testing.T) {
 	req = h.BaremetalRequest("b1", "k-b1", node)
 	req.Allocation.Image = "disk"
 	h.Place(req)
+}
+
+// TestInvariantsCatchImageDamage: the catalog checks fail on an entry
+// approved without a decision, an unknown state, and a provision task
+// whose image reference no longer matches the catalog.
+func TestInvariantsCatchImageDamage(t *testing.T) {
+	t.Parallel()
+	for name, damage := range map[string]func(h *fsmtest.Harness, tx *state.Txn){
+		"approved without decision": func(h *fsmtest.Harness, tx *state.Txn) {
+			im, _ := h.Snap().Image("ubuntu-cuda", "12.6")
+			x := *im
+			x.State = proto.ImageApproved
+			require.NoError(t, tx.PutImage(&x))
+		},
+		"unknown state": func(h *fsmtest.Harness, tx *state.Txn) {
+			im, _ := h.Snap().Image("ubuntu-cuda", "12.6")
+			x := *im
+			x.State = "blessed"
+			require.NoError(t, tx.PutImage(&x))
+		},
+		"digest swapped under a task": func(h *fsmtest.Harness, tx *state.Txn) {
+			im, _ := h.Snap().Image("ubuntu-base", "24.04.1")
+			x := *im
+			x.Digest = digestOf("swapped")
+			require.NoError(t, tx.PutImage(&x))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := fsmtest.New(t)
+			h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+			addImages(h)
+			req := h.SliceRequest("a1", "k-a1", n0, slot(n0, 0))
+			req.Allocation.Image = "ubuntu-base"
+			h.Place(req)
+			require.NoError(t, fsm.CheckInvariants(h.Snap()))
+			corrupt(t, h.FSM.Store(), h.Index+1, func(tx *state.Txn) { damage(h, tx) })
+			require.Error(t, fsm.CheckInvariants(h.Snap()))
+		})
+	}
 }

@@ -36,7 +36,7 @@ func CheckInvariants(snap *state.Snapshot) error {
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		errs = append(errs, checkAllocation(snap, a))
 	}
-	errs = append(errs, checkImages(snap))
+	errs = append(errs, checkImages(snap), checkImageRefs(snap))
 	return errors.Join(errs...)
 }
 
@@ -194,7 +194,9 @@ func (c *Checker) Apply(index uint64, data []byte) (any, error) {
 	resp := c.fsm.ApplyCommand(index, data)
 	err := c.check(c.fsm.last)
 	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableImages) != images {
-		err = checkImages(snap) // the catalog is small: check it whole
+		// Image commands are rare and the catalog small: check it whole,
+		// with every task's reference to it.
+		err = errors.Join(checkImages(snap), checkImageRefs(snap))
 	}
 	if err != nil {
 		t, _, _ := proto.Decode(data)
