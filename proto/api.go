@@ -62,7 +62,7 @@ func (r AllocationCreateRequest) Validate(skus []SKU) error {
 		}
 	}
 	if r.Image != "" {
-		if err := ValidateID("image", r.Image); err != nil {
+		if _, _, err := ParseImageSpec(r.Image); err != nil {
 			return err
 		}
 	}

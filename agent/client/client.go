@@ -199,3 +199,52 @@ func (c *Client) Slots(ctx context.Context) ([]proto.AgentSlot, error) {
 	err := c.do(ctx, http.MethodGet, "/v1/agent/slots", true, nil, &r)
 	return r, err
 }
+
+// GetBlob starts a download of a coordinator blob (an image's URL path,
+// e.g. /v1/images/NAME/VERSION/blob) with the node credential, from
+// offset on (a Range request when offset > 0). It tries each coordinator
+// in turn while one is unreachable, unavailable or lacks the blob (404);
+// the caller reads and closes the returned response (200, 206 or 416).
+func (c *Client) GetBlob(ctx context.Context, path string, offset int64) (*http.Response, error) {
+	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#") || strings.Contains(path, "..") {
+		return nil, fmt.Errorf("get blob: %q is not a coordinator blob path", path)
+	}
+	c.mu.Lock()
+	start, cred := c.next, c.credential
+	c.mu.Unlock()
+	var lastErr error
+	for i := range c.urls {
+		k := (start + i) % len(c.urls)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.urls[k]+path, nil)
+		if err != nil {
+			return nil, fmt.Errorf("get blob %s: %w", path, err)
+		}
+		req.Header.Set("Authorization", "Bearer "+cred)
+		if offset > 0 {
+			req.Header.Set("Range", "bytes="+strconv.FormatInt(offset, 10)+"-")
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			lastErr = &TransportError{Err: err}
+			continue
+		}
+		switch resp.StatusCode {
+		case http.StatusOK, http.StatusPartialContent, http.StatusRequestedRangeNotSatisfiable:
+			c.mu.Lock()
+			c.next = k
+			c.mu.Unlock()
+			return resp, nil
+		}
+		err = decode(resp, nil)
+		lastErr = fmt.Errorf("%s: %w", c.urls[k], err)
+		switch proto.CodeOf(err) {
+		case proto.CodeUnavailable, proto.CodeNotLeader, proto.CodeNotFound:
+			continue
+		}
+		return nil, fmt.Errorf("get blob %s: %w", path, lastErr)
+	}
+	return nil, fmt.Errorf("get blob %s: %w", path, lastErr)
+}

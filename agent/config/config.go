@@ -111,6 +111,11 @@ type Config struct {
 	FabricRouteVia  string `json:"fabric_route_via,omitempty"`
 	// ImageCacheDir is where verified VM images are cached (a prerequisite).
 	ImageCacheDir string `json:"image_cache_dir,omitempty"`
+	// ImageCacheBudget bounds the cache (least recently used images are
+	// evicted); ImageMirror is an optional HTTP(S) mirror of the
+	// coordinators' blob store (BASE/sha256/<hex>) tried before them.
+	ImageCacheBudget ByteSize `json:"image_cache_budget,omitempty"`
+	ImageMirror      string   `json:"image_mirror,omitempty"`
 	// Evidence selects the readiness evidence source: host or hostsim.
 	Evidence string `json:"evidence,omitempty"`
 	// Intervals.
@@ -131,6 +136,7 @@ func Defaults() Config {
 		GuestGateway:      "10.200.0.1/24",
 		OVSBridge:         "ovsbr0",
 		ImageCacheDir:     "/var/lib/gpuaas/images",
+		ImageCacheBudget:  100 << 30,
 		Evidence:          EvidenceHost,
 		ReadinessInterval: Duration(30 * time.Second),
 		HeartbeatInterval: Duration(10 * time.Second),
@@ -169,6 +175,8 @@ func defs() []flagDef {
 		s("fabric-route-to", "fabric route destination prefix", func(c *Config) *string { return &c.FabricRouteTo }),
 		s("fabric-route-via", "fabric route gateway", func(c *Config) *string { return &c.FabricRouteVia }),
 		s("image-cache-dir", "verified VM image cache directory", func(c *Config) *string { return &c.ImageCacheDir }),
+		v("image-cache-budget", "image cache size bound, e.g. 100GiB (LRU eviction)", func(c *Config) flag.Value { return &c.ImageCacheBudget }),
+		s("image-mirror", "optional HTTP(S) image mirror base URL (BASE/sha256/<hex>), tried before the coordinators", func(c *Config) *string { return &c.ImageMirror }),
 		s("evidence", "readiness evidence source: host or hostsim", func(c *Config) *string { return &c.Evidence }),
 		v("readiness-interval", "how often readiness is evaluated and reported", func(c *Config) flag.Value { return &c.ReadinessInterval }),
 		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
@@ -310,6 +318,14 @@ func (c Config) Validate() error {
 	}
 	if g, err := netip.ParsePrefix(c.GuestGateway); err != nil || !g.Addr().Is4() || g.Bits() > 30 {
 		bad("guest-gateway", "%q: want an IPv4 gateway with prefix, e.g. 10.200.0.1/24", c.GuestGateway)
+	}
+	if c.ImageCacheBudget <= 0 {
+		bad("image-cache-budget", "must be positive")
+	}
+	if c.ImageMirror != "" {
+		if p, err := url.Parse(c.ImageMirror); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			bad("image-mirror", "%q is not an http(s) URL", c.ImageMirror)
+		}
 	}
 	if c.Evidence != EvidenceHost && c.Evidence != EvidenceHostsim {
 		bad("evidence", "%q: want host or hostsim", c.Evidence)

@@ -62,6 +62,9 @@ func TestBadInputNamesTheSetting(t *testing.T) {
 		"stray argument":      {[]string{"extra"}, "unexpected arguments"},
 		"node id with slash":  {[]string{"-node-id", "a/b"}, "-node-id"},
 		"missing config file": {[]string{"-config", "/nonexistent/agent.json"}, "read config file"},
+		"bad cache budget":    {[]string{"-image-cache-budget", "lots"}, "image-cache-budget"},
+		"zero cache budget":   {[]string{"-image-cache-budget", "0"}, "-image-cache-budget"},
+		"bad image mirror":    {[]string{"-image-mirror", "ftp://mirror"}, "-image-mirror"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Load(append([]string{"-host-root", root}, tc.args...), none, io.Discard)

@@ -79,9 +79,14 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	}
 	a := &API{b: b, auth: auth, log: log, skus: proto.DefaultSKUs(), mux: http.NewServeMux()}
 	a.proxy = newForwarder(log)
-	a.routes = a.routeTable()
+	a.routes = append(a.routeTable(), a.imageRoutes()...)
 	allowed := map[string][]string{}
 	for _, rt := range a.routes {
+		if isBlobRoute(rt) {
+			a.mux.Handle(rt.Method+" "+rt.Pattern, a.blobHandler(rt))
+			allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
+			continue
+		}
 		a.mux.Handle(rt.Method+" "+rt.Pattern, a.wrap(rt))
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}

@@ -69,6 +69,9 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 	case node.Draining:
 		return nil, conflict("allocation_place: node %s is draining", node.ID)
 	}
+	if _, err := resolveImage(&tx.Snapshot, in.Image, in.Shape, scopeOfNode(&tx.Snapshot, node.ID)); err != nil {
+		return nil, err
+	}
 	wantClaims := 1
 	if in.Shape == proto.ShapeGPUSlice {
 		wantClaims = len(req.Slots)
@@ -317,6 +320,13 @@ func putOutboxTask(tx *state.Txn, t proto.Task, typ string, a *proto.Allocation,
 	if len(t.Payload) == 0 {
 		p := proto.AllocationTaskPayload{AllocationID: a.ID, Shape: a.Shape, SKU: a.SKU, GPUCount: a.GPUCount,
 			Image: a.Image, SSHPublicKeys: a.SSHPublicKeys, Slots: slotIDs(slots)}
+		if typ == proto.TaskSliceProvision || typ == proto.TaskBaremetalHandoff {
+			ref, err := resolveImage(&tx.Snapshot, a.Image, a.Shape, scopeOfNode(&tx.Snapshot, a.NodeID))
+			if err != nil {
+				return err
+			}
+			p.ImageRef = ref
+		}
 		for _, c := range claims {
 			p.Claims = append(p.Claims, proto.ClaimRef{ClaimID: c.ID, Kind: c.Kind, NodeID: c.NodeID, SlotID: c.SlotID, Generation: c.Generation})
 		}

@@ -57,7 +57,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
-	proto.LedgerPurgeType, proto.DiskOwnershipApproveType,
+	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -173,6 +173,9 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		return f.applyLedgerPurge(body, index)
 	default:
 		if resp, ok := f.applyMAAS(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
+		if resp, ok := f.applyImage(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if ignorable {

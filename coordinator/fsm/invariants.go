@@ -36,6 +36,7 @@ func CheckInvariants(snap *state.Snapshot) error {
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		errs = append(errs, checkAllocation(snap, a))
 	}
+	errs = append(errs, checkImages(snap), checkImageRefs(snap))
 	return errors.Join(errs...)
 }
 
@@ -189,8 +190,15 @@ func (c *Checker) Apply(index uint64, data []byte) (any, error) {
 		return nil, fmt.Errorf("checker: index %d applied after %d (the log must be replayed in order)", index, c.applied)
 	}
 	c.applied = index
+	images := c.fsm.Store().Snapshot().TableIndex(state.TableImages)
 	resp := c.fsm.ApplyCommand(index, data)
-	if err := c.check(c.fsm.last); err != nil {
+	err := c.check(c.fsm.last)
+	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableImages) != images {
+		// Image commands are rare and the catalog small: check it whole,
+		// with every task's reference to it.
+		err = errors.Join(checkImages(snap), checkImageRefs(snap))
+	}
+	if err != nil {
 		t, _, _ := proto.Decode(data)
 		return resp, fmt.Errorf("invariant violated at index %d (%s): %w", index, t, err)
 	}

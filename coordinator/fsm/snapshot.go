@@ -130,7 +130,7 @@ func eachObject(snap *state.Snapshot, table string, fn func(any) error) error {
 			add(o)
 		}
 	default:
-		if !eachMAASObject(snap, table, add) {
+		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) {
 			return fmt.Errorf("snapshot: no record type for table %q", table)
 		}
 	}
@@ -210,6 +210,9 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 		return restoreInto(rec.V, tx.RestoreIndex)
 	default:
 		if err, ok := restoreMAASRecord(tx, rec); ok {
+			return err
+		}
+		if err, ok := restoreImageRecord(tx, rec); ok {
 			return err
 		}
 		return fmt.Errorf("unknown record type %q", rec.T)

@@ -56,6 +56,7 @@ func rich(t *testing.T) *fsmtest.Harness {
 	h.OK(proto.SlotHealthType, proto.SlotHealthRequest{At: h.At(), SlotID: slot(n0, 6), HealthState: proto.HealthDegraded, HealthDetail: "ECC"})
 	h.OK(proto.NodeDrainType, proto.NodeDrainRequest{At: h.At(), NodeID: "us-east-n0002", Draining: true})
 	addSites(h)
+	addImages(h)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 	return h
 }
@@ -77,6 +78,7 @@ func tables(s *state.Snapshot) map[string]any {
 		state.TableSites:         s.Sites(),
 		state.TableSiteProfiles:  s.SiteProfiles(""),
 		state.TableMAASWorkflows: s.MAASWorkflows(),
+		state.TableImages:        s.Images(""),
 		state.TableIndex:         s.IndexEntries(),
 	}
 }
@@ -164,6 +166,8 @@ func reflectLen(v any) int {
 	case []*proto.SiteProfile:
 		return len(s)
 	case []*proto.MAASWorkflow:
+		return len(s)
+	case []*proto.Image:
 		return len(s)
 	}
 	panic("unknown table type")

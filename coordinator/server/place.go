@@ -105,6 +105,11 @@ func (s *Server) Place(ctx context.Context, req proto.AllocationCreateRequest, i
 			return *a, true, nil
 		}
 	}
+	// An unknown, unapproved or unfitting image is refused before any
+	// planning (the FSM re-checks at apply time).
+	if _, err := fsm.ResolveImage(s.Store().Snapshot(), req.Image, req.CapacityShape); err != nil {
+		return proto.Allocation{}, false, err
+	}
 	sku, _ := proto.FindSKU(s.cfg.SKUs, req.SKU)
 	call := &placeCall{req: req, key: idemKey, sku: sku, done: make(chan placeResult, 1)}
 	select {

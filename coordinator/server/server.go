@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
+	"github.com/gpuaas/gpuaas/coordinator/blobs"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -51,6 +52,10 @@ type Server struct {
 
 	shutdownOnce sync.Once
 	shutdownErr  error
+
+	blobsOnce sync.Once
+	blobs     *blobs.Store
+	blobsErr  error
 }
 
 // NotLeaderError is returned by writes on a follower. LeaderHTTP is the

@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 14
+const numTables = 15
 
 func init() {
 	if len(Tables) != numTables {
@@ -48,6 +48,7 @@ var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
 	TableSites, TableSiteProfiles, TableMAASWorkflows,
+	TableImages,
 }
 
 func tableNum(table string) int {
@@ -59,7 +60,7 @@ func tableNum(table string) int {
 	return -1
 }
 
-func tableBit(table string) uint16 {
+func tableBit(table string) uint32 {
 	i := tableNum(table)
 	if i < 0 {
 		panic(fmt.Sprintf("state: unknown table %q", table))
@@ -242,6 +243,7 @@ func schema() *memdb.DBSchema {
 	add(table(TableUsage,
 		idx(idxID, true, false, byString(func(o *proto.UsageRecord) string { return o.AllocationID }, false))))
 	addMAASTables(add)
+	addImageTables(add)
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
 		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))
