@@ -716,6 +716,11 @@ func (c *Cache) attempt(ctx context.Context, ref proto.ImageRef, h string, src S
 		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF && n == ref.Size {
 			break
 		}
+		if err := ctx.Err(); err != nil {
+			// Data already buffered may still read fine after a cancel:
+			// stop now, keeping the partial for a later resume.
+			return false, false, err
+		}
 		if rerr == io.ErrUnexpectedEOF {
 			// A short final read: more may follow only on a new request.
 			if n < ref.Size {
