@@ -73,6 +73,7 @@ func tables(s *state.Snapshot) map[string]any {
 		state.TableSites:         s.Sites(),
 		state.TableSiteProfiles:  s.SiteProfiles(""),
 		state.TableMAASWorkflows: s.MAASWorkflows(),
+		state.TableBundles:       s.Bundles(),
 		state.TableIndex:         s.IndexEntries(),
 	}
 }
@@ -160,6 +161,8 @@ func reflectLen(v any) int {
 	case []*proto.SiteProfile:
 		return len(s)
 	case []*proto.MAASWorkflow:
+		return len(s)
+	case []*proto.Bundle:
 		return len(s)
 	}
 	panic("unknown table type")

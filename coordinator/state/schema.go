@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 14
+const numTables = 15
 
 func init() {
 	if len(Tables) != numTables {
@@ -47,7 +47,7 @@ func init() {
 var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
-	TableSites, TableSiteProfiles, TableMAASWorkflows,
+	TableSites, TableSiteProfiles, TableMAASWorkflows, TableBundles,
 }
 
 func tableNum(table string) int {
@@ -59,7 +59,7 @@ func tableNum(table string) int {
 	return -1
 }
 
-func tableBit(table string) uint16 {
+func tableBit(table string) uint32 {
 	i := tableNum(table)
 	if i < 0 {
 		panic(fmt.Sprintf("state: unknown table %q", table))
@@ -242,6 +242,7 @@ func schema() *memdb.DBSchema {
 	add(table(TableUsage,
 		idx(idxID, true, false, byString(func(o *proto.UsageRecord) string { return o.AllocationID }, false))))
 	addMAASTables(add)
+	addBundleTables(add)
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
 		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))

@@ -125,7 +125,7 @@ func (s *Store) Wait(ctx context.Context, minIndex uint64, tables ...string) (ui
 
 // publish commits a memdb write transaction and advances the indexes of
 // the tables it wrote, waking their waiters.
-func (s *Store) publish(txn *memdb.Txn, tables uint16, index func(i int) uint64) {
+func (s *Store) publish(txn *memdb.Txn, tables uint32, index func(i int) uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	txn.Commit()

@@ -18,7 +18,7 @@ type Txn struct {
 	store   *Store
 	index   uint64
 	restore bool
-	tables  uint16 // bit per table in Tables written by this txn
+	tables  uint32 // bit per table in Tables written by this txn
 	changes Changes
 	done    bool
 	// regions whose largest node may have changed, with a lower bound.
@@ -49,7 +49,7 @@ type undo struct {
 type Savepoint struct {
 	undo    int
 	index   uint64
-	tables  uint16
+	tables  uint32
 	lastIdx [numTables]uint64
 	nodes   int
 	allocs  int
@@ -149,7 +149,7 @@ func (t *Txn) Commit() error {
 	}
 	t.done = true
 	if t.restore {
-		var written uint16
+		var written uint32
 		for i, v := range t.restored {
 			if v != 0 {
 				written |= 1 << i
