@@ -225,15 +225,16 @@ type CheckResult struct {
 // of hostname at site: generation 1 is OnboardWorkflowID, later ones carry
 // a ".g<N>" suffix, so a re-onboard of the same machine gets a new ID.
 func OnboardWorkflowIDGen(site, hostname string, gen int) string {
-	return withGeneration(OnboardWorkflowID(site, hostname), gen)
+	return WorkflowIDGen(OnboardWorkflowID(site, hostname), gen)
 }
 
 // DecommissionWorkflowIDGen is DecommissionWorkflowID with a generation.
 func DecommissionWorkflowIDGen(site, hostname string, gen int) string {
-	return withGeneration(DecommissionWorkflowID(site, hostname), gen)
+	return WorkflowIDGen(DecommissionWorkflowID(site, hostname), gen)
 }
 
-func withGeneration(id string, gen int) string {
+// WorkflowIDGen names generation gen of the workflow ID base.
+func WorkflowIDGen(id string, gen int) string {
 	if gen <= 1 {
 		return id
 	}

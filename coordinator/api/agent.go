@@ -35,8 +35,9 @@ type AgentBackend interface {
 type AgentRoute struct {
 	Method  string
 	Pattern string
-	// Auth: "admin" (operator token, admin role), "bootstrap" (the
-	// bootstrap token in the body) or "node" (node credential).
+	// Auth: "admin" (operator token, admin role), "bootstrap" (a
+	// bootstrap token: in the body for enroll, else the bearer), "open"
+	// (none) or "node" (node credential).
 	Auth  string
 	Write bool
 }
@@ -55,6 +56,9 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodPut, proto.AgentTopologyPath, "node", true},
 		{http.MethodPost, proto.AgentHeartbeatPath, "node", true},
 		{http.MethodGet, "/v1/agent/slots", "node", false},
+		{http.MethodGet, proto.BootstrapPingPath, "open", false},
+		{http.MethodPost, proto.BootstrapReportPath, "bootstrap", true},
+		{http.MethodGet, "/v1/bundles/{digest}/content", "bootstrap", false},
 	}
 }
 
@@ -71,6 +75,9 @@ func (a *API) registerAgentRoutes() {
 		"PUT " + proto.AgentTopologyPath:         a.agentTopology,
 		"POST " + proto.AgentHeartbeatPath:       a.agentHeartbeat,
 		"GET /v1/agent/slots":                    a.agentSlots,
+		"GET " + proto.BootstrapPingPath:         a.bootstrapPing,
+		"POST " + proto.BootstrapReportPath:      a.bootstrapReport,
+		"GET /v1/bundles/{digest}/content":       a.bundleContent,
 	}
 	for _, r := range AgentRoutes() {
 		h := handlers[r.Method+" "+r.Pattern]

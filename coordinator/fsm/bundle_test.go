@@ -27,8 +27,12 @@ func TestBundlePublish(t *testing.T) {
 		"digest of other content": func(x *proto.Bundle) { x.Digest = proto.BundleDigest([]byte("other")) },
 		"wrong size":              func(x *proto.Bundle) { x.Size++ },
 		"unknown kind":            func(x *proto.Bundle) { x.Kind = "firmware" },
-		"not a script or gzip":    func(x *proto.Bundle) { x.Content = []byte("plain"); x.Digest = proto.BundleDigest(x.Content); x.Size = 5 },
-		"empty":                   func(x *proto.Bundle) { x.Content = nil; x.Size = 0 },
+		"not a script or gzip": func(x *proto.Bundle) {
+			x.Content = []byte("plain")
+			x.Digest = proto.BundleDigest(x.Content)
+			x.Size = 5
+		},
+		"empty": func(x *proto.Bundle) { x.Content = nil; x.Size = 0 },
 	} {
 		bad := testBundle("#!/bin/sh\necho bad\n")
 		mut(&bad)
