@@ -72,6 +72,8 @@ func (s *ExecStarter) Start(_ context.Context, configPath string) error {
 	}
 	cmd := exec.Command(s.Bin, append([]string{"-config", configPath}, s.Args...)...)
 	cmd.Env = os.Environ()
+	// The agent must not outlive a killed bootstrap (its parent here).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if s.LogPath != "" {
 		f, err := os.OpenFile(s.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {

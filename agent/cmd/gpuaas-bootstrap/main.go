@@ -101,7 +101,7 @@ func run(args []string) error {
 	case werr := <-exited:
 		return errors.Join(err, werr)
 	case <-ctx.Done():
-		child.Stop(30 * time.Second)
+		child.Stop(8 * time.Second)
 		return nil
 	}
 }

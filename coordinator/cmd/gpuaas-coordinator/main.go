@@ -104,6 +104,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
+		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
+			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan},
 	})
 	if err != nil {
 		ln.Close()
