@@ -241,6 +241,12 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		defer ml.Close()
+		// Where the simulated region is (its admin endpoint /_sim/ shows
+		// the request log), for tests and curious operators.
+		b, _ := json.Marshal(map[string]string{"url": ml.URL, "admin": strings.TrimSuffix(ml.URL, "/MAAS") + "/_sim/"})
+		if err := os.WriteFile(filepath.Join(abs, "maas.json"), append(b, '\n'), 0o644); err != nil {
+			return err
+		}
 		if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
 			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 		}
