@@ -13,13 +13,11 @@
 package maaslab
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/maassim"
@@ -176,8 +175,8 @@ func (l *Lab) Close() error {
 func (l *Lab) Setup(ctx context.Context, api fleet.API) error {
 	site := proto.SiteBody{Site: proto.Site{Name: Site, Region: Region,
 		Profiles: map[string]string{ProfileSlice: Pool, ProfileBaremetal: Pool}, MAASURL: l.URL,
-		PXESubnets: []string{"10.10.0.0/24"},
-		IPoIBPool:  &proto.AddressPool{Subnet: "172.16.0.0/12", First: "172.16.22.1", Last: "172.16.27.254"},
+		PXESubnets:      []string{"10.10.0.0/24"},
+		IPoIBPool:       &proto.AddressPool{Subnet: "172.16.0.0/12", First: "172.16.22.1", Last: "172.16.27.254"},
 		GuestSubnetPlan: &proto.GuestSubnetPlan{Supernet: "10.200.0.0/16", PrefixLen: 24}, WipePolicy: proto.WipeBlkdiscard},
 		MAASAPIKey: l.APIKey}
 	if _, err := api.C.Do(ctx, http.MethodPut, "/v1/sites/"+Site, nil, site, nil); err != nil {
@@ -208,23 +207,9 @@ func (l *Lab) Setup(ctx context.Context, api fleet.API) error {
 
 // publish uploads a bundle (the body is its bytes) and returns its ref.
 func publish(ctx context.Context, api fleet.API, name string, kind proto.BundleKind, content []byte) (string, error) {
-	u := *api.C.Base
-	u.Path = "/v1/bundles"
-	u.RawQuery = url.Values{"name": {name}, "kind": {string(kind)}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(content))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Authorization", "Bearer "+api.C.Token)
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
+	q := url.Values{"name": {name}, "kind": {string(kind)}}
+	if _, err := api.C.Do(ctx, http.MethodPost, "/v1/bundles", q, cli.RawBody{ContentType: "application/octet-stream", Data: content}, nil); err != nil {
 		return "", fmt.Errorf("publish bundle %s: %w", name, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("publish bundle %s: %s: %s", name, resp.Status, b)
 	}
 	return proto.BundleDigest(content), nil
 }
