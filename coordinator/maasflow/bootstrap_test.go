@@ -35,6 +35,7 @@ const (
 type nodeScript struct {
 	failPhase proto.BootstrapPhase // this phase reports failed
 	ibPorts   []proto.IBPortState  // reported with the validation
+	hold      chan struct{}        // closed: the agent may enroll
 }
 
 func userDataValue(ud []byte, key string) string {
@@ -72,6 +73,9 @@ func (e *env) fakeNode(ns nodeScript) {
 			if !report(ph, proto.BootstrapSucceeded, nil) {
 				return
 			}
+		}
+		if ns.hold != nil {
+			<-ns.hold
 		}
 		time.Sleep(2 * time.Millisecond)
 		_, _, err := e.ledger.Apply(context.Background(), proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, proto.NodeEnrollRequest{
@@ -320,5 +324,37 @@ func TestCompletionGatesFail(t *testing.T) {
 			assert.Equal(t, tc.stage, w.Stage)
 			assert.Contains(t, w.LastError, tc.want)
 		})
+	}
+}
+
+// TestEnrollGateResumesAfterFailover: the leader dies while its
+// enrollment gate waits (the node's first callbacks already on the
+// timeline); the next leader folds only the callbacks that came after,
+// so each appears once, and finishes the workflow.
+func TestEnrollGateResumesAfterFailover(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(p *proto.SiteProfile) { p.FabricMode, p.EnablePhase2RoCE = proto.FabricIB, false })
+	hold := make(chan struct{})
+	e.fakeNode(nodeScript{hold: hold, ibPorts: []proto.IBPortState{{Device: "mlx5_0", Port: 1, State: "ACTIVE"}}})
+	id := e.onboard("j22u15", "52:54:00:00:00:15", "")
+	stop := e.start()
+	require.Eventually(t, func() bool {
+		w := e.workflow(id)
+		return w.Stage == proto.StageEnroll && w.BootstrapReportsSeen == 7
+	}, 30*time.Second, 5*time.Millisecond, "the first leader records the node's first seven callbacks")
+	stop()
+	e.start()
+	close(hold)
+	w := e.waitState(id, proto.WorkflowSucceeded)
+	n := 0
+	for _, ev := range w.Events {
+		if ev.Kind == "node_bootstrap" {
+			n++
+		}
+	}
+	assert.Equal(t, 9, n, "each callback on the timeline once")
+	assert.Equal(t, 9, w.BootstrapReportsSeen)
+	for _, b := range proto.ViewOfWorkflow(w, time.Now()).Timeline {
+		assert.True(t, b.Measured && !b.Open, "bucket %s", b.Bucket)
 	}
 }
