@@ -120,14 +120,15 @@ const (
 	PhaseBundleFetch BootstrapPhase = "bundle_fetch"
 	// PhaseSiteBootstrap: the site bundle ran.
 	PhaseSiteBootstrap BootstrapPhase = "site_bootstrap"
-	// PhaseNodeBootstrap: GPUaaS bootstrap: agent config + token installed, agent started.
+	// PhaseNodeBootstrap: GPUaaS bootstrap: agent config + token
+	// installed, agent started (succeeded) and enrolled (its own
+	// "enrolled" detail is informative; the enrollment table decides).
 	PhaseNodeBootstrap BootstrapPhase = "node_bootstrap"
-	// PhaseValidation: post-deploy validation (bundle, and IB ports ACTIVE with fabric_mode ib).
-	PhaseValidation BootstrapPhase = "post_deploy_validation"
 )
 
-// BootstrapPhases lists the phases in order.
-var BootstrapPhases = []BootstrapPhase{PhaseCloudInit, PhaseBundleFetch, PhaseSiteBootstrap, PhaseNodeBootstrap, PhaseValidation}
+// BootstrapPhases lists the phases in order. Post-deploy validation is
+// not a bootstrap phase: it is the agent's node.validate task.
+var BootstrapPhases = []BootstrapPhase{PhaseCloudInit, PhaseBundleFetch, PhaseSiteBootstrap, PhaseNodeBootstrap}
 
 // BootstrapStatus is a phase's progress.
 type BootstrapStatus string
@@ -153,7 +154,7 @@ type BootstrapReport struct {
 	Phase      BootstrapPhase  `json:"phase"`
 	Status     BootstrapStatus `json:"status"`
 	Detail     string          `json:"detail,omitempty"`
-	// IBPorts are reported with the validation phase.
+	// IBPorts may be reported with a phase (informative).
 	IBPorts []IBPortState `json:"ib_ports,omitempty"`
 }
 
@@ -268,4 +269,28 @@ func (c CheckResult) String() string {
 		return fmt.Sprintf("%s: %s", c.Name, s)
 	}
 	return fmt.Sprintf("%s: %s (%s)", c.Name, s, c.Detail)
+}
+
+// TaskNodeValidate is the post-deploy validation task: the enrolled
+// node's agent runs the profile's validation bundle and reports its
+// InfiniBand ports; the onboarding workflow's validate stage is its gate.
+const TaskNodeValidate = "node.validate"
+
+// NodeValidatePayload is the payload of a node.validate task.
+type NodeValidatePayload struct {
+	WorkflowID string     `json:"workflow_id"`
+	BundleRef  string     `json:"bundle_ref,omitempty"` // post_deploy_validation_bundle_ref
+	FabricMode FabricMode `json:"fabric_mode"`
+}
+
+// NodeValidateResult is the result of a node.validate task.
+type NodeValidateResult struct {
+	Detail  string        `json:"detail"`
+	IBPorts []IBPortState `json:"ib_ports,omitempty"`
+}
+
+// NodeValidateTaskID names the validation task of a workflow's deploy
+// attempt (one per attempt; a new leader finds the one it created).
+func NodeValidateTaskID(workflowID string, deployAttempt int) string {
+	return "validate." + workflowID + "." + strconv.Itoa(deployAttempt)
 }

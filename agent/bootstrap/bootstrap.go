@@ -147,10 +147,9 @@ type Config struct {
 	// HTTPClient overrides the client (default: trusts the site CA).
 	HTTPClient *http.Client
 	// EnrollTimeout bounds the wait for the agent's credential (default
-	// 10m); IBWait bounds the wait for ACTIVE InfiniBand ports (5m);
-	// BundleTimeout bounds one bundle run (30m); Poll paces waits (1s).
-	EnrollTimeout, IBWait, BundleTimeout, Poll time.Duration
-	Logger                                     *slog.Logger
+	// 10m); BundleTimeout bounds one bundle run (30m); Poll paces waits (1s).
+	EnrollTimeout, BundleTimeout, Poll time.Duration
+	Logger                             *slog.Logger
 }
 
 // Files of the host root.
@@ -185,7 +184,7 @@ func New(cfg Config) (*Bootstrap, error) {
 	if cfg.WorkDir == "" {
 		cfg.WorkDir = filepath.Join(cfg.Root, "var/lib/gpuaas/bootstrap")
 	}
-	for d, v := range map[*time.Duration]time.Duration{&cfg.EnrollTimeout: 10 * time.Minute, &cfg.IBWait: 5 * time.Minute,
+	for d, v := range map[*time.Duration]time.Duration{&cfg.EnrollTimeout: 10 * time.Minute,
 		&cfg.BundleTimeout: 30 * time.Minute, &cfg.Poll: time.Second} {
 		if *d <= 0 {
 			*d = v
@@ -348,14 +347,15 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 		return err
 	}
 	if err := b.waitEnrolled(ctx); err != nil {
-		b.Report(ctx, proto.PhaseValidation, proto.BootstrapFailed, err.Error(), nil)
+		b.Report(ctx, proto.PhaseNodeBootstrap, proto.BootstrapFailed, err.Error(), nil)
 		return err
 	}
 	// The token is spent: it leaves the disk.
 	if err := os.Remove(b.etc(TokenFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		b.log.Warn("remove spent bootstrap token", "err", err)
 	}
-	return b.phase(ctx, proto.PhaseValidation, func() (string, []proto.IBPortState, error) { return b.validate(ctx) })
+	b.log.Info("the agent enrolled; bootstrap done")
+	return nil
 }
 
 // Fetch GETs a bundle with the bootstrap token and verifies its digest.
@@ -384,11 +384,18 @@ func (b *Bootstrap) Fetch(ctx context.Context, ref string) ([]byte, error) {
 	return body, nil
 }
 
-// RunBundle runs a bundle: a script is run as is, a gzip tar archive is
-// unpacked and its top-level "run" is run, in a fresh directory under
-// WorkDir, with the node's environment.
+// RunBundle runs a bundle with the node's environment (see runBundle).
 func (b *Bootstrap) RunBundle(ctx context.Context, name string, content []byte, extraEnv []string) ([]byte, error) {
-	dir := filepath.Join(b.cfg.WorkDir, name)
+	in := b.cfg.Inputs
+	env := append([]string{"GPUAAS_NODE_ID=" + in.NodeID, "GPUAAS_WORKFLOW=" + in.WorkflowID, "GPUAAS_FABRIC_MODE=" + string(in.FabricMode),
+		"GPUAAS_COORDINATOR=" + in.CoordinatorURL, "GPUAAS_HOST_ROOT=" + b.cfg.Root,
+		"GPUAAS_PROGRESS_URL=" + strings.TrimSuffix(in.CoordinatorURL, "/") + proto.BootstrapReportPath}, extraEnv...)
+	return runBundle(ctx, b.cfg.Runner, filepath.Join(b.cfg.WorkDir, name), name, content, env, b.cfg.BundleTimeout)
+}
+
+// runBundle runs a bundle: a script is run as is, a gzip tar archive is
+// unpacked and its top-level "run" is run, in dir (emptied first).
+func runBundle(ctx context.Context, runner Runner, dir, name string, content []byte, env []string, timeout time.Duration) ([]byte, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("bundle %s: clear %s: %w", name, dir, err)
 	}
@@ -411,14 +418,10 @@ func (b *Bootstrap) RunBundle(ctx context.Context, name string, content []byte, 
 	default:
 		return nil, fmt.Errorf("bundle %s: neither a script nor a gzip tar archive", name)
 	}
-	in := b.cfg.Inputs
-	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"GPUAAS_NODE_ID=" + in.NodeID, "GPUAAS_WORKFLOW=" + in.WorkflowID, "GPUAAS_FABRIC_MODE=" + string(in.FabricMode),
-		"GPUAAS_COORDINATOR=" + in.CoordinatorURL, "GPUAAS_HOST_ROOT=" + b.cfg.Root,
-		"GPUAAS_PROGRESS_URL=" + strings.TrimSuffix(in.CoordinatorURL, "/") + proto.BootstrapReportPath}, extraEnv...)
-	rctx, cancel := context.WithTimeout(ctx, b.cfg.BundleTimeout)
+	env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	out, err := b.cfg.Runner.Run(rctx, dir, env, entry)
+	out, err := runner.Run(rctx, dir, env, entry)
 	if err != nil {
 		return out, fmt.Errorf("bundle %s: %w: %s", name, err, truncate(lastLine(out), 300))
 	}
@@ -521,53 +524,76 @@ func (b *Bootstrap) waitEnrolled(ctx context.Context) error {
 	return nil
 }
 
-// validate runs the validation bundle and, with fabric_mode ib, waits for
-// every InfiniBand port to be ACTIVE; the ports go with the report.
-func (b *Bootstrap) validate(ctx context.Context) (string, []proto.IBPortState, error) {
-	in := b.cfg.Inputs
-	var notes []string
-	if in.ValidationBundleRef != "" {
-		content, err := b.Fetch(ctx, in.ValidationBundleRef)
-		if err != nil {
-			return "", nil, err
+// Validator runs the post-deploy validation on an enrolled node (the
+// agent's node.validate task): the validation bundle, then with
+// fabric_mode ib a wait until every InfiniBand port is ACTIVE.
+type Validator struct {
+	NodeID  string
+	Root    string // host root
+	WorkDir string // where the bundle is unpacked
+	Runner  Runner
+	// Fetch returns a bundle's bytes, its digest verified.
+	Fetch func(ctx context.Context, ref string) ([]byte, error)
+	// IBWait bounds the wait for ACTIVE ports (default 5m), Poll paces
+	// it (1s); BundleTimeout bounds the bundle (30m).
+	IBWait, Poll, BundleTimeout time.Duration
+}
+
+// Run validates; the result carries the ports it read (also on failure).
+func (v Validator) Run(ctx context.Context, p proto.NodeValidatePayload) (proto.NodeValidateResult, error) {
+	for d, def := range map[*time.Duration]time.Duration{&v.IBWait: 5 * time.Minute, &v.Poll: time.Second, &v.BundleTimeout: 30 * time.Minute} {
+		if *d <= 0 {
+			*d = def
 		}
-		out, err := b.RunBundle(ctx, "validation", content, nil)
+	}
+	var notes []string
+	if p.BundleRef != "" {
+		if err := proto.ValidateBundleRef("validation bundle", p.BundleRef); err != nil {
+			return proto.NodeValidateResult{}, err
+		}
+		content, err := v.Fetch(ctx, p.BundleRef)
 		if err != nil {
-			return "", nil, err
+			return proto.NodeValidateResult{}, err
+		}
+		env := []string{"GPUAAS_NODE_ID=" + v.NodeID, "GPUAAS_WORKFLOW=" + p.WorkflowID, "GPUAAS_FABRIC_MODE=" + string(p.FabricMode), "GPUAAS_HOST_ROOT=" + v.Root}
+		out, err := runBundle(ctx, v.Runner, filepath.Join(v.WorkDir, "validation"), "validation", content, env, v.BundleTimeout)
+		if err != nil {
+			return proto.NodeValidateResult{Detail: lastLine(out)}, err
 		}
 		notes = append(notes, "validation bundle passed: "+lastLine(out))
 	}
-	if in.FabricMode != proto.FabricIB {
+	if p.FabricMode != proto.FabricIB {
 		if len(notes) == 0 {
 			notes = append(notes, "nothing to validate")
 		}
-		return strings.Join(notes, "; "), nil, nil
+		return proto.NodeValidateResult{Detail: strings.Join(notes, "; ")}, nil
 	}
-	root, err := hostops.NewRoot(b.cfg.Root)
+	root, err := hostops.NewRoot(v.Root)
 	if err != nil {
-		return "", nil, err
+		return proto.NodeValidateResult{}, err
 	}
-	deadline := time.Now().Add(b.cfg.IBWait)
+	deadline := time.Now().Add(v.IBWait)
 	for {
 		ports, err := ReadIBPorts(root)
 		if err != nil {
-			return "", nil, err
+			return proto.NodeValidateResult{}, err
 		}
 		down := NotActive(ports)
 		if len(ports) > 0 && len(down) == 0 {
 			notes = append(notes, fmt.Sprintf("%d InfiniBand port(s) ACTIVE", len(ports)))
-			return strings.Join(notes, "; "), ports, nil
+			return proto.NodeValidateResult{Detail: strings.Join(notes, "; "), IBPorts: ports}, nil
 		}
 		if time.Now().After(deadline) {
+			res := proto.NodeValidateResult{Detail: strings.Join(notes, "; "), IBPorts: ports}
 			if len(ports) == 0 {
-				return "", nil, fmt.Errorf("fabric_mode ib: no InfiniBand port on the host")
+				return res, fmt.Errorf("fabric_mode ib: no InfiniBand port on the host")
 			}
-			return "", ports, fmt.Errorf("fabric_mode ib: ports not ACTIVE after %s: %s", b.cfg.IBWait, strings.Join(down, ", "))
+			return res, fmt.Errorf("fabric_mode ib: ports not ACTIVE after %s: %s", v.IBWait, strings.Join(down, ", "))
 		}
 		select {
 		case <-ctx.Done():
-			return "", ports, ctx.Err()
-		case <-time.After(b.cfg.Poll):
+			return proto.NodeValidateResult{IBPorts: ports}, ctx.Err()
+		case <-time.After(v.Poll):
 		}
 	}
 }

@@ -69,6 +69,10 @@ func newCoordinator(t *testing.T, bundles ...[]byte) *coordinator {
 		c.bundles[proto.BundleDigest(b)] = b
 	}
 	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/bundles/") && r.Header.Get("Authorization") == "" {
+			http.Error(w, "no token", http.StatusUnauthorized)
+			return
+		}
 		if r.Header.Get("Authorization") != "Bearer "+testToken {
 			http.Error(w, "bad token", http.StatusUnauthorized)
 			return
@@ -117,6 +121,7 @@ type enrollingAgent struct {
 	stateDir string
 	started  []string
 	token    string
+	noEnroll bool // the agent starts but never enrolls
 }
 
 func (a *enrollingAgent) Start(_ context.Context, cfgPath string) error {
@@ -141,6 +146,9 @@ func (a *enrollingAgent) Start(_ context.Context, cfgPath string) error {
 		return err
 	}
 	a.token = strings.TrimSpace(string(tok))
+	if a.noEnroll {
+		return nil
+	}
 	return os.WriteFile(filepath.Join(a.stateDir, credentialFile), []byte("gpn_x"), 0o600)
 }
 
@@ -185,24 +193,19 @@ func newFixture(t *testing.T, in func(*Inputs), bundles ...[]byte) *fixture {
 		in(&inputs)
 	}
 	f.b, err = New(Config{Inputs: inputs, Root: f.root, StateDir: f.state, Runner: ExecRunner{}, Agent: f.agent,
-		Poll: 5 * time.Millisecond, IBWait: 300 * time.Millisecond, EnrollTimeout: time.Second})
+		Poll: 5 * time.Millisecond, EnrollTimeout: time.Second})
 	require.NoError(t, err)
 	return f
 }
 
 // TestRunBootstrapsTheNode: the site bundle (a real script) runs with the
 // node's environment, the agent gets its configuration and the token, the
-// spent token leaves the disk, the validation bundle (a real tgz) runs
-// and the IB ports are ACTIVE; every phase is reported in order.
+// spent token leaves the disk once it enrolled; every phase is reported
+// in order.
 func TestRunBootstrapsTheNode(t *testing.T) {
 	t.Parallel()
 	site := []byte("#!/bin/sh\nset -e\nmkdir -p \"$GPUAAS_HOST_ROOT/etc/site\"\necho \"$GPUAAS_NODE_ID $GPUAAS_WORKFLOW\" > \"$GPUAAS_HOST_ROOT/etc/site/marker\"\necho site wired\n")
-	validation := tgz(t, map[string]string{"run": "#!/bin/sh\n. ./lib.sh\ncheck\n", "lib.sh": "check() { echo \"validated $GPUAAS_FABRIC_MODE\"; }\n"})
-	f := newFixture(t, func(in *Inputs) {
-		in.SiteBundleRef, in.ValidationBundleRef = proto.BundleDigest(site), proto.BundleDigest(validation)
-	}, site, validation)
-	writeIBPort(t, f.root, "mlx5_0", "4: ACTIVE")
-	writeIBPort(t, f.root, "mlx5_1", "4: ACTIVE")
+	f := newFixture(t, func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest(site) }, site)
 	require.NoError(t, f.b.Run(context.Background()))
 
 	marker, err := os.ReadFile(filepath.Join(f.root, "etc/site/marker"))
@@ -213,14 +216,11 @@ func TestRunBootstrapsTheNode(t *testing.T) {
 	_, err = os.Stat(filepath.Join(f.root, "etc/gpuaas", TokenFileName))
 	assert.ErrorIs(t, err, os.ErrNotExist, "the spent token is removed")
 	want := []string{"cloud_init started", "bundle_fetch started", "bundle_fetch succeeded", "site_bootstrap started", "site_bootstrap succeeded",
-		"node_bootstrap started", "node_bootstrap succeeded", "post_deploy_validation started", "post_deploy_validation succeeded"}
+		"node_bootstrap started", "node_bootstrap succeeded"}
 	if d := cmp.Diff(want, f.coord.phases()); d != "" {
 		t.Errorf("reports (-want +got):\n%s", d)
 	}
-	last := f.coord.reports[len(f.coord.reports)-1]
-	assert.Equal(t, []proto.IBPortState{{Device: "mlx5_0", Port: 1, State: "ACTIVE", PhysState: "LinkUp"},
-		{Device: "mlx5_1", Port: 1, State: "ACTIVE", PhysState: "LinkUp"}}, last.IBPorts)
-	assert.Contains(t, last.Detail, "validated ib")
+	assert.Contains(t, f.coord.reports[4].Detail, "site wired")
 
 	// Run again (cloud-init re-run, reboot): the agent is only started.
 	require.NoError(t, f.b.Run(context.Background()))
@@ -229,33 +229,33 @@ func TestRunBootstrapsTheNode(t *testing.T) {
 }
 
 // TestRunStopsOnBadInputs: a bundle whose bytes are not its digest, a
-// failing site bundle and an IB port that stays DOWN each stop the run
+// failing site bundle and an agent that never enrolls each stop the run
 // with a failed report; nothing past the failure happens.
 func TestRunStopsOnBadInputs(t *testing.T) {
 	t.Parallel()
 	good := []byte("#!/bin/sh\necho ok\n")
 	failing := []byte("#!/bin/sh\necho cannot wire the fabric >&2\nexit 3\n")
 	cases := []struct {
-		name    string
-		in      func(*Inputs)
-		bundles [][]byte
-		ib      string
-		failed  string
-		want    string
-		started bool
+		name     string
+		in       func(*Inputs)
+		bundles  [][]byte
+		noEnroll bool
+		failed   string
+		want     string
+		started  bool
 	}{
-		{"digest mismatch", func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest([]byte("other")) }, nil, "4: ACTIVE",
+		{"digest mismatch", func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest([]byte("other")) }, nil, false,
 			"bundle_fetch failed", "404", false},
-		{"site bundle fails", func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest(failing) }, [][]byte{failing}, "4: ACTIVE",
+		{"site bundle fails", func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest(failing) }, [][]byte{failing}, false,
 			"site_bootstrap failed", "cannot wire the fabric", false},
-		{"ib port down", func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest(good) }, [][]byte{good}, "1: DOWN",
-			"post_deploy_validation failed", "mlx5_0/1 DOWN", true},
+		{"agent never enrolls", func(in *Inputs) { in.SiteBundleRef = proto.BundleDigest(good) }, [][]byte{good}, true,
+			"node_bootstrap failed", "did not enroll", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, tc.in, tc.bundles...)
-			writeIBPort(t, f.root, "mlx5_0", tc.ib)
+			f.agent.noEnroll = tc.noEnroll
 			err := f.b.Run(context.Background())
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
@@ -264,6 +264,58 @@ func TestRunStopsOnBadInputs(t *testing.T) {
 			assert.Equal(t, tc.started, len(f.agent.started) > 0)
 		})
 	}
+}
+
+// TestValidator: the validation bundle (a real tgz) runs with the node's
+// environment, then the IB ports must be ACTIVE; a DOWN port fails with
+// the ports read, a failing bundle with its output.
+func TestValidator(t *testing.T) {
+	t.Parallel()
+	bundle := tgz(t, map[string]string{"run": "#!/bin/sh\n. ./lib.sh\ncheck\n", "lib.sh": "check() { echo \"validated $GPUAAS_NODE_ID $GPUAAS_FABRIC_MODE\"; }\n"})
+	failing := []byte("#!/bin/sh\necho no HCA >&2\nexit 1\n")
+	fetch := func(_ context.Context, ref string) ([]byte, error) {
+		for _, b := range [][]byte{bundle, failing} {
+			if proto.BundleDigest(b) == ref {
+				return b, nil
+			}
+		}
+		return nil, fmt.Errorf("no bundle %s", ref)
+	}
+	v := func(t *testing.T) (Validator, string) {
+		root := t.TempDir()
+		return Validator{NodeID: "j22u15", Root: root, WorkDir: t.TempDir(), Runner: ExecRunner{}, Fetch: fetch,
+			IBWait: 200 * time.Millisecond, Poll: 10 * time.Millisecond}, root
+	}
+	ok, root := v(t)
+	writeIBPort(t, root, "mlx5_0", "4: ACTIVE")
+	writeIBPort(t, root, "mlx5_1", "4: ACTIVE")
+	res, err := ok.Run(context.Background(), proto.NodeValidatePayload{WorkflowID: "w", BundleRef: proto.BundleDigest(bundle), FabricMode: proto.FabricIB})
+	require.NoError(t, err)
+	assert.Contains(t, res.Detail, "validated j22u15 ib")
+	assert.Equal(t, []proto.IBPortState{{Device: "mlx5_0", Port: 1, State: "ACTIVE", PhysState: "LinkUp"},
+		{Device: "mlx5_1", Port: 1, State: "ACTIVE", PhysState: "LinkUp"}}, res.IBPorts)
+
+	down, root := v(t)
+	writeIBPort(t, root, "mlx5_0", "1: DOWN")
+	res, err = down.Run(context.Background(), proto.NodeValidatePayload{FabricMode: proto.FabricIB})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "mlx5_0/1 DOWN")
+	assert.Len(t, res.IBPorts, 1)
+
+	none, _ := v(t)
+	_, err = none.Run(context.Background(), proto.NodeValidatePayload{FabricMode: proto.FabricIB})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no InfiniBand port")
+
+	bad, _ := v(t)
+	_, err = bad.Run(context.Background(), proto.NodeValidatePayload{BundleRef: proto.BundleDigest(failing), FabricMode: proto.FabricEthernet})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no HCA")
+
+	eth, _ := v(t)
+	res, err = eth.Run(context.Background(), proto.NodeValidatePayload{FabricMode: proto.FabricEthernet})
+	require.NoError(t, err)
+	assert.Equal(t, "nothing to validate", res.Detail)
 }
 
 // TestServedBytesMustMatchTheDigest: a server answering other bytes for

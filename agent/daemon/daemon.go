@@ -540,9 +540,9 @@ func (d *Daemon) reportTask(ctx context.Context, log *slog.Logger, rec leases.Ta
 // idempotent reports whether a task type may be re-run after a crash.
 func idempotent(typ string) bool {
 	switch typ {
-	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease:
-		// Discovery only reads; the node scheduler's leases make planning
-		// and releasing idempotent.
+	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease, proto.TaskNodeValidate:
+		// Discovery and validation only read; the node scheduler's
+		// leases make planning and releasing idempotent.
 		return true
 	}
 	return false
@@ -580,6 +580,9 @@ func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error)
 			return nil, err
 		}
 		return json.Marshal(map[string]any{"released_leases": len(ls)})
+	}
+	if t.Type == proto.TaskNodeValidate {
+		return d.validateNode(ctx, t)
 	}
 	return nil, fmt.Errorf("task type %q is not handled by this agent", t.Type)
 }

@@ -147,8 +147,24 @@ func (a *API) bootstrapReport(c *call) error {
 	return c.reply(http.StatusAccepted, map[string]string{"node_id": node, "phase": string(rep.Phase), "status": string(rep.Status)})
 }
 
-// bundleContent serves a bundle's bytes to a node holding a bootstrap
-// token, or to an operator (role viewer).
+// bundleReader reports whether tok is an operator token (role viewer or
+// more) or an enrolled node's credential (the node.validate task).
+func (a *API) bundleReader(tok string) bool {
+	if tok == "" {
+		return false
+	}
+	if p, ok := a.authenticate(tok); ok && p.Role >= RoleViewer {
+		return true
+	}
+	if tab, err := a.enrollment(); err == nil {
+		_, ok := tab.Authenticate(tok)
+		return ok
+	}
+	return false
+}
+
+// bundleContent serves a bundle's bytes to a node holding its bootstrap
+// token or its credential, or to an operator (role viewer).
 func (a *API) bundleContent(c *call) error {
 	if _, err := c.query(); err != nil {
 		return err
@@ -158,7 +174,7 @@ func (a *API) bundleContent(c *call) error {
 		return err
 	}
 	tok, _ := bearer(c.r)
-	if p, ok := a.auth.Authenticate(tok); !ok || p.Role < RoleViewer {
+	if !a.bundleReader(tok) {
 		if _, err := a.bootstrapNode(c); err != nil {
 			return err
 		}
@@ -183,4 +199,11 @@ func trunc(s string, n int) string {
 		return s
 	}
 	return s[:n] + "..."
+}
+
+func (a *API) authenticate(tok string) (Principal, bool) {
+	if a.auth == nil {
+		return Principal{}, false
+	}
+	return a.auth.Authenticate(tok)
 }

@@ -123,8 +123,11 @@ func TestBootstrapRoutes(t *testing.T) {
 	_, err := tab.Enroll(proto.NodeEnrollRequest{At: now, NodeID: "j22u15", TokenHash: enroll.Hash(tok), CredentialHash: enroll.Hash("gpn_x")})
 	require.NoError(t, err)
 	code, body = rawCall(t, http.MethodPost, e.url+proto.BootstrapReportPath, tok,
-		`{"node_id":"j22u15","phase":"post_deploy_validation","status":"succeeded","ib_ports":[{"device":"mlx5_0","port":1,"state":"ACTIVE"}]}`)
+		`{"node_id":"j22u15","phase":"node_bootstrap","status":"succeeded","ib_ports":[{"device":"mlx5_0","port":1,"state":"ACTIVE"}]}`)
 	require.Equal(t, http.StatusAccepted, code, body)
+	// The enrolled node reads bundles with its credential (node.validate).
+	code, body = rawCall(t, http.MethodGet, e.url+proto.BundleContentPath(ref), "gpn_x", "")
+	assert.Equal(t, http.StatusOK, code, body)
 	reps := tab.Reports("j22u15", now)
 	require.Len(t, reps, 2)
 	assert.Equal(t, proto.PhaseBundleFetch, reps[0].Phase)

@@ -2,6 +2,7 @@ package maasflow
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -13,8 +14,8 @@ import (
 // progress callbacks (proto.BootstrapReport) that the enrollment table
 // files on its bootstrap token; the gates below fold them into the
 // workflow's timeline (buckets 6-9 from the node's own phases, 10 from its
-// enrollment, 11 from its validation, 12 from the control plane's view of
-// the node) and fail the workflow on a failed phase.
+// enrollment, 11 to the end of its node.validate task, 12 from the control
+// plane's view of the node) and fail the workflow on a failed phase.
 
 // sinceDeploy is the start of the image deploy bucket: the reports of
 // tokens minted for this onboarding are those minted at or after it.
@@ -205,9 +206,11 @@ func (r *Runner) enrollGate(ctx context.Context, w *proto.MAASWorkflow, p *proto
 }
 
 // validateGate is the post-deploy validation completion gate: with a
-// post_deploy_validation_bundle_ref, or fabric_mode ib, the node is not
-// handed over until its bootstrap reports the validation succeeded — and,
-// with fabric_mode ib, every reported InfiniBand port ACTIVE.
+// post_deploy_validation_bundle_ref, or fabric_mode ib, the enrolled
+// node's agent runs a node.validate task (one per deploy attempt,
+// created once: a new leader finds it) and the node is not handed over
+// until it succeeded — with fabric_mode ib, with every reported
+// InfiniBand port ACTIVE.
 func (r *Runner) validateGate(ctx context.Context, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
 	ib := p.FabricMode == proto.FabricIB
 	if p.PostDeployValidationBundleRef == "" && !ib {
@@ -217,22 +220,40 @@ func (r *Runner) validateGate(ctx context.Context, w *proto.MAASWorkflow, p *pro
 		openBucket(w, proto.BucketReadiness, now)
 		return nil
 	}
+	id := proto.NodeValidateTaskID(w.ID, w.DeployAttempts)
+	if _, ok := r.cfg.Ledger.Store().Snapshot().Task(id); !ok {
+		payload, err := json.Marshal(proto.NodeValidatePayload{WorkflowID: w.ID, BundleRef: p.PostDeployValidationBundleRef, FabricMode: p.FabricMode})
+		if err != nil {
+			return permanent{fmt.Errorf("validation task payload: %w", err)}
+		}
+		_, _, err = r.cfg.Ledger.Apply(ctx, proto.TaskCreateType, proto.TaskCreateRequest{At: r.now(),
+			Task: proto.Task{ID: id, NodeID: w.Hostname, Type: proto.TaskNodeValidate, Payload: payload}})
+		if err != nil && proto.CodeOf(err) != proto.CodeAlreadyExists {
+			return fmt.Errorf("queue validation task %s: %w", id, err)
+		}
+		addEvent(w, r.now(), "validation_queued", "task "+id)
+	}
 	var passedAt time.Time
-	err := r.gate(ctx, w, p, "post-deploy validation", func(reps []proto.BootstrapReport) (bool, error) {
-		for i := len(reps) - 1; i >= 0; i-- {
-			rep := reps[i]
-			if rep.Phase != proto.PhaseValidation || rep.Status == proto.BootstrapStarted {
-				continue
-			}
-			if rep.Status == proto.BootstrapFailed {
-				return false, permanent{fmt.Errorf("post-deploy validation of %s failed: %s", w.Hostname, rep.Detail)}
+	var detail string
+	err := r.gate(ctx, w, p, "post-deploy validation", func([]proto.BootstrapReport) (bool, error) {
+		t, ok := r.cfg.Ledger.Store().Snapshot().Task(id)
+		if !ok {
+			return false, nil
+		}
+		switch t.State {
+		case proto.TaskFailed, proto.TaskCancelled:
+			return false, permanent{fmt.Errorf("post-deploy validation of %s failed (task %s): %s", w.Hostname, id, t.Error)}
+		case proto.TaskSucceeded:
+			var res proto.NodeValidateResult
+			if err := json.Unmarshal(t.Result, &res); err != nil {
+				return false, permanent{fmt.Errorf("post-deploy validation of %s: task %s result: %w", w.Hostname, id, err)}
 			}
 			if ib {
-				if err := ibPortsActive(rep.IBPorts); err != nil {
+				if err := ibPortsActive(res.IBPorts); err != nil {
 					return false, permanent{fmt.Errorf("post-deploy validation of %s: fabric_mode ib: %w", w.Hostname, err)}
 				}
 			}
-			passedAt = rep.At
+			passedAt, detail = t.UpdatedAt.UTC(), res.Detail
 			return true, nil
 		}
 		return false, nil
@@ -242,7 +263,7 @@ func (r *Runner) validateGate(ctx context.Context, w *proto.MAASWorkflow, p *pro
 	}
 	endBucket(w, proto.BucketPrereqChecks, passedAt)
 	openBucket(w, proto.BucketReadiness, passedAt)
-	addEvent(w, r.now(), "validated", "post-deploy validation passed")
+	addEvent(w, r.now(), "validated", detail)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package maasflow_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -33,9 +34,10 @@ const (
 // nodeScript is how a fake deployed node behaves on first boot (the real
 // gpuaas-bootstrap is exercised end to end in test/e2e).
 type nodeScript struct {
-	failPhase proto.BootstrapPhase // this phase reports failed
-	ibPorts   []proto.IBPortState  // reported with the validation
-	hold      chan struct{}        // closed: the agent may enroll
+	failPhase      proto.BootstrapPhase // this phase reports failed
+	failValidation bool                 // the node.validate task fails
+	ibPorts        []proto.IBPortState  // the validation task's result
+	hold           chan struct{}        // closed: node_bootstrap may start
 }
 
 func userDataValue(ud []byte, key string) string {
@@ -48,34 +50,35 @@ func userDataValue(ud []byte, key string) string {
 }
 
 // fakeNode makes every deployed machine boot: it reads its token from the
-// user-data MAAS received, posts the bootstrap phases, enrolls and posts
-// its validation; the runner gets the enrollment and readiness views.
+// user-data MAAS received, posts the bootstrap phases, enrolls, and runs
+// the node.validate task the workflow queues; the runner gets the
+// enrollment and readiness views.
 func (e *env) fakeNode(ns nodeScript) {
 	e.mu.Lock()
 	e.onDeployed = func(d maassim.Deployed) {
 		tok := userDataValue(d.UserData, "GPUAAS_BOOTSTRAP_TOKEN")
 		node := userDataValue(d.UserData, "GPUAAS_NODE_ID")
 		wf := userDataValue(d.UserData, "GPUAAS_WORKFLOW")
-		report := func(ph proto.BootstrapPhase, st proto.BootstrapStatus, ports []proto.IBPortState) bool {
+		report := func(ph proto.BootstrapPhase, st proto.BootstrapStatus) bool {
 			time.Sleep(2 * time.Millisecond) // measurable spans
 			if ph == ns.failPhase && st == proto.BootstrapSucceeded {
 				st = proto.BootstrapFailed
 			}
 			_, _, err := e.ledger.Apply(context.Background(), proto.NodeBootstrapReportType|proto.IgnoreUnknownTypeFlag,
 				proto.NodeBootstrapReportRequest{At: time.Now().UTC(), NodeID: node, TokenHash: enroll.Hash(tok),
-					Report: proto.BootstrapReport{WorkflowID: wf, Phase: ph, Status: st, Detail: "fake node", IBPorts: ports}})
+					Report: proto.BootstrapReport{WorkflowID: wf, Phase: ph, Status: st, Detail: "fake node"}})
 			assert.NoError(e.t, err)
 			return st != proto.BootstrapFailed
 		}
-		report(proto.PhaseCloudInit, proto.BootstrapStarted, nil)
+		report(proto.PhaseCloudInit, proto.BootstrapStarted)
 		for _, ph := range []proto.BootstrapPhase{proto.PhaseBundleFetch, proto.PhaseSiteBootstrap, proto.PhaseNodeBootstrap} {
-			report(ph, proto.BootstrapStarted, nil)
-			if !report(ph, proto.BootstrapSucceeded, nil) {
+			if ph == proto.PhaseNodeBootstrap && ns.hold != nil {
+				<-ns.hold
+			}
+			report(ph, proto.BootstrapStarted)
+			if !report(ph, proto.BootstrapSucceeded) {
 				return
 			}
-		}
-		if ns.hold != nil {
-			<-ns.hold
 		}
 		time.Sleep(2 * time.Millisecond)
 		_, _, err := e.ledger.Apply(context.Background(), proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, proto.NodeEnrollRequest{
@@ -83,8 +86,24 @@ func (e *env) fakeNode(ns nodeScript) {
 		if !assert.NoError(e.t, err) {
 			return
 		}
-		report(proto.PhaseValidation, proto.BootstrapStarted, nil)
-		report(proto.PhaseValidation, proto.BootstrapSucceeded, ns.ibPorts)
+		// The agent: run the node.validate task once it is queued.
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, t := range e.ledger.Store().Snapshot().Tasks(node, "", "", 0) {
+				if t.Type != proto.TaskNodeValidate || t.State != proto.TaskQueued {
+					continue
+				}
+				u := proto.TaskUpdateRequest{At: time.Now().UTC(), TaskID: t.ID, NodeID: node, State: proto.TaskSucceeded}
+				u.Result, _ = json.Marshal(proto.NodeValidateResult{Detail: "fake validation", IBPorts: ns.ibPorts})
+				if ns.failValidation {
+					u.State, u.Result, u.Error = proto.TaskFailed, nil, "validation bundle: exit status 1: no HCA"
+				}
+				_, _, err := e.ledger.Apply(context.Background(), proto.TaskUpdateType, u)
+				assert.NoError(e.t, err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	}
 	e.mu.Unlock()
 	tab := e.ledger.tab
@@ -293,8 +312,14 @@ func TestBootstrapCallbacksFillTheTimeline(t *testing.T) {
 	for _, ev := range w.Events {
 		kinds[ev.Kind]++
 	}
-	assert.Equal(t, 9, kinds["node_bootstrap"], "every callback is on the timeline")
+	assert.Equal(t, 7, kinds["node_bootstrap"], "every callback is on the timeline")
+	assert.Equal(t, 1, kinds["validation_queued"])
 	assert.Equal(t, 1, kinds["validated"])
+	task, ok := e.ledger.Store().Snapshot().Task(proto.NodeValidateTaskID(id, 1))
+	require.True(t, ok, "the validation ran as the node's node.validate task")
+	assert.Equal(t, proto.TaskSucceeded, task.State)
+	pc, _ := bucket(w, proto.BucketPrereqChecks)
+	assert.Equal(t, task.UpdatedAt.UTC(), pc.End, "bucket 11 ends when the task finished")
 }
 
 // TestCompletionGatesFail: a failed bootstrap phase, a failed validation
@@ -307,7 +332,7 @@ func TestCompletionGatesFail(t *testing.T) {
 		stage      proto.WorkflowStage
 	}{
 		{"site bootstrap failed", "bootstrap failed in site_bootstrap", nodeScript{failPhase: proto.PhaseSiteBootstrap}, proto.StageEnroll},
-		{"validation failed", "post-deploy validation of", nodeScript{failPhase: proto.PhaseValidation}, proto.StageValidate},
+		{"validation failed", "no HCA", nodeScript{failValidation: true}, proto.StageValidate},
 		{"ib port down", "InfiniBand ports not ACTIVE: mlx5_1/1 DOWN",
 			nodeScript{ibPorts: []proto.IBPortState{{Device: "mlx5_0", Port: 1, State: "ACTIVE"}, {Device: "mlx5_1", Port: 1, State: "DOWN"}}}, proto.StageValidate},
 		{"no ib port", "reported no InfiniBand port", nodeScript{}, proto.StageValidate},
@@ -340,8 +365,8 @@ func TestEnrollGateResumesAfterFailover(t *testing.T) {
 	stop := e.start()
 	require.Eventually(t, func() bool {
 		w := e.workflow(id)
-		return w.Stage == proto.StageEnroll && w.BootstrapReportsSeen == 7
-	}, 30*time.Second, 5*time.Millisecond, "the first leader records the node's first seven callbacks")
+		return w.Stage == proto.StageEnroll && w.BootstrapReportsSeen == 5
+	}, 30*time.Second, 5*time.Millisecond, "the first leader records the node's first five callbacks")
 	stop()
 	e.start()
 	close(hold)
@@ -352,8 +377,8 @@ func TestEnrollGateResumesAfterFailover(t *testing.T) {
 			n++
 		}
 	}
-	assert.Equal(t, 9, n, "each callback on the timeline once")
-	assert.Equal(t, 9, w.BootstrapReportsSeen)
+	assert.Equal(t, 7, n, "each callback on the timeline once")
+	assert.Equal(t, 7, w.BootstrapReportsSeen)
 	for _, b := range proto.ViewOfWorkflow(w, time.Now()).Timeline {
 		assert.True(t, b.Measured && !b.Open, "bucket %s", b.Bucket)
 	}

@@ -6,7 +6,8 @@
 // user-data MAAS received, then its runcmd: the real gpuaas-bootstrap,
 // which fetches and runs the site bundle, installs the agent
 // configuration and the single-use token, starts the real gpuaas-agent on
-// the simulated host root and lets it enroll.
+// the simulated host root and lets it enroll; the agent then runs the
+// post-deploy validation bundle as its node.validate task.
 //
 //	gpuaas-lab -maas ─▶ site + profiles + bundles (API) ─▶ POST /v1/sites/lab/onboard ×3
 //	maassim Deployed ─▶ OnDeployed(user-data) ─▶ write_files ─▶ gpuaas-bootstrap ─▶ gpuaas-agent ─▶ enroll
@@ -329,7 +330,7 @@ func (l *Lab) boot(d maassim.Deployed) error {
 		return err
 	}
 	args = append(args, "--root", h.Root, "--state-dir", h.StateDir, "--agent-start", "exec",
-		"--agent-bin", agent.Args[0], "--agent-log", agent.LogPath, "--poll", "100ms", "--ib-wait", "30s")
+		"--agent-bin", agent.Args[0], "--agent-log", agent.LogPath, "--poll", "100ms")
 	for _, a := range agent.Args[1:] {
 		args = append(args, "--agent-arg", a)
 	}

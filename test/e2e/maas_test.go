@@ -23,8 +23,9 @@ import (
 // workflows; when the simulator marks a machine Deployed the lab applies
 // the user-data MAAS received and runs the real gpuaas-bootstrap, which
 // fetches and runs the site bundle, starts the real agent and lets it
-// enroll with the single-use token. Every host ends enrolled and active
-// through that path, each workflow's twelve timeline buckets are measured
+// enroll with the single-use token; the agent then runs the post-deploy
+// validation as its node.validate task. Every host ends enrolled, validated
+// and active through that path, each workflow's twelve timeline buckets are measured
 // from real events, each machine was deployed exactly once, and the slice
 // profile's batch_max_parallel 1 kept its two hosts one after the other
 // while the baremetal profile ran beside them.
@@ -75,7 +76,20 @@ func TestLabMAASBatchOnboarding(t *testing.T) {
 				reports++
 			}
 		}
-		assert.Equal(t, 9, reports, "%s: every gpuaas-bootstrap callback is on the timeline", h)
+		assert.Equal(t, 7, reports, "%s: every gpuaas-bootstrap callback is on the timeline", h)
+		var tasks proto.List[proto.Task]
+		get("/v1/nodes/"+h+"/tasks", &tasks)
+		validated := false
+		for _, tk := range tasks.Items {
+			if tk.Type == proto.TaskNodeValidate && tk.State == proto.TaskSucceeded {
+				var res proto.NodeValidateResult
+				require.NoError(t, json.Unmarshal(tk.Result, &res))
+				assert.Contains(t, res.Detail, "validated "+h, "the lab's validation bundle ran on the host")
+				assert.NotEmpty(t, res.IBPorts)
+				validated = true
+			}
+		}
+		assert.True(t, validated, "%s: post-deploy validation ran as the agent's node.validate task", h)
 
 		var d proto.NodeDetail
 		get("/v1/nodes/"+h, &d)

@@ -1,9 +1,10 @@
 // Command gpuaas-bootstrap is what cloud-init runs on a freshly deployed
 // host (the user-data coordinator/maasflow renders): it verifies the site
 // CA and bundle digests, runs the site bootstrap bundle, installs the
-// agent configuration and single-use bootstrap token, starts the agent,
-// waits for its enrollment and runs the post-deploy validation, posting
-// each phase to the coordinator (agent/bootstrap).
+// agent configuration and single-use bootstrap token, starts the agent
+// and waits for its enrollment, posting each phase to the coordinator
+// (agent/bootstrap). The post-deploy validation is the enrolled agent's
+// node.validate task.
 //
 //	gpuaas-bootstrap --env-file /etc/gpuaas/bootstrap.env
 //
@@ -52,7 +53,6 @@ func run(args []string) error {
 	var agentArgs list
 	fs.Var(&agentArgs, "agent-arg", "extra agent argument (repeatable; agent-start exec)")
 	enrollTimeout := fs.Duration("enroll-timeout", 10*time.Minute, "how long to wait for the agent's enrollment")
-	ibWait := fs.Duration("ib-wait", 5*time.Minute, "how long to wait for InfiniBand ports to be ACTIVE (fabric_mode ib)")
 	poll := fs.Duration("poll", time.Second, "wait poll interval")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -70,7 +70,7 @@ func run(args []string) error {
 		return err
 	}
 	cfg := bootstrap.Config{Inputs: in, Root: *root, StateDir: *stateDir, Runner: bootstrap.ExecRunner{},
-		EnrollTimeout: *enrollTimeout, IBWait: *ibWait, Poll: *poll, Logger: log}
+		EnrollTimeout: *enrollTimeout, Poll: *poll, Logger: log}
 	var child *bootstrap.ExecStarter
 	switch *start {
 	case "systemd":
