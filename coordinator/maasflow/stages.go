@@ -231,7 +231,9 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		}
 		now := r.now()
 		endBucket(w, proto.BucketImageDeploy, now)
-		openBucket(w, proto.BucketFirstBootCloudInit, now)
+		if w.Kind == proto.WorkflowOnboard {
+			openBucket(w, proto.BucketFirstBootCloudInit, now) // the node's callbacks close it
+		}
 		return nil
 	}
 }
