@@ -176,6 +176,12 @@ func (a *API) bundleContent(c *call) error {
 	tok, _ := bearer(c.r)
 	if !a.bundleReader(tok) {
 		if _, err := a.bootstrapNode(c); err != nil {
+			if proto.CodeOf(err) == proto.CodeUnauthenticated && !a.b.IsLeader() && c.r.Header.Get(proto.ForwardedHeader) == "" {
+				// A token minted a moment ago may not have reached this
+				// replica yet: the leader, which minted it, decides.
+				a.forward(c, nil)
+				return nil
+			}
 			return err
 		}
 	}

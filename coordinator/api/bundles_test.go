@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -181,4 +183,35 @@ func TestOnboardGenerations(t *testing.T) {
 		end(w.ID)
 	}
 	assert.Equal(t, "onboard.site-a.j22u15.g3", w.ID)
+}
+
+// TestBundleContentUnknownTokenOnFollowerIsForwarded: a bootstrap token
+// this follower has not seen yet is judged by the leader.
+func TestBundleContentUnknownTokenOnFollowerIsForwarded(t *testing.T) {
+	t.Parallel()
+	var got []*http.Request
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Clone(r.Context()))
+		_, _ = w.Write([]byte(script))
+	}))
+	t.Cleanup(leader.Close)
+	lb := newLedgerBackend()
+	lb.setFollower(strings.TrimPrefix(leader.URL, "http://"))
+	f := httptest.NewServer(New(bootLedger{lb, enroll.New()}, nil, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	t.Cleanup(f.Close)
+	ref := proto.BundleDigest([]byte(script))
+	code, body := rawCall(t, http.MethodGet, f.URL+proto.BundleContentPath(ref), "gpb_fresh", "")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, script, body)
+	require.Len(t, got, 1)
+	assert.Equal(t, "1", got[0].Header.Get(proto.ForwardedHeader))
+	// Forwarded already: judged here, refused.
+	req, err := http.NewRequest(http.MethodGet, f.URL+proto.BundleContentPath(ref), nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer gpb_fresh")
+	req.Header.Set(proto.ForwardedHeader, "1")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 }
