@@ -20,8 +20,9 @@ import (
 
 // onboardMAAS onboards, as one batch through the MAAS simulator, every
 // host whose agent holds no credential yet (hosts enrolled in an earlier
-// run start their agent directly), and waits for the workflows.
-func onboardMAAS(ctx context.Context, log *slog.Logger, api fleet.API, ml *maaslab.Lab, hosts []fleet.Host, viaMAAS map[string]bool) ([]proto.WorkflowView, error) {
+// run start their agent directly), and waits for the workflows. viaMAAS
+// gets each onboarded host's gpuaas-bootstrap pid (the agent's parent).
+func onboardMAAS(ctx context.Context, log *slog.Logger, api fleet.API, ml *maaslab.Lab, hosts []fleet.Host, viaMAAS map[string]int) ([]proto.WorkflowView, error) {
 	if err := ml.Setup(ctx, api); err != nil {
 		return nil, err
 	}
@@ -32,7 +33,7 @@ func onboardMAAS(ctx context.Context, log *slog.Logger, api fleet.API, ml *maasl
 		}
 		if !fleet.Enrolled(h) {
 			pending = append(pending, h)
-			viaMAAS[h.Name] = true
+			viaMAAS[h.Name] = 0
 		}
 	}
 	if len(pending) == 0 {
@@ -46,6 +47,11 @@ func onboardMAAS(ctx context.Context, log *slog.Logger, api fleet.API, ml *maasl
 	views, err := ml.Wait(ctx, api, ids)
 	if err != nil {
 		return views, err
+	}
+	for _, h := range pending {
+		if p := ml.Bootstrap(h.Name); p != nil {
+			viaMAAS[h.Name] = p.Pid()
+		}
 	}
 	for _, v := range views {
 		log.Info("onboarded through MAAS", "host", v.Hostname, "workflow", v.ID, "seconds", fmt.Sprintf("%.1f", v.TotalSeconds))

@@ -232,7 +232,7 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
-	viaMAAS := map[string]bool{}
+	viaMAAS := map[string]int{}
 	var flows []proto.WorkflowView
 	if *maasMode {
 		ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
@@ -293,7 +293,7 @@ type hostView struct {
 // credential), enrollment awaited, topology discovered, complete
 // candidates approved (autoApprove, slice_vm nodes only) and the first
 // readiness report awaited.
-func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, hosts []fleet.Host, autoApprove bool, viaMAAS map[string]bool) ([]hostView, error) {
+func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, hosts []fleet.Host, autoApprove bool, viaMAAS map[string]int) ([]hostView, error) {
 	views := make([]hostView, len(hosts))
 	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
@@ -301,14 +301,15 @@ func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			views[i], errs[i] = onboardHost(ctx, log, api, agents, sup, h, autoApprove, viaMAAS[h.Name])
+			pid, maas := viaMAAS[h.Name]
+			views[i], errs[i] = onboardHost(ctx, log, api, agents, sup, h, autoApprove, maas, pid)
 		}()
 	}
 	wg.Wait()
 	return views, errors.Join(errs...)
 }
 
-func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, h fleet.Host, autoApprove, viaMAAS bool) (hostView, error) {
+func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, h fleet.Host, autoApprove, viaMAAS bool, bootstrapPid int) (hostView, error) {
 	v := hostView{host: h}
 	generated, err := fleet.EnsureRoot(h)
 	if err != nil {
@@ -319,7 +320,7 @@ func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fl
 	}
 	if viaMAAS {
 		// MAAS deployed it and gpuaas-bootstrap started its agent.
-		return afterEnroll(ctx, log, api, h, autoApprove, v, 0)
+		return afterEnroll(ctx, log, api, h, autoApprove, v, bootstrapPid)
 	}
 	token := ""
 	if !fleet.Enrolled(h) {
