@@ -3,7 +3,9 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"text/tabwriter"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,4 +34,19 @@ func TestCLIBundles(t *testing.T) {
 	assert.Equal(t, ExitError, r.code, "viewers cannot publish")
 	r = c.run(api.RoleAdmin, "bundle", "publish", "--name", "x", filepath.Join(t.TempDir(), "missing"))
 	assert.NotEqual(t, 0, r.code)
+}
+
+func TestWorkflowTableShowsPredeploy(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	v := proto.WorkflowView{MAASWorkflow: proto.MAASWorkflow{ID: "onboard.lab.j22u15", Predeploy: []proto.CheckResult{
+		{Name: proto.CheckEndpointReachable, OK: true, Detail: "GET http://c/v1/bootstrap/ping answered 200"},
+		{Name: proto.CheckBundleFetchable, Detail: "bundle digest mismatch"}}}}
+	workflowTable(w, v)
+	require.NoError(t, w.Flush())
+	out := b.String()
+	assert.Contains(t, out, "PREDEPLOY CHECK")
+	assert.Regexp(t, `bootstrap_endpoint_reachable\s+ok`, out)
+	assert.Regexp(t, `bootstrap_bundle_fetchable\s+FAILED\s+bundle digest mismatch`, out)
 }
