@@ -5,6 +5,8 @@ GO ?= go
 BIN := $(CURDIR)/bin
 TEST_TIMEOUT ?= 20m
 TEST_FLAGS ?=
+# make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
+LAB_FLAGS ?=
 
 .PHONY: all deps build lab test test-unit vet bench clean
 
@@ -39,7 +41,7 @@ bench: deps build
 	$(GO) run ./test/bench/cmd/benchmerge
 
 lab: build
-	$(BIN)/gpuaas-lab
+	$(BIN)/gpuaas-lab $(LAB_FLAGS)
 
 clean:
 	rm -rf $(BIN) .lab

@@ -44,6 +44,8 @@ const (
 	StageDeploy     WorkflowStage = "deploy"        // deploy with cloud-init, wait Deployed (bounded datasource retry)
 	StageHWSync     WorkflowStage = "hw_sync"       // require_hw_sync: MAAS reports a hardware sync
 	StageEnroll     WorkflowStage = "enroll"        // the node's agent enrolled with its bootstrap token
+	StageValidate   WorkflowStage = "validate"      // post-deploy validation passed (and IB ports ACTIVE with fabric_mode ib)
+	StageReady      WorkflowStage = "ready"         // the control plane sees the node active with a readiness report
 	StageDone       WorkflowStage = "done"
 
 	StageRelease  WorkflowStage = "release"   // MAAS release (erase; fallback without erase if allowed)
@@ -52,7 +54,7 @@ const (
 )
 
 // OnboardStages lists the onboarding stages in order.
-var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageHWSync, StageEnroll, StageDone}
+var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, StagePXE, StageStorage, StageRoCE, StageRegister, StageDeploy, StageHWSync, StageEnroll, StageValidate, StageReady, StageDone}
 
 // DecommissionStages lists the decommission stages in order; each is a
 // no-op for the release modes it does not concern (reimage deploys
@@ -155,6 +157,12 @@ type MAASWorkflow struct {
 	// MAASEventsAfter is the ID of the last MAAS event copied into Events
 	// (MAAS INFO events of each stage window are copied).
 	MAASEventsAfter int `json:"maas_events_after,omitempty"`
+	// Predeploy holds the six predeploy checks of the last deploy
+	// submission (or of the one they stopped).
+	Predeploy []CheckResult `json:"predeploy,omitempty"`
+	// BootstrapReportsSeen counts the node's bootstrap reports already
+	// folded into the timeline.
+	BootstrapReportsSeen int `json:"bootstrap_reports_seen,omitempty"`
 	Meta
 }
 

@@ -545,9 +545,9 @@ func (d *Daemon) reportTask(ctx context.Context, log *slog.Logger, rec leases.Ta
 // idempotent reports whether a task type may be re-run after a crash.
 func idempotent(typ string) bool {
 	switch typ {
-	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease:
-		// Discovery only reads; the node scheduler's leases make planning
-		// and releasing idempotent.
+	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease, proto.TaskNodeValidate:
+		// Discovery and validation only read; the node scheduler's
+		// leases make planning and releasing idempotent.
 		return true
 	case proto.TaskHostPrepareSlice:
 		// Prepare observes before it changes and never destroys: a re-run
@@ -591,6 +591,9 @@ func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error)
 		return json.Marshal(map[string]any{"released_leases": len(ls)})
 	case proto.TaskHostPrepareSlice:
 		return d.prepareSlice(ctx, t)
+	}
+	if t.Type == proto.TaskNodeValidate {
+		return d.validateNode(ctx, t)
 	}
 	return nil, fmt.Errorf("task type %q is not handled by this agent", t.Type)
 }

@@ -35,8 +35,9 @@ type AgentBackend interface {
 type AgentRoute struct {
 	Method  string
 	Pattern string
-	// Auth: "admin" (operator token, admin role), "bootstrap" (the
-	// bootstrap token in the body) or "node" (node credential).
+	// Auth: "admin" (operator token, admin role), "bootstrap" (a
+	// bootstrap token: in the body for enroll, else the bearer), "open"
+	// (none) or "node" (node credential).
 	Auth  string
 	Write bool
 }
@@ -56,6 +57,9 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodPost, proto.AgentHeartbeatPath, "node", true},
 		{http.MethodGet, "/v1/agent/slots", "node", false},
 		{http.MethodPost, "/v1/nodes/{id}/prepare-slice", "admin", true},
+		{http.MethodGet, proto.BootstrapPingPath, "open", false},
+		{http.MethodPost, proto.BootstrapReportPath, "bootstrap", true},
+		{http.MethodGet, "/v1/bundles/{digest}/content", "bootstrap", false},
 	}
 }
 
@@ -73,6 +77,9 @@ func (a *API) registerAgentRoutes() {
 		"POST " + proto.AgentHeartbeatPath:       a.agentHeartbeat,
 		"GET /v1/agent/slots":                    a.agentSlots,
 		"POST /v1/nodes/{id}/prepare-slice":      a.queuePrepareSlice,
+		"GET " + proto.BootstrapPingPath:         a.bootstrapPing,
+		"POST " + proto.BootstrapReportPath:      a.bootstrapReport,
+		"GET /v1/bundles/{digest}/content":       a.bundleContent,
 	}
 	for _, r := range AgentRoutes() {
 		h := handlers[r.Method+" "+r.Pattern]

@@ -146,6 +146,9 @@ func (a *API) routeTable() []Route {
 		{http.MethodPost, "/v1/sites/{name}/onboard", RoleAdmin, true, a.onboard},
 		{http.MethodPost, "/v1/sites/{name}/decommission", RoleAdmin, true, a.decommission},
 		{http.MethodGet, "/v1/workflows", RoleViewer, false, a.listWorkflows},
+		{http.MethodPost, "/v1/bundles", RoleAdmin, true, a.publishBundle},
+		{http.MethodGet, "/v1/bundles", RoleViewer, false, a.listBundles},
+		{http.MethodGet, "/v1/bundles/{digest}", RoleViewer, false, a.getBundle},
 		{http.MethodGet, "/v1/workflows/{id}", RoleViewer, false, a.getWorkflow},
 
 		{http.MethodGet, "/v1/availability", RoleViewer, false, a.getAvailability},

@@ -24,7 +24,11 @@ func (a *API) onboard(c *call) error {
 	if err := c.decode(&body, false); err != nil {
 		return err
 	}
-	w := proto.MAASWorkflow{ID: proto.OnboardWorkflowID(site, body.Hostname), Kind: proto.WorkflowOnboard, Site: site,
+	if err := proto.ValidateID("hostname", body.Hostname); err != nil {
+		return err
+	}
+	id := a.b.Store().Snapshot().CurrentWorkflowID(proto.OnboardWorkflowID(site, body.Hostname))
+	w := proto.MAASWorkflow{ID: id, Kind: proto.WorkflowOnboard, Site: site,
 		Profile: body.Profile, Hostname: body.Hostname, MACs: body.MACs, BMCAddress: body.BMCAddress, PowerType: body.PowerType,
 		Stage: proto.StageResolve, State: proto.WorkflowRunning}
 	return a.createWorkflow(c, w)
@@ -74,7 +78,11 @@ func (a *API) decommission(c *call) error {
 	if !ok {
 		return proto.Errorf(proto.CodeNotFound, "profile %s/%s does not exist", site, body.Profile)
 	}
-	w := proto.MAASWorkflow{ID: proto.DecommissionWorkflowID(site, body.Hostname), Kind: proto.WorkflowDecommission, Site: site,
+	if err := proto.ValidateID("hostname", body.Hostname); err != nil {
+		return err
+	}
+	id := a.b.Store().Snapshot().CurrentWorkflowID(proto.DecommissionWorkflowID(site, body.Hostname))
+	w := proto.MAASWorkflow{ID: id, Kind: proto.WorkflowDecommission, Site: site,
 		Profile: body.Profile, Hostname: body.Hostname, ReleaseMode: p.ReleaseMode, Stage: proto.StageRelease, State: proto.WorkflowRunning}
 	return a.createWorkflow(c, w)
 }

@@ -62,7 +62,13 @@ type Response struct {
 	Body   []byte
 }
 
-// Do sends one request. body is nil or a value sent as JSON. A non-2xx
+// RawBody is a request body sent as is (not JSON-encoded), e.g. a bundle.
+type RawBody struct {
+	ContentType string
+	Data        []byte
+}
+
+// Do sends one request. body is nil, a RawBody sent as is, or a value sent as JSON. A non-2xx
 // answer is returned as *ProblemError when it is a problem body, else as
 // a plain error naming the status.
 func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body any, hdr http.Header) (*Response, error) {
@@ -78,7 +84,10 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body
 		u.RawQuery = q.Encode()
 	}
 	var rd io.Reader
-	if body != nil {
+	ctype := "application/json"
+	if raw, ok := body.(RawBody); ok {
+		rd, ctype = bytes.NewReader(raw.Data), raw.ContentType
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, fmt.Errorf("encode %s %s body: %w", method, path, err)
@@ -95,7 +104,7 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body
 		}
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", ctype)
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token)

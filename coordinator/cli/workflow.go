@@ -96,6 +96,17 @@ func workflowTable(w *tabwriter.Writer, v proto.WorkflowView) {
 		row(w, b.Bucket, d, share, ts(b.Start), ts(b.End))
 	}
 	row(w, "TOTAL", time.Duration(v.TotalSeconds*float64(time.Second)).Round(time.Millisecond).String(), "", "", "")
+	if len(v.Predeploy) > 0 {
+		fmt.Fprintln(w)
+		row(w, "PREDEPLOY CHECK", "RESULT", "DETAIL")
+		for _, c := range v.Predeploy {
+			res := "ok"
+			if !c.OK {
+				res = "FAILED"
+			}
+			row(w, c.Name, res, firstLine(c.Detail, 100))
+		}
+	}
 	if len(v.Events) > 0 {
 		fmt.Fprintln(w)
 		row(w, "AT", "STAGE", "EVENT", "DETAIL")

@@ -45,6 +45,9 @@ type Token struct {
 	CreatedAt time.Time  `json:"created_at"`
 	ExpiresAt time.Time  `json:"expires_at"`
 	UsedAt    *time.Time `json:"used_at,omitempty"`
+	// Reports are the bootstrap progress callbacks the token
+	// authenticated (at most proto.MaxBootstrapReports, oldest dropped).
+	Reports []proto.BootstrapReport `json:"reports,omitempty"`
 }
 
 // Credential is one node's credential record.
@@ -218,4 +221,74 @@ func (t *Table) Restore(b []byte) error {
 	t.tokens, t.creds, t.byHash = fresh.tokens, fresh.creds, fresh.byHash
 	t.mu.Unlock()
 	return nil
+}
+
+// Report files a bootstrap progress report on the token that
+// authenticated it: the token must be the node's and not expired at
+// req.At; a spent token still reports (the agent enrolls mid-bootstrap).
+func (t *Table) Report(req proto.NodeBootstrapReportRequest) error {
+	if err := proto.ValidateID("node ID", req.NodeID); err != nil {
+		return err
+	}
+	if err := req.Report.Validate(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tok, ok := t.tokens[req.TokenHash]
+	switch {
+	case !ok || tok.NodeID != req.NodeID:
+		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token is not valid for node %s (unknown or forged)", req.NodeID)
+	case !req.At.Before(tok.ExpiresAt):
+		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token for node %s expired at %s", req.NodeID, tok.ExpiresAt.Format(time.RFC3339))
+	}
+	r := req.Report
+	r.At = req.At
+	tok.Reports = append(tok.Reports, r)
+	if n := len(tok.Reports) - proto.MaxBootstrapReports; n > 0 {
+		tok.Reports = tok.Reports[n:]
+	}
+	return nil
+}
+
+// Reports returns the bootstrap reports of node filed on tokens minted at
+// or after since, oldest first.
+func (t *Table) Reports(node string, since time.Time) []proto.BootstrapReport {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var out []proto.BootstrapReport
+	for _, tok := range t.tokens {
+		if tok.NodeID == node && !tok.CreatedAt.Before(since) {
+			out = append(out, tok.Reports...)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out
+}
+
+// Token returns the record of a bootstrap token by its hash.
+func (t *Table) Token(hash string) (Token, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	tok, ok := t.tokens[hash]
+	if !ok {
+		return Token{}, false
+	}
+	out := *tok
+	out.Reports = append([]proto.BootstrapReport(nil), tok.Reports...)
+	return out, true
+}
+
+// BootstrapNode returns the node a bootstrap token (the secret) was minted
+// for, if it is known and not expired at now (spent tokens included: a
+// bootstrapping node keeps using its token for callbacks and the bundle).
+func (t *Table) BootstrapNode(token string, now time.Time) (string, bool) {
+	h := Hash(token)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	tok, ok := t.tokens[h]
+	if !ok || subtle.ConstantTimeCompare([]byte(tok.Hash), []byte(h)) != 1 || !now.Before(tok.ExpiresAt) {
+		return "", false
+	}
+	return tok.NodeID, true
 }

@@ -23,6 +23,8 @@ func (f *FSM) applyMAAS(t proto.MessageType, body []byte, index uint64) (resp an
 		return f.applyMAASWorkflowCreate(body, index), true
 	case proto.MAASWorkflowUpdateType:
 		return f.applyMAASWorkflowUpdate(body, index), true
+	case proto.BundlePublishType:
+		return f.applyBundlePublish(body, index), true
 	}
 	return nil, false
 }
@@ -138,6 +140,10 @@ func eachMAASObject(snap *state.Snapshot, table string, add func(any)) bool {
 		for _, o := range snap.MAASWorkflows() {
 			add(o)
 		}
+	case state.TableBundles:
+		for _, o := range snap.Bundles() {
+			add(o)
+		}
 	default:
 		return false
 	}
@@ -154,6 +160,8 @@ func restoreMAASRecord(tx *state.Txn, rec recordIn) (err error, ok bool) {
 		return restoreInto(rec.V, tx.PutSiteProfile), true
 	case state.TableMAASWorkflows:
 		return restoreInto(rec.V, tx.PutMAASWorkflow), true
+	case state.TableBundles:
+		return restoreInto(rec.V, tx.PutBundle), true
 	}
 	return nil, false
 }
@@ -261,4 +269,25 @@ func checkRoCEAddress(tx *state.Txn, old, w *proto.MAASWorkflow) error {
 		}
 	}
 	return nil
+}
+
+// applyBundlePublish stores a bundle by its digest; the same content
+// published again (under any name) answers the stored bundle unchanged.
+func (f *FSM) applyBundlePublish(body []byte, index uint64) any {
+	req := decode[proto.BundlePublishRequest](proto.BundlePublishType, body, index)
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		b := req.Bundle
+		b.Meta = proto.Meta{}
+		if err := b.Validate(); err != nil {
+			return nil, err
+		}
+		if old, ok := tx.Bundle(b.Digest); ok {
+			if old.Kind != b.Kind {
+				return nil, proto.Errorf(proto.CodeAlreadyExists, "bundle %s is published as kind %s, not %s", b.Digest, old.Kind, b.Kind)
+			}
+			return old, nil
+		}
+		out := b
+		return &out, tx.PutBundle(&out)
+	})
 }

@@ -39,6 +39,12 @@ func addSites(h *fsmtest.Harness) {
 	upd.Buckets = []proto.BucketSpan{{Bucket: proto.BucketDiscovery, Start: w.CreatedAt, End: w.CreatedAt.Add(time.Second)}}
 	upd.Events = []proto.WorkflowEvent{{At: w.CreatedAt, Stage: proto.StageResolve, Kind: "created"}}
 	h.OK(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: upd})
+	h.OK(proto.BundlePublishType, proto.BundlePublishRequest{At: h.At(), Bundle: testBundle("#!/bin/sh\necho site\n")})
+}
+
+func testBundle(content string) proto.Bundle {
+	return proto.Bundle{Digest: proto.BundleDigest([]byte(content)), Name: "site-boot", Kind: proto.BundleSiteBootstrap,
+		Size: int64(len(content)), Content: []byte(content)}
 }
 
 func newWorkflow() proto.MAASWorkflow {

@@ -79,6 +79,7 @@ func tables(s *state.Snapshot) map[string]any {
 		state.TableSiteProfiles:  s.SiteProfiles(""),
 		state.TableMAASWorkflows: s.MAASWorkflows(),
 		state.TableImages:        s.Images(""),
+		state.TableBundles:       s.Bundles(),
 		state.TableIndex:         s.IndexEntries(),
 	}
 }
@@ -168,6 +169,8 @@ func reflectLen(v any) int {
 	case []*proto.MAASWorkflow:
 		return len(s)
 	case []*proto.Image:
+		return len(s)
+	case []*proto.Bundle:
 		return len(s)
 	}
 	panic("unknown table type")

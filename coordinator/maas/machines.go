@@ -2,7 +2,9 @@ package maas
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -487,4 +489,71 @@ func (c *Client) SubnetByCIDR(ctx context.Context, cidr string) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("subnet %s: %w", cidr, ErrNotFound)
+}
+
+// BootResource is one MAAS boot resource with the file types of its sets
+// (tgz root filesystems are "root-tgz", full-disk images "root-dd*").
+type BootResource struct {
+	ID           int
+	Name         string
+	Architecture string
+	Type         string
+	FileTypes    []string
+}
+
+// BootResources lists MAAS's uploaded and synced boot resources, each
+// read in full for its sets' file types.
+func (c *Client) BootResources(ctx context.Context) ([]BootResource, error) {
+	mc, err := c.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	api := mc.BootResources.(*client.BootResources).APIClient.GetSubObject("boot-resources")
+	var list []entity.BootResource
+	if err := api.Get("", url.Values{}, func(b []byte) error { return json.Unmarshal(b, &list) }); err != nil {
+		return nil, fmt.Errorf("list boot resources: %w", classify(err, false))
+	}
+	out := make([]BootResource, 0, len(list))
+	for _, r := range list {
+		var full struct {
+			Sets map[string]struct {
+				Files map[string]struct {
+					Filetype string `json:"filetype"`
+				} `json:"files"`
+			} `json:"sets"`
+		}
+		if err := api.GetSubObject(fmt.Sprint(r.ID)).Get("", url.Values{}, func(b []byte) error { return json.Unmarshal(b, &full) }); err != nil {
+			return nil, fmt.Errorf("read boot resource %d (%s): %w", r.ID, r.Name, classify(err, false))
+		}
+		br := BootResource{ID: r.ID, Name: r.Name, Architecture: r.Architecture, Type: r.Type}
+		for _, s := range full.Sets {
+			for _, f := range s.Files {
+				if !slices.Contains(br.FileTypes, f.Filetype) {
+					br.FileTypes = append(br.FileTypes, f.Filetype)
+				}
+			}
+		}
+		slices.Sort(br.FileTypes)
+		out = append(out, br)
+	}
+	return out, nil
+}
+
+// UploadBootResource uploads a custom image (gomaasclient's
+// BootResources.Create is not implemented: this is its generic PostFiles
+// call). filetype is tgz for a root filesystem, ddgz for a full disk.
+func (c *Client) UploadBootResource(ctx context.Context, name, arch, filetype string, content []byte) error {
+	mc, err := c.api(ctx)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(content)
+	api := mc.BootResources.(*client.BootResources).APIClient.GetSubObject("boot-resources")
+	err = api.PostFiles("", url.Values{"name": {name}, "architecture": {arch}, "filetype": {filetype},
+		"sha256": {hex.EncodeToString(sum[:])}, "size": {strconv.Itoa(len(content))}},
+		map[string][]byte{"content": content}, func([]byte) error { return nil })
+	if err != nil {
+		return fmt.Errorf("upload boot resource %s: %w", name, classify(err, true))
+	}
+	return nil
 }

@@ -43,11 +43,11 @@ func TestProfileFieldEffects(t *testing.T) {
 				assert.Equal(t, 900*time.Second, m.ExpiresAt.Sub(m.At))
 			}},
 		{"site_bootstrap_bundle_ref and validation bundle", func(p *proto.SiteProfile) {
-			p.SiteBootstrapBundleRef = "sha256:" + fmt.Sprintf("%064x", 7)
-			p.PostDeployValidationBundleRef = "sha256:" + fmt.Sprintf("%064x", 9)
-		}, func(t *testing.T, _ *env, _ string, m maassim.MachineSnapshot) {
-			assert.Contains(t, string(m.UserData), "GPUAAS_SITE_BUNDLE=sha256:"+fmt.Sprintf("%064x", 7)+"\n")
-			assert.Contains(t, string(m.UserData), "GPUAAS_VALIDATION_BUNDLE=sha256:"+fmt.Sprintf("%064x", 9)+"\n")
+			p.SiteBootstrapBundleRef = proto.BundleDigest([]byte(siteBundle2))
+			p.PostDeployValidationBundleRef = proto.BundleDigest([]byte(validationBundle))
+		}, func(t *testing.T, e *env, _ string, m maassim.MachineSnapshot) {
+			assert.Contains(t, string(m.UserData), "GPUAAS_SITE_BUNDLE="+proto.BundleDigest([]byte(siteBundle2))+"\n")
+			assert.Contains(t, string(m.UserData), "GPUAAS_VALIDATION_BUNDLE="+proto.BundleDigest([]byte(validationBundle))+"\n")
 		}},
 		{"fabric_mode ib", func(p *proto.SiteProfile) { p.FabricMode, p.EnablePhase2RoCE = proto.FabricIB, false },
 			func(t *testing.T, _ *env, _ string, m maassim.MachineSnapshot) {
@@ -64,6 +64,9 @@ func TestProfileFieldEffects(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, tc.change)
+			publishBundle(e, "site-boot-2", proto.BundleSiteBootstrap, siteBundle2)
+			publishBundle(e, "validate", proto.BundlePostDeployValidation, validationBundle)
+			e.fakeNode(nodeScript{ibPorts: []proto.IBPortState{{Device: "mlx5_0", Port: 1, State: "ACTIVE"}}})
 			host := fmt.Sprintf("pf%d", i)
 			id := e.onboard(host, fmt.Sprintf("52:54:00:00:04:%02x", i), "")
 			e.start()

@@ -6,10 +6,15 @@
 // each stage re-reads MAAS first (coordinator/maas), so a stage that was
 // cut short by a failover is finished, never repeated.
 //
-// Onboarding: resolve (or create) → commission → tag → register (ledger
-// node in the profile's pool) → deploy with cloud-init user-data carrying
-// a bootstrap token, waiting for Deployed with a bounded, classified
-// retry on datasource failure (release → Ready → deploy) → done.
+// Onboarding: resolve (or create) → commission → tag → PXE preflight →
+// storage → phase-2 RoCE → register (ledger node in the profile's pool) →
+// the six predeploy checks, then deploy with cloud-init user-data that
+// runs gpuaas-bootstrap with a single-use token, waiting for Deployed with
+// a bounded, classified retry on datasource failure (release → Ready →
+// deploy) → hardware sync → enrollment (the node's bootstrap callbacks
+// fill timeline buckets 6-10) → post-deploy validation (and IB ports
+// ACTIVE with fabric_mode ib; bucket 11) → control-plane readiness
+// (bucket 12) → done.
 package maasflow
 
 import (
@@ -17,9 +22,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/maas"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -56,6 +63,23 @@ type Config struct {
 	// the gate expires with the profile's enrollment token TTL.
 	EnrolledSince func(nodeID string, since time.Time) bool
 	EnrollPoll    time.Duration
+	// EnrolledAt is when the node's current credential was issued (the
+	// enrollment bucket ends there); nil: when the gate saw it.
+	EnrolledAt func(nodeID string) (time.Time, bool)
+	// Token reads a bootstrap token record by hash (the replicated
+	// enrollment table): the predeploy token check.
+	Token func(hash string) (enroll.Token, bool)
+	// BootstrapReports returns the node's bootstrap callbacks filed on
+	// tokens minted at or after since, oldest first.
+	BootstrapReports func(nodeID string, since time.Time) []proto.BootstrapReport
+	// NodeReady reports whether the control plane sees the node active
+	// with a readiness report (the last gate); nil skips it.
+	NodeReady func(nodeID string) (bool, string)
+	// Images is the host image catalog (nil: stock distro series).
+	Images ImageCatalog
+	// HTTPClient fetches the predeploy checks' URLs (default: one per
+	// site trusting its CA bundle).
+	HTTPClient *http.Client
 	// MaxStageAttempts bounds transient failures of one stage (default 5);
 	// RetryDelay separates them (default 10s).
 	MaxStageAttempts int

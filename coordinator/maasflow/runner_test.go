@@ -3,6 +3,8 @@ package maasflow_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/maas"
 	"github.com/gpuaas/gpuaas/coordinator/maasflow"
@@ -26,6 +29,7 @@ import (
 type ledger struct {
 	mu       sync.Mutex
 	f        *fsm.FSM
+	tab      *enroll.Table // the server's enrollment table
 	index    uint64
 	mints    int
 	lastMint proto.BootstrapTokenMintRequest
@@ -40,11 +44,20 @@ func (l *ledger) Apply(_ context.Context, t proto.MessageType, req any) (any, ui
 	if err != nil {
 		return nil, 0, err
 	}
-	if t&^proto.IgnoreUnknownTypeFlag == proto.BootstrapTokenMintType {
+	l.index++
+	switch t &^ proto.IgnoreUnknownTypeFlag {
+	case proto.BootstrapTokenMintType:
 		l.mints++ // applied by the server's enrollment FSM, not the ledger
 		l.lastMint = req.(proto.BootstrapTokenMintRequest)
+		if err := l.tab.Mint(l.lastMint); err != nil {
+			return nil, l.index, err
+		}
+	case proto.NodeBootstrapReportType:
+		return nil, l.index, l.tab.Report(req.(proto.NodeBootstrapReportRequest))
+	case proto.NodeEnrollType:
+		c, err := l.tab.Enroll(req.(proto.NodeEnrollRequest))
+		return &c, l.index, err
 	}
-	l.index++
 	resp := l.f.ApplyCommand(l.index, b)
 	if e, ok := resp.(*proto.Error); ok {
 		return nil, l.index, e
@@ -58,6 +71,15 @@ type env struct {
 	t      *testing.T
 	sim    *maassimtest.Sim
 	ledger *ledger
+	// coord is the node-facing bootstrap endpoint (ping, bundle content),
+	// served from the ledger as the coordinator API serves it.
+	coord  *httptest.Server
+	tamper func([]byte) []byte // set: the endpoint serves altered bundle bytes
+	cfg    func(*maasflow.Config)
+	bundle proto.Bundle // the published site bootstrap bundle
+
+	mu         sync.Mutex
+	onDeployed func(maassim.Deployed) // the deployed node's first boot
 }
 
 const speed = 7200
@@ -69,12 +91,24 @@ func newEnv(t *testing.T, profile func(*proto.SiteProfile)) *env {
 
 func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.SiteProfile)) *env {
 	t.Helper()
+	l := &ledger{f: fsm.New(nil, nil), tab: enroll.New()}
+	e := &env{t: t, ledger: l}
 	sim := maassimtest.Start(t, maassim.Options{Clock: maassim.NewScaledClock(maassimtest.Epoch, speed),
 		Subnets: []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"},
-			{ID: 2, Name: "roce", CIDR: "10.50.0.0/16", VID: 50}}})
-	l := &ledger{f: fsm.New(nil, nil)}
-	e := &env{t: t, sim: sim, ledger: l}
+			{ID: 2, Name: "roce", CIDR: "10.50.0.0/16", VID: 50}},
+		OnDeployed: func(d maassim.Deployed) {
+			e.mu.Lock()
+			f := e.onDeployed
+			e.mu.Unlock()
+			if f != nil {
+				go f(d)
+			}
+		}})
+	e.sim = sim
+	e.coord = httptest.NewServer(http.HandlerFunc(e.serveBootstrap))
+	t.Cleanup(e.coord.Close)
 	at := time.Now().UTC()
+	e.bundle = publishBundle(e, "site-boot", proto.BundleSiteBootstrap, "#!/bin/sh\necho site bootstrap\n")
 	e.ok(proto.RegionUpsertType, proto.RegionUpsertRequest{At: at, Region: proto.Region{Name: "r1"}})
 	for _, p := range []string{"pool-slice", "pool-bm"} {
 		e.ok(proto.PoolUpsertType, proto.PoolUpsertRequest{At: at, Pool: proto.Pool{Name: p, Region: "r1"}})
@@ -91,6 +125,7 @@ func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.Site
 	p := prototest.SiteProfile()
 	// Phase-2 RoCE needs a RoCE NIC and subnet: TestPhase2RoCE turns it on.
 	p.EnablePhase2RoCE = false
+	p.SiteBootstrapBundleRef = e.bundle.Digest
 	if profile != nil {
 		profile(&p)
 	}
@@ -106,15 +141,63 @@ func (e *env) ok(t proto.MessageType, req any) any {
 }
 
 func (e *env) runner() *maasflow.Runner {
-	return maasflow.New(maasflow.Config{
+	cfg := e.config()
+	if e.cfg != nil {
+		e.cfg(&cfg)
+	}
+	return maasflow.New(cfg)
+}
+
+func (e *env) config() maasflow.Config {
+	return maasflow.Config{
 		Ledger: e.ledger,
 		MAAS: func(_ context.Context, site *proto.Site) (*maas.Client, error) {
 			return maas.New(maas.Config{URL: site.MAASURL + "/", APIKey: e.sim.APIKey, RequestTimeout: 2 * time.Second, PollInterval: 2 * time.Millisecond})
 		},
-		CoordinatorURL:   "http://127.0.0.1:7300",
+		CoordinatorURL:   e.coord.URL,
+		Token:            e.ledger.tab.Token,
+		BootstrapReports: e.ledger.tab.Reports,
 		CommissionExpiry: 10 * time.Second, DeployExpiry: 10 * time.Second, ReleaseExpiry: 10 * time.Second,
 		RetryDelay: 10 * time.Millisecond, Rescan: 20 * time.Millisecond, HWSyncPoll: 2 * time.Millisecond, HWSyncExpiry: 3 * time.Second,
-	})
+		EnrollPoll: 5 * time.Millisecond,
+	}
+}
+
+func publishBundle(e *env, name string, kind proto.BundleKind, content string) proto.Bundle {
+	b := proto.Bundle{Digest: proto.BundleDigest([]byte(content)), Name: name, Kind: kind, Size: int64(len(content)), Content: []byte(content)}
+	e.ok(proto.BundlePublishType, proto.BundlePublishRequest{At: time.Now().UTC(), Bundle: b})
+	return b
+}
+
+// serveBootstrap answers GET /v1/bootstrap/ping and GET
+// /v1/bundles/{digest}/content for a live bootstrap token, from the
+// ledger, as coordinator/api does.
+func (e *env) serveBootstrap(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == proto.BootstrapPingPath {
+		_, _ = w.Write([]byte(`{"ok":true}`))
+		return
+	}
+	digest, ok := strings.CutPrefix(r.URL.Path, "/v1/bundles/")
+	digest, ok2 := strings.CutSuffix(digest, "/content")
+	if !ok || !ok2 {
+		http.NotFound(w, r)
+		return
+	}
+	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if _, ok := e.ledger.tab.BootstrapNode(tok, time.Now()); !ok {
+		http.Error(w, "bootstrap token unknown or expired", http.StatusUnauthorized)
+		return
+	}
+	b, ok := e.ledger.Store().Snapshot().Bundle(digest)
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	body := b.Content
+	if e.tamper != nil {
+		body = e.tamper(body)
+	}
+	_, _ = w.Write(body)
 }
 
 // start runs a runner (a leader's loop) until the returned stop is called.

@@ -57,7 +57,11 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 	case proto.StageHWSync:
 		return proto.StageEnroll, r.hwSync(ctx, mc, w, profile)
 	case proto.StageEnroll:
-		return proto.StageDone, r.enrollGate(ctx, w, profile)
+		return proto.StageValidate, r.enrollGate(ctx, w, profile)
+	case proto.StageValidate:
+		return proto.StageReady, r.validateGate(ctx, w, profile)
+	case proto.StageReady:
+		return proto.StageDone, r.readyGate(ctx, w, profile)
 	}
 	return "", permanent{fmt.Errorf("workflow %s: no stage %q", w.ID, w.Stage)}
 }
@@ -186,16 +190,33 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 			}
 			continue
 		default:
-			ud, err := r.userData(ctx, w, site, p)
-			if err != nil {
-				return err
-			}
-			params.UserData = ud
 			// The bucket marks are recorded with the deploy count, before
-			// the submission, so a new leader finds them.
+			// the submission, so a new leader finds them; the image
+			// deploy bucket opens before the token is minted (the
+			// bootstrap reports are those of tokens minted after it).
 			now := r.now()
 			endBucket(w, proto.BucketReadyToDeploy, now)
 			openBucket(w, proto.BucketImageDeploy, now)
+			in, err := r.userData(ctx, w, site, p)
+			if err != nil {
+				return err
+			}
+			checks, img := r.predeploy(ctx, mc, w, in)
+			w.Predeploy = checks
+			for _, c := range checks {
+				if !c.OK {
+					addEvent(w, r.now(), "predeploy_failed", c.String())
+					return permanent{fmt.Errorf("predeploy check %s failed: %s (no deploy call was made)", c.Name, c.Detail)}
+				}
+			}
+			addEvent(w, r.now(), "predeploy_ok", fmt.Sprintf("all %d predeploy checks passed", len(checks)))
+			if img != nil {
+				params.DistroSeries = img.Name
+				addEvent(w, r.now(), "image_selected", img.Name+" "+img.Version)
+			} else {
+				addEvent(w, r.now(), "image_selected", "ubuntu/"+params.DistroSeries)
+			}
+			params.UserData = in.rendered
 			if err := r.countDeploy(ctx, w); err != nil {
 				return err
 			}
@@ -210,7 +231,9 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		}
 		now := r.now()
 		endBucket(w, proto.BucketImageDeploy, now)
-		openBucket(w, proto.BucketEnrollment, now)
+		if w.Kind == proto.WorkflowOnboard {
+			openBucket(w, proto.BucketFirstBootCloudInit, now) // the node's callbacks close it
+		}
 		return nil
 	}
 }
@@ -258,18 +281,25 @@ func (r *Runner) countDeploy(ctx context.Context, w *proto.MAASWorkflow) error {
 	return nil
 }
 
-// userData mints a bootstrap token and renders the cloud-init document.
-func (r *Runner) userData(ctx context.Context, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) ([]byte, error) {
+// userData mints a single-use bootstrap token for the node (TTL from the
+// profile's enrollment_token_ttl_seconds) and renders the cloud-init
+// document that runs gpuaas-bootstrap with it.
+func (r *Runner) userData(ctx context.Context, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) (predeployInput, error) {
 	tok := enroll.NewSecret("gpb_")
 	now := r.now()
 	ttl := time.Duration(p.EnrollmentTokenTTLSeconds) * time.Second
 	req := proto.BootstrapTokenMintRequest{At: now, NodeID: w.Hostname, TokenHash: enroll.Hash(tok), ExpiresAt: now.Add(ttl)}
 	if _, _, err := r.cfg.Ledger.Apply(ctx, proto.BootstrapTokenMintType|proto.IgnoreUnknownTypeFlag, req); err != nil {
-		return nil, fmt.Errorf("mint bootstrap token for %s: %w", w.Hostname, err)
+		return predeployInput{}, fmt.Errorf("mint bootstrap token for %s: %w", w.Hostname, err)
 	}
-	return RenderUserData(UserData{CoordinatorURL: r.cfg.CoordinatorURL, NodeID: w.Hostname, Token: tok,
+	ud := UserData{CoordinatorURL: r.cfg.CoordinatorURL, NodeID: w.Hostname, Token: tok,
 		SiteBundleRef: p.SiteBootstrapBundleRef, ValidationBundleRef: p.PostDeployValidationBundleRef,
-		FabricMode: p.FabricMode, CABundle: site.CABundle, WorkflowID: w.ID})
+		FabricMode: p.FabricMode, CABundle: site.CABundle, WorkflowID: w.ID}
+	b, err := RenderUserData(ud)
+	if err != nil {
+		return predeployInput{}, permanent{err}
+	}
+	return predeployInput{site: site, profile: p, ud: ud, rendered: b, mintedAt: now}, nil
 }
 
 // copyMAASEvents copies the machine's MAAS INFO (and higher) events since
@@ -484,36 +514,4 @@ func (r *Runner) hwSync(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		case <-time.After(r.cfg.HWSyncPoll):
 		}
 	}
-}
-
-// enrollGate waits until the node's agent enrolled with the bootstrap
-// token the deploy carried (polled more often than MAAS, so an enrolled
-// node is not held behind a coarse tick). It expires with the token.
-func (r *Runner) enrollGate(ctx context.Context, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
-	if r.cfg.EnrolledSince == nil {
-		addEvent(w, r.now(), "skipped", "no enrollment table on this runner")
-		return nil
-	}
-	var since time.Time
-	for _, b := range w.Buckets {
-		if b.Bucket == proto.BucketImageDeploy {
-			since = b.Start
-		}
-	}
-	expiry := time.Duration(p.EnrollmentTokenTTLSeconds) * time.Second
-	start := time.Now()
-	for !r.cfg.EnrolledSince(w.Hostname, since) {
-		if time.Since(start) >= expiry {
-			return permanent{fmt.Errorf("enrollment gate: node %s did not enroll within the bootstrap token's %s", w.Hostname, expiry)}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(r.cfg.EnrollPoll):
-		}
-	}
-	now := r.now()
-	endBucket(w, proto.BucketEnrollment, now)
-	addEvent(w, now, "enrolled", "node "+w.Hostname)
-	return nil
 }

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/maasflow"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -168,4 +170,10 @@ type MAASConfig struct {
 	HWSyncPoll, HWSyncExpiry time.Duration
 	// EnrollPoll paces the enrollment completion gate.
 	EnrollPoll time.Duration
+	// Images is the host image catalog the predeploy image check asks
+	// (nil: the stock distro series is deployed).
+	Images maasflow.ImageCatalog
+	// BootstrapHTTPClient fetches the predeploy checks' URLs (default:
+	// one per site trusting its CA bundle).
+	BootstrapHTTPClient *http.Client
 }

@@ -46,7 +46,7 @@ func isEnrollCommand(l *raft.Log) bool {
 		return false
 	}
 	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
-	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType:
+	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType:
 		return true
 	}
 	return false
@@ -76,6 +76,11 @@ func (f *enrollFSM) Apply(l *raft.Log) any {
 			return err
 		}
 		return &c
+	case proto.NodeBootstrapReportType:
+		if err := f.table.Report(decodeCmd[proto.NodeBootstrapReportRequest](l, "node_bootstrap_report")); err != nil {
+			return err
+		}
+		return nil
 	case proto.NodeCredentialRevokeType:
 		if err := f.table.Revoke(decodeCmd[proto.NodeCredentialRevokeRequest](l, "node_credential_revoke")); err != nil {
 			return err

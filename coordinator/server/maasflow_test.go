@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"testing"
 	"time"
@@ -32,6 +34,15 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 		OnDeployed: func(d maassim.Deployed) { deployed <- d }})
 	key, err := sitekey.New(bytes.Repeat([]byte{0x5a}, sitekey.KeySize))
 	require.NoError(t, err)
+	// The node-facing bootstrap endpoint (the API's ping; the profile
+	// references no bundle here: the bundle path is covered by maasflow
+	// and the end-to-end test).
+	boot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != proto.BootstrapPingPath {
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(boot.Close)
 	var nodes []*testNode
 	var first string
 	for i := range 3 {
@@ -40,7 +51,8 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 			MAAS: MAASConfig{PollInterval: 5 * time.Millisecond, RequestTimeout: 2 * time.Second,
 				CommissionExpiry: 20 * time.Second, DeployExpiry: 20 * time.Second, ReleaseExpiry: 20 * time.Second,
 				RetryDelay: 20 * time.Millisecond, Rescan: 50 * time.Millisecond,
-				HWSyncPoll: 5 * time.Millisecond, HWSyncExpiry: 10 * time.Second, EnrollPoll: 5 * time.Millisecond}}
+				HWSyncPoll: 5 * time.Millisecond, HWSyncExpiry: 10 * time.Second, EnrollPoll: 5 * time.Millisecond,
+				CoordinatorURL: boot.URL}}
 		if first != "" {
 			cfg.Join = []string{first}
 		}
@@ -70,6 +82,7 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 	apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: now, Site: site})
 	profile := prototest.SiteProfile()
 	profile.EnablePhase2RoCE = false // the simulated hosts here have no RoCE NIC
+	profile.SiteBootstrapBundleRef = ""
 	apply(proto.SiteProfileUpsertType, proto.SiteProfileUpsertRequest{At: now, Profile: profile})
 	w, err := leader.srv.StartOnboarding(ctx, proto.MAASWorkflow{Site: "site-a", Profile: "slice", Hostname: "j22u15",
 		MACs: []string{"52:54:00:00:00:15"}, BMCAddress: "10.0.0.15", PowerType: "ipmi"})
@@ -105,13 +118,29 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 		}
 		req := proto.NodeEnrollRequest{At: time.Now().UTC(), NodeID: "j22u15", TokenHash: enroll.Hash(string(m[1])),
 			CredentialHash: enroll.Hash(enroll.NewSecret("gpn_")), Hostname: d.Hostname}
-		for ctx.Err() == nil {
-			for _, n := range rest {
-				if _, _, err := n.srv.Apply(ctx, proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, req); err == nil {
-					return
+		// Then, as the API does on enrollment and the agent's first
+		// report: the node is active with readiness evidence.
+		at := time.Now().UTC()
+		steps := []struct {
+			t   proto.MessageType
+			req any
+		}{
+			{proto.NodeEnrollType | proto.IgnoreUnknownTypeFlag, req},
+			{proto.NodeSetStateType, proto.NodeSetStateRequest{At: at, NodeID: "j22u15", State: proto.NodeActive, Reason: "agent enrolled"}},
+			{proto.NodeReadinessType, proto.NodeReadinessRequest{At: at, NodeID: "j22u15", Readiness: proto.Readiness{Active: true, ObservedAt: at}}},
+		}
+		for _, st := range steps {
+			for done := false; !done && ctx.Err() == nil; {
+				for _, n := range rest {
+					if _, _, err := n.srv.Apply(ctx, st.t, st.req); err == nil {
+						done = true
+						break
+					}
+				}
+				if !done {
+					time.Sleep(10 * time.Millisecond)
 				}
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	require.Eventually(t, func() bool {

@@ -80,6 +80,15 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 			c, ok := s.Enrollment().Credential(node)
 			return ok && !c.IssuedAt.Before(since)
 		},
+		EnrolledAt: func(node string) (time.Time, bool) {
+			c, ok := s.Enrollment().Credential(node)
+			return c.IssuedAt, ok
+		},
+		Token:            s.Enrollment().Token,
+		BootstrapReports: s.Enrollment().Reports,
+		NodeReady:        s.nodeReady,
+		Images:           m.Images,
+		HTTPClient:       m.BootstrapHTTPClient,
 	}).Run(ctx)
 }
 
@@ -88,7 +97,11 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 func (s *Server) StartOnboarding(ctx context.Context, w proto.MAASWorkflow) (*proto.MAASWorkflow, error) {
 	w.Kind, w.Stage, w.State = proto.WorkflowOnboard, proto.StageResolve, proto.WorkflowRunning
 	if w.ID == "" {
-		w.ID = proto.OnboardWorkflowID(w.Site, w.Hostname)
+		st := s.Store()
+		if st == nil {
+			return nil, ErrNoLedger
+		}
+		w.ID = st.Snapshot().CurrentWorkflowID(proto.OnboardWorkflowID(w.Site, w.Hostname))
 	}
 	resp, _, err := s.Apply(ctx, proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: s.cfg.Now().UTC(), Workflow: w})
 	if err != nil {
@@ -99,4 +112,23 @@ func (s *Server) StartOnboarding(ctx context.Context, w proto.MAASWorkflow) (*pr
 		return nil, fmt.Errorf("start onboarding %s: unexpected response %T", w.ID, resp)
 	}
 	return out, nil
+}
+
+// nodeReady is the last onboarding gate: the ledger holds the node active
+// (its agent enrolled) with a readiness report from its agent.
+func (s *Server) nodeReady(node string) (bool, string) {
+	st := s.Store()
+	if st == nil {
+		return false, "no ledger"
+	}
+	n, ok := st.Snapshot().Node(node)
+	switch {
+	case !ok:
+		return false, "node " + node + " is not in the ledger"
+	case n.State != proto.NodeActive:
+		return false, fmt.Sprintf("node %s is %s", node, n.State)
+	case n.Readiness == nil:
+		return false, fmt.Sprintf("node %s is active; no readiness report yet", node)
+	}
+	return true, fmt.Sprintf("node %s active, readiness reported at %s", node, n.Readiness.ObservedAt.Format(time.RFC3339))
 }

@@ -75,3 +75,23 @@ func (t *Txn) PutSiteProfile(o *proto.SiteProfile) error {
 	t.stamp(TableSiteProfiles, &o.Meta, metaOf(old, ok, func(x *proto.SiteProfile) *proto.Meta { return &x.Meta }))
 	return t.insert(TableSiteProfiles, prior(old, ok), o)
 }
+
+// CurrentWorkflowID is the workflow ID a request for base (an onboarding
+// or decommission of one machine) uses: the latest generation while it
+// runs (the same request again answers it), else the next generation, so
+// re-onboarding a machine gets a new workflow with its own timeline.
+func (s *Snapshot) CurrentWorkflowID(base string) string {
+	latest, gen := "", 0
+	for _, w := range s.MAASWorkflows() {
+		if g := proto.WorkflowGeneration(base, w.ID); g > gen {
+			latest, gen = w.ID, g
+		}
+	}
+	if gen == 0 {
+		return base
+	}
+	if w, ok := s.MAASWorkflow(latest); ok && w.State == proto.WorkflowRunning {
+		return latest
+	}
+	return proto.WorkflowIDGen(base, gen+1)
+}

@@ -34,11 +34,14 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 15
+const numTables = 16
 
 func init() {
 	if len(Tables) != numTables {
 		panic("state: numTables out of date")
+	}
+	if numTables > 32 {
+		panic("state: more tables than bits in Txn.tables (uint32)")
 	}
 }
 
@@ -47,7 +50,7 @@ func init() {
 var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
-	TableSites, TableSiteProfiles, TableMAASWorkflows,
+	TableSites, TableSiteProfiles, TableMAASWorkflows, TableBundles,
 	TableImages,
 }
 
@@ -244,6 +247,7 @@ func schema() *memdb.DBSchema {
 		idx(idxID, true, false, byString(func(o *proto.UsageRecord) string { return o.AllocationID }, false))))
 	addMAASTables(add)
 	addImageTables(add)
+	addBundleTables(add)
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
 		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))

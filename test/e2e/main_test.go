@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 			"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator",
 			"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaasctl",
 			"github.com/gpuaas/gpuaas/agent/cmd/gpuaas-agent",
+			"github.com/gpuaas/gpuaas/agent/cmd/gpuaas-bootstrap",
 			"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %w: %s", err, out)

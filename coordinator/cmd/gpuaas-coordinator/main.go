@@ -105,6 +105,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
 		Purge: server.PurgeConfig{Retention: o.RetainEnded},
+		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
+			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan},
 	})
 	if err != nil {
 		ln.Close()

@@ -40,6 +40,11 @@ type options struct {
 	GCPercent         int
 	MemoryLimit       int64
 	RetainEnded       time.Duration
+	// MAAS workflow tuning (coordinator/maasflow defaults when zero).
+	MAASCoordinatorURL string
+	MAASPollInterval   time.Duration
+	MAASEnrollPoll     time.Duration
+	MAASRescan         time.Duration
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -85,6 +90,10 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.GCPercent, "gc-percent", server.DefaultGCPercent, "Go GC target percent (GOGC); the ledger's copy-on-write store churns the heap, so the default is higher than Go's 100")
 	fs.DurationVar(&o.RetainEnded, "retain-ended", server.DefaultRetention, "how long released and failed allocations (with their claims, tasks and timeline) stay in the ledger before the leader purges them; usage records stay; negative: never purge")
 	fs.Int64Var(&o.MemoryLimit, "memory-limit", 0, "soft Go memory limit in bytes (0: none); the collector runs harder near it")
+	fs.StringVar(&o.MAASCoordinatorURL, "maas-coordinator-url", "", "URL deployed nodes reach the coordinators at, written into their cloud-init (default: http://<http-advertise>)")
+	fs.DurationVar(&o.MAASPollInterval, "maas-poll-interval", 0, "how often MAAS transitions are polled (default 5s)")
+	fs.DurationVar(&o.MAASEnrollPoll, "maas-enroll-poll", 0, "how often the onboarding completion gates poll (default 2s)")
+	fs.DurationVar(&o.MAASRescan, "maas-rescan", 0, "how often the leader looks for MAAS workflow work when nothing wakes it (default 5s)")
 	return fs
 }
 

@@ -41,6 +41,7 @@ import (
 	"github.com/gpuaas/gpuaas/lab"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/launch"
+	"github.com/gpuaas/gpuaas/lab/maaslab"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -86,6 +87,8 @@ func run(args []string, out io.Writer) error {
 	autoApprove := fs.Bool("auto-approve", true, "approve every complete discovered candidate into a slot (false: approve them yourself with gpuaasctl slot approve)")
 	hostList := fs.String("hosts", strings.Join(labHosts, ","), "lab hosts to run an agent for (empty: coordinators only)")
 	hostsDir := fs.String("hosts-dir", "", "where the simulated host roots live (default: /dev/shm/gpuaas-lab-<hash of the lab folder>, or <lab folder>/hosts without /dev/shm)")
+	maasMode := fs.Bool("maas", false, "onboard hosts that are not enrolled yet through a MAAS simulator: the coordinators deploy them, the lab runs the real gpuaas-bootstrap from the user-data MAAS received, which starts and enrolls the agent")
+	maasBatch := fs.Int("maas-batch", 3, "batch_max_parallel of the lab's slice profile (-maas)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -133,9 +136,14 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	agentBin := ""
+	agentBin, bootstrapBin := "", ""
 	if len(hosts) > 0 {
 		if agentBin, err = launch.FindBinary("gpuaas-lab-agent"); err != nil {
+			return err
+		}
+	}
+	if *maasMode {
+		if bootstrapBin, err = launch.FindBinary("gpuaas-bootstrap"); err != nil {
 			return err
 		}
 	}
@@ -149,10 +157,25 @@ func run(args []string, out io.Writer) error {
 	}
 	invPath := *inventory
 	if invPath == "" {
+		inv := lab.Inventory
+		if *maasMode {
+			// Nodes come from MAAS onboarding: regions and pools only.
+			if inv, err = withoutNodes(inv); err != nil {
+				return err
+			}
+		}
 		invPath = filepath.Join(abs, "inventory.json")
-		if err := os.WriteFile(invPath, lab.Inventory, 0o644); err != nil {
+		if err := os.WriteFile(invPath, inv, 0o644); err != nil {
 			return err
 		}
+	}
+	var siteKeyArgs []string
+	if *maasMode {
+		keyPath, err := ensureSiteKey(abs)
+		if err != nil {
+			return err
+		}
+		siteKeyArgs = []string{"-site-key-file", keyPath, "-maas-poll-interval", "100ms", "-maas-enroll-poll", "200ms", "-maas-rescan", "500ms"}
 	}
 
 	var procs []*launch.Proc
@@ -180,6 +203,7 @@ func run(args []string, out io.Writer) error {
 			},
 			LogPath: filepath.Join(abs, "logs", c.ID+".log"),
 		}
+		p.Args = append(p.Args, siteKeyArgs...)
 		if err := p.Start(); err != nil {
 			launch.StopAll(procs, 10*time.Second, log)
 			return err
@@ -192,9 +216,13 @@ func run(args []string, out io.Writer) error {
 	defer launch.StopAll(procs, 15*time.Second, log)
 	defer sup.stop()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	timeout := 90 * time.Second
+	if *maasMode {
+		timeout = 4 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	leader, err := waitCluster(ctx, st, toks.Admin)
+	leader, err := waitCluster(ctx, st, toks.Admin, *maasMode)
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
@@ -206,11 +234,31 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
-	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove)
+	viaMAAS := map[string]int{}
+	var flows []proto.WorkflowView
+	if *maasMode {
+		ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
+			BatchMaxParallel: *maasBatch, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer ml.Close()
+		// Where the simulated region is (its admin endpoint /_sim/ shows
+		// the request log), for tests and curious operators.
+		b, _ := json.Marshal(map[string]string{"url": ml.URL, "admin": strings.TrimSuffix(ml.URL, "/MAAS") + "/_sim/"})
+		if err := os.WriteFile(filepath.Join(abs, "maas.json"), append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
+			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
+		}
+	}
+	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
 	printSummary(out, abs, st, leader, views, *autoApprove)
+	printWorkflows(out, flows)
 	if *once {
 		return nil
 	}
@@ -247,7 +295,7 @@ type hostView struct {
 // credential), enrollment awaited, topology discovered, complete
 // candidates approved (autoApprove, slice_vm nodes only) and the first
 // readiness report awaited.
-func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, hosts []fleet.Host, autoApprove bool) ([]hostView, error) {
+func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, hosts []fleet.Host, autoApprove bool, viaMAAS map[string]int) ([]hostView, error) {
 	views := make([]hostView, len(hosts))
 	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
@@ -255,14 +303,15 @@ func onboard(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			views[i], errs[i] = onboardHost(ctx, log, api, agents, sup, h, autoApprove)
+			pid, maas := viaMAAS[h.Name]
+			views[i], errs[i] = onboardHost(ctx, log, api, agents, sup, h, autoApprove, maas, pid)
 		}()
 	}
 	wg.Wait()
 	return views, errors.Join(errs...)
 }
 
-func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, h fleet.Host, autoApprove bool) (hostView, error) {
+func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fleet.Agents, sup *supervisor, h fleet.Host, autoApprove, viaMAAS bool, bootstrapPid int) (hostView, error) {
 	v := hostView{host: h}
 	generated, err := fleet.EnsureRoot(h)
 	if err != nil {
@@ -270,6 +319,10 @@ func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fl
 	}
 	if generated {
 		log.Info("generated host root", "host", h.Name, "root", h.Root)
+	}
+	if viaMAAS {
+		// MAAS deployed it and gpuaas-bootstrap started its agent.
+		return afterEnroll(ctx, log, api, h, autoApprove, v, bootstrapPid)
 	}
 	token := ""
 	if !fleet.Enrolled(h) {
@@ -294,6 +347,12 @@ func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fl
 	if err := fleet.ForgetToken(h); err != nil {
 		return v, err
 	}
+	return afterEnroll(ctx, log, api, h, autoApprove, v, p.Pid())
+}
+
+// afterEnroll discovers an enrolled node's topology, approves complete
+// candidates (autoApprove, slice_vm nodes) and waits for its readiness.
+func afterEnroll(ctx context.Context, log *slog.Logger, api fleet.API, h fleet.Host, autoApprove bool, v hostView, pid int) (hostView, error) {
 	topo, err := api.Discover(ctx, h.Name)
 	if err != nil {
 		return v, err
@@ -315,7 +374,7 @@ func onboardHost(ctx context.Context, log *slog.Logger, api fleet.API, agents fl
 	}); err != nil {
 		return v, err
 	}
-	v.pid = p.Pid()
+	v.pid = pid
 	return v, nil
 }
 
@@ -518,7 +577,11 @@ func loadOrMakeTokens(dir string) (tokens, string, error) {
 
 // waitCluster waits until every coordinator answers /v1/status and one of
 // them reports a leader that has loaded the inventory (nodes listed).
-func waitCluster(ctx context.Context, st state, token string) (string, error) {
+func waitCluster(ctx context.Context, st state, token string, poolsOnly bool) (string, error) {
+	loaded := "/v1/nodes?consistent=true"
+	if poolsOnly {
+		loaded = "/v1/pools?consistent=true"
+	}
 	for _, c := range st.Coordinators {
 		if err := launch.WaitHTTP(ctx, "http://"+c.HTTP+"/v1/status", token); err != nil {
 			return "", err
@@ -530,7 +593,7 @@ func waitCluster(ctx context.Context, st state, token string) (string, error) {
 			var nodes struct {
 				Items []json.RawMessage `json:"items"`
 			}
-			if err := getJSON(ctx, "http://"+st.Coordinators[0].HTTP+"/v1/nodes?consistent=true", token, &nodes); err == nil && len(nodes.Items) > 0 {
+			if err := getJSON(ctx, "http://"+st.Coordinators[0].HTTP+loaded, token, &nodes); err == nil && len(nodes.Items) > 0 {
 				return status.LeaderHTTPAddr, nil
 			}
 		}
