@@ -299,3 +299,21 @@ func checkImageRefs(snap *state.Snapshot) error {
 	}
 	return nil
 }
+
+// ApprovedHostImage returns the MAAS host image (maas_tgz or maas_ddgz)
+// created last among those approved for site/profile (a global approval
+// counts): what an onboarding of that profile deploys. ok is false when
+// none is approved there — the stock distro series is deployed then.
+func ApprovedHostImage(snap *state.Snapshot, site, profile string) (*proto.Image, bool) {
+	sc := &imageScope{site: site, profiles: []string{profile}}
+	var best *proto.Image
+	for _, im := range snap.Images("") {
+		if im.Kind.MAASFileType() == "" || !sc.usable(im) {
+			continue
+		}
+		if best == nil || im.CreateIndex > best.CreateIndex {
+			best = im
+		}
+	}
+	return best, best != nil
+}

@@ -353,3 +353,38 @@ func TestInvariantsCatchImageDamage(t *testing.T) {
 		})
 	}
 }
+
+// TestApprovedHostImage: the host image an onboarding deploys is the
+// last-created MAAS image approved for the site/profile (or globally);
+// slice images, pending, revoked and other sites' approvals never count.
+func TestApprovedHostImage(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+	addSites(h)
+	site := maasSite().Name
+	_, ok := fsm.ApprovedHostImage(h.Snap(), site, "slice")
+	assert.False(t, ok, "empty catalog")
+	addImages(h) // an approved slice image, a revoked host image
+	_, ok = fsm.ApprovedHostImage(h.Snap(), site, "slice")
+	assert.False(t, ok, "slice images and revoked host images do not count")
+
+	upsertImage(h, testImage("h200-host", "2026.05", proto.ImageMAASTgz))
+	_, ok = fsm.ApprovedHostImage(h.Snap(), site, "slice")
+	assert.False(t, ok, "pending")
+	h.OK(proto.ImageApproveType, proto.ImageApproveRequest{At: h.At(), Name: "h200-host", Version: "2026.05", Action: proto.ImageApproved, By: "admin", Site: site})
+	_, ok = fsm.ApprovedHostImage(h.Snap(), "elsewhere", "slice")
+	assert.False(t, ok, "approved for another site only")
+	im, ok := fsm.ApprovedHostImage(h.Snap(), site, "bm")
+	require.True(t, ok, "a site-wide approval covers every profile of the site")
+	assert.Equal(t, "2026.05", im.Version)
+
+	upsertImage(h, testImage("h200-host", "2026.06", proto.ImageMAASTgz))
+	decideImage(h, "h200-host", "2026.06", proto.ImageApproved)
+	im, ok = fsm.ApprovedHostImage(h.Snap(), site, "bm")
+	require.True(t, ok)
+	assert.Equal(t, "2026.06", im.Version, "the newest usable version wins")
+	im, ok = fsm.ApprovedHostImage(h.Snap(), "elsewhere", "slice")
+	require.True(t, ok, "a global approval counts everywhere")
+	assert.Equal(t, "2026.06", im.Version)
+}

@@ -87,7 +87,7 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 		Token:            s.Enrollment().Token,
 		BootstrapReports: s.Enrollment().Reports,
 		NodeReady:        s.nodeReady,
-		Images:           m.Images,
+		Images:           s.hostImages(m.Images),
 		HTTPClient:       m.BootstrapHTTPClient,
 	}).Run(ctx)
 }
@@ -131,4 +131,12 @@ func (s *Server) nodeReady(node string) (bool, string) {
 		return false, fmt.Sprintf("node %s is active; no readiness report yet", node)
 	}
 	return true, fmt.Sprintf("node %s active, readiness reported at %s", node, n.Readiness.ObservedAt.Format(time.RFC3339))
+}
+
+// hostImages is the configured host image catalog, else the ledger's.
+func (s *Server) hostImages(c maasflow.ImageCatalog) maasflow.ImageCatalog {
+	if c != nil {
+		return c
+	}
+	return ledgerImages{s}
 }
