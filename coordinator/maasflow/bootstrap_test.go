@@ -383,3 +383,18 @@ func TestEnrollGateResumesAfterFailover(t *testing.T) {
 		assert.True(t, b.Measured && !b.Open, "bucket %s", b.Bucket)
 	}
 }
+
+// TestCatalogWithoutHostImagesDeploysStock: a catalog that holds no host
+// image at all (ErrNoHostImages) deploys the stock series, while one that
+// holds host images but none approved for the profile refuses (above).
+func TestCatalogWithoutHostImagesDeploysStock(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	e.cfg = func(c *maasflow.Config) { c.Images = fakeCatalog{err: maasflow.ErrNoHostImages} }
+	id := e.onboard("j22u11", "52:54:00:00:00:11", "")
+	e.start()
+	w := e.waitState(id, proto.WorkflowSucceeded)
+	c := checkNamed(t, w, proto.CheckImageApproved)
+	assert.True(t, c.OK)
+	require.Len(t, e.sim.Requests(func(r maassim.Request) bool { return r.Op == "deploy" }), 1)
+}

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -44,6 +45,12 @@ type ImageCatalog interface {
 	// ok is false when none is.
 	ApprovedHostImage(site, profile string) (img HostImage, ok bool, err error)
 }
+
+// ErrNoHostImages is what an ImageCatalog answers when it holds no MAAS
+// host image at all: the site has not adopted custom host images and the
+// stock distro series is deployed. Once any host image is published, a
+// profile without an approved one is refused.
+var ErrNoHostImages = errors.New("the image catalog holds no host image")
 
 // maxUserData bounds the rendered cloud-init document.
 const maxUserData = 64 << 10
@@ -285,6 +292,8 @@ func (r *Runner) checkImage(ctx context.Context, mc *maas.Client, in predeployIn
 	}
 	img, ok, err := r.cfg.Images.ApprovedHostImage(in.site.Name, in.profile.Name)
 	switch {
+	case errors.Is(err, ErrNoHostImages):
+		return nil, "the image catalog holds no host image: the stock ubuntu/" + r.cfg.DistroSeries + " image", nil
 	case err != nil:
 		return nil, "", fmt.Errorf("image catalog: %w", err)
 	case !ok:

@@ -13,9 +13,15 @@ type ledgerImages struct{ s *Server }
 var _ maasflow.ImageCatalog = ledgerImages{}
 
 func (l ledgerImages) ApprovedHostImage(site, profile string) (maasflow.HostImage, bool, error) {
-	im, ok := fsm.ApprovedHostImage(l.s.Store().Snapshot(), site, profile)
+	snap := l.s.Store().Snapshot()
+	im, ok := fsm.ApprovedHostImage(snap, site, profile)
 	if !ok {
-		return maasflow.HostImage{}, false, nil
+		for _, x := range snap.Images("") {
+			if x.Kind.MAASFileType() != "" {
+				return maasflow.HostImage{}, false, nil
+			}
+		}
+		return maasflow.HostImage{}, false, maasflow.ErrNoHostImages
 	}
 	return maasflow.HostImage{Name: im.Name, Version: im.Version, Kind: string(im.Kind), SHA256: proto.DigestHex(im.Digest)}, true, nil
 }
