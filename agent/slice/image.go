@@ -94,6 +94,9 @@ func (s *FileSource) Fetch(ctx context.Context, ref proto.ImageRef, progress fun
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", ref.Name, err)
 	}
+	if ref.Size > 0 && ref.Size != k.size {
+		return "", fmt.Errorf("image %s: %s has %d bytes, catalog says %d", ref.Name, p, k.size, ref.Size)
+	}
 	s.mu.Lock()
 	ok := s.verified[k] == want
 	s.mu.Unlock()
@@ -106,9 +109,6 @@ func (s *FileSource) Fetch(ctx context.Context, ref proto.ImageRef, progress fun
 	}
 	if got != want {
 		return "", &DigestError{Image: p, Want: want, Got: got}
-	}
-	if ref.Size > 0 && ref.Size != k.size {
-		return "", fmt.Errorf("image %s: %s has %d bytes, catalog says %d", ref.Name, p, k.size, ref.Size)
 	}
 	if k2, err := keyOf(p); err != nil || k2 != k {
 		return "", fmt.Errorf("image %s: %s changed while it was verified", ref.Name, p)

@@ -77,6 +77,7 @@ func (s *stages) run(ctx context.Context, name string, fn func() error) error {
 	}
 	s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "succeeded", Message: fmt.Sprintf("%d ms", s.durations[name])})
 	if err := s.r.d.Failpoints.Hit(afterStage(name)); err != nil {
+		s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "failed", Message: err.Error()})
 		return &StageError{Stage: name, Err: err}
 	}
 	return nil
