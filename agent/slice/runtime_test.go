@@ -169,8 +169,10 @@ func TestProvisionFailures(t *testing.T) {
 		touched []string
 		calls   []string
 	}{{
-		name:  "bad image digest: nothing touched",
-		setup: func(e *env, _ *ProvisionRequest) { e.images.err = &DigestError{Image: "disk.raw", Want: testSHA, Got: "22"} },
+		name: "bad image digest: nothing touched",
+		setup: func(e *env, _ *ProvisionRequest) {
+			e.images.err = &DigestError{Image: "disk.raw", Want: testSHA, Got: "22"}
+		},
 		stage: proto.StageImage, msg: "sha256 is 22",
 		calls: []string{"image fetch base/1", "ovs remove-port alloc=alloc-1", "dhcp unreserve alloc=alloc-1", "nat remove alloc=alloc-1"},
 	}, {
