@@ -256,7 +256,7 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	rec, _, err := p.journal.Get(alloc)
 	require.NoError(t, err)
 	assert.Contains(t, ev, "instance-id "+rec.InstanceID+" from the seed")
-	assert.Contains(t, rep.progress, fmt.Sprintf("clone %d/%d", cfg.Request.Image.Size, cfg.Request.Image.Size))
+	assert.Contains(t, rep.progress, fmt.Sprintf("clone %d/%d", 128<<20, 128<<20))
 
 	// The real objects: dnsmasq's lease, the tagged OVS port, the NAT entry.
 	leases, err := p.server.Leases()
