@@ -70,7 +70,7 @@ type Daemon struct {
 	diagAddr  string
 
 	// rt is the slice runtime (nil with -runtime none).
-	rt             *slice.Runtime
+	rt             sliceRuntime
 	rtClose        func() error
 	sliceReconcile *slice.Reconciliation
 }
@@ -132,10 +132,15 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.sched = &nodesched.Scheduler{Root: root, NodeID: cfg.NodeID, Leases: d.store, Evidence: d.src, Bridge: cfg.OVSBridge,
 		Gateway: d.gw, Log: d.log}
-	if d.rt, d.rtClose, err = d.newRuntime(); err != nil {
+	rt, rtClose, err := d.newRuntime()
+	if err != nil {
 		d.store.Close()
 		return nil, fmt.Errorf("slice runtime: %w", err)
 	}
+	if rt != nil {
+		d.rt = rt
+	}
+	d.rtClose = rtClose
 	d.reg = prometheus.NewRegistry()
 	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})

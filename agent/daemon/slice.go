@@ -25,6 +25,15 @@ import (
 	"github.com/gpuaas/gpuaas/proto"
 )
 
+// sliceRuntime is what the daemon asks of the slice runtime
+// (*slice.Runtime).
+type sliceRuntime interface {
+	Provision(ctx context.Context, req slice.ProvisionRequest, rep slice.Reporter) (proto.SliceProvisionResult, error)
+	Release(ctx context.Context, req slice.ReleaseRequest, rep slice.Reporter) (proto.SliceReleaseResult, error)
+	Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep slice.Reporter) (proto.SlotCleanupResult, error)
+	Reconcile(ctx context.Context, live []string) (slice.Reconciliation, error)
+}
+
 // newRuntime builds the real slice runtime from the configuration (nil
 // for -runtime none).
 func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
@@ -153,12 +162,13 @@ func (d *Daemon) provision(ctx context.Context, t proto.Task) (json.RawMessage, 
 	}
 	rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "succeeded"})
 	req := slice.ProvisionRequest{AllocationID: p.AllocationID, Plan: plan, Slots: slots, SSHKeys: p.SSHPublicKeys, PlanDuration: time.Since(start)}
-	if p.ImageRef == nil {
-		err := fmt.Errorf("task %s: no image reference (image %q was not resolved to an approved catalog entry)", t.ID, p.Image)
-		b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: p.AllocationID, FailedStage: proto.StageImage})
-		return b, err
+	if p.ImageRef != nil {
+		req.Image = *p.ImageRef
+	} else {
+		// Not resolved to an approved catalog entry: the runtime refuses
+		// it at the image stage (no digest to verify).
+		req.Image = proto.ImageRef{Name: p.Image}
 	}
-	req.Image = *p.ImageRef
 	res, err := d.rt.Provision(ctx, req, rep)
 	b, merr := json.Marshal(res)
 	return b, errors.Join(err, merr)

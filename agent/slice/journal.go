@@ -55,6 +55,9 @@ type Record struct {
 	MAC        string   `json:"mac,omitempty"`
 	IP         string   `json:"ip,omitempty"`
 	InstanceID string   `json:"instance_id,omitempty"`
+	// VMStartMS is how long the hypervisor took to start the domain
+	// (inside define_start): the first part of the guest's boot.
+	VMStartMS int64 `json:"vm_start_ms,omitempty"`
 	// Network state applied (removed again on teardown).
 	Reserved bool `json:"reserved,omitempty"`
 	NATed    bool `json:"nated,omitempty"`

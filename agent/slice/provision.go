@@ -133,7 +133,7 @@ func (r *Runtime) validate(req ProvisionRequest) error {
 		return fmt.Errorf("slot %s: IP %q is not a guest address of %s", boot.SlotID, boot.IP, r.opts.Gateway.Masked())
 	}
 	if _, err := ParseDigest(req.Image.Digest); err != nil {
-		return err
+		return &StageError{Stage: proto.StageImage, Err: fmt.Errorf("image %q is not an approved catalog entry: %w", req.Image.Name, err)}
 	}
 	for _, d := range req.Plan.Devices {
 		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
@@ -159,6 +159,10 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	}
 	res := proto.SliceProvisionResult{AllocationID: req.AllocationID, Durations: map[string]int64{}}
 	if err := r.validate(req); err != nil {
+		res.FailedStage = StageOf(err)
+		if res.FailedStage != "" {
+			rep.Event(ctx, proto.StageEvent{Stage: res.FailedStage, Status: "failed", Message: err.Error()})
+		}
 		return res, fmt.Errorf("provision %s: %w", req.AllocationID, err)
 	}
 	res.Domain = DomainName(req.AllocationID)
@@ -562,9 +566,11 @@ func (r *Runtime) defineStart(ctx context.Context, req ProvisionRequest, rec *Re
 	if err := r.d.Hypervisor.Define(ctx, x); err != nil {
 		return err
 	}
+	started := r.d.Now()
 	if err := r.d.Hypervisor.Start(ctx, rec.Domain); err != nil {
 		return err
 	}
+	rec.VMStartMS = r.d.Now().Sub(started).Milliseconds()
 	rec.Port = true
 	if err := r.put(rec); err != nil {
 		return err
