@@ -41,8 +41,9 @@ func ParseDigest(d string) (string, error) {
 	return strings.ToLower(h), nil
 }
 
-// FileSource serves images from local files: the image's URL when it is an
-// absolute path (file:// or plain), else Dir/<name>/<version>/disk.raw. It
+// FileSource serves images from local files: the image's URL when it is a
+// file:// URL, else Dir/<name>/<version>/disk.raw (where the image cache
+// puts what it downloaded from the coordinator's URL). It
 // hashes the file before returning it and remembers verified files by
 // device, inode, size, mtime and ctime, so an unchanged file is hashed once.
 type FileSource struct {
@@ -60,10 +61,7 @@ type fileKey struct {
 
 // Path is where ref lives for this source.
 func (s *FileSource) Path(ref proto.ImageRef) (string, error) {
-	if p, ok := strings.CutPrefix(ref.URL, "file://"); ok || filepath.IsAbs(ref.URL) {
-		if !ok {
-			p = ref.URL
-		}
+	if p, ok := strings.CutPrefix(ref.URL, "file://"); ok {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
 			return "", fmt.Errorf("image %s: path %q is not clean and absolute", ref.Name, p)
 		}

@@ -24,7 +24,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
-	"golang.org/x/sys/unix"
 
 	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/hostops"
@@ -81,7 +80,7 @@ func labHost(t *testing.T, withGuest bool) labConfig {
 	}
 	require.False(t, id.Empty(), "j22u15 has nvme0n1")
 	cfg.Loop = attachLoop(t, filepath.Join(dir, "nvme0n1.img"), 128<<20)
-	bindLoop(t, root, "nvme0n1", cfg.Loop)
+	require.NoError(t, hostsim.BindBlockDevice(root, "nvme0n1", cfg.Loop))
 
 	suffix := randHex(t, 3)
 	cfg.Bridge = "gst" + suffix
@@ -119,7 +118,7 @@ func labHost(t *testing.T, withGuest bool) labConfig {
 		m, img, err := guest.Image(ctx, guest.Options{})
 		require.NoError(t, err)
 		cfg.Request.Image = proto.ImageRef{Name: m.Name, Version: m.Version, Kind: "slice_base", Digest: "sha256:" + m.SHA256,
-			Size: m.Size, URL: img, MarkerSHA256: m.MarkerSHA256}
+			Size: m.Size, URL: "file://" + img, MarkerSHA256: m.MarkerSHA256}
 	}
 	return cfg
 }
@@ -243,7 +242,7 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	rep := &recorder{}
 	start := time.Now()
 	res, err := p.rt.Provision(ctx, cfg.Request, rep)
-	if err != nil {
+	if err != nil || testing.Verbose() {
 		logSerial(t, cfg)
 	}
 	require.NoError(t, err, "events: %v", rep.events)
@@ -315,7 +314,7 @@ func TestPrivilegedSliceRefusals(t *testing.T) {
 	cfg := labHost(t, false)
 	img := filepath.Join(t.TempDir(), "disk.raw")
 	require.NoError(t, os.WriteFile(img, bytes.Repeat([]byte{0xa5}, 1<<20), 0o644))
-	cfg.Request.Image = proto.ImageRef{Name: "bad", Version: "1", URL: img, Digest: "sha256:" + strings.Repeat("0", 64)}
+	cfg.Request.Image = proto.ImageRef{Name: "bad", Version: "1", URL: "file://" + img, Digest: "sha256:" + strings.Repeat("0", 64)}
 	ctx := context.Background()
 
 	// The fakes stand for the network parts: these failures never reach them.
@@ -466,21 +465,6 @@ func attachLoop(t *testing.T, backing string, size int64) string {
 		}
 	})
 	return dev
-}
-
-// bindLoop points the simulated disk name at the real loop device: its
-// sysfs dev number and size, and a /dev node in the simulated root.
-func bindLoop(t *testing.T, root hostops.Root, name, loop string) {
-	t.Helper()
-	var st unix.Stat_t
-	require.NoError(t, unix.Stat(loop, &st))
-	majmin := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	require.NoError(t, hostsim.SetDevNumber(root, name, majmin))
-	size, err := os.ReadFile(filepath.Join("/sys/class/block", filepath.Base(loop), "size"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(root.SysPath("class", "block", name, "size"), size, 0o644))
-	require.NoError(t, os.MkdirAll(root.DevPath(), 0o755))
-	require.NoError(t, os.Symlink(loop, root.DevPath(name)))
 }
 
 // assertZero checks that every byte of the device reads as zero.

@@ -487,7 +487,8 @@ func TestFileSource(t *testing.T) {
 	for _, ref := range []proto.ImageRef{
 		{Name: "..", Version: "1", Digest: good},
 		{Name: "base", Version: "../../etc", Digest: good},
-		{Name: "base", URL: "/a/../b", Digest: good},
+		{Name: "base", URL: "file:///a/../b", Digest: good},
+		{Name: "base", URL: "file://relative", Digest: good},
 		{Name: "base", Version: "1", Digest: "sha256:xyz"},
 	} {
 		_, err := s.Fetch(context.Background(), ref, nil)
