@@ -54,9 +54,18 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 	if err != nil {
 		return out, err
 	}
+	// Slots held by live allocations are never wiped for another one.
+	busy := map[string]string{}
+	for _, rec := range recs {
+		if isLive[rec.AllocationID] && (rec.Phase == PhaseActive || rec.Phase == PhaseProvisioning || rec.Phase == PhaseReleasing) {
+			for _, s := range rec.Slots {
+				busy[s.SlotID] = rec.AllocationID
+			}
+		}
+	}
 	for _, rec := range recs {
 		unlock := r.lock(rec.AllocationID)
-		err := r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], &out)
+		err := r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out)
 		unlock()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("reconcile allocation %s: %w", rec.AllocationID, err))
@@ -114,10 +123,10 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 	return out, errors.Join(errs...)
 }
 
-func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, out *Reconciliation) error {
+func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, busy map[string]string, out *Reconciliation) error {
 	wipe := func() error {
 		before := rec.TouchedSlots()
-		err := r.wipeTouched(ctx, rec, r.opts.DefaultWipe, NopReporter{})
+		err := r.wipeTouchedExcept(ctx, rec, r.opts.DefaultWipe, NopReporter{}, busy)
 		for _, s := range before {
 			if sr := rec.slot(s); sr != nil && sr.Proof != nil {
 				out.Wiped = append(out.Wiped, s)
@@ -139,13 +148,13 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, o
 			return wipe()
 		}
 	case PhaseReleasing:
-		if _, err := r.releaseLocked(ctx, rec); err != nil {
+		if _, err := r.releaseLocked(ctx, rec, busy); err != nil {
 			return err
 		}
 		out.Released = append(out.Released, rec.AllocationID)
 	case PhaseActive:
 		if !live {
-			if _, err := r.releaseLocked(ctx, rec); err != nil {
+			if _, err := r.releaseLocked(ctx, rec, busy); err != nil {
 				return err
 			}
 			out.Released = append(out.Released, rec.AllocationID)
@@ -169,7 +178,7 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, o
 // releaseLocked finishes a release from the journal alone (the caller
 // holds the allocation's lock): stop, network, wipe with the default
 // policy.
-func (r *Runtime) releaseLocked(ctx context.Context, rec *Record) (bool, error) {
+func (r *Runtime) releaseLocked(ctx context.Context, rec *Record, busy map[string]string) (bool, error) {
 	rec.Phase = PhaseReleasing
 	for i := range rec.Slots {
 		rec.Slots[i].Touched = true
@@ -183,7 +192,7 @@ func (r *Runtime) releaseLocked(ctx context.Context, rec *Record) (bool, error) 
 	if err := r.netCleanup(ctx, rec); err != nil {
 		return false, err
 	}
-	if err := r.wipeTouched(ctx, rec, r.opts.DefaultWipe, NopReporter{}); err != nil {
+	if err := r.wipeTouchedExcept(ctx, rec, r.opts.DefaultWipe, NopReporter{}, busy); err != nil {
 		return false, err
 	}
 	rec.Phase = PhaseReleased

@@ -157,10 +157,20 @@ func (r *Runtime) wipe(ctx context.Context, id disk.Identity, policy disk.Policy
 // wipeTouched wipes every touched slot without a proof, recording proofs
 // and errors in rec. It returns the joined errors.
 func (r *Runtime) wipeTouched(ctx context.Context, rec *Record, policy disk.Policy, rep Reporter) error {
+	return r.wipeTouchedExcept(ctx, rec, policy, rep, nil)
+}
+
+// wipeTouchedExcept is wipeTouched leaving the slots in busy alone (held
+// by another, live allocation).
+func (r *Runtime) wipeTouchedExcept(ctx context.Context, rec *Record, policy disk.Policy, rep Reporter, busy map[string]string) error {
 	var errs []error
 	for i := range rec.Slots {
 		s := &rec.Slots[i]
 		if !s.Touched || s.Proof != nil {
+			continue
+		}
+		if other, ok := busy[s.SlotID]; ok && other != rec.AllocationID {
+			errs = append(errs, fmt.Errorf("slot %s: not wiped: allocation %s holds it now", s.SlotID, other))
 			continue
 		}
 		p, err := r.wipe(ctx, s.Identity, policy, rep, proto.StageWipe)

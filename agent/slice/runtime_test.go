@@ -529,3 +529,32 @@ func TestThrottle(t *testing.T) {
 	f(10, 10)
 	assert.Equal(t, []string{"clone 0/10", "clone 4/10", "clone 8/10", "clone 10/10"}, rep.progress)
 }
+
+func TestReconcileNeverWipesASlotOfALiveAllocation(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	// alloc-1 failed with slot 0 touched; alloc-2 now runs on slot 0
+	// (its record says so): reconcile must not wipe it for alloc-1.
+	req := testRequest(t)
+	e.hv.onStart = nil
+	_, err := e.rt.Provision(ctx, req, nil)
+	require.Error(t, err)
+	e.hv.onStart = func(string) { e.dh.grant("alloc-2") }
+	req2 := testRequest(t)
+	req2.AllocationID = "alloc-2"
+	rec, _, _ := e.journal.Get(testAlloc)
+	for i := range rec.Slots { // pretend alloc-1's disks were cleaned elsewhere, but not recorded
+		rec.Slots[i].Touched = false
+	}
+	require.NoError(t, e.journal.Put(rec))
+	_, err = e.rt.Provision(ctx, req2, nil)
+	require.NoError(t, err)
+	rec.Slots[0].Touched = true
+	require.NoError(t, e.journal.Put(rec))
+	e.tr.take()
+	r, err := e.rt.Reconcile(ctx, []string{"alloc-2"})
+	assert.ErrorContains(t, err, "slot j22u15-s0: not wiped: allocation alloc-2 holds it now")
+	assert.Empty(t, r.Wiped)
+	assert.NotContains(t, strings.Join(e.tr.take(), "\n"), "disk wipe")
+}
