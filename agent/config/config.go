@@ -161,7 +161,8 @@ type Config struct {
 	NATUplink string `json:"nat_uplink,omitempty"`
 	NATTable  string `json:"nat_table,omitempty"`
 	// VMDir holds per-allocation seeds and NVRAM; SerialLogDir the serial
-	// console logs.
+	// console logs. QEMU (user libvirt-qemu) must be able to traverse both,
+	// so they are not under the 0700 state directory.
 	VMDir        string `json:"vm_dir,omitempty"`
 	SerialLogDir string `json:"serial_log_dir,omitempty"`
 	// WipePolicy is the default wipe: blkdiscard, nvme_format or zero.
@@ -202,7 +203,7 @@ func Defaults() Config {
 		DomainType:        "kvm",
 		DHCPDir:           "/var/lib/gpuaas/dhcp",
 		NATTable:          "gpuaas",
-		VMDir:             "/var/lib/gpuaas/vms",
+		VMDir:             "/var/lib/libvirt/gpuaas",
 		SerialLogDir:      "/var/log/gpuaas/serial",
 		WipePolicy:        "blkdiscard",
 		SSHKey:            "/var/lib/gpuaas/ssh/id_ed25519",

@@ -84,7 +84,8 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		Disks:      slice.HostDisks{Root: d.root, Digests: disk.NewDigestCache()},
 		Hypervisor: hv,
 		Switch:     sw,
-		DHCP:       slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Root: d.root, Logger: d.log}},
+		// dnsmasq is a real process even on a simulated host root.
+		DHCP:       slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
 		NAT:        n,
 		Guest:      slice.SSHGuest{Signer: signer},
 		Journal:    j,

@@ -558,3 +558,14 @@ func TestReconcileNeverWipesASlotOfALiveAllocation(t *testing.T) {
 	assert.Empty(t, r.Wiped)
 	assert.NotContains(t, strings.Join(e.tr.take(), "\n"), "disk wipe")
 }
+
+func TestTraversable(t *testing.T) {
+	t.Parallel()
+	dir := vmDir(t) // every ancestor 0755
+	closed := filepath.Join(dir, "closed")
+	require.NoError(t, os.Mkdir(closed, 0o700))
+	assert.ErrorContains(t, traversable(filepath.Join(closed, "vms")), "other users cannot traverse")
+	open := filepath.Join(dir, "open")
+	require.NoError(t, os.Mkdir(open, 0o755))
+	assert.NoError(t, traversable(filepath.Join(open, "vms")))
+}

@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -286,7 +287,25 @@ func New(opts Options, deps Deps) (*Runtime, error) {
 	if deps.Failpoints == nil {
 		deps.Failpoints = &Failpoints{}
 	}
+	for _, dir := range []string{opts.StateDir, opts.SerialDir} {
+		if err := traversable(dir); err != nil {
+			deps.Log.Warn("slice runtime: QEMU may not reach its files", "dir", dir, "err", err)
+		}
+	}
 	return &Runtime{opts: opts, d: deps, locks: map[string]*sync.Mutex{}}, nil
+}
+
+// traversable checks that every existing ancestor of dir can be searched
+// by other users (QEMU runs as libvirt-qemu).
+func traversable(dir string) error {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s has mode %v: other users cannot traverse it", d, st.Mode().Perm())
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
 }
 
 // lock serialises the tasks of one allocation.
