@@ -220,8 +220,10 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	// Tear down with a fresh context: the task's may be what failed.
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	if terr := r.teardown(tctx, &rec); terr != nil {
-		err = errors.Join(err, fmt.Errorf("tear down: %w", terr))
+	if rec.Defined || rec.Reserved || rec.NATed || rec.Port {
+		if terr := r.teardown(tctx, &rec); terr != nil {
+			err = errors.Join(err, fmt.Errorf("tear down: %w", terr))
+		}
 	}
 	res.TouchedSlots = rec.TouchedSlots()
 	rec.Phase = PhaseFailed
