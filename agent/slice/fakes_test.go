@@ -225,7 +225,7 @@ func (f *fakeSwitch) RemoveVMPort(_ context.Context, alloc string) error {
 	return nil
 }
 
-func (f *fakeSwitch) RemoveStale(_ context.Context, live []string) (ovs.Stale, error) {
+func (f *fakeSwitch) Reconcile(_ context.Context, live []string) (ovs.Reconciled, error) {
 	var st ovs.Stale
 	for a, s := range f.ports {
 		if !slices.Contains(live, a) {
@@ -234,7 +234,7 @@ func (f *fakeSwitch) RemoveStale(_ context.Context, live []string) (ovs.Stale, e
 			delete(f.ports, a)
 		}
 	}
-	return st, nil
+	return ovs.Reconciled{Stale: st}, nil
 }
 
 type fakeDHCP struct {

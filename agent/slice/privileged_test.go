@@ -274,8 +274,23 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	ghostIP := netip.MustParsePrefix(cfg.Gateway).Addr().Next().Next()
 	require.NoError(t, DNSMasq{Server: p.server}.Reserve(ctx, dhcp.Reservation{AllocationID: "ghost", MAC: net.HardwareAddr{0x52, 0x54, 0, 0xee, 0xee, 0xee}, IP: ghostIP}))
 	require.NoError(t, p.nat.Apply(ctx, nat.Guest{AllocationID: "ghost", IP: ghostIP}))
+	// Flows lost (as when ovs-vswitchd restarts) are re-installed.
+	cookie := fmt.Sprintf("cookie=%#x/-1", ovs.AllocationCookie(alloc))
+	ofctl := func(args ...string) string {
+		out, err := libvirttest.OVSRunner().Run(ctx, command.Cmd{Name: "ovs-ofctl", Args: args})
+		require.NoError(t, err)
+		return string(out)
+	}
+	ofctl("del-flows", cfg.Bridge, cookie)
+	require.NotContains(t, ofctl("dump-flows", cfg.Bridge, cookie), "priority=")
 	r, err := p.rt.Reconcile(ctx, []string{alloc})
 	require.NoError(t, err)
+	assert.Contains(t, ofctl("dump-flows", cfg.Bridge, cookie), "priority=")
+	signer, _, err := LoadSSHKey(cfg.KeyFile)
+	require.NoError(t, err)
+	out, err := SSHGuest{Signer: signer}.Run(ctx, netip.MustParseAddr(res.Access.GuestIP), "cat /run/gpuaas/instance-id")
+	require.NoError(t, err, "the guest is reachable again")
+	assert.Equal(t, rec.InstanceID, strings.TrimSpace(out))
 	assert.Equal(t, []string{"ghost"}, r.Reservations)
 	assert.Equal(t, []string{"ghost"}, r.NAT)
 	assert.Empty(t, r.Domains)

@@ -93,11 +93,18 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 		}
 		out.Domains = append(out.Domains, d.Name)
 	}
-	if st, err := r.d.Switch.RemoveStale(ctx, keepList); err != nil {
+	// The switch is reconciled only on an existing bridge: creating it is
+	// host preparation's job (and the readiness gate's to report).
+	if err := r.d.Switch.BridgeExists(ctx); err != nil {
+		out.Drift = append(out.Drift, err.Error())
+	} else if sr, err := r.d.Switch.Reconcile(ctx, keepList); err != nil {
 		errs = append(errs, err)
 	} else {
-		for _, p := range st.Ports {
+		for _, p := range sr.Stale.Ports {
 			out.Ports = append(out.Ports, p.Name)
+		}
+		for _, p := range sr.Missing {
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: OVS port %s has no interface", p.AllocationID, p.Name))
 		}
 	}
 	if rs, err := r.d.DHCP.RemoveStale(ctx, keepList); err != nil {

@@ -114,7 +114,10 @@ type Switch interface {
 	BridgeExists(ctx context.Context) error
 	AddVMPort(ctx context.Context, spec ovs.PortSpec) (ovs.Port, error)
 	RemoveVMPort(ctx context.Context, allocationID string) error
-	RemoveStale(ctx context.Context, live []string) (ovs.Stale, error)
+	// Reconcile re-installs the flows of live ports (lost when
+	// ovs-vswitchd restarts) and removes the ports and flows of
+	// allocations not live.
+	Reconcile(ctx context.Context, live []string) (ovs.Reconciled, error)
 }
 
 // DHCP holds the guest subnet's reservations and reports leases.
