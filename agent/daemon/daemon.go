@@ -224,7 +224,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog} {
+	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -85,7 +85,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		Hypervisor: hv,
 		Switch:     sw,
 		// dnsmasq is a real process even on a simulated host root.
-		DHCP:       slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
+		DHCP:       &slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
 		NAT:        n,
 		Guest:      slice.SSHGuest{Signer: signer},
 		Journal:    j,
@@ -254,4 +254,25 @@ func (d *Daemon) reconcileRuntime(ctx context.Context) {
 	d.mu.Lock()
 	d.sliceReconcile = &r
 	d.mu.Unlock()
+}
+
+// sliceReconcileLoop re-runs the slice reconcile periodically (every four
+// readiness intervals): it repairs what drifted on the host (flows lost to
+// an ovs-vswitchd restart), reports dead domains and removes orphans. It
+// waits on each allocation's lock, so a running provision is never torn
+// down under it.
+func (d *Daemon) sliceReconcileLoop(ctx context.Context) error {
+	if d.rt == nil {
+		return nil
+	}
+	t := time.NewTicker(4 * time.Duration(d.cfg.ReadinessInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		d.reconcileRuntime(ctx)
+	}
 }

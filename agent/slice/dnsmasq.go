@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 )
@@ -16,9 +17,11 @@ import (
 // (starting dnsmasq first if none serves the files).
 type DNSMasq struct {
 	Server *dhcp.Server
+
+	mu sync.Mutex // serialises read-modify-write of the hosts file
 }
 
-func (d DNSMasq) reservations() ([]dhcp.Reservation, error) {
+func (d *DNSMasq) reservations() ([]dhcp.Reservation, error) {
 	b, err := os.ReadFile(d.Server.HostsFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -29,7 +32,7 @@ func (d DNSMasq) reservations() ([]dhcp.Reservation, error) {
 	return dhcp.ParseHosts(b)
 }
 
-func (d DNSMasq) write(ctx context.Context, list []dhcp.Reservation) error {
+func (d *DNSMasq) write(ctx context.Context, list []dhcp.Reservation) error {
 	if _, ok := d.Server.Running(); ok {
 		return d.Server.Update(list)
 	}
@@ -37,11 +40,13 @@ func (d DNSMasq) write(ctx context.Context, list []dhcp.Reservation) error {
 }
 
 // Reservations lists the current reservations.
-func (d DNSMasq) Reservations() ([]dhcp.Reservation, error) { return d.reservations() }
+func (d *DNSMasq) Reservations() ([]dhcp.Reservation, error) { return d.reservations() }
 
 // Reserve implements DHCP: the allocation's previous reservation is
 // replaced; an IP or MAC of another allocation is refused.
-func (d DNSMasq) Reserve(ctx context.Context, r dhcp.Reservation) error {
+func (d *DNSMasq) Reserve(ctx context.Context, r dhcp.Reservation) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	list, err := d.reservations()
 	if err != nil {
 		return err
@@ -65,7 +70,9 @@ func (d DNSMasq) Reserve(ctx context.Context, r dhcp.Reservation) error {
 }
 
 // Unreserve implements DHCP.
-func (d DNSMasq) Unreserve(ctx context.Context, alloc string) error {
+func (d *DNSMasq) Unreserve(ctx context.Context, alloc string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	list, err := d.reservations()
 	if err != nil {
 		return err
@@ -79,7 +86,9 @@ func (d DNSMasq) Unreserve(ctx context.Context, alloc string) error {
 }
 
 // RemoveStale implements DHCP.
-func (d DNSMasq) RemoveStale(ctx context.Context, live []string) ([]dhcp.Reservation, error) {
+func (d *DNSMasq) RemoveStale(ctx context.Context, live []string) ([]dhcp.Reservation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	list, err := d.reservations()
 	if err != nil {
 		return nil, err
@@ -99,4 +108,4 @@ func (d DNSMasq) RemoveStale(ctx context.Context, live []string) ([]dhcp.Reserva
 }
 
 // Leases implements DHCP.
-func (d DNSMasq) Leases(context.Context) ([]dhcp.Lease, error) { return d.Server.Leases() }
+func (d *DNSMasq) Leases(context.Context) ([]dhcp.Lease, error) { return d.Server.Leases() }

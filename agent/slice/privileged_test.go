@@ -128,6 +128,7 @@ type realParts struct {
 	rt      *Runtime
 	journal *Journal
 	server  *dhcp.Server
+	dhcp    *DNSMasq
 	hv      *Libvirt
 	sw      *ovs.Switch
 	nat     *nat.NAT
@@ -158,11 +159,12 @@ func buildRuntime(cfg labConfig, fp *Failpoints) (*realParts, error) {
 	}
 	p := &realParts{journal: j, server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.Bridge, Gateway: gw},
 		hv: &Libvirt{URI: libvirttest.URI}, sw: sw, nat: n, root: root}
+	p.dhcp = &DNSMasq{Server: p.server}
 	p.rt, err = New(Options{Owner: cfg.Owner, Gateway: gw, Bridge: cfg.Bridge, StateDir: cfg.StateDir, SerialDir: cfg.SerialDir,
 		Hypervisor: vm.TCG, LabSized: true, ChecksumOffloadOff: true, SSHPublicKey: pub, JumpHost: "j22u15.lab",
 		LeaseTimeout: 180 * time.Second, SSHTimeout: 120 * time.Second, ShutdownTimeout: 3 * time.Second, PollInterval: 200 * time.Millisecond,
 	}, Deps{Root: root, Images: &FileSource{}, Disks: HostDisks{Root: root, Digests: disk.NewDigestCache()}, Hypervisor: p.hv,
-		Switch: sw, DHCP: DNSMasq{Server: p.server}, NAT: n, Guest: SSHGuest{Signer: signer}, Journal: j, Failpoints: fp})
+		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: SSHGuest{Signer: signer}, Journal: j, Failpoints: fp})
 	if err != nil {
 		j.Close()
 		return nil, err
@@ -272,7 +274,7 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 
 	// Real orphans of a gone allocation go; the live slice stays.
 	ghostIP := netip.MustParsePrefix(cfg.Gateway).Addr().Next().Next()
-	require.NoError(t, DNSMasq{Server: p.server}.Reserve(ctx, dhcp.Reservation{AllocationID: "ghost", MAC: net.HardwareAddr{0x52, 0x54, 0, 0xee, 0xee, 0xee}, IP: ghostIP}))
+	require.NoError(t, p.dhcp.Reserve(ctx, dhcp.Reservation{AllocationID: "ghost", MAC: net.HardwareAddr{0x52, 0x54, 0, 0xee, 0xee, 0xee}, IP: ghostIP}))
 	require.NoError(t, p.nat.Apply(ctx, nat.Guest{AllocationID: "ghost", IP: ghostIP}))
 	// Flows lost (as when ovs-vswitchd restarts) are re-installed.
 	cookie := fmt.Sprintf("cookie=%#x/-1", ovs.AllocationCookie(alloc))
@@ -314,7 +316,7 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	ports, err = p.sw.PortsByAllocation(ctx, alloc)
 	require.NoError(t, err)
 	assert.Empty(t, ports)
-	res2, err := DNSMasq{Server: p.server}.Reservations()
+	res2, err := p.dhcp.Reservations()
 	require.NoError(t, err)
 	assert.Empty(t, res2)
 	guests, err = p.nat.Guests(ctx)
@@ -435,7 +437,7 @@ func TestPrivilegedSliceCrash(t *testing.T) {
 			ports, err := p.sw.PortsByAllocation(ctx, alloc)
 			require.NoError(t, err)
 			assert.Empty(t, ports)
-			res, err := DNSMasq{Server: p.server}.Reservations()
+			res, err := p.dhcp.Reservations()
 			require.NoError(t, err)
 			assert.Empty(t, res)
 			guests, err := p.nat.Guests(ctx)

@@ -63,9 +63,13 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 			}
 		}
 	}
-	for _, rec := range recs {
-		unlock := r.lock(rec.AllocationID)
-		err := r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out)
+	for _, listed := range recs {
+		unlock := r.lock(listed.AllocationID)
+		// Re-read under the lock: a task may have finished meanwhile.
+		rec, ok, err := r.d.Journal.Get(listed.AllocationID)
+		if err == nil && ok {
+			err = r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out)
+		}
 		unlock()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("reconcile allocation %s: %w", rec.AllocationID, err))

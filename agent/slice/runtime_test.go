@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -568,4 +570,54 @@ func TestTraversable(t *testing.T) {
 	open := filepath.Join(dir, "open")
 	require.NoError(t, os.Mkdir(open, 0o755))
 	assert.NoError(t, traversable(filepath.Join(open, "vms")))
+}
+
+// blockingGuest holds the first SSH command until released.
+type blockingGuest struct {
+	*fakeGuest
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *blockingGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
+	g.once.Do(func() { close(g.entered); <-g.release })
+	return g.fakeGuest.Run(ctx, addr, cmd)
+}
+
+func TestReconcileWaitsForARunningProvision(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := &blockingGuest{fakeGuest: e.guest, entered: make(chan struct{}), release: make(chan struct{})}
+	rt, err := New(e.opts, Deps{Images: e.images, Disks: e.disks, Hypervisor: e.hv, Switch: e.sw, DHCP: e.dh, NAT: e.nat,
+		Guest: g, Journal: e.journal, NewInstanceID: func() (string, error) { return "i-test", nil }})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := rt.Provision(context.Background(), testRequest(t), nil)
+		done <- err
+	}()
+	<-g.entered // the provision is at ssh_ready, its record says provisioning
+	rec, _, err := e.journal.Get(testAlloc)
+	require.NoError(t, err)
+	require.Equal(t, PhaseProvisioning, rec.Phase)
+	recDone := make(chan Reconciliation, 1)
+	go func() {
+		r, err := rt.Reconcile(context.Background(), []string{testAlloc})
+		assert.NoError(t, err)
+		recDone <- r
+	}()
+	select {
+	case <-recDone:
+		t.Fatal("reconcile did not wait for the running provision")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(g.release)
+	require.NoError(t, <-done)
+	r := <-recDone
+	assert.Empty(t, r.TornDown, "the finished provision is active, not interrupted")
+	assert.Contains(t, e.hv.doms, "gpuaas-alloc-1")
+	rec, _, err = e.journal.Get(testAlloc)
+	require.NoError(t, err)
+	assert.Equal(t, PhaseActive, rec.Phase)
 }
