@@ -122,7 +122,7 @@ func (r *Runtime) Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep R
 		}
 	}
 	rep.Event(ctx, proto.StageEvent{Stage: proto.StageCleanup, Status: "started", Message: p.Reason})
-	proof, err := r.wipe(ctx, id, policy, rep, proto.StageCleanup)
+	proof, err := r.wipe(ctx, p.SlotID, id, policy, rep, proto.StageCleanup)
 	if err != nil {
 		rep.Event(ctx, proto.StageEvent{Stage: proto.StageCleanup, Status: "failed", Message: err.Error()})
 		return res, fmt.Errorf("cleanup %s: %w", p.SlotID, err)
@@ -140,8 +140,11 @@ func (r *Runtime) Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep R
 	return res, nil
 }
 
-// wipe resolves the identity, wipes by policy and verifies.
-func (r *Runtime) wipe(ctx context.Context, id disk.Identity, policy disk.Policy, rep Reporter, stage string) (proto.WipeProof, error) {
+// wipe resolves the slot's disk identity, wipes by policy and verifies.
+// Wipes of one slot are serialised (a cleanup task and the reconcile loop
+// may meet on it).
+func (r *Runtime) wipe(ctx context.Context, slotID string, id disk.Identity, policy disk.Policy, rep Reporter, stage string) (proto.WipeProof, error) {
+	defer r.lock("slot/" + slotID)()
 	dev, err := r.d.Disks.Resolve(id)
 	if err != nil {
 		return proto.WipeProof{}, err
@@ -173,7 +176,7 @@ func (r *Runtime) wipeTouchedExcept(ctx context.Context, rec *Record, policy dis
 			errs = append(errs, fmt.Errorf("slot %s: not wiped: allocation %s holds it now", s.SlotID, other))
 			continue
 		}
-		p, err := r.wipe(ctx, s.Identity, policy, rep, proto.StageWipe)
+		p, err := r.wipe(ctx, s.SlotID, s.Identity, policy, rep, proto.StageWipe)
 		if err != nil {
 			s.Error = err.Error()
 			errs = append(errs, fmt.Errorf("slot %s: %w", s.SlotID, err))
