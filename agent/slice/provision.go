@@ -329,7 +329,9 @@ func (r *Runtime) provision(ctx context.Context, req ProvisionRequest, st *stage
 			return err
 		}
 		seedISO = filepath.Join(dir, "seed.iso")
-		return seed.WriteFile(seedISO, seed.Config{InstanceID: id, Hostname: hostname(req), SSHAuthorizedKeys: keys, MAC: rec.MAC})
+		ip, _ := netip.ParseAddr(rec.IP)
+		return seed.WriteFile(seedISO, seed.Config{InstanceID: id, Hostname: hostname(req), SSHAuthorizedKeys: keys, MAC: rec.MAC,
+			Address: netip.PrefixFrom(ip, r.opts.Gateway.Bits())})
 	}); err != nil {
 		return err
 	}

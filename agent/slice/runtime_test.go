@@ -87,6 +87,7 @@ func TestProvisionReleaseTranscript(t *testing.T) {
 	assert.Contains(t, string(files[seed.UserData]), "gpuaas-agent")
 	assert.Contains(t, string(files[seed.UserData]), "tenant")
 	assert.Contains(t, string(files[seed.NetworkConfig]), "52:54:00:00:00:10")
+	assert.Contains(t, string(files[seed.NetworkConfig]), `- "10.200.0.10/24"`)
 
 	// The domain: OVS vNIC with the allocation's interface id and reserved
 	// MAC on a named tap, serial to a file, both disks, no graphics.
