@@ -87,7 +87,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		// dnsmasq is a real process even on a simulated host root.
 		DHCP:       &slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
 		NAT:        n,
-		Guest:      slice.SSHGuest{Signer: signer},
+		Guest:      &slice.SSHGuest{Signer: signer},
 		Journal:    j,
 		Failpoints: fp,
 		Log:        d.log,

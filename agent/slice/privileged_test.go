@@ -164,7 +164,7 @@ func buildRuntime(cfg labConfig, fp *Failpoints) (*realParts, error) {
 		Hypervisor: vm.TCG, LabSized: true, ChecksumOffloadOff: true, SSHPublicKey: pub, JumpHost: "j22u15.lab",
 		LeaseTimeout: 180 * time.Second, SSHTimeout: 120 * time.Second, ShutdownTimeout: 3 * time.Second, PollInterval: 200 * time.Millisecond,
 	}, Deps{Root: root, Images: &FileSource{}, Disks: HostDisks{Root: root, Digests: disk.NewDigestCache()}, Hypervisor: p.hv,
-		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: SSHGuest{Signer: signer}, Journal: j, Failpoints: fp})
+		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: &SSHGuest{Signer: signer}, Journal: j, Failpoints: fp})
 	if err != nil {
 		j.Close()
 		return nil, err
@@ -290,7 +290,7 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	assert.Contains(t, ofctl("dump-flows", cfg.Bridge, cookie), "priority=")
 	signer, _, err := LoadSSHKey(cfg.KeyFile)
 	require.NoError(t, err)
-	out, err := SSHGuest{Signer: signer}.Run(ctx, netip.MustParseAddr(res.Access.GuestIP), "cat /run/gpuaas/instance-id")
+	out, err := (&SSHGuest{Signer: signer}).Run(ctx, netip.MustParseAddr(res.Access.GuestIP), "cat /run/gpuaas/instance-id")
 	require.NoError(t, err, "the guest is reachable again")
 	assert.Equal(t, rec.InstanceID, strings.TrimSpace(out))
 	assert.Equal(t, []string{"ghost"}, r.Reservations)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -98,6 +99,9 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 		return nil, err
 	}
 	ip, _ := netip.ParseAddr(rec.IP)
+	if f, ok := r.d.Guest.(forgetter); ok {
+		defer f.Forget(ip)
+	}
 	want := expect{InstanceID: rec.InstanceID, Marker: expectedMarker(req.Image, imgPath), GPUs: len(req.Plan.Devices)}
 	deadline := r.d.Now().Add(r.opts.SSHTimeout)
 	var evidence []string
@@ -115,7 +119,7 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 			if r.d.Now().After(deadline) {
 				return evidence, fmt.Errorf("readiness check %s: SSH to %s not answering after %s: %w", c.Name, ip, r.opts.SSHTimeout, err)
 			}
-			if err := sleep(ctx, max(r.opts.PollInterval, time.Second)); err != nil {
+			if err := sleep(ctx, max(r.opts.PollInterval, 250*time.Millisecond)); err != nil {
 				return evidence, err
 			}
 		}
@@ -123,12 +127,20 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 	return evidence, nil
 }
 
-// SSHGuest runs commands on guests over SSH (port 22) with the agent's key.
+// forgetter is implemented by Guests that keep connections open.
+type forgetter interface{ Forget(addr netip.Addr) }
+
+// SSHGuest runs commands on guests over SSH (port 22) with the agent's
+// key. One connection per guest is kept open between commands (the
+// readiness checks run several) until Forget or an error.
 type SSHGuest struct {
 	User   string
 	Signer ssh.Signer
 	// Timeout bounds a dial and a command (default 15 s).
 	Timeout time.Duration
+
+	mu    sync.Mutex
+	conns map[netip.Addr]*ssh.Client
 }
 
 // LoadSSHKey reads an OpenSSH private key and returns its signer and its
@@ -145,19 +157,29 @@ func LoadSSHKey(path string) (ssh.Signer, string, error) {
 	return s, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.PublicKey()))) + " gpuaas-agent", nil
 }
 
-// Run implements Guest.
-func (g SSHGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
-	if g.Signer == nil {
-		return "", errors.New("ssh: no agent key")
+func (g *SSHGuest) timeout() time.Duration {
+	if g.Timeout > 0 {
+		return g.Timeout
 	}
-	to := g.Timeout
-	if to <= 0 {
-		to = 15 * time.Second
+	return 15 * time.Second
+}
+
+// client returns the open connection to addr, dialling one if needed.
+func (g *SSHGuest) client(ctx context.Context, addr netip.Addr) (*ssh.Client, error) {
+	g.mu.Lock()
+	c := g.conns[addr]
+	g.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	if g.Signer == nil {
+		return nil, errors.New("ssh: no agent key")
 	}
 	user := g.User
 	if user == "" {
 		user = "root"
 	}
+	to := g.timeout()
 	cfg := &ssh.ClientConfig{
 		User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(g.Signer)},
 		// A fresh guest makes its host key at first boot; the agent reaches
@@ -168,24 +190,72 @@ func (g SSHGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string,
 	d := net.Dialer{Timeout: to}
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(addr.String(), "22"))
 	if err != nil {
-		return "", fmt.Errorf("ssh %s: %w", addr, err)
+		return nil, fmt.Errorf("ssh %s: %w", addr, err)
 	}
-	_ = conn.SetDeadline(time.Now().Add(2 * to))
-	c, chans, reqs, err := ssh.NewClientConn(conn, addr.String(), cfg)
+	_ = conn.SetDeadline(time.Now().Add(to))
+	cc, chans, reqs, err := ssh.NewClientConn(conn, addr.String(), cfg)
 	if err != nil {
 		conn.Close()
-		return "", fmt.Errorf("ssh %s: %w", addr, err)
+		return nil, fmt.Errorf("ssh %s: %w", addr, err)
 	}
-	client := ssh.NewClient(c, chans, reqs)
-	defer client.Close()
-	s, err := client.NewSession()
+	_ = conn.SetDeadline(time.Time{})
+	c = ssh.NewClient(cc, chans, reqs)
+	g.mu.Lock()
+	if g.conns == nil {
+		g.conns = map[netip.Addr]*ssh.Client{}
+	}
+	g.conns[addr] = c
+	g.mu.Unlock()
+	return c, nil
+}
+
+// Forget closes the connection to addr.
+func (g *SSHGuest) Forget(addr netip.Addr) {
+	g.mu.Lock()
+	c := g.conns[addr]
+	delete(g.conns, addr)
+	g.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// Run implements Guest.
+func (g *SSHGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
+	c, err := g.client(ctx, addr)
 	if err != nil {
+		return "", err
+	}
+	s, err := c.NewSession()
+	if err != nil {
+		g.Forget(addr)
 		return "", fmt.Errorf("ssh %s: session: %w", addr, err)
 	}
 	defer s.Close()
-	out, err := s.CombinedOutput(cmd)
-	if err != nil {
-		return string(out), fmt.Errorf("ssh %s: %q: %w: %s", addr, cmd, err, strings.TrimSpace(string(out)))
+	type result struct {
+		out []byte
+		err error
 	}
-	return string(out), nil
+	done := make(chan result, 1)
+	go func() {
+		out, err := s.CombinedOutput(cmd)
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			var ee *ssh.ExitError
+			if !errors.As(r.err, &ee) {
+				g.Forget(addr) // the connection broke, not the command
+			}
+			return string(r.out), fmt.Errorf("ssh %s: %q: %w: %s", addr, cmd, r.err, strings.TrimSpace(string(r.out)))
+		}
+		return string(r.out), nil
+	case <-time.After(g.timeout()):
+		g.Forget(addr)
+		return "", fmt.Errorf("ssh %s: %q: no answer in %s", addr, cmd, g.timeout())
+	case <-ctx.Done():
+		g.Forget(addr)
+		return "", ctx.Err()
+	}
 }
