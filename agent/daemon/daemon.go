@@ -527,6 +527,12 @@ func (d *Daemon) execute(ctx context.Context, t proto.Task) {
 	}
 	_ = d.client.UpdateTask(ctx, t.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Progress: "started"})
 	result, runErr := d.run(ctx, t)
+	if ctx.Err() != nil && idempotent(t.Type) {
+		// The agent is stopping: leave the task journaled as running so
+		// it runs again after the restart instead of failing it.
+		log.Info("task interrupted by shutdown; it runs again after the restart", "err", runErr)
+		return
+	}
 	outcome := "succeeded"
 	if runErr != nil {
 		outcome = "failed"

@@ -143,3 +143,84 @@ func TestAgentSliceRuntimeWiring(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, ls, "leases freed after the runtime's release")
 }
+
+// blockingRuntime's provision waits for the agent to stop.
+type blockingRuntime struct {
+	fakeRuntime
+	entered chan struct{}
+}
+
+func (b *blockingRuntime) Provision(ctx context.Context, req slice.ProvisionRequest, rep slice.Reporter) (proto.SliceProvisionResult, error) {
+	close(b.entered)
+	<-ctx.Done()
+	return proto.SliceProvisionResult{AllocationID: req.AllocationID, FailedStage: proto.StageDHCPLease}, ctx.Err()
+}
+
+// TestAgentStopDoesNotFailARunningProvision stops the agent while the
+// runtime provisions: the task stays journaled as running and runs again
+// after the restart instead of being reported failed.
+func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
+	c := startCoord(t, "j22u15")
+	state := t.TempDir()
+	base := hostBase(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", base, state, c.mint("j22u15", 0))
+	start := func(rt sliceRuntime) (*Daemon, func()) {
+		d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		require.NoError(t, err)
+		d.rt = rt
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				cancel()
+				<-done
+				require.NoError(t, d.Close())
+			})
+		}
+		t.Cleanup(stop)
+		return d, stop
+	}
+	blocking := &blockingRuntime{entered: make(chan struct{})}
+	_, stop := start(blocking)
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
+	require.Equal(t, http.StatusAccepted, code, body)
+	require.Eventually(t, func() bool {
+		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
+		n := c.node("j22u15")
+		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
+	}, 15*time.Second, 50*time.Millisecond)
+	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
+	require.Equal(t, http.StatusCreated, code, body)
+	var alloc proto.Allocation
+	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
+	require.Less(t, code, 300, body)
+	select {
+	case <-blocking.entered:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the provision never reached the runtime")
+	}
+	stop()
+	for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
+		if task.Type == proto.TaskSliceProvision {
+			assert.NotEqual(t, proto.TaskFailed, task.State, "a shutdown is not a failure")
+		}
+	}
+
+	cfg.BootstrapToken = ""
+	rt := &fakeRuntime{}
+	start(rt)
+	require.Eventually(t, func() bool {
+		for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
+			if task.Type == proto.TaskSliceProvision && task.State == proto.TaskSucceeded {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 50*time.Millisecond, "the interrupted provision ran again after the restart")
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	assert.Len(t, rt.provision, 1)
+}
