@@ -57,6 +57,11 @@ func (d *DNSMasq) Reserve(ctx context.Context, r dhcp.Reservation) error {
 	}
 	for _, have := range list {
 		if have.AllocationID == r.AllocationID {
+			if have.MAC.String() == r.MAC.String() && have.IP == r.IP && have.Hostname == r.Hostname {
+				if _, ok := d.Server.Running(); ok {
+					return nil // already served
+				}
+			}
 			continue
 		}
 		if err := set.Add(have); err != nil {

@@ -55,6 +55,7 @@ type Record struct {
 	MAC        string   `json:"mac,omitempty"`
 	IP         string   `json:"ip,omitempty"`
 	InstanceID string   `json:"instance_id,omitempty"`
+	Hostname   string   `json:"hostname,omitempty"`
 	// VMStartMS is how long the hypervisor took to start the domain
 	// (inside define_start): the first part of the guest's boot.
 	VMStartMS int64 `json:"vm_start_ms,omitempty"`

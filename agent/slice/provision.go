@@ -197,7 +197,8 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	}
 
 	boot, _ := bootDevice(req.Plan)
-	rec := Record{AllocationID: req.AllocationID, Phase: PhaseProvisioning, Domain: res.Domain, MAC: strings.ToLower(boot.MAC), IP: boot.IP}
+	rec := Record{AllocationID: req.AllocationID, Phase: PhaseProvisioning, Domain: res.Domain, MAC: strings.ToLower(boot.MAC), IP: boot.IP,
+		Hostname: hostname(req)}
 	for _, d := range req.Plan.Devices {
 		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
 		rec.Slots = append(rec.Slots, SlotRecord{SlotID: d.SlotID, Identity: IdentityOf(req.Slots[i].Capacity.NVMe), Boot: d.SlotID == boot.SlotID})

@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/gpuaas/gpuaas/hostops/dhcp"
+	"github.com/gpuaas/gpuaas/hostops/nat"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -178,6 +183,7 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, b
 		if s != DomainRunning {
 			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: domain %s is %s", rec.AllocationID, rec.Domain, s))
 		}
+		return r.repairNetwork(ctx, rec, out)
 	case PhaseInterrupted, PhaseFailed:
 		if !live && len(rec.TouchedSlots()) > 0 {
 			return wipe()
@@ -213,4 +219,37 @@ func (r *Runtime) releaseLocked(ctx context.Context, rec *Record, busy map[strin
 	}
 	rec.Release = &res
 	return true, r.put(rec)
+}
+
+// repairNetwork re-applies a live, active allocation's DHCP reservation and
+// NAT entry (both no-ops when present) and reports a DHCP lease that no
+// longer binds the reserved MAC to the reserved IP.
+func (r *Runtime) repairNetwork(ctx context.Context, rec *Record, out *Reconciliation) error {
+	mac, err := net.ParseMAC(rec.MAC)
+	if err != nil {
+		return fmt.Errorf("journal MAC %q: %w", rec.MAC, err)
+	}
+	ip, err := netip.ParseAddr(rec.IP)
+	if err != nil {
+		return fmt.Errorf("journal IP %q: %w", rec.IP, err)
+	}
+	if err := r.d.DHCP.Reserve(ctx, dhcp.Reservation{AllocationID: rec.AllocationID, MAC: mac, IP: ip, Hostname: rec.Hostname}); err != nil {
+		return err
+	}
+	if r.d.NAT != nil {
+		if err := r.d.NAT.Apply(ctx, nat.Guest{AllocationID: rec.AllocationID, IP: ip}); err != nil {
+			return err
+		}
+	}
+	leases, err := r.d.DHCP.Leases(ctx)
+	if err != nil {
+		return err
+	}
+	st := dhcp.Status([]dhcp.Reservation{{AllocationID: rec.AllocationID, MAC: mac, IP: ip}}, leases, r.d.Now())
+	for _, s := range st {
+		if s.AllocationID == rec.AllocationID && s.State != dhcp.StateBound {
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: DHCP lease of %s is %s (expected %s)", rec.AllocationID, rec.MAC, s.State, rec.IP))
+		}
+	}
+	return nil
 }

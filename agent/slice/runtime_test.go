@@ -622,3 +622,26 @@ func TestReconcileWaitsForARunningProvision(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, PhaseActive, rec.Phase)
 }
+
+func TestReconcileRepairsLiveNetwork(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	_, err := e.rt.Provision(ctx, testRequest(t), nil)
+	require.NoError(t, err)
+	// The reservation and NAT entry were lost (hosts file and nftables
+	// rebuilt by hand); the lease expired.
+	delete(e.dh.res, testAlloc)
+	delete(e.nat.guests, testAlloc)
+	e.dh.leases[0].Expires = time.Now().Add(-time.Minute)
+	e.tr.take()
+	r, err := e.rt.Reconcile(ctx, []string{testAlloc})
+	require.NoError(t, err)
+	assert.Empty(t, cmp.Diff([]string{
+		"dhcp reserve 52:54:00:00:00:10 10.200.0.10 alloc=alloc-1",
+		"nat apply 10.200.0.10 alloc=alloc-1",
+	}, e.tr.take()))
+	assert.Equal(t, []string{"allocation alloc-1: DHCP lease of 52:54:00:00:00:10 is expired (expected 10.200.0.10)"}, r.Drift)
+	assert.Contains(t, e.dh.res, testAlloc)
+	assert.Contains(t, e.nat.guests, testAlloc)
+}
