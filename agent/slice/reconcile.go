@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 	"github.com/gpuaas/gpuaas/hostops/nat"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
+
+// releasedRetention is how long a released allocation's record stays in
+// the journal.
+const releasedRetention = 7 * 24 * time.Hour
 
 // Reconciliation is what Reconcile found and did.
 type Reconciliation struct {
@@ -151,6 +156,11 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, b
 		return err
 	}
 	switch rec.Phase {
+	case PhaseReleased:
+		// Kept to answer a re-delivered release; pruned after a week.
+		if !live && r.d.Now().Sub(rec.UpdatedAt) > releasedRetention {
+			return r.d.Journal.Delete(rec.AllocationID)
+		}
 	case PhaseProvisioning:
 		if err := r.teardown(ctx, rec); err != nil {
 			return err

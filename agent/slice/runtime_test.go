@@ -645,3 +645,17 @@ func TestReconcileRepairsLiveNetwork(t *testing.T) {
 	assert.Contains(t, e.dh.res, testAlloc)
 	assert.Contains(t, e.nat.guests, testAlloc)
 }
+
+func TestReconcilePrunesOldReleasedRecords(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	now := time.Now()
+	require.NoError(t, e.journal.Put(Record{AllocationID: "old", Phase: PhaseReleased, UpdatedAt: now.Add(-8 * 24 * time.Hour)}))
+	require.NoError(t, e.journal.Put(Record{AllocationID: "recent", Phase: PhaseReleased, UpdatedAt: now.Add(-time.Hour)}))
+	_, err := e.rt.Reconcile(context.Background(), nil)
+	require.NoError(t, err)
+	recs, err := e.journal.List()
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	assert.Equal(t, "recent", recs[0].AllocationID)
+}
