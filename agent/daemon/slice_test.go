@@ -92,7 +92,7 @@ func TestAgentSliceRuntimeWiring(t *testing.T) {
 		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
 		n := c.node("j22u15")
 		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
-	}, 15*time.Second, 50*time.Millisecond)
+	}, 30*time.Second, 50*time.Millisecond)
 	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
 	require.Equal(t, http.StatusCreated, code, body)
 	var alloc proto.Allocation
@@ -109,7 +109,7 @@ func TestAgentSliceRuntimeWiring(t *testing.T) {
 		return proto.Task{}, false
 	}
 	var pt proto.Task
-	require.Eventually(t, func() bool { var ok bool; pt, ok = task(proto.TaskSliceProvision); return ok }, 15*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { var ok bool; pt, ok = task(proto.TaskSliceProvision); return ok }, 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, proto.TaskSucceeded, pt.State, pt.Error)
 	var pres proto.SliceProvisionResult
 	require.NoError(t, json.Unmarshal(pt.Result, &pres))
@@ -128,7 +128,7 @@ func TestAgentSliceRuntimeWiring(t *testing.T) {
 	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", c.op, nil, nil)
 	require.Less(t, code, 300, body)
 	var rtask proto.Task
-	require.Eventually(t, func() bool { var ok bool; rtask, ok = task(proto.TaskSliceRelease); return ok }, 15*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { var ok bool; rtask, ok = task(proto.TaskSliceRelease); return ok }, 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, proto.TaskSucceeded, rtask.State, rtask.Error)
 	var rres proto.SliceReleaseResult
 	require.NoError(t, json.Unmarshal(rtask.Result, &rres))
@@ -190,7 +190,7 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
 		n := c.node("j22u15")
 		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
-	}, 15*time.Second, 50*time.Millisecond)
+	}, 30*time.Second, 50*time.Millisecond)
 	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
 	require.Equal(t, http.StatusCreated, code, body)
 	var alloc proto.Allocation
@@ -199,7 +199,7 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 	require.Less(t, code, 300, body)
 	select {
 	case <-blocking.entered:
-	case <-time.After(15 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the provision never reached the runtime")
 	}
 	stop()
@@ -219,7 +219,7 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 			}
 		}
 		return false
-	}, 20*time.Second, 50*time.Millisecond, "the interrupted provision ran again after the restart")
+	}, 30*time.Second, 50*time.Millisecond, "the interrupted provision ran again after the restart")
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	assert.Len(t, rt.provision, 1)
