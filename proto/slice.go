@@ -73,6 +73,10 @@ type ImageRef struct {
 	// ReadinessCheck names the image-specific check the readiness gate
 	// runs over SSH after the generic one ("" = base check only).
 	ReadinessCheck string `json:"readiness_check,omitempty"`
+	// MarkerSHA256 is the hex sha256 of the image's marker file
+	// (/gpuaas/marker on its EFI system partition), which the base
+	// readiness check reads back over SSH ("" = not recorded).
+	MarkerSHA256 string `json:"marker_sha256,omitempty"`
 }
 
 // SliceAccess tells the tenant how to reach an active slice: guests sit

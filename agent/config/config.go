@@ -60,6 +60,33 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return d.Set(s)
 }
 
+// Slice runtimes.
+const (
+	RuntimeNone = "none" // plan and leases only (simulated lab agents)
+	RuntimeReal = "real" // libvirt VMs on OVS with dnsmasq, real disks
+)
+
+// Bool is a boolean flag that reads true/false from JSON and flags.
+type Bool bool
+
+func (b Bool) String() string { return fmt.Sprint(bool(b)) }
+
+// Set implements flag.Value.
+func (b *Bool) Set(s string) error {
+	switch strings.ToLower(s) {
+	case "true", "1", "yes":
+		*b = true
+	case "false", "0", "no":
+		*b = false
+	default:
+		return fmt.Errorf("%q is not a boolean", s)
+	}
+	return nil
+}
+
+// IsBoolFlag lets -flag stand for -flag=true.
+func (b *Bool) IsBoolFlag() bool { return true }
+
 // List is a comma-separated list flag.
 type List []string
 
@@ -118,6 +145,45 @@ type Config struct {
 	ImageMirror      string   `json:"image_mirror,omitempty"`
 	// Evidence selects the readiness evidence source: host or hostsim.
 	Evidence string `json:"evidence,omitempty"`
+	// Runtime selects the slice runtime: "none" (plan and leases only, the
+	// simulated lab agents) or "real" (libvirt VMs, OVS, dnsmasq, disks).
+	Runtime string `json:"runtime,omitempty"`
+	// LibvirtURI is the hypervisor connection of the real runtime.
+	LibvirtURI string `json:"libvirt_uri,omitempty"`
+	// DomainType is kvm in production, qemu (TCG) where KVM cannot boot
+	// Linux; LabSized shrinks slice VMs to 1 vCPU / 512 MiB without
+	// hostdevs (the lab's GPUs are simulated).
+	DomainType string `json:"domain_type,omitempty"`
+	LabSized   Bool   `json:"lab_sized,omitempty"`
+	// OVSRunDir is OVS_RUNDIR for ovs-vsctl/ovs-ofctl ("" = Open vSwitch's default).
+	OVSRunDir string `json:"ovs_rundir,omitempty"`
+	// VNICChecksumOff turns vNIC checksum offload off (userspace OVS).
+	VNICChecksumOff Bool `json:"vnic_checksum_off,omitempty"`
+	// DHCPDir is dnsmasq's state directory (config, reservations, leases).
+	DHCPDir string `json:"dhcp_dir,omitempty"`
+	// NATUplink is the interface guests are NATed out of ("" = no NAT);
+	// NATTable the nftables table (family inet).
+	NATUplink string `json:"nat_uplink,omitempty"`
+	NATTable  string `json:"nat_table,omitempty"`
+	// VMDir holds per-allocation seeds and NVRAM; SerialLogDir the serial
+	// console logs. QEMU (user libvirt-qemu) must be able to traverse both,
+	// so they are not under the 0700 state directory.
+	VMDir        string `json:"vm_dir,omitempty"`
+	SerialLogDir string `json:"serial_log_dir,omitempty"`
+	// WipePolicy is the default wipe: blkdiscard, nvme_format or zero.
+	WipePolicy string `json:"wipe_policy,omitempty"`
+	// SSHKey is the agent's private key for the readiness gate (created
+	// as ed25519 if missing); its public key goes into every seed.
+	SSHKey string `json:"ssh_key,omitempty"`
+	// JumpHost is the address tenants SSH through (ssh -J).
+	JumpHost string `json:"jump_host,omitempty"`
+	// Slice runtime timeouts.
+	LeaseTimeout      Duration `json:"lease_timeout,omitempty"`
+	SSHTimeout        Duration `json:"ssh_timeout,omitempty"`
+	VMShutdownTimeout Duration `json:"vm_shutdown_timeout,omitempty"`
+	// Failpoints arm crash-test failpoints ("slice/after-clone=crash");
+	// GPUAAS_FAILPOINTS adds to them.
+	Failpoints string `json:"failpoints,omitempty"`
 	// Intervals.
 	ReadinessInterval Duration `json:"readiness_interval,omitempty"`
 	HeartbeatInterval Duration `json:"heartbeat_interval,omitempty"`
@@ -138,6 +204,18 @@ func Defaults() Config {
 		ImageCacheDir:     "/var/lib/gpuaas/images",
 		ImageCacheBudget:  100 << 30,
 		Evidence:          EvidenceHost,
+		Runtime:           RuntimeNone,
+		LibvirtURI:        "qemu:///system",
+		DomainType:        "kvm",
+		DHCPDir:           "/var/lib/gpuaas/dhcp",
+		NATTable:          "gpuaas",
+		VMDir:             "/var/lib/libvirt/gpuaas",
+		SerialLogDir:      "/var/log/gpuaas/serial",
+		WipePolicy:        "blkdiscard",
+		SSHKey:            "/var/lib/gpuaas/ssh/id_ed25519",
+		LeaseTimeout:      Duration(180 * time.Second),
+		SSHTimeout:        Duration(120 * time.Second),
+		VMShutdownTimeout: Duration(30 * time.Second),
 		ReadinessInterval: Duration(30 * time.Second),
 		HeartbeatInterval: Duration(10 * time.Second),
 		PollWait:          Duration(30 * time.Second),
@@ -178,6 +256,24 @@ func defs() []flagDef {
 		v("image-cache-budget", "image cache size bound, e.g. 100GiB (LRU eviction)", func(c *Config) flag.Value { return &c.ImageCacheBudget }),
 		s("image-mirror", "optional HTTP(S) image mirror base URL (BASE/sha256/<hex>), tried before the coordinators", func(c *Config) *string { return &c.ImageMirror }),
 		s("evidence", "readiness evidence source: host or hostsim", func(c *Config) *string { return &c.Evidence }),
+		s("runtime", "slice runtime: none (plan and leases only) or real (libvirt, OVS, dnsmasq, disks)", func(c *Config) *string { return &c.Runtime }),
+		s("libvirt-uri", "libvirt connection of the real slice runtime", func(c *Config) *string { return &c.LibvirtURI }),
+		s("domain-type", "libvirt domain type: kvm, or qemu (TCG) where KVM cannot boot Linux", func(c *Config) *string { return &c.DomainType }),
+		v("lab-sized", "shrink slice VMs to 1 vCPU / 512 MiB without hostdevs (lab)", func(c *Config) flag.Value { return &c.LabSized }),
+		s("ovs-rundir", "OVS_RUNDIR of the guest Open vSwitch (empty: its default)", func(c *Config) *string { return &c.OVSRunDir }),
+		v("vnic-checksum-off", "turn vNIC checksum offload off (userspace OVS datapath)", func(c *Config) flag.Value { return &c.VNICChecksumOff }),
+		s("dhcp-dir", "dnsmasq state directory (config, reservations, leases)", func(c *Config) *string { return &c.DHCPDir }),
+		s("nat-uplink", "interface guests are NATed out of (empty: no NAT)", func(c *Config) *string { return &c.NATUplink }),
+		s("nat-table", "nftables table (inet) of the guest NAT", func(c *Config) *string { return &c.NATTable }),
+		s("vm-dir", "per-allocation seed and NVRAM directory", func(c *Config) *string { return &c.VMDir }),
+		s("serial-log-dir", "directory of the VMs' serial console logs", func(c *Config) *string { return &c.SerialLogDir }),
+		s("wipe-policy", "default wipe policy: blkdiscard, nvme_format or zero", func(c *Config) *string { return &c.WipePolicy }),
+		s("ssh-key", "agent SSH private key for the readiness gate (created if missing)", func(c *Config) *string { return &c.SSHKey }),
+		s("jump-host", "address tenants SSH through to reach slices (ssh -J)", func(c *Config) *string { return &c.JumpHost }),
+		v("lease-timeout", "how long a slice VM may take to get its DHCP lease", func(c *Config) flag.Value { return &c.LeaseTimeout }),
+		v("ssh-timeout", "how long a slice VM may take to answer SSH after its lease", func(c *Config) flag.Value { return &c.SSHTimeout }),
+		v("vm-shutdown-timeout", "graceful VM shutdown before it is destroyed", func(c *Config) flag.Value { return &c.VMShutdownTimeout }),
+		s("failpoints", "crash-test failpoints, e.g. slice/after-clone=crash", func(c *Config) *string { return &c.Failpoints }),
 		v("readiness-interval", "how often readiness is evaluated and reported", func(c *Config) flag.Value { return &c.ReadinessInterval }),
 		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
 		v("poll-wait", "task long-poll wait", func(c *Config) flag.Value { return &c.PollWait }),
@@ -347,6 +443,33 @@ func (c Config) Validate() error {
 		if d.v <= 0 {
 			bad(d.name, "must be positive")
 		}
+	}
+	switch c.Runtime {
+	case RuntimeNone:
+	case RuntimeReal:
+		if c.DomainType != "kvm" && c.DomainType != "qemu" {
+			bad("domain-type", "%q: want kvm or qemu", c.DomainType)
+		}
+		for _, p := range []struct{ name, v string }{{"dhcp-dir", c.DHCPDir}, {"vm-dir", c.VMDir}, {"serial-log-dir", c.SerialLogDir}, {"ssh-key", c.SSHKey}} {
+			if !filepath.IsAbs(p.v) {
+				bad(p.name, "%q must be an absolute path", p.v)
+			}
+		}
+		switch c.WipePolicy {
+		case "blkdiscard", "nvme_format", "zero":
+		default:
+			bad("wipe-policy", "%q: want blkdiscard, nvme_format or zero", c.WipePolicy)
+		}
+		for _, d := range []struct {
+			name string
+			v    Duration
+		}{{"lease-timeout", c.LeaseTimeout}, {"ssh-timeout", c.SSHTimeout}, {"vm-shutdown-timeout", c.VMShutdownTimeout}} {
+			if d.v <= 0 {
+				bad(d.name, "must be positive")
+			}
+		}
+	default:
+		bad("runtime", "%q: want none or real", c.Runtime)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

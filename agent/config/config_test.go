@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,4 +98,35 @@ func TestBootstrapTokenFile(t *testing.T) {
 
 	_, err = Load([]string{"-host-root", root, "-bootstrap-token-file", dir}, func(string) string { return "" }, io.Discard)
 	assert.ErrorContains(t, err, "bootstrap token file")
+}
+
+func TestSliceRuntimeSettings(t *testing.T) {
+	root := hostRoot(t)
+	none := func(string) string { return "" }
+	cfg, err := Load([]string{"-host-root", root}, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, RuntimeNone, cfg.Runtime, "simulated lab agents keep plan/lease-only behaviour")
+	file := filepath.Join(t.TempDir(), "agent.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"runtime":"real","domain_type":"qemu","lab_sized":true,"ovs_rundir":"/run/gpuaas-ovs","vm_shutdown_timeout":"5s"}`), 0o644))
+	env := map[string]string{"GPUAAS_AGENT_NAT_UPLINK": "eth0", "GPUAAS_AGENT_VNIC_CHECKSUM_OFF": "true"}
+	cfg, err = Load([]string{"-host-root", root, "-config", file, "-wipe-policy", "zero"}, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, RuntimeReal, cfg.Runtime)
+	assert.Equal(t, "qemu", cfg.DomainType)
+	assert.True(t, bool(cfg.LabSized))
+	assert.True(t, bool(cfg.VNICChecksumOff))
+	assert.Equal(t, "eth0", cfg.NATUplink)
+	assert.Equal(t, "zero", cfg.WipePolicy)
+	assert.Equal(t, "/run/gpuaas-ovs", cfg.OVSRunDir)
+	assert.Equal(t, 5*time.Second, time.Duration(cfg.VMShutdownTimeout))
+	for args, want := range map[string]string{
+		"-runtime magic":                    "-runtime",
+		"-runtime real -domain-type xen":    "-domain-type",
+		"-runtime real -wipe-policy shred":  "-wipe-policy",
+		"-runtime real -vm-dir relative":    "-vm-dir",
+		"-runtime real -lab-sized=sometime": "lab-sized",
+	} {
+		_, err := Load(append([]string{"-host-root", root}, strings.Fields(args)...), none, io.Discard)
+		assert.ErrorContains(t, err, want, args)
+	}
 }

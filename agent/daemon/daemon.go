@@ -35,6 +35,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/nodesched"
 	"github.com/gpuaas/gpuaas/agent/prepare"
 	"github.com/gpuaas/gpuaas/agent/readiness"
+	"github.com/gpuaas/gpuaas/agent/slice"
 	"github.com/gpuaas/gpuaas/agent/systemd"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
@@ -71,6 +72,10 @@ type Daemon struct {
 
 	prepHost      *prepare.Host // host.prepare_slice backends (nil: the real host's)
 	wasSliceReady bool
+	// rt is the slice runtime (nil with -runtime none).
+	rt             sliceRuntime
+	rtClose        func() error
+	sliceReconcile *slice.Reconciliation
 }
 
 // New builds a daemon from cfg; it opens the state store but does not
@@ -130,6 +135,15 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.sched = &nodesched.Scheduler{Root: root, NodeID: cfg.NodeID, Leases: d.store, Evidence: d.src, Bridge: cfg.OVSBridge,
 		Gateway: d.gw, Log: d.log}
+	rt, rtClose, err := d.newRuntime()
+	if err != nil {
+		d.store.Close()
+		return nil, fmt.Errorf("slice runtime: %w", err)
+	}
+	if rt != nil {
+		d.rt = rt
+	}
+	d.rtClose = rtClose
 	d.reg = prometheus.NewRegistry()
 	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
@@ -160,7 +174,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 }
 
 // Close releases the state store.
-func (d *Daemon) Close() error { return d.store.Close() }
+func (d *Daemon) Close() error { return errors.Join(d.rtClose(), d.store.Close()) }
 
 // DiagAddr is the bound diagnostics address once Run started it.
 func (d *Daemon) DiagAddr() string {
@@ -213,7 +227,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog} {
+	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -249,7 +263,7 @@ func (d *Daemon) diagSources() diag.Sources {
 				ls = []leases.Lease{}
 			}
 			d.mu.Lock()
-			rec := d.reconcile
+			rec, srec := d.reconcile, d.sliceReconcile
 			d.mu.Unlock()
 			return struct {
 				Leases []leases.Lease `json:"leases"`
@@ -257,7 +271,9 @@ func (d *Daemon) diagSources() diag.Sources {
 				// coordinator's live claims: released orphans, claims
 				// without a lease (missing), kept leases.
 				LastReconcile *nodesched.Reconciliation `json:"last_reconcile,omitempty"`
-			}{ls, rec}, err
+				// SliceReconcile is the slice runtime's start-up reconcile.
+				SliceReconcile *slice.Reconciliation `json:"slice_reconcile,omitempty"`
+			}{ls, rec, srec}, err
 		},
 		Tasks: func() (any, error) {
 			ts, err := d.store.Tasks()
@@ -381,6 +397,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 		if len(r.Released) > 0 || len(r.Missing) > 0 {
 			d.log.Warn("leases reconciled", "released", len(r.Released), "missing", len(r.Missing))
 		}
+		d.reconcileRuntime(ctx)
 	}
 	return resp, nil
 }
@@ -514,6 +531,12 @@ func (d *Daemon) execute(ctx context.Context, t proto.Task) {
 	}
 	_ = d.client.UpdateTask(ctx, t.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Progress: "started"})
 	result, runErr := d.run(ctx, t)
+	if ctx.Err() != nil && idempotent(t.Type) {
+		// The agent is stopping: leave the task journaled as running so
+		// it runs again after the restart instead of failing it.
+		log.Info("task interrupted by shutdown; it runs again after the restart", "err", runErr)
+		return
+	}
 	outcome := "succeeded"
 	if runErr != nil {
 		outcome = "failed"
@@ -545,9 +568,10 @@ func (d *Daemon) reportTask(ctx context.Context, log *slog.Logger, rec leases.Ta
 // idempotent reports whether a task type may be re-run after a crash.
 func idempotent(typ string) bool {
 	switch typ {
-	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease, proto.TaskNodeValidate:
+	case proto.TaskTopologyDiscover, proto.TaskSliceProvision, proto.TaskSliceRelease, proto.TaskSlotCleanup, proto.TaskNodeValidate:
 		// Discovery and validation only read; the node scheduler's
-		// leases make planning and releasing idempotent.
+		// leases and the slice journal make planning, provisioning,
+		// releasing and cleaning idempotent.
 		return true
 	case proto.TaskHostPrepareSlice:
 		// Prepare observes before it changes and never destroys: a re-run
@@ -574,21 +598,11 @@ func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error)
 			Blockers   []string `json:"blockers,omitempty"`
 		}{len(r.Topology.Candidates), len(discovery.Complete(r.Topology)), r.Topology.Blockers})
 	case proto.TaskSliceProvision:
-		plan, err := d.planTask(ctx, t)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(plan)
+		return d.provision(ctx, t)
 	case proto.TaskSliceRelease:
-		var p proto.AllocationTaskPayload
-		if err := json.Unmarshal(t.Payload, &p); err != nil {
-			return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
-		}
-		ls, err := d.sched.Release(p.AllocationID)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(map[string]any{"released_leases": len(ls)})
+		return d.release(ctx, t)
+	case proto.TaskSlotCleanup:
+		return d.cleanup(ctx, t)
 	case proto.TaskHostPrepareSlice:
 		return d.prepareSlice(ctx, t)
 	}
@@ -601,19 +615,19 @@ func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error)
 // planTask turns a provision task's claims into approved slots and asks
 // the node scheduler for a leased plan. A claim on a slot of another node
 // is refused before anything is leased.
-func (d *Daemon) planTask(ctx context.Context, t proto.Task) (sched.BundlePlan, error) {
+func (d *Daemon) planTask(ctx context.Context, t proto.Task) (sched.BundlePlan, []proto.Slot, proto.AllocationTaskPayload, error) {
 	var p proto.AllocationTaskPayload
 	if err := json.Unmarshal(t.Payload, &p); err != nil {
-		return sched.BundlePlan{}, fmt.Errorf("task %s payload: %w", t.ID, err)
+		return sched.BundlePlan{}, nil, p, fmt.Errorf("task %s payload: %w", t.ID, err)
 	}
 	for _, c := range p.Claims {
 		if c.NodeID != d.cfg.NodeID {
-			return sched.BundlePlan{}, &nodesched.NotOwnedError{SlotID: c.SlotID, SlotNode: c.NodeID, Node: d.cfg.NodeID}
+			return sched.BundlePlan{}, nil, p, &nodesched.NotOwnedError{SlotID: c.SlotID, SlotNode: c.NodeID, Node: d.cfg.NodeID}
 		}
 	}
 	slots, err := d.client.Slots(ctx)
 	if err != nil {
-		return sched.BundlePlan{}, fmt.Errorf("read approved slots: %w", err)
+		return sched.BundlePlan{}, nil, p, fmt.Errorf("read approved slots: %w", err)
 	}
 	by := map[string]proto.AgentSlot{}
 	for _, s := range slots {
@@ -623,11 +637,12 @@ func (d *Daemon) planTask(ctx context.Context, t proto.Task) (sched.BundlePlan, 
 	for _, c := range p.Claims {
 		s, ok := by[c.SlotID]
 		if !ok {
-			return sched.BundlePlan{}, fmt.Errorf("slot %s is not an approved slot of node %s", c.SlotID, d.cfg.NodeID)
+			return sched.BundlePlan{}, nil, p, fmt.Errorf("slot %s is not an approved slot of node %s", c.SlotID, d.cfg.NodeID)
 		}
 		approved = append(approved, proto.Slot{ID: c.SlotID, NodeID: s.NodeID, Index: s.Index, ClaimID: c.ClaimID, Generation: c.Generation, Capacity: s.Capacity})
 	}
-	return d.sched.Plan(ctx, p.AllocationID, approved)
+	plan, err := d.sched.Plan(ctx, p.AllocationID, approved)
+	return plan, approved, p, err
 }
 
 // watchdog keeps systemd's watchdog fed while the agent has heard from a

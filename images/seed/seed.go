@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"strings"
@@ -42,6 +43,10 @@ type Config struct {
 	Hostname          string   // RFC 1123 host name, lower case
 	SSHAuthorizedKeys []string // authorized_keys lines
 	MAC               string   // the reserved management MAC
+	// Address is the reserved address with the guest subnet's prefix
+	// (optional). DHCP hands out the same address (the reservation is
+	// the readiness gate's evidence); network-config records it too.
+	Address netip.Prefix
 }
 
 var (
@@ -88,6 +93,9 @@ func (c Config) Validate() error {
 	if len(mac) != 6 || mac[0]&1 != 0 || c.MAC != mac.String() {
 		return fmt.Errorf("seed: MAC %q: want a unicast EUI-48 in lower-case colon form (e.g. 52:54:00:12:34:56)", c.MAC)
 	}
+	if c.Address.IsValid() && (!c.Address.Addr().Is4() || c.Address.Bits() < 8 || c.Address.Bits() > 30) {
+		return fmt.Errorf("seed: address %s: want an IPv4 address with a prefix between /8 and /30", c.Address)
+	}
 	return nil
 }
 
@@ -125,6 +133,9 @@ func (c Config) Files() (map[string][]byte, error) {
 	}
 	md := fmt.Sprintf("instance-id: %s\nlocal-hostname: %s\n", c.InstanceID, c.Hostname)
 	nc := fmt.Sprintf("version: 2\nethernets:\n  mgmt0:\n    match:\n      macaddress: %q\n    set-name: mgmt0\n    dhcp4: true\n", c.MAC)
+	if c.Address.IsValid() {
+		nc += fmt.Sprintf("    addresses:\n      - %q\n", c.Address.String())
+	}
 	return map[string][]byte{UserData: []byte(ud.String()), MetaData: []byte(md), NetworkConfig: []byte(nc)}, nil
 }
 

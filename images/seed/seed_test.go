@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 )
@@ -118,4 +120,16 @@ func TestValidate(t *testing.T) {
 			require.Error(t, ferr)
 		})
 	}
+}
+
+func TestReservedAddressInNetworkConfig(t *testing.T) {
+	t.Parallel()
+	c := Config{InstanceID: "i-1", Hostname: "h", SSHAuthorizedKeys: []string{testKey(t)}, MAC: "52:54:00:12:34:56",
+		Address: netip.MustParsePrefix("10.200.0.10/24")}
+	files, err := c.Files()
+	require.NoError(t, err)
+	assert.Equal(t, "version: 2\nethernets:\n  mgmt0:\n    match:\n      macaddress: \"52:54:00:12:34:56\"\n    set-name: mgmt0\n    dhcp4: true\n    addresses:\n      - \"10.200.0.10/24\"\n",
+		string(files[NetworkConfig]))
+	c.Address = netip.MustParsePrefix("fd00::1/64")
+	assert.ErrorContains(t, c.Validate(), "address")
 }

@@ -89,5 +89,56 @@ func Args(c config.Config) []string {
 	if len(c.GossipJoin) > 0 {
 		a = append(a, "-gossip-bind", c.GossipBind, "-gossip-join", c.GossipJoin.String())
 	}
+	return append(a, sliceArgs(c)...)
+}
+
+// Slice are the settings of the one lab host whose agent runs the real
+// slice runtime (j22u15): libvirt under TCG, a userspace Open vSwitch
+// shared with libvirtd (OVS_RUNDIR), dnsmasq and the lab guest image. Its
+// slot disks must be bound to real block devices in the host tree first
+// (hostsim.BindBlockDevice).
+type Slice struct {
+	OVSRunDir    string // e.g. /run/gpuaas-ovs (libvirtd must run with it)
+	Bridge       string // an existing userspace (netdev) bridge with the gateway
+	Gateway      string // e.g. 10.215.0.1/24: the guest subnet of the host's slots
+	NATUplink    string // "" = no NAT
+	VMDir        string // seeds and NVRAM; QEMU must traverse it
+	SerialLogDir string
+	DHCPDir      string
+	JumpHost     string
+}
+
+// WithSlice turns a lab agent configuration into a real slice-runtime one
+// for the lab machine: domain type qemu (TCG), VMs sized 1 vCPU / 512 MiB
+// without hostdevs, vNIC checksum offload off, a short graceful stop (the
+// u-root guest ignores ACPI).
+func WithSlice(c config.Config, s Slice) (config.Config, error) {
+	c.Runtime = config.RuntimeReal
+	c.DomainType = "qemu"
+	c.LabSized, c.VNICChecksumOff = true, true
+	c.OVSRunDir, c.OVSBridge, c.GuestGateway, c.NATUplink = s.OVSRunDir, s.Bridge, s.Gateway, s.NATUplink
+	c.VMDir, c.SerialLogDir, c.DHCPDir, c.JumpHost = s.VMDir, s.SerialLogDir, s.DHCPDir, s.JumpHost
+	c.SSHKey = c.StateDir + "/ssh/id_ed25519"
+	c.VMShutdownTimeout = config.Duration(5 * time.Second)
+	if err := c.Validate(); err != nil {
+		return config.Config{}, fmt.Errorf("lab agent %s: slice runtime: %w", c.NodeID, err)
+	}
+	return c, nil
+}
+
+// sliceArgs renders the slice runtime flags of a real-runtime agent.
+func sliceArgs(c config.Config) []string {
+	if c.Runtime != config.RuntimeReal {
+		return nil
+	}
+	a := []string{"-runtime", c.Runtime, "-libvirt-uri", c.LibvirtURI, "-domain-type", c.DomainType,
+		"-lab-sized=" + c.LabSized.String(), "-vnic-checksum-off=" + c.VNICChecksumOff.String(),
+		"-ovs-rundir", c.OVSRunDir, "-dhcp-dir", c.DHCPDir, "-nat-uplink", c.NATUplink, "-nat-table", c.NATTable,
+		"-vm-dir", c.VMDir, "-serial-log-dir", c.SerialLogDir, "-wipe-policy", c.WipePolicy, "-ssh-key", c.SSHKey,
+		"-jump-host", c.JumpHost, "-lease-timeout", c.LeaseTimeout.String(), "-ssh-timeout", c.SSHTimeout.String(),
+		"-vm-shutdown-timeout", c.VMShutdownTimeout.String()}
+	if c.Failpoints != "" {
+		a = append(a, "-failpoints", c.Failpoints)
+	}
 	return a
 }

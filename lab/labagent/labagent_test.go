@@ -35,3 +35,18 @@ func TestArgsRoundTrip(t *testing.T) {
 	_, err = Config(Options{Host: "nope"})
 	assert.Error(t, err)
 }
+
+func TestSliceArgsRoundTrip(t *testing.T) {
+	c, err := Config(Options{Host: "j22u15", HostBase: "/lab/hosts/j22u15", StateDir: "/lab/agents/j22u15",
+		Coordinators: []string{"http://127.0.0.1:7480"}, Token: "gpb_x", GossipJoin: []string{"127.0.0.1:7946"}})
+	require.NoError(t, err)
+	c, err = WithSlice(c, Slice{OVSRunDir: "/run/gpuaas-ovs", Bridge: "labbr15", Gateway: "10.215.0.1/24",
+		VMDir: "/var/lib/libvirt/gpuaas/j22u15", SerialLogDir: "/var/log/gpuaas/serial/j22u15", DHCPDir: "/lab/agents/j22u15/dhcp"})
+	require.NoError(t, err)
+	assert.Equal(t, config.RuntimeReal, c.Runtime)
+	got, err := config.Load(Args(c), func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, c, got)
+	_, err = WithSlice(c, Slice{Bridge: "labbr15", Gateway: "10.215.0.1/24", VMDir: "relative"})
+	assert.ErrorContains(t, err, "-vm-dir")
+}

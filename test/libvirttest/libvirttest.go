@@ -5,8 +5,8 @@
 // binaries) and left running for later tests; the first start on a fresh
 // machine takes about 70 s.
 //
-// libvirtd inherits the environment of the test that starts it; tests that
-// attach guests to a userspace Open vSwitch need OVS_RUNDIR set for it.
+// libvirtd is started with OVS_RUNDIR of the machine-wide userspace Open
+// vSwitch (SharedOVS), so guests attach to its bridges.
 package libvirttest
 
 import (
@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -56,9 +57,11 @@ func Connect(t testing.TB) *libvirt.Connect {
 }
 
 // EnsureDaemon starts virtlogd and libvirtd unless libvirtd already
-// answers on qemu:///system, then waits until it does.
+// answers on qemu:///system, then waits until it does. libvirtd runs with
+// the shared Open vSwitch's OVS_RUNDIR (OVSRunDir) in its environment; a
+// running libvirtd started without it is restarted.
 func EnsureDaemon(ctx context.Context, t testing.TB) error {
-	if answers(ctx) {
+	if answers(ctx) && hasOVSEnv() {
 		return nil
 	}
 	unlock, err := lock(ctx)
@@ -66,8 +69,14 @@ func EnsureDaemon(ctx context.Context, t testing.TB) error {
 		return err
 	}
 	defer unlock()
-	if answers(ctx) { // another test binary started it while we waited
+	if answers(ctx) && hasOVSEnv() { // another test binary started it while we waited
 		return nil
+	}
+	if pid, ok := libvirtdPid(); ok && !hasOVSEnv() {
+		t.Logf("restarting libvirtd (pid %d) with OVS_RUNDIR=%s", pid, OVSRunDir)
+		if err := stopPid(pid); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll("/run/libvirt", 0o755); err != nil {
 		return fmt.Errorf("create /run/libvirt: %w", err)
@@ -79,7 +88,9 @@ func EnsureDaemon(ctx context.Context, t testing.TB) error {
 		}
 	}
 	if !running(pidPath) {
-		if out, err := exec.CommandContext(ctx, "libvirtd", "-d", "-p", pidPath).CombinedOutput(); err != nil {
+		cmd := exec.CommandContext(ctx, "libvirtd", "-d", "-p", pidPath)
+		cmd.Env = append(os.Environ(), OVSEnv()...)
+		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("start libvirtd: %w: %s", err, out)
 		}
 	}
@@ -137,4 +148,55 @@ func lock(ctx context.Context) (func(), error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// libvirtdPid returns the pid of the running libvirtd, from the pid file
+// this package writes or libvirtd's own.
+func libvirtdPid() (int, bool) {
+	for _, p := range []string{pidPath, "/run/libvirtd.pid"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(string(b), "%d", &pid); err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
+			return pid, true
+		}
+	}
+	return 0, false
+}
+
+// hasOVSEnv reports whether the running libvirtd has the shared OVS_RUNDIR
+// in its environment.
+func hasOVSEnv() bool {
+	pid, ok := libvirtdPid()
+	if !ok {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return false
+	}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if kv == "OVS_RUNDIR="+OVSRunDir {
+			return true
+		}
+	}
+	return false
+}
+
+// stopPid terminates the libvirtd this package found and waits for it.
+func stopPid(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stop libvirtd %d: %w", pid, err)
+	}
+	for i := 0; i < 150; i++ {
+		if syscall.Kill(pid, 0) != nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	time.Sleep(500 * time.Millisecond)
+	return nil
 }

@@ -1,0 +1,278 @@
+package daemon
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/agent/slice"
+	"github.com/gpuaas/gpuaas/hostops/dhcp"
+	"github.com/gpuaas/gpuaas/hostops/disk"
+	"github.com/gpuaas/gpuaas/hostops/nat"
+	"github.com/gpuaas/gpuaas/hostops/ovs"
+	"github.com/gpuaas/gpuaas/hostops/vm"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// sliceRuntime is what the daemon asks of the slice runtime
+// (*slice.Runtime).
+type sliceRuntime interface {
+	Provision(ctx context.Context, req slice.ProvisionRequest, rep slice.Reporter) (proto.SliceProvisionResult, error)
+	Release(ctx context.Context, req slice.ReleaseRequest, rep slice.Reporter) (proto.SliceReleaseResult, error)
+	Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep slice.Reporter) (proto.SlotCleanupResult, error)
+	Reconcile(ctx context.Context, live []string) (slice.Reconciliation, error)
+}
+
+// newRuntime builds the real slice runtime from the configuration (nil
+// for -runtime none).
+func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
+	cfg := d.cfg
+	if cfg.Runtime != config.RuntimeReal {
+		return nil, func() error { return nil }, nil
+	}
+	fp, err := slice.ParseFailpoints(cfg.Failpoints + "," + os.Getenv(slice.FailpointsEnv))
+	if err != nil {
+		return nil, nil, err
+	}
+	signer, pub, err := agentKey(cfg.SSHKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	j, err := slice.OpenJournal(cfg.StateDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	sw, err := ovs.New(ovs.Options{Bridge: cfg.OVSBridge, Gateway: d.gw, RunDir: cfg.OVSRunDir, Logger: d.log})
+	if err != nil {
+		j.Close()
+		return nil, nil, err
+	}
+	var n slice.NAT
+	if cfg.NATUplink != "" {
+		nt, err := nat.New(nat.Config{Table: cfg.NATTable, Bridge: cfg.OVSBridge, Uplink: cfg.NATUplink, Subnet: d.gw.Masked()})
+		if err != nil {
+			j.Close()
+			return nil, nil, err
+		}
+		n = nt
+	}
+	policy, _ := slice.Policy(cfg.WipePolicy, disk.PolicyDiscard)
+	hv := &slice.Libvirt{URI: cfg.LibvirtURI}
+	typ := vm.KVM
+	if cfg.DomainType == "qemu" {
+		typ = vm.TCG
+	}
+	rt, err := slice.New(slice.Options{
+		Owner: cfg.NodeID, Gateway: d.gw, Bridge: cfg.OVSBridge, StateDir: cfg.VMDir, SerialDir: cfg.SerialLogDir,
+		Hypervisor: typ, LabSized: bool(cfg.LabSized), ChecksumOffloadOff: bool(cfg.VNICChecksumOff), DefaultWipe: policy,
+		SSHPublicKey: pub, JumpHost: cfg.JumpHost, LeaseTimeout: time.Duration(cfg.LeaseTimeout),
+		SSHTimeout: time.Duration(cfg.SSHTimeout), ShutdownTimeout: time.Duration(cfg.VMShutdownTimeout),
+	}, slice.Deps{
+		Root:       d.root,
+		Images:     &slice.FileSource{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir)},
+		Disks:      slice.HostDisks{Root: d.root, Digests: disk.NewDigestCache()},
+		Hypervisor: hv,
+		Switch:     sw,
+		// dnsmasq is a real process even on a simulated host root.
+		DHCP:       &slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
+		NAT:        n,
+		Guest:      &slice.SSHGuest{Signer: signer},
+		Journal:    j,
+		Failpoints: fp,
+		Log:        d.log,
+	})
+	if err != nil {
+		j.Close()
+		return nil, nil, err
+	}
+	if armed := fp.Armed(); len(armed) > 0 {
+		d.log.Warn("slice failpoints armed", "failpoints", armed)
+	}
+	return rt, func() error { return errors.Join(hv.Close(), j.Close()) }, nil
+}
+
+// agentKey loads the agent's SSH key, creating an ed25519 key if missing.
+func agentKey(path string) (ssh.Signer, string, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return nil, "", err
+		}
+		block, err := ssh.MarshalPrivateKey(priv, "gpuaas-agent")
+		if err != nil {
+			return nil, "", err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, "", fmt.Errorf("agent SSH key: %w", err)
+		}
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			return nil, "", fmt.Errorf("agent SSH key: %w", err)
+		}
+	}
+	return slice.LoadSSHKey(path)
+}
+
+// taskReporter sends stage events and progress as running task updates.
+type taskReporter struct {
+	d    *Daemon
+	task string
+}
+
+func (r taskReporter) Event(ctx context.Context, ev proto.StageEvent) {
+	if err := r.d.client.UpdateTask(ctx, r.task, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: &ev}); err != nil {
+		r.d.log.Warn("report stage event", "task", r.task, "stage", ev.Stage, "status", ev.Status, "err", err)
+	}
+}
+
+func (r taskReporter) Progress(ctx context.Context, stage string, done, total int64) {
+	u := proto.AgentTaskUpdate{State: proto.TaskRunning, Progress: stage, Done: done, Total: total}
+	if err := r.d.client.UpdateTask(ctx, r.task, u); err != nil {
+		r.d.log.Debug("report progress", "task", r.task, "err", err)
+	}
+}
+
+// provision plans t, then (with a real runtime) runs the slice runtime.
+func (d *Daemon) provision(ctx context.Context, t proto.Task) (json.RawMessage, error) {
+	rep := taskReporter{d: d, task: t.ID}
+	start := time.Now()
+	if d.rt != nil {
+		rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "started"})
+	}
+	plan, slots, p, err := d.planTask(ctx, t)
+	if err != nil {
+		if d.rt != nil {
+			rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "failed", Message: err.Error()})
+			b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: p.AllocationID, FailedStage: proto.StagePlan})
+			return b, err
+		}
+		return nil, err
+	}
+	if d.rt == nil {
+		return json.Marshal(plan)
+	}
+	rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "succeeded"})
+	req := slice.ProvisionRequest{AllocationID: p.AllocationID, Plan: plan, Slots: slots, SSHKeys: p.SSHPublicKeys, PlanDuration: time.Since(start)}
+	if p.ImageRef != nil {
+		req.Image = *p.ImageRef
+	} else {
+		// Not resolved to an approved catalog entry: the runtime refuses
+		// it at the image stage (no digest to verify).
+		req.Image = proto.ImageRef{Name: p.Image}
+	}
+	res, err := d.rt.Provision(ctx, req, rep)
+	b, merr := json.Marshal(res)
+	return b, errors.Join(err, merr)
+}
+
+// release runs the slice runtime's release (real runtime), then releases
+// the leases.
+func (d *Daemon) release(ctx context.Context, t proto.Task) (json.RawMessage, error) {
+	var p struct {
+		proto.AllocationTaskPayload
+		WipePolicy string `json:"wipe_policy,omitempty"`
+	}
+	if err := json.Unmarshal(t.Payload, &p); err != nil {
+		return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
+	}
+	if d.rt == nil {
+		ls, err := d.sched.Release(p.AllocationID)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(map[string]any{"released_leases": len(ls)})
+	}
+	var slots []proto.Slot
+	if all, err := d.client.Slots(ctx); err == nil {
+		for _, s := range all {
+			for _, id := range p.Slots {
+				if s.SlotID == id {
+					slots = append(slots, proto.Slot{ID: s.SlotID, NodeID: s.NodeID, Index: s.Index, Capacity: s.Capacity})
+				}
+			}
+		}
+	} else {
+		d.log.Warn("release: approved slots unavailable; wiping the slots the journal knows", "err", err)
+	}
+	res, err := d.rt.Release(ctx, slice.ReleaseRequest{AllocationID: p.AllocationID, Slots: slots, WipePolicy: p.WipePolicy}, taskReporter{d: d, task: t.ID})
+	if err == nil {
+		if _, lerr := d.sched.Release(p.AllocationID); lerr != nil {
+			err = lerr
+		}
+	}
+	b, merr := json.Marshal(res)
+	return b, errors.Join(err, merr)
+}
+
+// cleanup runs a slot.cleanup task.
+func (d *Daemon) cleanup(ctx context.Context, t proto.Task) (json.RawMessage, error) {
+	if d.rt == nil {
+		return nil, fmt.Errorf("task %s: slot cleanup needs the real slice runtime (-runtime real)", t.ID)
+	}
+	var p proto.SlotCleanupPayload
+	if err := json.Unmarshal(t.Payload, &p); err != nil {
+		return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
+	}
+	res, err := d.rt.Cleanup(ctx, p, taskReporter{d: d, task: t.ID})
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(res)
+}
+
+// reconcileRuntime converges the slice runtime on the allocations whose
+// leases survived the lease reconciliation.
+func (d *Daemon) reconcileRuntime(ctx context.Context) {
+	if d.rt == nil {
+		return
+	}
+	ls, err := d.store.List()
+	if err != nil {
+		d.log.Error("slice reconcile: list leases", "err", err)
+		return
+	}
+	var live []string
+	for _, l := range ls {
+		if !slices.Contains(live, l.AllocationID) {
+			live = append(live, l.AllocationID)
+		}
+	}
+	r, err := d.rt.Reconcile(ctx, live)
+	if err != nil {
+		d.log.Error("slice reconcile", "err", err)
+	}
+	d.mu.Lock()
+	d.sliceReconcile = &r
+	d.mu.Unlock()
+}
+
+// sliceReconcileLoop re-runs the slice reconcile periodically (every four
+// readiness intervals): it repairs what drifted on the host (flows lost to
+// an ovs-vswitchd restart), reports dead domains and removes orphans. It
+// waits on each allocation's lock, so a running provision is never torn
+// down under it.
+func (d *Daemon) sliceReconcileLoop(ctx context.Context) error {
+	if d.rt == nil {
+		return nil
+	}
+	t := time.NewTicker(4 * time.Duration(d.cfg.ReadinessInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		d.reconcileRuntime(ctx)
+	}
+}

@@ -1,0 +1,453 @@
+package slice
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/dhcp"
+	"github.com/gpuaas/gpuaas/hostops/disk"
+	"github.com/gpuaas/gpuaas/hostops/nat"
+	"github.com/gpuaas/gpuaas/hostops/ovs"
+	"github.com/gpuaas/gpuaas/hostops/vm"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+// transcript records the calls of every fake, in order.
+type transcript struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (t *transcript) add(format string, a ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.calls = append(t.calls, fmt.Sprintf(format, a...))
+}
+
+func (t *transcript) take() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.calls
+	t.calls = nil
+	return c
+}
+
+type fakeImages struct {
+	tr   *transcript
+	path string
+	err  error
+}
+
+func (f *fakeImages) Fetch(_ context.Context, ref proto.ImageRef, progress func(done, total int64)) (string, error) {
+	f.tr.add("image fetch %s/%s", ref.Name, ref.Version)
+	if f.err != nil {
+		return "", f.err
+	}
+	progress(ref.Size, ref.Size)
+	return f.path, nil
+}
+
+type fakeDisks struct {
+	tr      *transcript
+	devs    map[string]disk.Device // by serial
+	unsafe  map[string]error       // by serial
+	cloneFn func(progress func(disk.Progress)) error
+}
+
+func (f *fakeDisks) Resolve(id disk.Identity) (disk.Device, error) {
+	d, ok := f.devs[id.Serial]
+	if !ok {
+		return disk.Device{}, &disk.IdentityMismatchError{Want: id, Reason: "no such disk"}
+	}
+	return d, nil
+}
+
+func (f *fakeDisks) CheckSafe(dev disk.Device, id disk.Identity) error {
+	f.tr.add("disk check %s", dev.Name)
+	return f.unsafe[id.Serial]
+}
+
+func (f *fakeDisks) Clone(ctx context.Context, dev disk.Device, img disk.Image, progress func(disk.Progress)) (disk.CloneResult, error) {
+	f.tr.add("disk clone %s onto %s sha256=%s", filepath.Base(img.Path), dev.Name, img.SHA256[:8])
+	if f.cloneFn != nil {
+		if err := f.cloneFn(progress); err != nil {
+			return disk.CloneResult{}, err
+		}
+	}
+	for _, done := range []int64{0, 32, 64} {
+		progress(disk.Progress{Phase: "write", Done: done << 20, Total: 64 << 20})
+		if err := ctx.Err(); err != nil {
+			return disk.CloneResult{}, err
+		}
+	}
+	return disk.CloneResult{Device: dev.Name}, nil
+}
+
+func (f *fakeDisks) Wipe(_ context.Context, dev disk.Device, policy disk.Policy, _ func(disk.Progress)) (disk.Proof, error) {
+	f.tr.add("disk wipe %s %s", dev.Name, policy)
+	return disk.Proof{Method: policy, Device: dev.Name, Bytes: 1 << 30, Samples: make([]disk.Sample, 4), SampleDigest: "ab", VerifiedAt: time.Unix(1700000000, 0).UTC()}, nil
+}
+
+type fakeHV struct {
+	tr      *transcript
+	mu      sync.Mutex
+	doms    map[string]*libvirtxml.Domain
+	state   map[string]DomainState
+	onStart func(name string)
+	// stopOnShutdown makes a graceful shutdown work.
+	stopOnShutdown bool
+}
+
+func newFakeHV(tr *transcript) *fakeHV {
+	return &fakeHV{tr: tr, doms: map[string]*libvirtxml.Domain{}, state: map[string]DomainState{}}
+}
+
+func (f *fakeHV) Define(_ context.Context, x string) error {
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(x); err != nil {
+		return err
+	}
+	f.tr.add("hv define %s", d.Name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.doms[d.Name] = &d
+	f.state[d.Name] = DomainStopped
+	return nil
+}
+
+func (f *fakeHV) Start(_ context.Context, name string) error {
+	f.tr.add("hv start %s", name)
+	f.mu.Lock()
+	if _, ok := f.doms[name]; !ok {
+		f.mu.Unlock()
+		return fmt.Errorf("no domain %s", name)
+	}
+	f.state[name] = DomainRunning
+	hook := f.onStart
+	f.mu.Unlock()
+	if hook != nil {
+		hook(name)
+	}
+	return nil
+}
+
+func (f *fakeHV) Shutdown(_ context.Context, name string) error {
+	f.tr.add("hv shutdown %s", name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopOnShutdown && f.state[name] == DomainRunning {
+		f.state[name] = DomainStopped
+	}
+	return nil
+}
+
+func (f *fakeHV) Destroy(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state[name] == DomainRunning {
+		f.tr.add("hv destroy %s", name)
+		f.state[name] = DomainStopped
+	}
+	return nil
+}
+
+func (f *fakeHV) Undefine(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.doms[name]; ok {
+		f.tr.add("hv undefine %s", name)
+		delete(f.doms, name)
+		delete(f.state, name)
+	}
+	return nil
+}
+
+func (f *fakeHV) State(_ context.Context, name string) (DomainState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s, ok := f.state[name]; ok {
+		return s, nil
+	}
+	return DomainAbsent, nil
+}
+
+func (f *fakeHV) List(_ context.Context, owner string) ([]DomainInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []DomainInfo
+	for name, d := range f.doms {
+		if a, ok := parseOwnerTag(d.Description, owner); ok {
+			out = append(out, DomainInfo{Name: name, AllocationID: a, State: f.state[name]})
+		}
+	}
+	slices.SortFunc(out, func(a, b DomainInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+type fakeSwitch struct {
+	tr     *transcript
+	ports  map[string]ovs.PortSpec // by allocation
+	noBrid bool
+}
+
+func (f *fakeSwitch) BridgeExists(context.Context) error {
+	if f.noBrid {
+		return fmt.Errorf("check bridge ovsbr0: %w", ovs.ErrNoBridge)
+	}
+	return nil
+}
+
+func (f *fakeSwitch) AddVMPort(_ context.Context, s ovs.PortSpec) (ovs.Port, error) {
+	f.tr.add("ovs add-port %s alloc=%s mac=%s ip=%s", s.Name, s.AllocationID, s.MAC, s.IP)
+	f.ports[s.AllocationID] = s
+	return ovs.Port{Name: s.Name, OFPort: 7, AllocationID: s.AllocationID, MAC: s.MAC, IP: s.IP}, nil
+}
+
+func (f *fakeSwitch) RemoveVMPort(_ context.Context, alloc string) error {
+	f.tr.add("ovs remove-port alloc=%s", alloc)
+	delete(f.ports, alloc)
+	return nil
+}
+
+func (f *fakeSwitch) Reconcile(_ context.Context, live []string) (ovs.Reconciled, error) {
+	var st ovs.Stale
+	for a, s := range f.ports {
+		if !slices.Contains(live, a) {
+			f.tr.add("ovs remove-stale-port %s", s.Name)
+			st.Ports = append(st.Ports, ovs.Port{Name: s.Name, AllocationID: a})
+			delete(f.ports, a)
+		}
+	}
+	return ovs.Reconciled{Stale: st}, nil
+}
+
+type fakeDHCP struct {
+	tr     *transcript
+	mu     sync.Mutex
+	res    map[string]dhcp.Reservation
+	leases []dhcp.Lease
+}
+
+func (f *fakeDHCP) Reserve(_ context.Context, r dhcp.Reservation) error {
+	f.tr.add("dhcp reserve %s %s alloc=%s", r.MAC, r.IP, r.AllocationID)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.res[r.AllocationID] = r
+	return nil
+}
+
+func (f *fakeDHCP) Unreserve(_ context.Context, alloc string) error {
+	f.tr.add("dhcp unreserve alloc=%s", alloc)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.res, alloc)
+	return nil
+}
+
+func (f *fakeDHCP) RemoveStale(_ context.Context, live []string) ([]dhcp.Reservation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []dhcp.Reservation
+	for a, r := range f.res {
+		if !slices.Contains(live, a) {
+			f.tr.add("dhcp remove-stale alloc=%s", a)
+			out = append(out, r)
+			delete(f.res, a)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeDHCP) Leases(context.Context) ([]dhcp.Lease, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.leases), nil
+}
+
+// grant hands the reserved address of alloc out, as dnsmasq would.
+func (f *fakeDHCP) grant(alloc string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r, ok := f.res[alloc]; ok {
+		f.leases = append(f.leases, dhcp.Lease{MAC: r.MAC, IP: r.IP, Expires: time.Now().Add(time.Hour)})
+	}
+}
+
+type fakeNAT struct {
+	tr     *transcript
+	guests map[string]nat.Guest
+}
+
+func (f *fakeNAT) Apply(_ context.Context, g nat.Guest) error {
+	f.tr.add("nat apply %s alloc=%s", g.IP, g.AllocationID)
+	f.guests[g.AllocationID] = g
+	return nil
+}
+
+func (f *fakeNAT) Remove(_ context.Context, alloc string) error {
+	f.tr.add("nat remove alloc=%s", alloc)
+	delete(f.guests, alloc)
+	return nil
+}
+
+func (f *fakeNAT) RemoveStale(_ context.Context, live []string) ([]nat.Guest, error) {
+	var out []nat.Guest
+	for a, g := range f.guests {
+		if !slices.Contains(live, a) {
+			f.tr.add("nat remove-stale alloc=%s", a)
+			out = append(out, g)
+			delete(f.guests, a)
+		}
+	}
+	return out, nil
+}
+
+type fakeGuest struct {
+	tr      *transcript
+	answers map[string]string // command -> output
+	fail    error
+}
+
+func (f *fakeGuest) Run(_ context.Context, addr netip.Addr, cmd string) (string, error) {
+	f.tr.add("ssh %s %q", addr, cmd)
+	if f.fail != nil {
+		return "", f.fail
+	}
+	out, ok := f.answers[cmd]
+	if !ok {
+		return "", errors.New("command not found")
+	}
+	return out, nil
+}
+
+// recorder is a Reporter keeping events and progress.
+type recorder struct {
+	mu       sync.Mutex
+	events   []string
+	progress []string
+}
+
+func (r *recorder) Event(_ context.Context, ev proto.StageEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := ev.Stage + " " + ev.Status
+	if ev.Status == "failed" {
+		s += ": " + ev.Message
+	}
+	r.events = append(r.events, s)
+}
+
+func (r *recorder) Progress(_ context.Context, stage string, done, total int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.progress = append(r.progress, fmt.Sprintf("%s %d/%d", stage, done, total))
+}
+
+// env is a runtime over fakes.
+type env struct {
+	tr      *transcript
+	images  *fakeImages
+	disks   *fakeDisks
+	hv      *fakeHV
+	sw      *fakeSwitch
+	dh      *fakeDHCP
+	nat     *fakeNAT
+	guest   *fakeGuest
+	journal *Journal
+	fp      *Failpoints
+	opts    Options
+	root    hostops.Root
+	rt      *Runtime
+}
+
+const (
+	testAlloc  = "alloc-1"
+	testMarker = "5f0e1f6c4b7b4a2a3f2d0c9e8b7a6f5e4d3c2b1a09f8e7d6c5b4a3928170605f"
+	testSHA    = "1111111111111111111111111111111111111111111111111111111111111111"
+)
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	tr := &transcript{}
+	dir := t.TempDir()
+	j, err := OpenJournal(filepath.Join(dir, "state"))
+	require.NoError(t, err)
+	t.Cleanup(func() { j.Close() })
+	e := &env{
+		tr:     tr,
+		images: &fakeImages{tr: tr, path: "/var/lib/gpuaas/images/base/1/disk.raw"},
+		disks: &fakeDisks{tr: tr, devs: map[string]disk.Device{
+			"S0": {Name: "nvme0n1", Path: "/dev/nvme0n1"},
+			"S1": {Name: "nvme1n1", Path: "/dev/nvme1n1"},
+		}, unsafe: map[string]error{}},
+		hv:    newFakeHV(tr),
+		sw:    &fakeSwitch{tr: tr, ports: map[string]ovs.PortSpec{}},
+		dh:    &fakeDHCP{tr: tr, res: map[string]dhcp.Reservation{}},
+		nat:   &fakeNAT{tr: tr, guests: map[string]nat.Guest{}},
+		guest: &fakeGuest{tr: tr, answers: map[string]string{}},
+		fp:    &Failpoints{},
+		opts: Options{Owner: "j22u15", Gateway: netip.MustParsePrefix("10.200.0.1/24"), Bridge: "ovsbr0",
+			StateDir: filepath.Join(dir, "vms"), SerialDir: filepath.Join(dir, "serial"), Hypervisor: vm.KVM,
+			SSHPublicKey: authorizedKey(t, "gpuaas-agent"), JumpHost: "j22u15.lab", LeaseTimeout: time.Second, SSHTimeout: time.Second,
+			ShutdownTimeout: 100 * time.Millisecond, PollInterval: 5 * time.Millisecond},
+		journal: j,
+	}
+	e.guest.answers["cat /run/gpuaas/instance-id"] = "i-test\n"
+	e.guest.answers[baseChecks[1].Command] = testMarker + "  /disk/gpuaas/marker\n"
+	e.hv.onStart = func(string) { e.dh.grant(testAlloc) }
+	e.rt = e.newRuntime(t)
+	return e
+}
+
+func (e *env) newRuntime(t *testing.T) *Runtime {
+	t.Helper()
+	rt, err := New(e.opts, Deps{Root: e.root, Images: e.images, Disks: e.disks, Hypervisor: e.hv, Switch: e.sw, DHCP: e.dh, NAT: e.nat,
+		Guest: e.guest, Journal: e.journal, Failpoints: e.fp, NewInstanceID: func() (string, error) { return "i-test", nil }})
+	require.NoError(t, err)
+	return rt
+}
+
+// authorizedKey returns a fresh ed25519 authorized_keys line.
+func authorizedKey(t testing.TB, comment string) string {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	pk, err := ssh.NewPublicKey(pub)
+	require.NoError(t, err)
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pk))) + " " + comment
+}
+
+func testRequest(t testing.TB) ProvisionRequest {
+	slot := func(id string, idx int, serial, mac, ip, gpu, vf string) proto.Slot {
+		return proto.Slot{ID: id, NodeID: "j22u15", Index: idx, Generation: 3, Capacity: proto.SlotCapacity{
+			GPUPCIAddress: gpu, NVMe: proto.DiskIdentity{Serial: serial}, ManagementMAC: mac, PrivateIP: ip, FabricVFPCIAddress: vf}}
+	}
+	slots := []proto.Slot{
+		slot("j22u15-s0", 0, "S0", "52:54:00:00:00:10", "10.200.0.10", "0000:18:00.0", "0000:58:00.2"),
+		slot("j22u15-s1", 1, "S1", "52:54:00:00:00:11", "10.200.0.11", "0000:2a:00.0", "0000:58:00.3"),
+	}
+	plan := sched.BundlePlan{NodeID: "j22u15", Bridge: "ovsbr0", NUMANodes: []int{0}, VCPUs: []int{2, 3, 4, 5}, MemoryMiB: 4096}
+	for i, s := range slots {
+		plan.Devices = append(plan.Devices, sched.BundleDevice{SlotID: s.ID, Index: s.Index, GPU: s.Capacity.GPUPCIAddress, VF: s.Capacity.FabricVFPCIAddress,
+			MAC: s.Capacity.ManagementMAC, IP: s.Capacity.PrivateIP, NUMANode: 0, CPUs: plan.VCPUs[2*i : 2*i+2]})
+	}
+	return ProvisionRequest{AllocationID: testAlloc, Plan: plan, Slots: slots,
+		Image:   proto.ImageRef{Name: "base", Version: "1", Kind: "slice_base", Digest: "sha256:" + testSHA, Size: 64 << 20, MarkerSHA256: testMarker},
+		SSHKeys: []string{authorizedKey(t, "tenant")}}
+}

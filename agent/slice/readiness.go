@@ -1,0 +1,261 @@
+package slice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// expect is what the readiness checks compare the guest's answers with.
+type expect struct {
+	InstanceID string
+	Marker     string // hex sha256, "" = unknown
+	GPUs       int
+}
+
+// readinessCheck is one command the readiness gate runs over SSH.
+type readinessCheck struct {
+	Name    string
+	Command string
+	Verify  func(out string, want expect) (evidence string, err error)
+}
+
+// readinessChecks maps an image's ReadinessCheck to its checks; every
+// image runs the base checks first.
+var readinessChecks = map[string][]readinessCheck{
+	"":     nil,
+	"cuda": {cudaCheck},
+}
+
+var baseChecks = []readinessCheck{
+	{
+		Name:    "instance-id",
+		Command: "cat /run/gpuaas/instance-id",
+		Verify: func(out string, want expect) (string, error) {
+			if got := strings.TrimSpace(out); got != want.InstanceID {
+				return "", fmt.Errorf("guest instance-id %q, seed says %q", got, want.InstanceID)
+			}
+			return "ssh: instance-id " + want.InstanceID + " from the seed", nil
+		},
+	},
+	{
+		Name:    "marker",
+		Command: "shasum -a 256 /disk/gpuaas/marker || sha256sum /disk/gpuaas/marker",
+		Verify: func(out string, want expect) (string, error) {
+			f := strings.Fields(out)
+			if len(f) == 0 {
+				return "", fmt.Errorf("no marker digest in %q", out)
+			}
+			if want.Marker == "" {
+				return "ssh: marker sha256 " + f[0] + " (no catalog digest to compare)", nil
+			}
+			if f[0] != want.Marker {
+				return "", fmt.Errorf("marker sha256 on the cloned disk is %s, image says %s", f[0], want.Marker)
+			}
+			return "ssh: marker sha256 " + f[0] + " matches the image", nil
+		},
+	},
+}
+
+var cudaCheck = readinessCheck{
+	Name:    "cuda",
+	Command: "nvidia-smi --query-gpu=name --format=csv,noheader",
+	Verify: func(out string, want expect) (string, error) {
+		var gpus []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				gpus = append(gpus, l)
+			}
+		}
+		if len(gpus) != want.GPUs {
+			return "", fmt.Errorf("nvidia-smi lists %d GPUs, the slice has %d", len(gpus), want.GPUs)
+		}
+		return "ssh: nvidia-smi lists " + strconv.Itoa(len(gpus)) + " GPUs: " + strings.Join(gpus, ", "), nil
+	},
+}
+
+// checksFor returns the checks of an image's readiness check name.
+func checksFor(name string) ([]readinessCheck, error) {
+	extra, ok := readinessChecks[name]
+	if !ok {
+		return nil, fmt.Errorf("image readiness check %q is unknown", name)
+	}
+	return append(append([]readinessCheck(nil), baseChecks...), extra...), nil
+}
+
+// ready runs the image's checks, retrying each until the SSH deadline.
+func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, imgPath string) ([]string, error) {
+	checks, err := checksFor(req.Image.ReadinessCheck)
+	if err != nil {
+		return nil, err
+	}
+	ip, _ := netip.ParseAddr(rec.IP)
+	if f, ok := r.d.Guest.(forgetter); ok {
+		defer f.Forget(ip)
+	}
+	want := expect{InstanceID: rec.InstanceID, Marker: expectedMarker(req.Image, imgPath), GPUs: len(req.Plan.Devices)}
+	deadline := r.d.Now().Add(r.opts.SSHTimeout)
+	var evidence []string
+	for _, c := range checks {
+		for {
+			out, err := r.d.Guest.Run(ctx, ip, c.Command)
+			if err == nil {
+				ev, verr := c.Verify(out, want)
+				if verr != nil {
+					return evidence, fmt.Errorf("readiness check %s: %w", c.Name, verr)
+				}
+				evidence = append(evidence, ev)
+				break
+			}
+			if r.d.Now().After(deadline) {
+				return evidence, fmt.Errorf("readiness check %s: SSH to %s not answering after %s: %w", c.Name, ip, r.opts.SSHTimeout, err)
+			}
+			if err := sleep(ctx, max(r.opts.PollInterval, 250*time.Millisecond)); err != nil {
+				return evidence, err
+			}
+		}
+	}
+	return evidence, nil
+}
+
+// forgetter is implemented by Guests that keep connections open.
+type forgetter interface{ Forget(addr netip.Addr) }
+
+// SSHGuest runs commands on guests over SSH (port 22) with the agent's
+// key. One connection per guest is kept open between commands (the
+// readiness checks run several) until Forget or an error.
+type SSHGuest struct {
+	User   string
+	Signer ssh.Signer
+	// Timeout bounds a dial and a command (default 15 s).
+	Timeout time.Duration
+
+	mu    sync.Mutex
+	conns map[netip.Addr]*ssh.Client
+}
+
+// LoadSSHKey reads an OpenSSH private key and returns its signer and its
+// authorized_keys line.
+func LoadSSHKey(path string) (ssh.Signer, string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("agent SSH key: %w", err)
+	}
+	s, err := ssh.ParsePrivateKey(b)
+	if err != nil {
+		return nil, "", fmt.Errorf("agent SSH key %s: %w", path, err)
+	}
+	return s, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.PublicKey()))) + " gpuaas-agent", nil
+}
+
+func (g *SSHGuest) timeout() time.Duration {
+	if g.Timeout > 0 {
+		return g.Timeout
+	}
+	return 15 * time.Second
+}
+
+// client returns the open connection to addr, dialling one if needed.
+func (g *SSHGuest) client(ctx context.Context, addr netip.Addr) (*ssh.Client, error) {
+	g.mu.Lock()
+	c := g.conns[addr]
+	g.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	if g.Signer == nil {
+		return nil, errors.New("ssh: no agent key")
+	}
+	user := g.User
+	if user == "" {
+		user = "root"
+	}
+	to := g.timeout()
+	cfg := &ssh.ClientConfig{
+		User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(g.Signer)},
+		// A fresh guest makes its host key at first boot; the agent reaches
+		// it over the host's own private bridge.
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(),
+		Timeout:         to,
+	}
+	d := net.Dialer{Timeout: to}
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(addr.String(), "22"))
+	if err != nil {
+		return nil, fmt.Errorf("ssh %s: %w", addr, err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(to))
+	cc, chans, reqs, err := ssh.NewClientConn(conn, addr.String(), cfg)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("ssh %s: %w", addr, err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	c = ssh.NewClient(cc, chans, reqs)
+	g.mu.Lock()
+	if g.conns == nil {
+		g.conns = map[netip.Addr]*ssh.Client{}
+	}
+	g.conns[addr] = c
+	g.mu.Unlock()
+	return c, nil
+}
+
+// Forget closes the connection to addr.
+func (g *SSHGuest) Forget(addr netip.Addr) {
+	g.mu.Lock()
+	c := g.conns[addr]
+	delete(g.conns, addr)
+	g.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// Run implements Guest.
+func (g *SSHGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
+	c, err := g.client(ctx, addr)
+	if err != nil {
+		return "", err
+	}
+	s, err := c.NewSession()
+	if err != nil {
+		g.Forget(addr)
+		return "", fmt.Errorf("ssh %s: session: %w", addr, err)
+	}
+	defer s.Close()
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := s.CombinedOutput(cmd)
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			var ee *ssh.ExitError
+			if !errors.As(r.err, &ee) {
+				g.Forget(addr) // the connection broke, not the command
+			}
+			return string(r.out), fmt.Errorf("ssh %s: %q: %w: %s", addr, cmd, r.err, strings.TrimSpace(string(r.out)))
+		}
+		return string(r.out), nil
+	case <-time.After(g.timeout()):
+		g.Forget(addr)
+		return "", fmt.Errorf("ssh %s: %q: no answer in %s", addr, cmd, g.timeout())
+	case <-ctx.Done():
+		g.Forget(addr)
+		return "", ctx.Err()
+	}
+}

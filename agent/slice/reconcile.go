@@ -1,0 +1,265 @@
+package slice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/gpuaas/gpuaas/hostops/dhcp"
+	"github.com/gpuaas/gpuaas/hostops/nat"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// releasedRetention is how long a released allocation's record stays in
+// the journal.
+const releasedRetention = 7 * 24 * time.Hour
+
+// Reconciliation is what Reconcile found and did.
+type Reconciliation struct {
+	// TornDown are allocations whose interrupted provision was torn down
+	// (their touched disks stay blocked until wiped; a live allocation's
+	// re-delivered provision wipes them and starts over).
+	TornDown []string `json:"torn_down,omitempty"`
+	// Released are allocations released by reconcile: no longer live while
+	// active, or a release interrupted by a crash. Their disks were wiped.
+	Released []string `json:"released,omitempty"`
+	// Wiped are slots wiped (with a proof in the journal) by reconcile.
+	Wiped []string `json:"wiped,omitempty"`
+	// Drift are problems reconcile reports but does not repair (a live
+	// active allocation whose domain is not running).
+	Drift []string `json:"drift,omitempty"`
+	// Orphans removed: domains, OVS ports, DHCP reservations and NAT
+	// entries belonging to no live allocation.
+	Domains      []string `json:"domains,omitempty"`
+	Ports        []string `json:"ports,omitempty"`
+	Reservations []string `json:"reservations,omitempty"`
+	NAT          []string `json:"nat,omitempty"`
+}
+
+// Reconcile converges the host on the live allocations (those the
+// coordinator still holds claims for). It runs before any task of the
+// agent, so a record in a running phase was interrupted by a crash:
+//
+//   - provisioning: the VM and network state are torn down (not resumed);
+//     if the allocation is no longer live, its touched disks are wiped.
+//   - releasing: the release is finished (stop, network, wipe).
+//   - active and not live: released (stop, network, wipe).
+//   - active and live: the domain must be running, else it is drift.
+//   - interrupted/failed and not live: touched disks are wiped.
+//
+// Then domains carrying this runtime's owner tag, OVS ports, DHCP
+// reservations and NAT entries of allocations that are neither live nor
+// active in the journal are removed. A slot is only ever marked clean with
+// a verified wipe proof.
+func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation, error) {
+	var out Reconciliation
+	var errs []error
+	isLive := liveSet(live)
+	keep := liveSet(nil)
+	recs, err := r.d.Journal.List()
+	if err != nil {
+		return out, err
+	}
+	// Slots held by live allocations are never wiped for another one.
+	busy := map[string]string{}
+	for _, rec := range recs {
+		if isLive[rec.AllocationID] && (rec.Phase == PhaseActive || rec.Phase == PhaseProvisioning || rec.Phase == PhaseReleasing) {
+			for _, s := range rec.Slots {
+				busy[s.SlotID] = rec.AllocationID
+			}
+		}
+	}
+	for _, listed := range recs {
+		unlock := r.lock(listed.AllocationID)
+		// Re-read under the lock: a task may have finished meanwhile.
+		rec, ok, err := r.d.Journal.Get(listed.AllocationID)
+		if err == nil && ok {
+			err = r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out)
+		}
+		unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reconcile allocation %s: %w", rec.AllocationID, err))
+		}
+		if rec.Phase == PhaseActive && isLive[rec.AllocationID] {
+			keep[rec.AllocationID] = true
+		}
+	}
+	for a := range isLive {
+		keep[a] = true
+	}
+	keepList := sortedKeys(keep)
+
+	doms, err := r.d.Hypervisor.List(ctx, r.opts.Owner)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range doms {
+		if keep[d.AllocationID] {
+			continue
+		}
+		if err := r.removeDomain(ctx, d.Name); err != nil {
+			errs = append(errs, fmt.Errorf("remove orphan domain %s: %w", d.Name, err))
+			continue
+		}
+		out.Domains = append(out.Domains, d.Name)
+	}
+	// The switch is reconciled only on an existing bridge: creating it is
+	// host preparation's job (and the readiness gate's to report).
+	if err := r.d.Switch.BridgeExists(ctx); err != nil {
+		out.Drift = append(out.Drift, err.Error())
+	} else if sr, err := r.d.Switch.Reconcile(ctx, keepList); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, p := range sr.Stale.Ports {
+			out.Ports = append(out.Ports, p.Name)
+		}
+		for _, p := range sr.Missing {
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: OVS port %s has no interface", p.AllocationID, p.Name))
+		}
+	}
+	if rs, err := r.d.DHCP.RemoveStale(ctx, keepList); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, res := range rs {
+			out.Reservations = append(out.Reservations, res.AllocationID)
+		}
+	}
+	if r.d.NAT != nil {
+		if gs, err := r.d.NAT.RemoveStale(ctx, keepList); err != nil {
+			errs = append(errs, err)
+		} else {
+			for _, g := range gs {
+				out.NAT = append(out.NAT, g.AllocationID)
+			}
+		}
+	}
+	if len(out.TornDown)+len(out.Released)+len(out.Domains)+len(out.Ports)+len(out.Reservations)+len(out.NAT)+len(out.Drift) > 0 {
+		r.d.Log.Warn("slice runtime reconciled", "torn_down", out.TornDown, "released", out.Released, "wiped", out.Wiped,
+			"drift", out.Drift, "domains", out.Domains, "ports", out.Ports, "reservations", out.Reservations, "nat", out.NAT)
+	}
+	return out, errors.Join(errs...)
+}
+
+func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, busy map[string]string, out *Reconciliation) error {
+	wipe := func() error {
+		before := rec.TouchedSlots()
+		err := r.wipeTouchedExcept(ctx, rec, r.opts.DefaultWipe, NopReporter{}, busy)
+		for _, s := range before {
+			if sr := rec.slot(s); sr != nil && sr.Proof != nil {
+				out.Wiped = append(out.Wiped, s)
+			}
+		}
+		return err
+	}
+	switch rec.Phase {
+	case PhaseReleased:
+		// Kept to answer a re-delivered release; pruned after a week.
+		if !live && r.d.Now().Sub(rec.UpdatedAt) > releasedRetention {
+			return r.d.Journal.Delete(rec.AllocationID)
+		}
+	case PhaseProvisioning:
+		if err := r.teardown(ctx, rec); err != nil {
+			return err
+		}
+		rec.Phase = PhaseInterrupted
+		if err := r.put(rec); err != nil {
+			return err
+		}
+		out.TornDown = append(out.TornDown, rec.AllocationID)
+		if !live {
+			return wipe()
+		}
+	case PhaseReleasing:
+		if _, err := r.releaseLocked(ctx, rec, busy); err != nil {
+			return err
+		}
+		out.Released = append(out.Released, rec.AllocationID)
+	case PhaseActive:
+		if !live {
+			if _, err := r.releaseLocked(ctx, rec, busy); err != nil {
+				return err
+			}
+			out.Released = append(out.Released, rec.AllocationID)
+			return nil
+		}
+		s, err := r.d.Hypervisor.State(ctx, rec.Domain)
+		if err != nil {
+			return err
+		}
+		if s != DomainRunning {
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: domain %s is %s", rec.AllocationID, rec.Domain, s))
+		}
+		return r.repairNetwork(ctx, rec, out)
+	case PhaseInterrupted, PhaseFailed:
+		if !live && len(rec.TouchedSlots()) > 0 {
+			return wipe()
+		}
+	}
+	return nil
+}
+
+// releaseLocked finishes a release from the journal alone (the caller
+// holds the allocation's lock): stop, network, wipe with the default
+// policy.
+func (r *Runtime) releaseLocked(ctx context.Context, rec *Record, busy map[string]string) (bool, error) {
+	rec.Phase = PhaseReleasing
+	for i := range rec.Slots {
+		rec.Slots[i].Touched = true
+	}
+	if err := r.put(rec); err != nil {
+		return false, err
+	}
+	if err := r.stopDomain(ctx, rec.Domain); err != nil {
+		return false, err
+	}
+	if err := r.netCleanup(ctx, rec); err != nil {
+		return false, err
+	}
+	if err := r.wipeTouchedExcept(ctx, rec, r.opts.DefaultWipe, NopReporter{}, busy); err != nil {
+		return false, err
+	}
+	rec.Phase = PhaseReleased
+	res := proto.SliceReleaseResult{AllocationID: rec.AllocationID}
+	for _, s := range rec.Slots {
+		res.Slots = append(res.Slots, proto.SlotResult{SlotID: s.SlotID, Proof: s.Proof, Error: s.Error})
+	}
+	rec.Release = &res
+	return true, r.put(rec)
+}
+
+// repairNetwork re-applies a live, active allocation's DHCP reservation and
+// NAT entry (both no-ops when present) and reports a DHCP lease that no
+// longer binds the reserved MAC to the reserved IP.
+func (r *Runtime) repairNetwork(ctx context.Context, rec *Record, out *Reconciliation) error {
+	mac, err := net.ParseMAC(rec.MAC)
+	if err != nil {
+		return fmt.Errorf("journal MAC %q: %w", rec.MAC, err)
+	}
+	ip, err := netip.ParseAddr(rec.IP)
+	if err != nil {
+		return fmt.Errorf("journal IP %q: %w", rec.IP, err)
+	}
+	if err := r.d.DHCP.Reserve(ctx, dhcp.Reservation{AllocationID: rec.AllocationID, MAC: mac, IP: ip, Hostname: rec.Hostname}); err != nil {
+		return err
+	}
+	if r.d.NAT != nil {
+		if err := r.d.NAT.Apply(ctx, nat.Guest{AllocationID: rec.AllocationID, IP: ip}); err != nil {
+			return err
+		}
+	}
+	leases, err := r.d.DHCP.Leases(ctx)
+	if err != nil {
+		return err
+	}
+	st := dhcp.Status([]dhcp.Reservation{{AllocationID: rec.AllocationID, MAC: mac, IP: ip}}, leases, r.d.Now())
+	for _, s := range st {
+		if s.AllocationID == rec.AllocationID && s.State != dhcp.StateBound {
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: DHCP lease of %s is %s (expected %s)", rec.AllocationID, rec.MAC, s.State, rec.IP))
+		}
+	}
+	return nil
+}
