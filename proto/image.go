@@ -110,10 +110,14 @@ type Image struct {
 	Size    int64     `json:"size"`
 	// ReadinessCheck names the image-specific check the slice readiness
 	// gate runs over SSH ("" = the base check only).
-	ReadinessCheck string          `json:"readiness_check,omitempty"`
-	State          ImageState      `json:"state"`
-	Approvals      []ImageApproval `json:"approvals,omitempty"`
-	CreatedAt      time.Time       `json:"created_at"`
+	ReadinessCheck string `json:"readiness_check,omitempty"`
+	// MarkerSHA256 is the hex sha256 of the marker file the base
+	// readiness check reads over SSH on a booted slice ("" = the image
+	// has none).
+	MarkerSHA256 string          `json:"marker_sha256,omitempty"`
+	State        ImageState      `json:"state"`
+	Approvals    []ImageApproval `json:"approvals,omitempty"`
+	CreatedAt    time.Time       `json:"created_at"`
 	Meta
 }
 
@@ -123,12 +127,13 @@ func BlobPath(name, version string) string { return "/v1/images/" + name + "/" +
 // Ref is the reference a provision task carries.
 func (im *Image) Ref() *ImageRef {
 	return &ImageRef{Name: im.Name, Version: im.Version, Kind: string(im.Kind), Digest: im.Digest, Size: im.Size,
-		URL: BlobPath(im.Name, im.Version), ReadinessCheck: im.ReadinessCheck}
+		URL: BlobPath(im.Name, im.Version), ReadinessCheck: im.ReadinessCheck, MarkerSHA256: im.MarkerSHA256}
 }
 
 var (
 	imageDigestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 	checkNamePattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	markerPattern      = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
 // ValidateDigest checks an image digest: "sha256:" and 64 lowercase hex.
@@ -158,6 +163,9 @@ func (im *Image) Validate() error {
 	}
 	if im.Size <= 0 || im.Size > MaxImageSize {
 		return Errorf(CodeInvalidArgument, "image %s:%s: size %d is out of range (1 to %d bytes)", im.Name, im.Version, im.Size, MaxImageSize)
+	}
+	if im.MarkerSHA256 != "" && !markerPattern.MatchString(im.MarkerSHA256) {
+		return Errorf(CodeInvalidArgument, "image %s:%s: marker_sha256 %q is not 64 lowercase hex digits", im.Name, im.Version, truncate(im.MarkerSHA256, 80))
 	}
 	if im.ReadinessCheck != "" && !checkNamePattern.MatchString(im.ReadinessCheck) {
 		return Errorf(CodeInvalidArgument, "image %s:%s: readiness_check %q is not a check name ([a-z0-9._-], at most 64)", im.Name, im.Version, truncate(im.ReadinessCheck, 80))
@@ -211,6 +219,7 @@ type ImageBody struct {
 	Digest         string    `json:"digest"`
 	Size           int64     `json:"size"`
 	ReadinessCheck string    `json:"readiness_check,omitempty"`
+	MarkerSHA256   string    `json:"marker_sha256,omitempty"`
 }
 
 // ImageApproveBody is the body of POST .../approve and .../revoke (site

@@ -556,7 +556,16 @@ func (d *Daemon) reportTask(ctx context.Context, log *slog.Logger, rec leases.Ta
 	if rec.State == leases.TaskFailed {
 		u.State, u.Error = proto.TaskFailed, rec.Error
 	}
-	if err := d.client.UpdateTask(ctx, rec.ID, u); err != nil {
+	err := d.client.UpdateTask(ctx, rec.ID, u)
+	if err != nil && proto.CodeOf(err) == proto.CodeInvalidArgument && len(u.Result) > 0 {
+		// The coordinator refused the result itself (a contract
+		// mismatch): report the task failed with why, without the
+		// result, rather than leaving it running forever.
+		log.Error("coordinator refused the task result; reporting the task failed", "err", err)
+		u = proto.AgentTaskUpdate{State: proto.TaskFailed, Error: proto.Clip("the coordinator refused the agent's result: "+err.Error()+"; agent outcome: "+string(u.State)+" "+rec.Error, 4000)}
+		err = d.client.UpdateTask(ctx, rec.ID, u)
+	}
+	if err != nil {
 		log.Warn("report task", "err", err)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/gpuaas/gpuaas/agent/imagecache"
 	"os"
 	"path/filepath"
 	"slices"
@@ -73,6 +74,17 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 	if cfg.DomainType == "qemu" {
 		typ = vm.TCG
 	}
+	srcs, err := imagecache.Sources(cfg.ImageMirror, d.client)
+	if err != nil {
+		j.Close()
+		return nil, nil, fmt.Errorf("image sources: %w", err)
+	}
+	cache, err := imagecache.New(imagecache.Config{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir, "cache"),
+		Budget: int64(cfg.ImageCacheBudget), Sources: srcs, Log: d.log.With("component", "imagecache")})
+	if err != nil {
+		j.Close()
+		return nil, nil, fmt.Errorf("image cache: %w", err)
+	}
 	rt, err := slice.New(slice.Options{
 		Owner: cfg.NodeID, Gateway: d.gw, Bridge: cfg.OVSBridge, StateDir: cfg.VMDir, SerialDir: cfg.SerialLogDir,
 		Hypervisor: typ, LabSized: bool(cfg.LabSized), ChecksumOffloadOff: bool(cfg.VNICChecksumOff), DefaultWipe: policy,
@@ -80,7 +92,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		SSHTimeout: time.Duration(cfg.SSHTimeout), ShutdownTimeout: time.Duration(cfg.VMShutdownTimeout),
 	}, slice.Deps{
 		Root:       d.root,
-		Images:     &slice.FileSource{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir)},
+		Images:     &imageSource{files: &slice.FileSource{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir)}, cache: cache},
 		Disks:      slice.HostDisks{Root: d.root, Digests: disk.NewDigestCache()},
 		Hypervisor: hv,
 		Switch:     sw,

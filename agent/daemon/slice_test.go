@@ -34,8 +34,12 @@ func (f *fakeRuntime) Provision(ctx context.Context, req slice.ProvisionRequest,
 	f.mu.Unlock()
 	rep.Event(ctx, proto.StageEvent{Stage: proto.StageImage, Status: "started"})
 	rep.Progress(ctx, proto.StageClone, 1, 2)
-	return proto.SliceProvisionResult{AllocationID: req.AllocationID, Domain: slice.DomainName(req.AllocationID),
-		Access: &proto.SliceAccess{GuestIP: req.Plan.Devices[0].IP, User: "root"}}, nil
+	res := proto.SliceProvisionResult{AllocationID: req.AllocationID, Domain: slice.DomainName(req.AllocationID),
+		Access: &proto.SliceAccess{GuestIP: req.Plan.Devices[0].IP, GuestMAC: req.Plan.Devices[0].MAC, User: "root"}}
+	for _, s := range req.Slots {
+		res.Slots = append(res.Slots, proto.SlotReadiness{SlotID: s.ID, HealthState: "ready", Evidence: []string{"fake runtime"}})
+	}
+	return res, nil
 }
 
 func (f *fakeRuntime) Release(ctx context.Context, req slice.ReleaseRequest, rep slice.Reporter) (proto.SliceReleaseResult, error) {
@@ -54,7 +58,7 @@ func (f *fakeRuntime) Cleanup(_ context.Context, p proto.SlotCleanupPayload, _ s
 	f.mu.Lock()
 	f.cleanup = append(f.cleanup, p)
 	f.mu.Unlock()
-	return proto.SlotCleanupResult{SlotID: p.SlotID}, nil
+	return proto.SlotCleanupResult{SlotID: p.SlotID, Proof: proto.WipeProof{Method: "blkdiscard", Bytes: 1 << 30, VerifiedAt: time.Now().UTC()}}, nil
 }
 
 func (f *fakeRuntime) Reconcile(_ context.Context, live []string) (slice.Reconciliation, error) {

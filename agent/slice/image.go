@@ -22,6 +22,13 @@ type ImageSource interface {
 	Fetch(ctx context.Context, ref proto.ImageRef, progress func(done, total int64)) (path string, err error)
 }
 
+// ImageReleaser is implemented by image sources that keep what Fetch
+// returned (e.g. pinned against cache eviction) until the caller is done
+// with it; the runtime calls ReleaseImage once per successful Fetch.
+type ImageReleaser interface {
+	ReleaseImage(ref proto.ImageRef)
+}
+
 // DigestError means an image's content is not its approved digest.
 type DigestError struct {
 	Image     string

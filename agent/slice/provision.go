@@ -243,6 +243,10 @@ func (r *Runtime) provision(ctx context.Context, req ProvisionRequest, st *stage
 	devs := map[string]disk.Device{}
 	var seedISO string
 	var evidence []string
+	// fetched releases the image source's hold on the image once the
+	// provision is over (the clone has read it by then).
+	fetched := func() {}
+	defer func() { fetched() }()
 
 	if err := st.run(ctx, proto.StageImage, func() error {
 		p, err := r.d.Images.Fetch(ctx, req.Image, throttle(ctx, st.rep, proto.StageImage, r.d.Now))
@@ -250,6 +254,9 @@ func (r *Runtime) provision(ctx context.Context, req ProvisionRequest, st *stage
 			return err
 		}
 		imgPath = p
+		if rel, ok := r.d.Images.(ImageReleaser); ok {
+			fetched = func() { rel.ReleaseImage(req.Image) }
+		}
 		imgSHA, _ = ParseDigest(req.Image.Digest)
 		return nil
 	}); err != nil {

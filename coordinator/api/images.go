@@ -124,7 +124,7 @@ func (a *API) putImage(c *call) error {
 	if err := c.decode(&body, false); err != nil {
 		return err
 	}
-	im := proto.Image{Name: name, Version: version, Kind: body.Kind, Digest: body.Digest, Size: body.Size, ReadinessCheck: body.ReadinessCheck}
+	im := proto.Image{Name: name, Version: version, Kind: body.Kind, Digest: body.Digest, Size: body.Size, ReadinessCheck: body.ReadinessCheck, MarkerSHA256: body.MarkerSHA256}
 	if err := im.Validate(); err != nil {
 		return err
 	}

@@ -104,6 +104,7 @@ func imageDetail(w *tabwriter.Writer, x proto.Image) {
 	row(w, "Digest:", x.Digest)
 	row(w, "Size:", x.Size)
 	row(w, "Readiness check:", x.ReadinessCheck)
+	row(w, "Marker sha256:", x.MarkerSHA256)
 	row(w, "Blob:", proto.BlobPath(x.Name, x.Version))
 	row(w, "Created:", ts(x.CreatedAt))
 	for _, ap := range x.Approvals {
@@ -142,7 +143,7 @@ func hashFile(p string) (string, int64, error) {
 }
 
 func (a *app) imagePushCmd() *cobra.Command {
-	var name, version, kind, check string
+	var name, version, kind, check, marker string
 	c := &cobra.Command{
 		Use:   "push FILE",
 		Short: "Hash FILE, create the catalog entry and upload the bytes (admin)",
@@ -154,7 +155,7 @@ func (a *app) imagePushCmd() *cobra.Command {
 			"  gpuaasctl image push host.tgz --name h200-host --version 2026.04 --kind maas_tgz",
 		Args: exactArgs("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := proto.ImageBody{Kind: proto.ImageKind(kind), ReadinessCheck: check}
+			body := proto.ImageBody{Kind: proto.ImageKind(kind), ReadinessCheck: check, MarkerSHA256: marker}
 			if !body.Kind.Valid() {
 				return usagef("--kind %q: use one of %v", kind, proto.ImageKinds)
 			}
@@ -195,6 +196,7 @@ func (a *app) imagePushCmd() *cobra.Command {
 	f.StringVar(&version, "version", "", "image version (required)")
 	f.StringVar(&kind, "kind", "", "slice_base, slice_cuda, maas_tgz or maas_ddgz (required)")
 	f.StringVar(&check, "readiness-check", "", "image-specific readiness check run over SSH (slice images)")
+	f.StringVar(&marker, "marker-sha256", "", "hex sha256 of the image's marker file, checked over SSH on every booted slice (slice images)")
 	return c
 }
 

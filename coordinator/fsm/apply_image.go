@@ -35,10 +35,11 @@ func (f *FSM) applyImageUpsert(body []byte, index uint64) any {
 		old, exists := tx.Image(in.Name, in.Version)
 		if !exists {
 			im := &proto.Image{Name: in.Name, Version: in.Version, Kind: in.Kind, Digest: in.Digest, Size: in.Size,
-				ReadinessCheck: in.ReadinessCheck, State: proto.ImagePending, CreatedAt: at(req.At)}
+				ReadinessCheck: in.ReadinessCheck, MarkerSHA256: in.MarkerSHA256, State: proto.ImagePending, CreatedAt: at(req.At)}
 			return im, tx.PutImage(im)
 		}
-		same := old.Kind == in.Kind && old.Digest == in.Digest && old.Size == in.Size && old.ReadinessCheck == in.ReadinessCheck
+		same := old.Kind == in.Kind && old.Digest == in.Digest && old.Size == in.Size && old.ReadinessCheck == in.ReadinessCheck &&
+			old.MarkerSHA256 == in.MarkerSHA256
 		if same {
 			return old, nil // unchanged: no write, no index bump
 		}
@@ -46,10 +47,10 @@ func (f *FSM) applyImageUpsert(body []byte, index uint64) any {
 			if old.Digest != in.Digest {
 				return nil, illegal("image_upsert: image %s is %s with digest %s; its digest never changes (publish a new version for %s)", old, old.State, old.Digest, in.Digest)
 			}
-			return nil, illegal("image_upsert: image %s is %s; its kind, size and readiness check are fixed (publish a new version)", old, old.State)
+			return nil, illegal("image_upsert: image %s is %s; its kind, size, readiness check and marker are fixed (publish a new version)", old, old.State)
 		}
 		im := *old
-		im.Kind, im.Digest, im.Size, im.ReadinessCheck = in.Kind, in.Digest, in.Size, in.ReadinessCheck
+		im.Kind, im.Digest, im.Size, im.ReadinessCheck, im.MarkerSHA256 = in.Kind, in.Digest, in.Size, in.ReadinessCheck, in.MarkerSHA256
 		return &im, tx.PutImage(&im)
 	})
 }
