@@ -94,6 +94,9 @@ type Agents struct {
 	LogDir       string
 	// Fast uses the test intervals (labagent.Options.Fast).
 	Fast bool
+	// Slices are the real slice runtime settings of the hosts that boot
+	// VMs on this machine (labhost.SetupSlice), by host name.
+	Slices map[string]labagent.Slice
 }
 
 // Proc returns the agent process of h, not started. token, when set, is
@@ -116,6 +119,11 @@ func (a Agents) Proc(h Host, token string) (*launch.Proc, error) {
 		return nil, err
 	}
 	cfg.DiagAddr, cfg.GossipBind = h.Diag, h.Gossip
+	if sl, ok := a.Slices[h.Name]; ok {
+		if cfg, err = labagent.WithSlice(cfg, sl); err != nil {
+			return nil, err
+		}
+	}
 	if !a.Fast {
 		// Quicker than a production host, so the lab shows changes soon.
 		cfg.ReadinessInterval = config.Duration(10 * time.Second)

@@ -1,0 +1,253 @@
+// Package labhost runs the real parts of the lab's slice host on this
+// machine: the machine-wide userspace Open vSwitch and libvirtd (started
+// by hand, the machine has no init system running them), and the slice
+// host set-up of j22u15 (its slot disks bound to real loop devices, a
+// netdev bridge with the guest gateway, the agent's slice runtime
+// settings). `make lab` and the privileged tests share it: test/libvirttest
+// wraps these functions for tests.
+package labhost
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpuaas/gpuaas/hostops/command"
+)
+
+// LibvirtURI is the libvirt connection the lab and the tests use.
+const LibvirtURI = "qemu:///system"
+
+// StartTimeout bounds how long EnsureLibvirtd waits for a daemon it
+// started (the first start on a fresh machine takes about 70 s).
+const StartTimeout = 180 * time.Second
+
+// OVSRunDir is the machine-wide userspace Open vSwitch shared by
+// everything whose guests attach through libvirt: libvirtd's taps live in
+// the root network namespace, so ovs-vswitchd must run there too, and two
+// ovs-vswitchd in one namespace collide. It is started once and left
+// running; users create uniquely named bridges on it. libvirtd is started
+// with OVS_RUNDIR pointing here.
+const OVSRunDir = "/run/gpuaas-ovs"
+
+const (
+	ovsSchema = "/usr/share/openvswitch/vswitch.ovsschema"
+	lockPath  = "/run/gpuaas-libvirttest.lock"
+	pidPath   = "/run/gpuaas-libvirttest-libvirtd.pid"
+)
+
+// OVSEnv is the environment OVS clients (and libvirtd) need.
+func OVSEnv() []string {
+	return []string{"OVS_RUNDIR=" + OVSRunDir, "OVS_LOGDIR=" + OVSRunDir, "OVS_DBDIR=" + OVSRunDir}
+}
+
+// OVSRunner runs ovs-vsctl/ovs-ofctl against the shared instance.
+func OVSRunner() command.Exec { return command.Exec{Env: OVSEnv()} }
+
+// EnsureOVS starts the shared userspace Open vSwitch unless it runs.
+func EnsureOVS(ctx context.Context) error {
+	if ovsUp(ctx) {
+		return nil
+	}
+	unlock, err := lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if ovsUp(ctx) {
+		return nil
+	}
+	if err := os.MkdirAll(OVSRunDir, 0o755); err != nil {
+		return err
+	}
+	db := filepath.Join(OVSRunDir, "conf.db")
+	if _, err := os.Stat(db); os.IsNotExist(err) {
+		if err := ovsRun(ctx, "ovsdb-tool", "create", db, ovsSchema); err != nil {
+			return err
+		}
+	}
+	sock := filepath.Join(OVSRunDir, "db.sock")
+	if !running(filepath.Join(OVSRunDir, "ovsdb-server.pid")) {
+		if err := ovsRun(ctx, "ovsdb-server", db, "--remote=punix:"+sock, "--pidfile", "--detach", "--log-file"); err != nil {
+			return err
+		}
+	}
+	if err := ovsRun(ctx, "ovs-vsctl", "--timeout=10", "--no-wait", "init"); err != nil {
+		return err
+	}
+	if !running(filepath.Join(OVSRunDir, "ovs-vswitchd.pid")) {
+		if err := ovsRun(ctx, "ovs-vswitchd", "unix:"+sock, "--pidfile", "--detach", "--log-file"); err != nil {
+			return err
+		}
+	}
+	// Without --no-wait, ovs-vsctl returns once ovs-vswitchd applied it.
+	return ovsRun(ctx, "ovs-vsctl", "--timeout=15", "set", "Open_vSwitch", ".", "external_ids:gpuaas-shared=1")
+}
+
+func ovsUp(ctx context.Context) bool {
+	return running(filepath.Join(OVSRunDir, "ovsdb-server.pid")) && running(filepath.Join(OVSRunDir, "ovs-vswitchd.pid")) &&
+		ovsRun(ctx, "ovs-vsctl", "--timeout=5", "show") == nil
+}
+
+func ovsRun(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), OVSEnv()...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// EnsureLibvirtd starts virtlogd and libvirtd unless libvirtd already
+// answers on qemu:///system with the shared Open vSwitch's OVS_RUNDIR in
+// its environment (a running libvirtd without it is restarted), then
+// waits until it answers. logf (optional) hears what was started.
+func EnsureLibvirtd(ctx context.Context, logf func(format string, args ...any)) error {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if answers(ctx) && hasOVSEnv() {
+		return nil
+	}
+	unlock, err := lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if answers(ctx) && hasOVSEnv() { // another process started it while we waited
+		return nil
+	}
+	if pid, ok := libvirtdPid(); ok && !hasOVSEnv() {
+		logf("restarting libvirtd (pid %d) with OVS_RUNDIR=%s", pid, OVSRunDir)
+		if err := stopPid(pid); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll("/run/libvirt", 0o755); err != nil {
+		return fmt.Errorf("create /run/libvirt: %w", err)
+	}
+	start := time.Now()
+	if !running("/run/libvirt/virtlogd.pid") {
+		if out, err := exec.CommandContext(ctx, "virtlogd", "-d").CombinedOutput(); err != nil {
+			return fmt.Errorf("start virtlogd: %w: %s", err, out)
+		}
+	}
+	if !running(pidPath) {
+		cmd := exec.CommandContext(ctx, "libvirtd", "-d", "-p", pidPath)
+		cmd.Env = append(os.Environ(), OVSEnv()...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("start libvirtd: %w: %s", err, out)
+		}
+	}
+	deadline := time.Now().Add(StartTimeout)
+	for !answers(ctx) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("libvirtd started but %s does not answer after %s", LibvirtURI, StartTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for libvirtd: %w", ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+	logf("started libvirtd (answered after %s; left running)", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
+
+// answers reports whether virsh reaches the daemon.
+func answers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, "virsh", "-c", LibvirtURI, "version").Run() == nil
+}
+
+// running reports whether the pid file names a live process.
+func running(pidFile string) bool {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return false
+	}
+	var pid int
+	if _, err := fmt.Sscanf(string(b), "%d", &pid); err != nil || pid <= 0 {
+		return false
+	}
+	return syscall.Kill(pid, 0) == nil
+}
+
+// lock serialises daemon starts across processes (test binaries, the lab).
+func lock(ctx context.Context) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", lockPath, err)
+	}
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", lockPath, err)
+	}
+	for {
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+			return func() { f.Close() }, nil
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", lockPath, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// libvirtdPid returns the pid of the running libvirtd, from the pid file
+// this package writes or libvirtd's own.
+func libvirtdPid() (int, bool) {
+	for _, p := range []string{pidPath, "/run/libvirtd.pid"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(string(b), "%d", &pid); err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
+			return pid, true
+		}
+	}
+	return 0, false
+}
+
+// hasOVSEnv reports whether the running libvirtd has the shared OVS_RUNDIR
+// in its environment.
+func hasOVSEnv() bool {
+	pid, ok := libvirtdPid()
+	if !ok {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return false
+	}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if kv == "OVS_RUNDIR="+OVSRunDir {
+			return true
+		}
+	}
+	return false
+}
+
+// stopPid terminates a libvirtd and waits for it.
+func stopPid(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stop libvirtd %d: %w", pid, err)
+	}
+	for i := 0; i < 150; i++ {
+		if syscall.Kill(pid, 0) != nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	time.Sleep(500 * time.Millisecond)
+	return nil
+}

@@ -1,0 +1,197 @@
+package labhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/ovs"
+	"github.com/gpuaas/gpuaas/lab/hostsim"
+	"github.com/gpuaas/gpuaas/lab/labagent"
+)
+
+// DefaultDiskSize is the size of each loop device standing in for a slot
+// NVMe: room for the 64 MiB lab guest image and its growth.
+const DefaultDiskSize = 256 << 20
+
+// SliceOptions describe the real slice host to set up.
+type SliceOptions struct {
+	// Root is the host's generated tree (lab/hostsim).
+	Root hostops.Root
+	// Dir holds the disks' sparse backing files and the agent's VM,
+	// serial and DHCP folders. QEMU (user libvirt-qemu) must traverse the
+	// VM folder, so Dir's parents are made world-searchable.
+	Dir string
+	// DiskSize is each loop device's size (default DefaultDiskSize).
+	DiskSize int64
+	// Bridge is the userspace OVS bridge (≤15 characters), created if
+	// missing and deleted by Close.
+	Bridge string
+	// Gateway is the guest subnet's gateway, e.g. 10.215.0.1/24; slot
+	// private IPs are suggested from it.
+	Gateway string
+	// JumpHost is what tenants `ssh -J` through (default 127.0.0.1).
+	JumpHost string
+}
+
+// SliceHost is a set-up real slice host: every simulated NVMe of the host
+// tree is bound to its own real loop device, the shared Open vSwitch and
+// libvirtd run, the bridge carries the gateway. Slice holds the agent
+// settings (labagent.WithSlice).
+type SliceHost struct {
+	Slice labagent.Slice
+	// Loops maps simulated disk names to their loop devices.
+	Loops map[string]string
+	opts  SliceOptions
+}
+
+var nvmeName = regexp.MustCompile(`^nvme[0-9]+n1$`)
+
+// SetupSlice prepares the host. On error it undoes what it did.
+func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) (_ *SliceHost, err error) {
+	if o.DiskSize == 0 {
+		o.DiskSize = DefaultDiskSize
+	}
+	if o.JumpHost == "" {
+		o.JumpHost = "127.0.0.1"
+	}
+	if err := hostops.ValidName(o.Bridge); err != nil || len(o.Bridge) > 15 {
+		return nil, fmt.Errorf("slice host: bridge %q: want a valid interface name of at most 15 characters", o.Bridge)
+	}
+	gw, err := netip.ParsePrefix(o.Gateway)
+	if err != nil || !gw.Addr().Is4() {
+		return nil, fmt.Errorf("slice host: gateway %q is not an IPv4 address with prefix", o.Gateway)
+	}
+	for _, c := range []string{"losetup", "virsh", "libvirtd", "virtlogd", "qemu-system-x86_64", "ovs-vswitchd", "ovsdb-server", "ovs-vsctl", "dnsmasq"} {
+		if _, err := exec.LookPath(c); err != nil {
+			return nil, fmt.Errorf("slice host: %s is not installed (make deps)", c)
+		}
+	}
+	h := &SliceHost{Loops: map[string]string{}, opts: o}
+	defer func() {
+		if err != nil {
+			_ = h.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	vmDir := filepath.Join(o.Dir, "vm")
+	for _, d := range []string{filepath.Join(o.Dir, "disks"), vmDir, filepath.Join(o.Dir, "serial"), filepath.Join(o.Dir, "dhcp")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("slice host: %w", err)
+		}
+	}
+	for d := vmDir; d != "/" && d != "."; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return nil, fmt.Errorf("slice host: %w", err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o011); err != nil {
+				return nil, fmt.Errorf("slice host: let QEMU reach %s: %w", vmDir, err)
+			}
+		}
+	}
+	entries, err := os.ReadDir(o.Root.SysPath("class", "block"))
+	if err != nil {
+		return nil, fmt.Errorf("slice host: %w", err)
+	}
+	var disks []string
+	for _, e := range entries {
+		if nvmeName.MatchString(e.Name()) {
+			disks = append(disks, e.Name())
+		}
+	}
+	slices.Sort(disks)
+	if len(disks) == 0 {
+		return nil, fmt.Errorf("slice host: no NVMe disks under %s", o.Root.SysPath("class", "block"))
+	}
+	for _, name := range disks {
+		backing := filepath.Join(o.Dir, "disks", name+".img")
+		f, err := os.OpenFile(backing, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("slice host: %w", err)
+		}
+		err = f.Truncate(o.DiskSize)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("slice host: size %s: %w", backing, err)
+		}
+		out, err := exec.CommandContext(ctx, "losetup", "-f", "--show", backing).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("slice host: losetup %s: %w: %s", backing, err, strings.TrimSpace(string(out)))
+		}
+		loop := strings.TrimSpace(string(out))
+		h.Loops[name] = loop
+		if err := hostsim.BindBlockDevice(o.Root, name, loop); err != nil {
+			return nil, err
+		}
+	}
+	if err := EnsureOVS(ctx); err != nil {
+		return nil, fmt.Errorf("slice host: %w", err)
+	}
+	if err := EnsureLibvirtd(ctx, logf); err != nil {
+		return nil, fmt.Errorf("slice host: %w", err)
+	}
+	sw, err := ovs.New(ovs.Options{Bridge: o.Bridge, DatapathType: "netdev", Gateway: gw, RunDir: OVSRunDir})
+	if err != nil {
+		return nil, err
+	}
+	if err := sw.EnsureBridge(ctx); err != nil {
+		return nil, fmt.Errorf("slice host: %w", err)
+	}
+	h.Slice = labagent.Slice{OVSRunDir: OVSRunDir, Bridge: o.Bridge, Gateway: o.Gateway, VMDir: vmDir,
+		SerialLogDir: filepath.Join(o.Dir, "serial"), DHCPDir: filepath.Join(o.Dir, "dhcp"), JumpHost: o.JumpHost}
+	return h, nil
+}
+
+// Close destroys and undefines the domains that use this host's disks,
+// stops the guest dnsmasq, deletes the bridge and detaches the loop
+// devices (their backing files stay for a restart of the lab).
+func (h *SliceHost) Close(ctx context.Context) error {
+	var errs []error
+	if out, err := exec.CommandContext(ctx, "virsh", "-c", LibvirtURI, "list", "--all", "--name").Output(); err == nil {
+		for _, name := range strings.Fields(string(out)) {
+			x, err := exec.CommandContext(ctx, "virsh", "-c", LibvirtURI, "dumpxml", name).Output()
+			if err != nil {
+				continue
+			}
+			for _, loop := range h.Loops {
+				if strings.Contains(string(x), "'"+loop+"'") || strings.Contains(string(x), `"`+loop+`"`) {
+					_ = exec.CommandContext(ctx, "virsh", "-c", LibvirtURI, "destroy", name).Run()
+					if out, err := exec.CommandContext(ctx, "virsh", "-c", LibvirtURI, "undefine", "--nvram", name).CombinedOutput(); err != nil {
+						errs = append(errs, fmt.Errorf("undefine %s: %w: %s", name, err, out))
+					}
+					break
+				}
+			}
+		}
+	}
+	if h.Slice.DHCPDir != "" {
+		if b, err := os.ReadFile(filepath.Join(h.Slice.DHCPDir, "dnsmasq.pid")); err == nil {
+			var pid int
+			if _, err := fmt.Sscanf(string(b), "%d", &pid); err == nil && pid > 0 {
+				_ = exec.CommandContext(ctx, "kill", fmt.Sprint(pid)).Run()
+			}
+		}
+	}
+	if h.Slice.Bridge != "" {
+		cmd := exec.CommandContext(ctx, "ovs-vsctl", "--timeout=10", "--if-exists", "del-br", h.Slice.Bridge)
+		cmd.Env = append(os.Environ(), OVSEnv()...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("delete bridge %s: %w: %s", h.Slice.Bridge, err, out))
+		}
+	}
+	for name, loop := range h.Loops {
+		if out, err := exec.CommandContext(ctx, "losetup", "-d", loop).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s (%s): %w: %s", loop, name, err, out))
+		}
+	}
+	return errors.Join(errs...)
+}
