@@ -114,8 +114,17 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	switch cfg.Evidence {
 	case config.EvidenceHostsim:
 		d.src = evidence.Hostsim{Root: root}
+		if cfg.Runtime == config.RuntimeReal {
+			// The real slice runtime's guests attach to a real bridge:
+			// observe that one, the rest of the host is simulated.
+			h, err := evidence.NewHost(hostops.RealRoot(), cfg.OVSRunDir)
+			if err != nil {
+				return nil, err
+			}
+			d.src = evidence.RealBridge{Source: d.src, Real: h}
+		}
 	default:
-		h, err := evidence.NewHost(root, "")
+		h, err := evidence.NewHost(root, cfg.OVSRunDir)
 		if err != nil {
 			return nil, err
 		}

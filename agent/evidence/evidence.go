@@ -139,3 +139,18 @@ func (h *Host) Bridge(ctx context.Context, name string, gateway netip.Prefix) (u
 	}
 	return ev, nil
 }
+
+// RealBridge is a Source whose OVS bridge evidence comes from the real
+// Open vSwitch (Bridge) while everything else comes from Source: the lab
+// host that runs the real slice runtime on a simulated host tree (its
+// guests attach to a real bridge; its GPUs, fabric and units are
+// simulated).
+type RealBridge struct {
+	Source
+	Real *Host
+}
+
+// Bridge asks the real ovsdb and netlink.
+func (r RealBridge) Bridge(ctx context.Context, name string, gateway netip.Prefix) (units.Evidence, error) {
+	return r.Real.Bridge(ctx, name, gateway)
+}
