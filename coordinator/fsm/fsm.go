@@ -57,6 +57,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
+	proto.NodeLeaseDriftType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -168,6 +169,9 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 		return f.applyCommandBatch(body, index)
 	default:
 		if resp, ok := f.applyMAAS(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
+		if resp, ok := f.applyGossip(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if ignorable {

@@ -88,7 +88,7 @@ func TestApplySkipsNonCommandEntries(t *testing.T) {
 // refused as a domain error, never "unknown command type".
 func TestApplyHandlesEveryLedgerType(t *testing.T) {
 	t.Parallel()
-	require.Len(t, fsm.LedgerTypes, int(proto.SlotHealthType)+5, "types 1..slot_health, command_batch and the MAAS types 28..31 are the ledger's")
+	require.Len(t, fsm.LedgerTypes, int(proto.SlotHealthType)+6, "types 1..slot_health, command_batch, the MAAS types 28..31 and node_lease_drift (42) are the ledger's")
 	for _, typ := range fsm.LedgerTypes {
 		if typ == proto.CommandBatchType {
 			continue // framed, not JSON: batch_test.go
