@@ -56,6 +56,10 @@ func (s *Server) WatchAgents(ctx context.Context, pool AgentPool) {
 			drainEvents(events)
 		case <-tick.C:
 		}
+		if !s.IsLeader() {
+			clear(acted)
+			continue
+		}
 		s.reconcileAgents(ctx, pool.Statuses(), acted)
 	}
 }
