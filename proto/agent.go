@@ -95,6 +95,9 @@ type HeartbeatResponse struct {
 	NodeID string     `json:"node_id"`
 	State  NodeState  `json:"state"`
 	Claims []ClaimRef `json:"claims"`
+	// Orphaned lists the leases of the request that no live claim backs
+	// (same slot, claim and generation): the agent releases them.
+	Orphaned []ClaimRef `json:"orphaned,omitempty"`
 }
 
 // AgentSlotsPayload is the part of a slice.provision / slice.release task

@@ -12,6 +12,8 @@ type ClaimRef struct {
 	NodeID     string    `json:"node_id"`
 	SlotID     string    `json:"slot_id,omitempty"`
 	Generation uint64    `json:"generation"`
+	// AllocationID is the claim's allocation (set in lease drift).
+	AllocationID string `json:"allocation_id,omitempty"`
 }
 
 // AllocationTaskPayload is the payload the FSM writes into the provision

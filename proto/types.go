@@ -57,6 +57,9 @@ type Node struct {
 	// Generation increases each time a node_exclusive claim takes the
 	// node; it is that claim's fencing token.
 	Generation uint64 `json:"generation,omitempty"`
+	// LeaseDrift is what differs between the agent's host-local leases
+	// and the live claims on the node (nil when they agree).
+	LeaseDrift *LeaseDrift `json:"lease_drift,omitempty"`
 	Meta
 }
 

@@ -373,8 +373,10 @@ func (d *Daemon) discover(ctx context.Context) (discovery.Report, error) {
 	return r, nil
 }
 
-// heartbeat tells the coordinator the agent lives; with reconcile it also
-// reconciles leases against the live claims it returns.
+// heartbeat tells the coordinator the agent lives and which leases it
+// holds. With reconcile (at start) it reconciles the leases against the
+// live claims the answer lists; otherwise it releases the leases the
+// coordinator names orphaned.
 func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.HeartbeatResponse, error) {
 	ls, err := d.store.List()
 	if err != nil {
@@ -407,6 +409,19 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 			d.log.Warn("leases reconciled", "released", len(r.Released), "missing", len(r.Missing))
 		}
 		d.reconcileRuntime(ctx)
+		return resp, nil
+	}
+	// Every later heartbeat: the coordinator compared the leases sent
+	// with its live claims and names the orphans; release exactly those
+	// (a lease taken since the request left is not among them).
+	var orphans []nodesched.Claim
+	for _, o := range resp.Orphaned {
+		if o.Kind == proto.ClaimSlot {
+			orphans = append(orphans, nodesched.Claim{SlotID: o.SlotID, ClaimID: o.ClaimID, Generation: o.Generation})
+		}
+	}
+	if _, err := d.sched.ReleaseOrphans(orphans); err != nil {
+		return resp, err
 	}
 	return resp, nil
 }

@@ -39,7 +39,7 @@ func TestKilledAgentMakesNodeUnreachable(t *testing.T) {
 	t.Cleanup(func() { _ = pool.Shutdown() })
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan struct{})
-	go func() { c.srv.WatchAgents(ctx, pool.Events()); close(watched) }()
+	go func() { c.srv.WatchAgents(ctx, pool); close(watched) }()
 	t.Cleanup(func() { cancel(); <-watched })
 
 	base, state := hostBase(t, "j22u15"), t.TempDir()

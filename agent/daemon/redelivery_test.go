@@ -43,9 +43,14 @@ func TestRedeliveredTaskDoesNotRunTwice(t *testing.T) {
 	assert.JSONEq(t, `{"candidates":99,"journaled":true}`, string(got.Result), "the journaled result was re-reported")
 	_, discovered := c.srv.Store().Snapshot().Candidates("j22u15")
 	assert.False(t, discovered, "the task did not run again (no topology was reported)")
-	rec, ok, err := a.d.store.Task(task.ID)
-	require.NoError(t, err)
-	require.True(t, ok)
-	assert.True(t, rec.Reported)
+	// The journal marks the report once the coordinator's answer is back,
+	// a moment after the coordinator applied it.
+	var rec leases.TaskRecord
+	require.Eventually(t, func() bool {
+		var ok bool
+		var err error
+		rec, ok, err = a.d.store.Task(task.ID)
+		return err == nil && ok && rec.Reported
+	}, 5*time.Second, 20*time.Millisecond, "the re-report is journaled")
 	assert.Equal(t, 1, rec.Attempts)
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -78,9 +79,11 @@ type Profile string
 
 const (
 	// ProfileFast targets detection of a dead host in under 5 s at 1,000
-	// members on a LAN: probe every 250 ms, suspicion 3 × log10(N) probe
-	// intervals (2.25 s at 1,000), confirmations shortening it (Lifeguard);
-	// gossip at memberlist's default 200 ms.
+	// members on a LAN: probe every 250 ms (150 ms ack timeout), suspicion
+	// 3 × log10(N) probe intervals (2.25 s at 1,000, at most 4× that),
+	// confirmations shortening it (Lifeguard); gossip every 200 ms to 4
+	// members; push-pull every 15 s (memberlist scales it up with N);
+	// no compression. Agents and coordinators use it at every pool size.
 	ProfileFast Profile = "fast"
 	// ProfileDefault is memberlist's DefaultLANConfig (about 12 s at 1,000).
 	ProfileDefault Profile = "lan-default"
@@ -99,6 +102,13 @@ func Tune(c *memberlist.Config, p Profile) error {
 		c.PushPullInterval = 15 * time.Second
 		c.GossipToTheDeadTime = 15 * time.Second
 		c.TCPTimeout = 5 * time.Second
+		// No LZW on the wire: pool messages are a few hundred bytes on a
+		// LAN, and compress/lzw allocates ~20 KB of tables per packet. In
+		// the scale benchmark (every member in one process) that garbage
+		// stalled joins at ~130 members; without it 200 join in seconds
+		// with no false suspicion. Members of a pool must agree: memberlist
+		// decompresses whatever it receives, so mixed pools still work.
+		c.EnableCompression = false
 	case ProfileDefault:
 	default:
 		return fmt.Errorf("membership profile %q: want %q or %q", p, ProfileFast, ProfileDefault)
@@ -109,11 +119,35 @@ func Tune(c *memberlist.Config, p Profile) error {
 // Pool is this process's membership in the gossip pool.
 type Pool struct {
 	ml     *memberlist.Memberlist
+	name   string
 	events chan Event
 	log    *slog.Logger
 
 	mu     sync.Mutex
 	closed bool
+
+	// view is what this member has learned of every other member, kept
+	// by the event delegate (Statuses).
+	vmu  sync.Mutex
+	view map[string]Status
+	seq  uint64
+}
+
+// Status is what this member last learned about another member: a
+// level-triggered view beside the Events edge stream, so a watcher that
+// missed events (it was not the Raft leader when they came) can still act
+// on the member's current state.
+type Status struct {
+	Name  string
+	Addr  string
+	Meta  Meta
+	Alive bool
+	// Since is when this member saw the last change.
+	Since time.Time
+	// Seq is unique to each change this member saw and increases with
+	// them, so a watcher can tell a change it already acted on from a
+	// new one.
+	Seq uint64
 }
 
 // Start creates the member. It does not join anyone yet: call Join.
@@ -132,7 +166,7 @@ func Start(cfg Config) (*Pool, error) {
 	if lg == nil {
 		lg = slog.Default()
 	}
-	p := &Pool{events: make(chan Event, 1024), log: lg.With("member", cfg.Name)}
+	p := &Pool{events: make(chan Event, 1024), log: lg.With("member", cfg.Name), name: cfg.Name, view: map[string]Status{}}
 
 	c := memberlist.DefaultLANConfig()
 	c.Name = cfg.Name
@@ -217,8 +251,28 @@ func (p *Pool) Shutdown() error {
 	return p.ml.Shutdown()
 }
 
+// Statuses lists every member this member has seen (itself excluded),
+// alive or gone, sorted by name. A gone member stays listed until it
+// joins again.
+func (p *Pool) Statuses() []Status {
+	p.vmu.Lock()
+	out := make([]Status, 0, len(p.view))
+	for _, st := range p.view {
+		out = append(out, st)
+	}
+	p.vmu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
 func (p *Pool) emit(kind EventKind, n *memberlist.Node) {
 	ev := Event{Kind: kind, Name: n.Name, Addr: n.Address(), Meta: decodeMeta(n.Meta), At: time.Now()}
+	if n.Name != p.name {
+		p.vmu.Lock()
+		p.seq++
+		p.view[n.Name] = Status{Name: n.Name, Addr: ev.Addr, Meta: ev.Meta, Alive: kind != EventGone, Since: ev.At, Seq: p.seq}
+		p.vmu.Unlock()
+	}
 	select {
 	case p.events <- ev:
 	default:

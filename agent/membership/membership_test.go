@@ -125,3 +125,37 @@ func startMemnetPool(tb testing.TB, nw *memnet.Network, n int) []memMember {
 	}, time.Duration(n/10+45)*time.Second, 100*time.Millisecond, "pool of %d converges", n)
 	return out
 }
+
+// Statuses keep the level view a late watcher needs: every member seen,
+// alive or gone, with a sequence number that moves on each change.
+func TestStatusesFollowMembers(t *testing.T) {
+	t.Parallel()
+	nw := memnet.New()
+	pools := startMemnetPool(t, nw, 4)
+	observer := pools[0].p
+	byName := func() map[string]Status {
+		m := map[string]Status{}
+		for _, st := range observer.Statuses() {
+			m[st.Name] = st
+		}
+		return m
+	}
+	before := byName()
+	require.Len(t, before, 3, "the observer lists the others, not itself")
+	for _, st := range before {
+		require.True(t, st.Alive, st.Name)
+		require.Equal(t, RoleAgent, st.Meta.Role)
+		require.NotZero(t, st.Seq)
+	}
+	victim := pools[2].p.ml.LocalNode().Name
+	nw.Kill(pools[2].tr)
+	require.Eventually(t, func() bool { return !byName()[victim].Alive }, 30*time.Second, 20*time.Millisecond)
+	after := byName()
+	require.Greater(t, after[victim].Seq, before[victim].Seq, "the death is a new change")
+	require.Len(t, after, 3, "a gone member stays listed")
+	for name, st := range after {
+		if name != victim {
+			require.True(t, st.Alive, name)
+		}
+	}
+}

@@ -410,3 +410,35 @@ func (s *Scheduler) Reconcile(claims []Claim) (Reconciliation, error) {
 	sort.Slice(r.Missing, func(i, j int) bool { return r.Missing[i].SlotID < r.Missing[j].SlotID })
 	return r, nil
 }
+
+// ReleaseOrphans releases the leases the coordinator found no live claim
+// for (HeartbeatResponse.Orphaned). Only a lease that is still exactly the
+// one named (same slot, claim and generation) is released: a lease taken
+// after the heartbeat left (a new claim on the slot) is kept.
+func (s *Scheduler) ReleaseOrphans(orphans []Claim) ([]leases.Lease, error) {
+	if len(orphans) == 0 {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all, err := s.Leases.List()
+	if err != nil {
+		return nil, fmt.Errorf("release orphaned leases: %w", err)
+	}
+	named := map[Claim]bool{}
+	for _, o := range orphans {
+		named[Claim{SlotID: o.SlotID, ClaimID: o.ClaimID, Generation: o.Generation}] = true
+	}
+	var out []leases.Lease
+	for _, l := range all {
+		if !named[Claim{SlotID: l.SlotID, ClaimID: l.ClaimID, Generation: l.Generation}] {
+			continue
+		}
+		if err := s.Leases.ReleaseSlot(l.SlotID, l.Generation); err != nil && !errors.Is(err, leases.ErrNoLease) {
+			return out, fmt.Errorf("release orphaned lease of %s: %w", l.SlotID, err)
+		}
+		out = append(out, l)
+		s.log().Warn("released orphaned lease", "slot", l.SlotID, "allocation", l.AllocationID, "claim", l.ClaimID, "generation", l.Generation)
+	}
+	return out, nil
+}

@@ -214,3 +214,32 @@ func TestParseCPUList(t *testing.T) {
 		assert.Error(t, err, bad)
 	}
 }
+
+// The coordinator names orphans by slot, claim and generation; only a
+// lease that is exactly that is released.
+func TestReleaseOrphans(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.s.Plan(ctx, "alloc-1", f.slots[0:2])
+	require.NoError(t, err)
+	_, err = f.s.Plan(ctx, "alloc-2", f.slots[5:6])
+	require.NoError(t, err)
+
+	got, err := f.s.ReleaseOrphans([]Claim{
+		{SlotID: f.slots[0].ID, ClaimID: f.slots[0].ClaimID, Generation: 1}, // orphaned: released
+		{SlotID: f.slots[1].ID, ClaimID: "another-claim", Generation: 1},    // not the lease held: kept
+		{SlotID: f.slots[5].ID, ClaimID: f.slots[5].ClaimID, Generation: 7}, // other generation: kept
+		{SlotID: f.slots[7].ID, ClaimID: "c7", Generation: 1},               // no lease at all
+	})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, f.slots[0].ID, got[0].SlotID)
+	assert.Equal(t, "alloc-1", got[0].AllocationID)
+	assert.Equal(t, 2, f.leaseCount(t))
+
+	got, err = f.s.ReleaseOrphans(nil)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	assert.Equal(t, 2, f.leaseCount(t))
+}

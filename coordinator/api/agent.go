@@ -460,6 +460,11 @@ func (a *API) agentHeartbeat(c *call) error {
 	for _, cl := range snap.LiveNodeClaims(node) {
 		resp.Claims = append(resp.Claims, proto.ClaimRef{ClaimID: cl.ID, Kind: cl.Kind, NodeID: cl.NodeID, SlotID: cl.SlotID, Generation: cl.Generation})
 	}
+	orphaned, err := a.checkLeases(c, snap, node, body.Leases)
+	if err != nil {
+		return err
+	}
+	resp.Orphaned = orphaned
 	return c.reply(http.StatusOK, resp)
 }
 

@@ -70,6 +70,7 @@ type API struct {
 	mux    *http.ServeMux
 	routes []Route
 	proxy  *forwarder
+	leases leaseMemo // last lease comparison per node (leasedrift.go)
 }
 
 // New returns the operator API handler over backend b.

@@ -109,6 +109,7 @@ func (f *FSM) applyNodeUpsert(body []byte, index uint64) any {
 		// Draining, readiness and the claim generation belong to their
 		// own commands; an upsert keeps them.
 		n.Draining, n.Readiness, n.Generation = old.Draining, old.Readiness, old.Generation
+		n.LeaseDrift = old.LeaseDrift
 		if n.State == "" {
 			n.State = old.State
 		}

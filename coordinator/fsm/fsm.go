@@ -57,7 +57,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.AllocationForceReleaseType, proto.SlotCleanedType, proto.OutboxDeliverType, proto.TaskUpdateType,
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
-	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType,
+	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType, proto.NodeLeaseDriftType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -176,6 +176,9 @@ func (f *FSM) ApplyCommand(index uint64, data []byte) any {
 			return resp
 		}
 		if resp, ok := f.applyImage(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
+		if resp, ok := f.applyGossip(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if ignorable {

@@ -10,7 +10,8 @@ import (
 )
 
 // startGossip joins this coordinator to the agents' memberlist pool, so
-// the leader sees agents die (server.WatchAgents).
+// the leader sees agents die (server.WatchAgents acts on its own view of
+// the pool, so every coordinator must be a member).
 func startGossip(o *options, httpAddr string, log *slog.Logger) (*membership.Pool, error) {
 	host, port, err := net.SplitHostPort(o.GossipBind)
 	if err != nil {

@@ -120,7 +120,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 		defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
-		go srv.WatchAgents(ctx, pool.Events())
+		go srv.WatchAgents(ctx, pool)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
