@@ -278,7 +278,7 @@ func (s *Switch) EnsureBridge(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("install base flows on %s: %w", s.bridge, err)
 	}
-	s.log.Info("ovs bridge ready", "gateway", s.gateway.String(), "datapath", s.datapath)
+	s.log.Debug("ovs bridge ready", "gateway", s.gateway.String(), "datapath", s.datapath)
 	return nil
 }
 
