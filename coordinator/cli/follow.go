@@ -303,8 +303,13 @@ func (a *app) followAllocation(cmd *cobra.Command, id string, limit time.Duratio
 	stalled := 0
 	for {
 		q := map[string]string{"limit": "1000"}
+		var tq map[string]string
 		if index > 0 {
 			q["index"], q["wait"] = strconv.FormatUint(index, 10), a.blockWait()
+		} else {
+			// The allocation was just written through the leader; the
+			// replica this talks to may not have applied it yet.
+			q["consistent"], tq = "true", map[string]string{"consistent": "true"}
 		}
 		r, err := a.call(cmd, http.MethodGet, base+"/tasks", q, nil, nil)
 		if err != nil {
@@ -316,7 +321,7 @@ func (a *app) followAllocation(cmd *cobra.Command, id string, limit time.Duratio
 		}
 		moved := tasks.Index != index
 		index = tasks.Index
-		if r, err = a.call(cmd, http.MethodGet, base+"/timeline", nil, nil, nil); err != nil {
+		if r, err = a.call(cmd, http.MethodGet, base+"/timeline", tq, nil, nil); err != nil {
 			return err
 		}
 		tl, err := decode[proto.List[proto.TimelineEvent]](r)
@@ -376,6 +381,8 @@ func (a *app) followTask(cmd *cobra.Command, t proto.Task, label string, limit t
 		q := map[string]string{"limit": "1000"}
 		if index > 0 {
 			q["index"], q["wait"] = strconv.FormatUint(index, 10), a.blockWait()
+		} else {
+			q["consistent"] = "true" // the first read sees what was just written
 		}
 		r, err := a.call(cmd, http.MethodGet, "/v1/nodes/"+pathEscape(t.NodeID)+"/tasks", q, nil, nil)
 		if err != nil {
@@ -415,6 +422,8 @@ func (a *app) settledSlot(cmd *cobra.Command, node, id string) (*Response, error
 		q := map[string]string{"node": node, "limit": "1000"}
 		if index > 0 {
 			q["index"], q["wait"] = strconv.FormatUint(index, 10), "5s"
+		} else {
+			q["consistent"] = "true" // the first read sees what was just written
 		}
 		r, err := a.call(cmd, http.MethodGet, "/v1/slots", q, nil, nil)
 		if err != nil {

@@ -40,6 +40,10 @@ type SliceOptions struct {
 	Gateway string
 	// JumpHost is what tenants `ssh -J` through (default 127.0.0.1).
 	JumpHost string
+	// VMDir holds the VMs' seeds and NVRAM (default
+	// /var/lib/libvirt/gpuaas/<bridge>: QEMU, running as libvirt-qemu,
+	// must reach it).
+	VMDir string
 }
 
 // SliceHost is a set-up real slice host: every simulated NVMe of the host
@@ -81,20 +85,28 @@ func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) 
 			_ = h.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	vmDir := filepath.Join(o.Dir, "vm")
+	vmDir := o.VMDir
+	if vmDir == "" {
+		vmDir = filepath.Join("/var/lib/libvirt/gpuaas", o.Bridge)
+	}
 	for _, d := range []string{filepath.Join(o.Dir, "disks"), vmDir, filepath.Join(o.Dir, "serial"), filepath.Join(o.Dir, "dhcp")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("slice host: %w", err)
 		}
 	}
-	for d := vmDir; d != "/" && d != "."; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
+	for _, leaf := range []string{vmDir, filepath.Join(o.Dir, "serial")} {
+		if err := os.MkdirAll(leaf, 0o755); err != nil {
 			return nil, fmt.Errorf("slice host: %w", err)
 		}
-		if fi.Mode().Perm()&0o001 == 0 {
-			if err := os.Chmod(d, fi.Mode().Perm()|0o011); err != nil {
-				return nil, fmt.Errorf("slice host: let QEMU reach %s: %w", vmDir, err)
+		for d := leaf; d != "/" && d != "."; d = filepath.Dir(d) {
+			fi, err := os.Stat(d)
+			if err != nil {
+				return nil, fmt.Errorf("slice host: %w", err)
+			}
+			if fi.Mode().Perm()&0o001 == 0 {
+				if err := os.Chmod(d, fi.Mode().Perm()|0o011); err != nil {
+					return nil, fmt.Errorf("slice host: let QEMU reach %s: %w", leaf, err)
+				}
 			}
 		}
 	}
