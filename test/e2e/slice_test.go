@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -197,7 +198,15 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 
 // getJSON reads path from the coordinator into out.
 func getJSON(ctx context.Context, api fleet.API, path string, out any) error {
-	r, err := api.C.Do(ctx, http.MethodGet, path, nil, nil, nil)
+	var q url.Values
+	if p, raw, ok := strings.Cut(path, "?"); ok {
+		var err error
+		if q, err = url.ParseQuery(raw); err != nil {
+			return err
+		}
+		path = p
+	}
+	r, err := api.C.Do(ctx, http.MethodGet, path, q, nil, nil)
 	if err != nil {
 		return err
 	}
