@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -86,7 +88,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		return nil, nil, fmt.Errorf("image cache: %w", err)
 	}
 	rt, err := slice.New(slice.Options{
-		Owner: cfg.NodeID, Gateway: d.gw, Bridge: cfg.OVSBridge, StateDir: cfg.VMDir, SerialDir: cfg.SerialLogDir,
+		Owner: runtimeOwner(cfg.NodeID, cfg.StateDir), Gateway: d.gw, Bridge: cfg.OVSBridge, StateDir: cfg.VMDir, SerialDir: cfg.SerialLogDir,
 		Hypervisor: typ, LabSized: bool(cfg.LabSized), ChecksumOffloadOff: bool(cfg.VNICChecksumOff), DefaultWipe: policy,
 		SSHPublicKey: pub, JumpHost: cfg.JumpHost, LeaseTimeout: time.Duration(cfg.LeaseTimeout),
 		SSHTimeout: time.Duration(cfg.SSHTimeout), ShutdownTimeout: time.Duration(cfg.VMShutdownTimeout),
@@ -287,4 +289,16 @@ func (d *Daemon) sliceReconcileLoop(ctx context.Context) error {
 		}
 		d.reconcileRuntime(ctx)
 	}
+}
+
+// runtimeOwner tags this agent's domains: the node ID plus a digest of
+// its state directory, so two agents sharing a machine (a lab and a test
+// both running a j22u15) never reconcile away each other's VMs.
+func runtimeOwner(node, stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return node + "." + hex.EncodeToString(sum[:4])
 }

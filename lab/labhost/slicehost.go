@@ -59,6 +59,21 @@ type SliceHost struct {
 
 var nvmeName = regexp.MustCompile(`^nvme[0-9]+n1$`)
 
+// Installed reports what the real slice host needs and this machine lacks.
+func Installed() error {
+	for _, c := range []string{"losetup", "virsh", "libvirtd", "virtlogd", "qemu-system-x86_64", "ovs-vswitchd", "ovsdb-server", "ovs-vsctl", "dnsmasq"} {
+		if _, err := exec.LookPath(c); err != nil {
+			return fmt.Errorf("slice host: %s is not installed (make deps)", c)
+		}
+	}
+	for _, f := range []string{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd", ovsSchema} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("slice host: %s is missing (make deps)", f)
+		}
+	}
+	return nil
+}
+
 // SetupSlice prepares the host. On error it undoes what it did.
 func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) (_ *SliceHost, err error) {
 	if o.DiskSize == 0 {
@@ -74,10 +89,8 @@ func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) 
 	if err != nil || !gw.Addr().Is4() {
 		return nil, fmt.Errorf("slice host: gateway %q is not an IPv4 address with prefix", o.Gateway)
 	}
-	for _, c := range []string{"losetup", "virsh", "libvirtd", "virtlogd", "qemu-system-x86_64", "ovs-vswitchd", "ovsdb-server", "ovs-vsctl", "dnsmasq"} {
-		if _, err := exec.LookPath(c); err != nil {
-			return nil, fmt.Errorf("slice host: %s is not installed (make deps)", c)
-		}
+	if err := Installed(); err != nil {
+		return nil, err
 	}
 	h := &SliceHost{Loops: map[string]string{}, opts: o}
 	defer func() {

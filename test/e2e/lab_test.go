@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,6 +41,11 @@ type lab struct {
 func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 	t.Helper()
 	l := &lab{dir: dir, bin: bin, out: &bytes.Buffer{}, exited: make(chan error, 1)}
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-slice-host") }) {
+		// The lab tests follow the simulated hosts; TestPrivilegedLabSliceEndToEnd
+		// runs the real slice host.
+		args = append(args, "-slice-host=none")
+	}
 	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), append([]string{"-dir", dir}, args...)...)
 	l.cmd.Stdout, l.cmd.Stderr = l.out, l.out
 	require.NoError(t, l.cmd.Start())

@@ -28,7 +28,8 @@ func TestMain(m *testing.M) {
 			"github.com/gpuaas/gpuaas/coordinator/cmd/gpuaasctl",
 			"github.com/gpuaas/gpuaas/agent/cmd/gpuaas-agent",
 			"github.com/gpuaas/gpuaas/agent/cmd/gpuaas-bootstrap",
-			"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab").CombinedOutput()
+			"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab",
+			"github.com/gpuaas/gpuaas/lab/cmd/gpuaas-lab-agent").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %w: %s", err, out)
 		}

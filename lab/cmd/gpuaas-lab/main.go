@@ -40,6 +40,8 @@ import (
 
 	"github.com/gpuaas/gpuaas/lab"
 	"github.com/gpuaas/gpuaas/lab/fleet"
+	"github.com/gpuaas/gpuaas/lab/labagent"
+	"github.com/gpuaas/gpuaas/lab/labhost"
 	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/maaslab"
 	"github.com/gpuaas/gpuaas/proto"
@@ -86,6 +88,7 @@ func run(args []string, out io.Writer) error {
 	fresh := fs.Bool("fresh", false, "delete the lab folder (and its host roots) first")
 	autoApprove := fs.Bool("auto-approve", true, "approve every complete discovered candidate into a slot (false: approve them yourself with gpuaasctl slot approve)")
 	hostList := fs.String("hosts", strings.Join(labHosts, ","), "lab hosts to run an agent for (empty: coordinators only)")
+	sliceHostFlag := fs.String("slice-host", "auto", "j22u15 boots real VMs (libvirt/QEMU TCG, userspace OVS, dnsmasq, NVMe on loop devices): auto (when root and installed), real (required) or none")
 	hostsDir := fs.String("hosts-dir", "", "where the simulated host roots live (default: /dev/shm/gpuaas-lab-<hash of the lab folder>, or <lab folder>/hosts without /dev/shm)")
 	maasMode := fs.Bool("maas", false, "onboard hosts that are not enrolled yet through a MAAS simulator: the coordinators deploy them, the lab runs the real gpuaas-bootstrap from the user-data MAAS received, which starts and enrolls the agent")
 	maasBatch := fs.Int("maas-batch", 3, "batch_max_parallel of the lab's slice profile (-maas)")
@@ -212,7 +215,16 @@ func run(args []string, out io.Writer) error {
 		procs = append(procs, p)
 	}
 	sup := &supervisor{log: log}
-	// Stop order: agents first (they leave the pool), then coordinators.
+	// Stop order: agents first (they leave the pool), then coordinators,
+	// then the real slice host's VMs, bridge and loop devices.
+	var sh *labhost.SliceHost
+	defer func() {
+		if sh != nil {
+			if err := sh.Close(context.Background()); err != nil {
+				log.Warn("slice host clean-up", "err", err)
+			}
+		}
+	}()
 	defer launch.StopAll(procs, 15*time.Second, log)
 	defer sup.stop()
 
@@ -234,6 +246,33 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
+	sliceImage := ""
+	realSlice, err := sliceHostMode(*sliceHostFlag)
+	if err != nil {
+		return err
+	}
+	if i := slices.IndexFunc(st.Hosts, func(h fleet.Host) bool { return h.Name == realSliceHost }); realSlice && i >= 0 {
+		// libvirtd's first start (~70 s) and the guest image's first build
+		// (~1 min) do not count against the cluster's start-up bound.
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		sh, err = setupSliceHost(sctx, log, abs, st.Hosts[i])
+		if err == nil {
+			sliceImage, err = publishGuestImage(sctx, log, api)
+		}
+		scancel()
+		switch {
+		case err != nil && *sliceHostFlag == "real":
+			return fmt.Errorf("real slice host %s: %w", realSliceHost, err)
+		case err != nil:
+			log.Warn("real slice host unavailable; every host stays simulated (-slice-host=real makes this an error)", "host", realSliceHost, "err", err)
+			if sh != nil {
+				_ = sh.Close(context.Background())
+				sh = nil
+			}
+		default:
+			agents.Slices = map[string]labagent.Slice{realSliceHost: sh.Slice}
+		}
+	}
 	viaMAAS := map[string]int{}
 	var flows []proto.WorkflowView
 	if *maasMode {
@@ -258,6 +297,7 @@ func run(args []string, out io.Writer) error {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
 	printSummary(out, abs, st, leader, views, *autoApprove)
+	sliceHint(out, sh, sliceImage)
 	printWorkflows(out, flows)
 	if *once {
 		return nil

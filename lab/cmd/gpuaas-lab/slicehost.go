@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/coordinator/cli"
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/images/guest"
+	"github.com/gpuaas/gpuaas/lab/fleet"
+	"github.com/gpuaas/gpuaas/lab/labhost"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// realSliceHost is the lab host whose agent runs the real slice runtime.
+const realSliceHost = "j22u15"
+
+// Lab guest image catalog entry.
+const (
+	labImageName    = "lab-guest"
+	labImageVersion = "v1"
+)
+
+// sliceHostMode decides whether j22u15 boots real VMs: "auto" does when
+// this process is root and libvirt/QEMU/OVS/dnsmasq are installed, "real"
+// requires it, "none" keeps every host simulated.
+func sliceHostMode(mode string) (bool, error) {
+	switch mode {
+	case "none":
+		return false, nil
+	case "real":
+		return true, nil
+	case "auto":
+		return os.Geteuid() == 0 && labhost.Installed() == nil, nil
+	}
+	return false, fmt.Errorf("-slice-host %q: use auto, real or none", mode)
+}
+
+// setupSliceHost binds j22u15's NVMe disks to loop devices, makes sure the
+// shared Open vSwitch and libvirtd run, creates its bridge (name and guest
+// the agents' default guest subnet, so slots approved earlier keep valid
+// addresses) and returns the host, closed on exit.
+func setupSliceHost(ctx context.Context, log *slog.Logger, dir string, h fleet.Host) (*labhost.SliceHost, error) {
+	if _, err := fleet.EnsureRoot(h); err != nil {
+		return nil, err
+	}
+	root, err := hostops.NewRoot(h.Root)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(dir))
+	sh, err := labhost.SetupSlice(ctx, labhost.SliceOptions{
+		Root: root, Dir: filepath.Join(dir, "slicehost", h.Name),
+		Bridge: fmt.Sprintf("gpl%x", sum[:2]),
+		// The agents' default guest subnet: slots approved while the host
+		// ran simulated keep valid addresses when it runs for real.
+		Gateway: config.Defaults().GuestGateway,
+	}, func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...)) })
+	if err != nil {
+		return nil, err
+	}
+	log.Info("real slice host ready", "host", h.Name, "bridge", sh.Slice.Bridge, "gateway", sh.Slice.Gateway, "disks", len(sh.Loops))
+	return sh, nil
+}
+
+// publishGuestImage builds (or finds cached) the lab guest image and puts
+// it in the catalog, approved, unless it is there already.
+func publishGuestImage(ctx context.Context, log *slog.Logger, api fleet.API) (string, error) {
+	m, img, err := guest.Image(ctx, guest.Options{Log: log})
+	if err != nil {
+		return "", fmt.Errorf("lab guest image: %w", err)
+	}
+	path := "/v1/images/" + labImageName + "/" + labImageVersion
+	digest := "sha256:" + m.SHA256
+	var have proto.Image
+	r, err := api.C.Do(ctx, http.MethodGet, path, nil, nil, nil)
+	switch {
+	case err == nil:
+		if err := jsonDecode(r.Body, &have); err != nil {
+			return "", err
+		}
+		if have.Digest != digest {
+			return "", fmt.Errorf("catalog %s:%s has digest %s, the lab guest image is %s: run gpuaas-lab -fresh", labImageName, labImageVersion, have.Digest, digest)
+		}
+		if have.State == proto.ImageApproved {
+			return labImageName, nil
+		}
+	case cli.IsProblem(err, proto.CodeNotFound):
+		if _, err := api.C.Do(ctx, http.MethodPut, path, nil, proto.ImageBody{Kind: proto.ImageSliceBase, Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256}, nil); err != nil {
+			return "", fmt.Errorf("catalog entry: %w", err)
+		}
+	default:
+		return "", err
+	}
+	f, err := os.Open(img)
+	if err != nil {
+		return "", err
+	}
+	data, err := io.ReadAll(f)
+	f.Close()
+	if err != nil {
+		return "", err
+	}
+	if _, err := api.C.Do(ctx, http.MethodPut, path+"/blob", nil, cli.RawBody{ContentType: "application/octet-stream", Data: data}, nil); err != nil {
+		return "", fmt.Errorf("upload the lab guest image: %w", err)
+	}
+	if _, err := api.C.Do(ctx, http.MethodPost, path+"/approve", nil, proto.ImageApproveBody{Note: "lab guest (u-root), published by gpuaas-lab"}, nil); err != nil {
+		return "", fmt.Errorf("approve the lab guest image: %w", err)
+	}
+	log.Info("published the lab guest image", "image", labImageName+":"+labImageVersion, "digest", digest)
+	return labImageName, nil
+}
+
+func sliceHint(out io.Writer, sh *labhost.SliceHost, image string) {
+	if sh == nil {
+		fmt.Fprintf(out, "Slices: every host is simulated (run as root with libvirt, QEMU, Open vSwitch and dnsmasq installed — make deps — for %s to boot real VMs).\n", realSliceHost)
+		return
+	}
+	fmt.Fprintf(out, "Slices: %s boots real VMs (libvirt/QEMU TCG, userspace OVS bridge %s, guest subnet %s, NVMe disks on loop devices).\n",
+		realSliceHost, sh.Slice.Bridge, sh.Slice.Gateway)
+	fmt.Fprintf(out, "  ssh-keygen -t ed25519 -N '' -f /tmp/lab-key   # once\n")
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat /tmp/lab-key.pub)\" --wait\n", image)
+	fmt.Fprintf(out, "  ssh -i /tmp/lab-key root@GUEST_IP      # the guest subnet is on this machine\n")
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc release ID; bin/gpuaasctl slot list --node %s\n\n", realSliceHost)
+}
+
+func jsonDecode(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode %s: %w", strings.TrimSpace(string(b[:min(len(b), 80)])), err)
+	}
+	return nil
+}
