@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -468,6 +467,16 @@ func (r *Runtime) DomainXML(req ProvisionRequest, devs map[string]disk.Device, s
 			}
 		}
 	}
+	// vCPU pinning, strict NUMA binding and hugepage backing from the
+	// bundle plan (vm.LabSized drops them for the lab machine).
+	spec.CPUPins = slices.Clone(req.Plan.VCPUs)
+	spec.NUMANodes = slices.Clone(req.Plan.NUMANodes)
+	for _, h := range req.Plan.Hugepages {
+		if spec.HugepageKiB != 0 && spec.HugepageKiB != h.SizeKiB {
+			return "", fmt.Errorf("domain %s: the plan mixes hugepage sizes %d and %d KiB", name, spec.HugepageKiB, h.SizeKiB)
+		}
+		spec.HugepageKiB = h.SizeKiB
+	}
 	if r.opts.LabSized {
 		spec = vm.LabSized(spec)
 	}
@@ -492,29 +501,6 @@ func (r *Runtime) DomainXML(req ProvisionRequest, devs map[string]disk.Device, s
 			Source: &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: real(devs[dv.SlotID].Path)}},
 			Target: &libvirtxml.DomainDiskTarget{Dev: "vd" + string(rune('b'+i)), Bus: "virtio"},
 		})
-	}
-	if !r.opts.LabSized {
-		if len(req.Plan.Hugepages) > 0 {
-			mb := &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{}}
-			for _, h := range req.Plan.Hugepages {
-				mb.MemoryHugePages.Hugepages = append(mb.MemoryHugePages.Hugepages,
-					libvirtxml.DomainMemoryHugepage{Size: uint(h.SizeKiB), Unit: "KiB", Nodeset: strconv.Itoa(h.NUMANode)})
-			}
-			d.MemoryBacking = mb
-		}
-		if len(req.Plan.VCPUs) > 0 {
-			d.CPUTune = &libvirtxml.DomainCPUTune{}
-			for i, c := range req.Plan.VCPUs {
-				d.CPUTune.VCPUPin = append(d.CPUTune.VCPUPin, libvirtxml.DomainCPUTuneVCPUPin{VCPU: uint(i), CPUSet: strconv.Itoa(c)})
-			}
-		}
-		if len(req.Plan.NUMANodes) > 0 {
-			var ns []string
-			for _, n := range req.Plan.NUMANodes {
-				ns = append(ns, strconv.Itoa(n))
-			}
-			d.NUMATune = &libvirtxml.DomainNUMATune{Memory: &libvirtxml.DomainNUMATuneMemory{Mode: "strict", Nodeset: strings.Join(ns, ",")}}
-		}
 	}
 	b, err := xml.MarshalIndent(d, "", "  ")
 	if err != nil {
