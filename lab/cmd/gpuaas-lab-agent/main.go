@@ -7,12 +7,8 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/agent/daemon"
@@ -20,42 +16,21 @@ import (
 	"github.com/gpuaas/gpuaas/lab/hostsim/simruntime"
 )
 
-func main() {
-	cfg, err := config.Load(os.Args[1:], nil, os.Stderr)
+func main() { os.Exit(daemon.Main("gpuaas-lab-agent", os.Args[1:], simulatedHost)) }
+
+// simulatedHost gives a hostsim agent the simulated host's backends.
+func simulatedHost(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error {
+	if cfg.Evidence != config.EvidenceHostsim {
+		return nil
+	}
+	root, err := hostops.NewRoot(cfg.HostRoot)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "gpuaas-lab-agent:", err)
-		os.Exit(2)
+		return err
 	}
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	d, err := daemon.New(cfg, log)
+	ph, _, err := simruntime.PrepareHost(root, log)
 	if err != nil {
-		log.Error("start agent", "err", err)
-		os.Exit(1)
+		return err
 	}
-	if cfg.Evidence == config.EvidenceHostsim {
-		root, err := hostops.NewRoot(cfg.HostRoot)
-		if err == nil {
-			ph, _, perr := simruntime.PrepareHost(root, log)
-			if err = perr; err == nil {
-				d.SetPrepareHost(ph)
-			}
-		}
-		if err != nil {
-			log.Error("simulated host backends", "err", err)
-			_ = d.Close()
-			os.Exit(1)
-		}
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err = d.Run(ctx)
-	stop()
-	if cerr := d.Close(); cerr != nil && err == nil {
-		err = cerr
-	}
-	if err != nil {
-		log.Error("agent stopped", "err", err)
-		os.Exit(1)
-	}
+	d.SetPrepareHost(ph)
+	return nil
 }
