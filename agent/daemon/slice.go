@@ -24,6 +24,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops/disk"
 	"github.com/gpuaas/gpuaas/hostops/nat"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
+	"github.com/gpuaas/gpuaas/hostops/pci"
 	"github.com/gpuaas/gpuaas/hostops/vm"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -102,6 +103,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		DHCP:       &slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
 		NAT:        n,
 		Guest:      &slice.SSHGuest{Signer: signer},
+		PCI:        slice.HostPCI{Root: d.root, W: sysfsWriter{d}},
 		Journal:    j,
 		Failpoints: fp,
 		Log:        d.log,
@@ -301,4 +303,25 @@ func runtimeOwner(node, stateDir string) string {
 	}
 	sum := sha256.Sum256([]byte(abs))
 	return node + "." + hex.EncodeToString(sum[:4])
+}
+
+// sysfsWriter writes the sysfs of the host the agent observes: through the
+// host.prepare_slice backends when injected (the lab's simulated kernel),
+// refused on a simulated host without them, and straight to sysfs on a
+// real host. It is resolved per write: the lab injects its backends after
+// the runtime is built.
+type sysfsWriter struct{ d *Daemon }
+
+// WriteSysfs implements pci.Writer.
+func (w sysfsWriter) WriteSysfs(rel, value string) error {
+	w.d.mu.Lock()
+	h := w.d.prepHost
+	w.d.mu.Unlock()
+	switch {
+	case h != nil && h.PCI != nil:
+		return h.PCI.WriteSysfs(rel, value)
+	case w.d.cfg.Evidence == config.EvidenceHostsim:
+		return fmt.Errorf("write sysfs %s: this agent observes a simulated host and has no kernel to change it", rel)
+	}
+	return pci.SysfsWriter{Root: w.d.root}.WriteSysfs(rel, value)
 }

@@ -336,6 +336,34 @@ func (f *fakeGuest) Run(_ context.Context, addr netip.Addr, cmd string) (string,
 	return out, nil
 }
 
+// fakePCI keeps each function's driver; BindVFIO is recorded.
+type fakePCI struct {
+	tr      *transcript
+	mu      sync.Mutex
+	drivers map[string]string // addr -> driver ("" unbound)
+}
+
+func (f *fakePCI) Driver(addr string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.drivers[addr]
+	if !ok {
+		return "", fmt.Errorf("read driver of %s: no such function", addr)
+	}
+	return d, nil
+}
+
+func (f *fakePCI) BindVFIO(addr string) error {
+	f.tr.add("pci bind-vfio %s", addr)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.drivers[addr]; !ok {
+		return fmt.Errorf("bind %s: no such function", addr)
+	}
+	f.drivers[addr] = "vfio-pci"
+	return nil
+}
+
 // recorder is a Reporter keeping events and progress.
 type recorder struct {
 	mu       sync.Mutex
@@ -369,6 +397,7 @@ type env struct {
 	dh      *fakeDHCP
 	nat     *fakeNAT
 	guest   *fakeGuest
+	pci     *fakePCI
 	journal *Journal
 	fp      *Failpoints
 	opts    Options
@@ -401,7 +430,10 @@ func newEnv(t *testing.T) *env {
 		dh:    &fakeDHCP{tr: tr, res: map[string]dhcp.Reservation{}},
 		nat:   &fakeNAT{tr: tr, guests: map[string]nat.Guest{}},
 		guest: &fakeGuest{tr: tr, answers: map[string]string{}},
-		fp:    &Failpoints{},
+		pci: &fakePCI{tr: tr, drivers: map[string]string{
+			"0000:18:00.0": "vfio-pci", "0000:58:00.2": "vfio-pci", "0000:2a:00.0": "vfio-pci", "0000:58:00.3": "vfio-pci",
+		}},
+		fp: &Failpoints{},
 		opts: Options{Owner: "j22u15", Gateway: netip.MustParsePrefix("10.200.0.1/24"), Bridge: "ovsbr0",
 			StateDir: filepath.Join(dir, "vms"), SerialDir: filepath.Join(dir, "serial"), Hypervisor: vm.KVM,
 			SSHPublicKey: authorizedKey(t, "gpuaas-agent"), JumpHost: "j22u15.lab", LeaseTimeout: time.Second, SSHTimeout: time.Second,
@@ -418,7 +450,7 @@ func newEnv(t *testing.T) *env {
 func (e *env) newRuntime(t *testing.T) *Runtime {
 	t.Helper()
 	rt, err := New(e.opts, Deps{Root: e.root, Images: e.images, Disks: e.disks, Hypervisor: e.hv, Switch: e.sw, DHCP: e.dh, NAT: e.nat,
-		Guest: e.guest, Journal: e.journal, Failpoints: e.fp, NewInstanceID: func() (string, error) { return "i-test", nil }})
+		Guest: e.guest, PCI: e.pci, Journal: e.journal, Failpoints: e.fp, NewInstanceID: func() (string, error) { return "i-test", nil }})
 	require.NoError(t, err)
 	return rt
 }

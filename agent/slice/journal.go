@@ -56,6 +56,9 @@ type Record struct {
 	IP         string   `json:"ip,omitempty"`
 	InstanceID string   `json:"instance_id,omitempty"`
 	Hostname   string   `json:"hostname,omitempty"`
+	// PCI are the plan's GPU and fabric VF addresses (bound to vfio-pci
+	// while the allocation is active, hostdevs of the domain or not).
+	PCI []string `json:"pci,omitempty"`
 	// VMStartMS is how long the hypervisor took to start the domain
 	// (inside define_start): the first part of the guest's boot.
 	VMStartMS int64 `json:"vm_start_ms,omitempty"`

@@ -21,6 +21,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops/hugepages"
 	"github.com/gpuaas/gpuaas/hostops/nat"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
+	"github.com/gpuaas/gpuaas/hostops/pci"
 	"github.com/gpuaas/gpuaas/hostops/vm"
 	"github.com/gpuaas/gpuaas/images/seed"
 	"github.com/gpuaas/gpuaas/proto"
@@ -142,6 +143,14 @@ func (r *Runtime) validate(req ProvisionRequest) error {
 		if err := IdentityOf(req.Slots[i].Capacity.NVMe).Validate(); err != nil {
 			return fmt.Errorf("slot %s: %w", d.SlotID, err)
 		}
+		for _, a := range []string{d.GPU, d.VF} {
+			if a == "" {
+				continue
+			}
+			if err := pci.ValidateAddr(a); err != nil {
+				return fmt.Errorf("slot %s: PCI address: %w", d.SlotID, err)
+			}
+		}
 	}
 	if len(req.SSHKeys) == 0 && r.opts.SSHPublicKey == "" {
 		return errors.New("no SSH key: neither the allocation nor the agent has one")
@@ -201,6 +210,11 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	for _, d := range req.Plan.Devices {
 		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
 		rec.Slots = append(rec.Slots, SlotRecord{SlotID: d.SlotID, Identity: IdentityOf(req.Slots[i].Capacity.NVMe), Boot: d.SlotID == boot.SlotID})
+		for _, a := range []string{d.GPU, d.VF} {
+			if a != "" {
+				rec.PCI = append(rec.PCI, a)
+			}
+		}
 	}
 	if err := r.put(&rec); err != nil {
 		return res, err

@@ -180,6 +180,9 @@ func (g *SSHGuest) client(ctx context.Context, addr netip.Addr) (*ssh.Client, er
 		user = "root"
 	}
 	to := g.timeout()
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < to {
+		to = max(time.Until(dl), time.Millisecond) // the handshake too ends at ctx's deadline
+	}
 	cfg := &ssh.ClientConfig{
 		User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(g.Signer)},
 		// A fresh guest makes its host key at first boot; the agent reaches

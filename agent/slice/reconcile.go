@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 	"github.com/gpuaas/gpuaas/hostops/nat"
+	"github.com/gpuaas/gpuaas/hostops/vfio"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -30,8 +31,12 @@ type Reconciliation struct {
 	// Wiped are slots wiped (with a proof in the journal) by reconcile.
 	Wiped []string `json:"wiped,omitempty"`
 	// Drift are problems reconcile reports but does not repair (a live
-	// active allocation whose domain is not running).
+	// active allocation whose domain is not running, whose guest does not
+	// answer, or whose GPU or VF is held by a host driver).
 	Drift []string `json:"drift,omitempty"`
+	// Rebound are the GPUs and VFs of live active allocations that were
+	// found unbound and bound to vfio-pci again ("alloc addr").
+	Rebound []string `json:"rebound,omitempty"`
 	// Orphans removed: domains, OVS ports, DHCP reservations and NAT
 	// entries belonging to no live allocation.
 	Domains      []string `json:"domains,omitempty"`
@@ -48,7 +53,11 @@ type Reconciliation struct {
 //     if the allocation is no longer live, its touched disks are wiped.
 //   - releasing: the release is finished (stop, network, wipe).
 //   - active and not live: released (stop, network, wipe).
-//   - active and live: the domain must be running, else it is drift.
+//   - active and live: the domain must be running, else it is drift;
+//     every GPU and VF of the plan must be on vfio-pci (an unbound one is
+//     bound again, one held by another driver is drift); once the network
+//     is converged, the running guest must answer a bounded SSH probe,
+//     else it is drift (never torn down).
 //   - interrupted/failed and not live: touched disks are wiped.
 //
 // Then domains carrying this runtime's owner tag, OVS ports, DHCP
@@ -66,6 +75,7 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 	}
 	// Slots held by live allocations are never wiped for another one.
 	busy := map[string]string{}
+	var probe []Record // live, active allocations whose domain runs
 	for _, rec := range recs {
 		if isLive[rec.AllocationID] && (rec.Phase == PhaseActive || rec.Phase == PhaseProvisioning || rec.Phase == PhaseReleasing) {
 			for _, s := range rec.Slots {
@@ -78,7 +88,7 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 		// Re-read under the lock: a task may have finished meanwhile.
 		rec, ok, err := r.d.Journal.Get(listed.AllocationID)
 		if err == nil && ok {
-			err = r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out)
+			err = r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out, &probe)
 		}
 		unlock()
 		if err != nil {
@@ -137,14 +147,17 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 			}
 		}
 	}
-	if len(out.TornDown)+len(out.Released)+len(out.Domains)+len(out.Ports)+len(out.Reservations)+len(out.NAT)+len(out.Drift) > 0 {
+	for i := range probe {
+		r.probeGuest(ctx, &probe[i], &out)
+	}
+	if len(out.TornDown)+len(out.Released)+len(out.Domains)+len(out.Ports)+len(out.Reservations)+len(out.NAT)+len(out.Drift)+len(out.Rebound) > 0 {
 		r.d.Log.Warn("slice runtime reconciled", "torn_down", out.TornDown, "released", out.Released, "wiped", out.Wiped,
-			"drift", out.Drift, "domains", out.Domains, "ports", out.Ports, "reservations", out.Reservations, "nat", out.NAT)
+			"drift", out.Drift, "rebound", out.Rebound, "domains", out.Domains, "ports", out.Ports, "reservations", out.Reservations, "nat", out.NAT)
 	}
 	return out, errors.Join(errs...)
 }
 
-func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, busy map[string]string, out *Reconciliation) error {
+func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, busy map[string]string, out *Reconciliation, probe *[]Record) error {
 	wipe := func() error {
 		before := rec.TouchedSlots()
 		err := r.wipeTouchedExcept(ctx, rec, r.opts.DefaultWipe, NopReporter{}, busy)
@@ -192,6 +205,11 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, b
 		}
 		if s != DomainRunning {
 			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: domain %s is %s", rec.AllocationID, rec.Domain, s))
+		}
+		r.repairPCI(rec, out)
+		if s == DomainRunning {
+			// Probed once the switch, DHCP and NAT are converged.
+			*probe = append(*probe, *rec)
 		}
 		return r.repairNetwork(ctx, rec, out)
 	case PhaseInterrupted, PhaseFailed:
@@ -262,4 +280,58 @@ func (r *Runtime) repairNetwork(ctx context.Context, rec *Record, out *Reconcili
 		}
 	}
 	return nil
+}
+
+// guestProbeTimeout bounds Reconcile's reachability probe of one guest.
+const guestProbeTimeout = 5 * time.Second
+
+// repairPCI checks that every GPU and VF of a live, active allocation is
+// bound to vfio-pci. An unbound function is bound again (Rebound); one
+// held by another driver is drift and is left alone (unbinding a host
+// driver that may be in use is host preparation's decision, not
+// reconcile's).
+func (r *Runtime) repairPCI(rec *Record, out *Reconciliation) {
+	if r.d.PCI == nil {
+		return
+	}
+	for _, addr := range rec.PCI {
+		drv, err := r.d.PCI.Driver(addr)
+		switch {
+		case err != nil:
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: PCI %s: %v", rec.AllocationID, addr, err))
+		case drv == vfio.Driver:
+		case drv == "":
+			if err := r.d.PCI.BindVFIO(addr); err != nil {
+				out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: PCI %s is unbound and rebinding failed: %v", rec.AllocationID, addr, err))
+				continue
+			}
+			out.Rebound = append(out.Rebound, rec.AllocationID+" "+addr)
+		default:
+			out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: PCI %s is bound to %s, not %s (left alone)", rec.AllocationID, addr, drv, vfio.Driver))
+		}
+	}
+}
+
+// probeGuest asks a live, active allocation's running guest for its
+// instance-id, once, within guestProbeTimeout; a guest that does not
+// answer (or answers as another instance) is drift, never torn down.
+func (r *Runtime) probeGuest(ctx context.Context, rec *Record, out *Reconciliation) {
+	ip, err := netip.ParseAddr(rec.IP)
+	if err != nil {
+		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest not probed: journal IP %q: %v", rec.AllocationID, rec.IP, err))
+		return
+	}
+	if f, ok := r.d.Guest.(forgetter); ok {
+		defer f.Forget(ip)
+	}
+	pctx, cancel := context.WithTimeout(ctx, guestProbeTimeout)
+	defer cancel()
+	got, err := r.d.Guest.Run(pctx, ip, baseChecks[0].Command)
+	if err != nil {
+		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest %s does not answer over SSH: %v", rec.AllocationID, ip, err))
+		return
+	}
+	if _, err := baseChecks[0].Verify(got, expect{InstanceID: rec.InstanceID}); err != nil && rec.InstanceID != "" {
+		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest %s answers but %v", rec.AllocationID, ip, err))
+	}
 }

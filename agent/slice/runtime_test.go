@@ -640,6 +640,7 @@ func TestReconcileRepairsLiveNetwork(t *testing.T) {
 	assert.Empty(t, cmp.Diff([]string{
 		"dhcp reserve 52:54:00:00:00:10 10.200.0.10 alloc=alloc-1",
 		"nat apply 10.200.0.10 alloc=alloc-1",
+		`ssh 10.200.0.10 "cat /run/gpuaas/instance-id"`,
 	}, e.tr.take()))
 	assert.Equal(t, []string{"allocation alloc-1: DHCP lease of 52:54:00:00:00:10 is expired (expected 10.200.0.10)"}, r.Drift)
 	assert.Contains(t, e.dh.res, testAlloc)

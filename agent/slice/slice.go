@@ -233,7 +233,7 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// Deps are the runtime's mutation interfaces. NAT may be nil (no NAT).
+// Deps are the runtime's mutation interfaces. NAT and PCI may be nil.
 type Deps struct {
 	Root       hostops.Root
 	Images     ImageSource
@@ -243,6 +243,9 @@ type Deps struct {
 	DHCP       DHCP
 	NAT        NAT
 	Guest      Guest
+	// PCI checks and repairs the vfio-pci binding of live slices' GPUs and
+	// VFs in Reconcile; nil skips the check.
+	PCI        PCI
 	Journal    *Journal
 	Failpoints *Failpoints
 	// NewInstanceID makes the seed's instance-id (default seed.NewInstanceID).
