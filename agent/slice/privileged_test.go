@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -135,7 +136,7 @@ type realParts struct {
 	root    hostops.Root
 }
 
-func buildRuntime(cfg labConfig, fp *Failpoints) (*realParts, error) {
+func buildRuntime(cfg labConfig, fp *Failpoints, mods ...func(*Options, *Deps)) (*realParts, error) {
 	root, err := hostops.NewRoot(cfg.Base)
 	if err != nil {
 		return nil, err
@@ -160,11 +161,16 @@ func buildRuntime(cfg labConfig, fp *Failpoints) (*realParts, error) {
 	p := &realParts{journal: j, server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.Bridge, Gateway: gw},
 		hv: &Libvirt{URI: libvirttest.URI}, sw: sw, nat: n, root: root}
 	p.dhcp = &DNSMasq{Server: p.server}
-	p.rt, err = New(Options{Owner: cfg.Owner, Gateway: gw, Bridge: cfg.Bridge, StateDir: cfg.StateDir, SerialDir: cfg.SerialDir,
+	opts := Options{Owner: cfg.Owner, Gateway: gw, Bridge: cfg.Bridge, StateDir: cfg.StateDir, SerialDir: cfg.SerialDir,
 		Hypervisor: vm.TCG, LabSized: true, ChecksumOffloadOff: true, SSHPublicKey: pub, JumpHost: "j22u15.lab",
 		LeaseTimeout: 180 * time.Second, SSHTimeout: 120 * time.Second, ShutdownTimeout: 3 * time.Second, PollInterval: 200 * time.Millisecond,
-	}, Deps{Root: root, Images: &FileSource{}, Disks: HostDisks{Root: root, Digests: disk.NewDigestCache()}, Hypervisor: p.hv,
-		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: &SSHGuest{Signer: signer}, Journal: j, Failpoints: fp})
+	}
+	deps := Deps{Root: root, Images: &FileSource{}, Disks: HostDisks{Root: root, Digests: disk.NewDigestCache()}, Hypervisor: p.hv,
+		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: &SSHGuest{Signer: signer}, Journal: j, Failpoints: fp}
+	for _, m := range mods {
+		m(&opts, &deps)
+	}
+	p.rt, err = New(opts, deps)
 	if err != nil {
 		j.Close()
 		return nil, err
@@ -526,4 +532,55 @@ func randHex(t testing.TB, n int) string {
 	_, err := rand.Read(b)
 	require.NoError(t, err)
 	return hex.EncodeToString(b)
+}
+
+// otherMAC reserves the allocation's address for a MAC the guest does not
+// have: the real dnsmasq (reservations only) never answers the guest.
+type otherMAC struct{ DHCP }
+
+func (o otherMAC) Reserve(ctx context.Context, r dhcp.Reservation) error {
+	r.MAC = slices.Clone(r.MAC)
+	r.MAC[5] ^= 0xff
+	return o.DHCP.Reserve(ctx, r)
+}
+
+// TestPrivilegedSliceNoLease boots the real guest on the real bridge while
+// the real dnsmasq holds no reservation for its MAC: the readiness gate
+// fails at dhcp_lease after its timeout, the provision reports the slot it
+// touched (the coordinator makes it cleanup_blocked), and the VM, its OVS
+// port, its reservation and its NAT entry are gone.
+func TestPrivilegedSliceNoLease(t *testing.T) {
+	cfg := labHost(t, true)
+	realNetwork(t, cfg)
+	p, err := buildRuntime(cfg, nil, func(o *Options, d *Deps) {
+		o.LeaseTimeout = 45 * time.Second
+		d.DHCP = otherMAC{d.DHCP}
+	})
+	require.NoError(t, err)
+	defer p.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	alloc := cfg.Request.AllocationID
+	res, err := p.rt.Provision(ctx, cfg.Request, &recorder{})
+	require.Error(t, err)
+	assert.Equal(t, proto.StageDHCPLease, res.FailedStage, "%v", err)
+	assert.Equal(t, []string{"j22u15-s0"}, res.TouchedSlots)
+	assert.Nil(t, res.Access)
+	s, err := p.hv.State(ctx, DomainName(alloc))
+	require.NoError(t, err)
+	assert.Equal(t, DomainAbsent, s, "the VM is destroyed")
+	ports, err := p.sw.PortsByAllocation(ctx, alloc)
+	require.NoError(t, err)
+	assert.Empty(t, ports)
+	rs, err := p.dhcp.Reservations()
+	require.NoError(t, err)
+	assert.Empty(t, rs)
+	guests, err := p.nat.Guests(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, guests)
+	leases, err := p.dhcp.Leases(ctx)
+	require.NoError(t, err)
+	for _, l := range leases {
+		assert.NotEqual(t, cfg.Request.Slots[0].Capacity.PrivateIP, l.IP.String(), "nobody holds the slot's address")
+	}
 }
