@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
@@ -202,7 +203,7 @@ func (h *SliceHost) Close(ctx context.Context) error {
 		if b, err := os.ReadFile(filepath.Join(h.Slice.DHCPDir, "dnsmasq.pid")); err == nil {
 			var pid int
 			if _, err := fmt.Sscanf(string(b), "%d", &pid); err == nil && pid > 0 {
-				_ = exec.CommandContext(ctx, "kill", fmt.Sprint(pid)).Run()
+				_ = syscall.Kill(pid, syscall.SIGTERM)
 			}
 		}
 	}
