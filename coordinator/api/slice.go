@@ -197,20 +197,19 @@ func (f *followUp) toProvisioning(reason string) {
 		At: now(), AllocationID: al.ID, To: proto.AllocProvisioning, Reason: reason})
 }
 
-// toActive records the access and each slot's readiness.
+// toActive records each slot's readiness, then the access with the
+// transition to active: the health lands first, so whoever sees the
+// allocation active (on any replica: the log is applied in order) sees
+// the evidence too.
 func (f *followUp) toActive(res *proto.SliceProvisionResult) {
 	al, ok := f.allocation()
 	if !ok {
 		return
 	}
 	switch al.State {
-	case proto.AllocProvisioning:
-		if !f.apply("active", proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: now(), AllocationID: al.ID,
-			To: proto.AllocActive, Reason: "readiness gate passed (task " + f.task.ID + ")", Access: res.Access}) {
-			return
-		}
-	case proto.AllocActive:
-		// Re-delivered: the transition landed before; the health may not.
+	case proto.AllocProvisioning, proto.AllocActive:
+		// Active: re-delivered; the transition landed before, the health
+		// may not have.
 	default:
 		f.a.log.Warn("provision succeeded for an allocation that is not provisioning; not activated",
 			"task", f.task.ID, "allocation", al.ID, "state", al.State)
@@ -224,6 +223,10 @@ func (f *followUp) toActive(res *proto.SliceProvisionResult) {
 			continue
 		}
 		f.apply("slot health", proto.SlotHealthType, proto.SlotHealthRequest{At: now(), SlotID: s.SlotID, HealthState: health, HealthDetail: detail})
+	}
+	if al.State == proto.AllocProvisioning {
+		f.apply("active", proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: now(), AllocationID: al.ID,
+			To: proto.AllocActive, Reason: "readiness gate passed (task " + f.task.ID + ")", Access: res.Access})
 	}
 }
 
