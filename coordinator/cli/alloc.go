@@ -168,33 +168,11 @@ func (a *app) allocListCmd() *cobra.Command {
 }
 
 func (a *app) allocShowCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "show ID",
-		Short: "Show an allocation",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, allocDetail)
-		},
-	}
+	return idCmd(a, "show", "Show an allocation", http.MethodGet, "/v1/allocations/", "", allocDetail)
 }
 
 func (a *app) allocReleaseCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "release ID",
-		Short: "Start a graceful release (the agent wipes the disks, then the slots are free)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodPost, "/v1/allocations/"+pathEscape(args[0])+"/release", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, allocDetail)
-		},
-	}
+	return idCmd(a, "release", "Start a graceful release (the agent wipes the disks, then the slots are free)", http.MethodPost, "/v1/allocations/", "/release", allocDetail)
 }
 
 func (a *app) allocForceReleaseCmd() *cobra.Command {
@@ -220,43 +198,21 @@ func (a *app) allocForceReleaseCmd() *cobra.Command {
 }
 
 func (a *app) allocTimelineCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "timeline ID",
-		Short: "Show an allocation's timeline with each stage's duration (its end minus its start)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/timeline", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
-				row(w, "SEQ", "AT", "STAGE", "STATUS", "DURATION", "MESSAGE")
-				for _, cells := range timelineRows(l.Items) {
-					row(w, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5])
-				}
-			})
-		},
-	}
+	return idCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", http.MethodGet, "/v1/allocations/", "/timeline", func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
+		row(w, "SEQ", "AT", "STAGE", "STATUS", "DURATION", "MESSAGE")
+		for _, cells := range timelineRows(l.Items) {
+			row(w, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5])
+		}
+	})
 }
 
 func (a *app) allocClaimsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "claims ID",
-		Short: "Show an allocation's resource claims",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/claims", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
-				row(w, "ID", "KIND", "NODE", "SLOT", "GENERATION", "LIVE", "ENDED")
-				for _, c := range l.Items {
-					row(w, c.ID, c.Kind, c.NodeID, c.SlotID, c.Generation, yesNo(c.Live), tsp(c.EndedAt))
-				}
-			})
-		},
-	}
+	return idCmd(a, "claims", "Show an allocation's resource claims", http.MethodGet, "/v1/allocations/", "/claims", func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
+		row(w, "ID", "KIND", "NODE", "SLOT", "GENERATION", "LIVE", "ENDED")
+		for _, c := range l.Items {
+			row(w, c.ID, c.Kind, c.NodeID, c.SlotID, c.Generation, yesNo(c.Live), tsp(c.EndedAt))
+		}
+	})
 }
 
 func (a *app) allocTasksCmd() *cobra.Command {

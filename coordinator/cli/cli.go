@@ -263,3 +263,20 @@ func nextHint(a *app, next string) {
 		fmt.Fprintf(a.errOut, "more: pass --after %s\n", next)
 	}
 }
+
+// idCmd is a command taking one ID: it calls method on prefix+ID+suffix
+// with no body and renders the answer, a T, with table.
+func idCmd[T any](a *app, use, short, method, prefix, suffix string, table func(w *tabwriter.Writer, v T)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " ID",
+		Short: short,
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, method, prefix+pathEscape(args[0])+suffix, nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, table)
+		},
+	}
+}

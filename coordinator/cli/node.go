@@ -114,18 +114,7 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 }
 
 func (a *app) nodeShowCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "show ID",
-		Short: "Show a node with its readiness evidence and slot summary",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/nodes/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, nodeDetail)
-		},
-	}
+	return idCmd(a, "show", "Show a node with its readiness evidence and slot summary", http.MethodGet, "/v1/nodes/", "", nodeDetail)
 }
 
 func (a *app) nodeDrainCmd(verb string, drain bool) *cobra.Command {

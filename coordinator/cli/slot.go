@@ -66,18 +66,7 @@ func (a *app) slotListCmd() *cobra.Command {
 }
 
 func (a *app) slotShowCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "show ID",
-		Short: "Show a slot",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/slots/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, slotDetail)
-		},
-	}
+	return idCmd(a, "show", "Show a slot", http.MethodGet, "/v1/slots/", "", slotDetail)
 }
 
 func slotDetail(w *tabwriter.Writer, s proto.Slot) {
@@ -183,18 +172,7 @@ func (a *app) slotDisableCmd() *cobra.Command {
 }
 
 func (a *app) slotRepairCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "repair ID",
-		Short: "Bring a disabled, complete and clean slot back to available (admin)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodPost, "/v1/slots/"+pathEscape(args[0])+"/repair", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
-		},
-	}
+	return idCmd(a, "repair", "Bring a disabled, complete and clean slot back to available (admin)", http.MethodPost, "/v1/slots/", "/repair", func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
 }
 
 func (a *app) topologyCmd() *cobra.Command {
