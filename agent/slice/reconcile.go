@@ -207,6 +207,7 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, b
 	case PhaseReleased:
 		// Kept to answer a re-delivered release; pruned after a week.
 		if !live && r.d.Now().Sub(rec.UpdatedAt) > releasedRetention {
+			rec.AgentKey = nil // gone with the record (never written back)
 			return r.d.Journal.Delete(rec.AllocationID)
 		}
 	case PhaseProvisioning:
