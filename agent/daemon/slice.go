@@ -49,7 +49,10 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	signer, pub, err := agentKey(cfg.SSHKey)
+	// The agent-wide key only reaches guests seeded before per-allocation
+	// keys (journal records without one); new seeds carry the
+	// allocation's own key.
+	signer, _, err := agentKey(cfg.SSHKey)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,7 +94,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 	rt, err := slice.New(slice.Options{
 		Owner: runtimeOwner(cfg.NodeID, cfg.StateDir), Gateway: d.gw, Bridge: cfg.OVSBridge, StateDir: cfg.VMDir, SerialDir: cfg.SerialLogDir,
 		Hypervisor: typ, LabSized: bool(cfg.LabSized), ChecksumOffloadOff: bool(cfg.VNICChecksumOff), DefaultWipe: policy,
-		SSHPublicKey: pub, JumpHost: cfg.JumpHost, LeaseTimeout: time.Duration(cfg.LeaseTimeout),
+		JumpHost: cfg.JumpHost, LeaseTimeout: time.Duration(cfg.LeaseTimeout),
 		SSHTimeout: time.Duration(cfg.SSHTimeout), ShutdownTimeout: time.Duration(cfg.VMShutdownTimeout),
 	}, slice.Deps{
 		Root:       d.root,
@@ -102,7 +105,8 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		// dnsmasq is a real process even on a simulated host root.
 		DHCP:       &slice.DNSMasq{Server: &dhcp.Server{Dir: cfg.DHCPDir, Interface: cfg.OVSBridge, Gateway: d.gw, Logger: d.log}},
 		NAT:        n,
-		Guest:      &slice.SSHGuest{Signer: signer},
+		Guest:      &slice.SSHGuest{},
+		AgentKey:   signer,
 		PCI:        slice.HostPCI{Root: d.root, W: sysfsWriter{d}},
 		Journal:    j,
 		Failpoints: fp,

@@ -1,14 +1,17 @@
 package slice
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +27,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops/nat"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
 	"github.com/gpuaas/gpuaas/hostops/vm"
+	"github.com/gpuaas/gpuaas/images/seed"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
@@ -110,6 +114,8 @@ type fakeHV struct {
 	doms    map[string]*libvirtxml.Domain
 	state   map[string]DomainState
 	onStart func(name string)
+	// boot is the started domain's guest booting from its seed.
+	boot func(d *libvirtxml.Domain) error
 	// stopOnShutdown makes a graceful shutdown work.
 	stopOnShutdown bool
 }
@@ -139,8 +145,13 @@ func (f *fakeHV) Start(_ context.Context, name string) error {
 		return fmt.Errorf("no domain %s", name)
 	}
 	f.state[name] = DomainRunning
-	hook := f.onStart
+	hook, boot, d := f.onStart, f.boot, f.doms[name]
 	f.mu.Unlock()
+	if boot != nil {
+		if err := boot(d); err != nil {
+			return fmt.Errorf("boot %s: %w", name, err)
+		}
+	}
 	if hook != nil {
 		hook(name)
 	}
@@ -318,20 +329,120 @@ func (f *fakeNAT) RemoveStale(_ context.Context, live []string) ([]nat.Guest, er
 	return out, nil
 }
 
+// fakeGuest answers SSH commands like a booted guest: only with a key its
+// seed authorized (as the guest's sshd does). The transcript names the
+// key by its authorized_keys comment.
 type fakeGuest struct {
 	tr      *transcript
+	mu      sync.Mutex
 	answers map[string]string // command -> output
 	fail    error
+	// authorized are the authorized_keys lines of each booted guest.
+	authorized map[netip.Addr][]string
 }
 
-func (f *fakeGuest) Run(_ context.Context, addr netip.Addr, cmd string) (string, error) {
-	f.tr.add("ssh %s %q", addr, cmd)
-	if f.fail != nil {
-		return "", f.fail
+// bootWith makes the guest at addr accept exactly keys.
+func (f *fakeGuest) bootWith(addr netip.Addr, keys []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.authorized == nil {
+		f.authorized = map[netip.Addr][]string{}
 	}
-	out, ok := f.answers[cmd]
+	f.authorized[addr] = slices.Clone(keys)
+}
+
+// login returns the comment of the authorized key matching key.
+func (f *fakeGuest) login(addr netip.Addr, key ssh.Signer) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, line := range f.authorized[addr] {
+		pk, comment, _, _, err := ssh.ParseAuthorizedKey([]byte(line))
+		if err == nil && key != nil && bytes.Equal(pk.Marshal(), key.PublicKey().Marshal()) {
+			return comment, true
+		}
+	}
+	return "", false
+}
+
+func (f *fakeGuest) Run(_ context.Context, addr netip.Addr, key ssh.Signer, cmd string) (string, error) {
+	who, ok := f.login(addr, key)
 	if !ok {
+		who = "unauthorized key"
+		if key != nil {
+			who += " " + ssh.FingerprintSHA256(key.PublicKey())
+		}
+	}
+	f.tr.add("ssh %s as %q: %q", addr, who, cmd)
+	f.mu.Lock()
+	fail := f.fail
+	out, known := f.answers[cmd]
+	f.mu.Unlock()
+	switch {
+	case fail != nil:
+		return "", fail
+	case !ok:
+		return "", fmt.Errorf("ssh %s: handshake failed: ssh: unable to authenticate, attempted methods [none publickey]", addr)
+	case !known:
 		return "", errors.New("command not found")
+	}
+	return out, nil
+}
+
+// bootFromSeed reads a started domain's NoCloud seed as a guest's
+// cloud-init would: its authorized keys and its static address.
+func (f *fakeGuest) bootFromSeed(d *libvirtxml.Domain) error {
+	var iso string
+	for _, dk := range d.Devices.Disks {
+		if dk.Device == "cdrom" && dk.Source != nil && dk.Source.File != nil {
+			iso = dk.Source.File.File
+		}
+	}
+	if iso == "" {
+		return nil // a domain without a seed (a test's orphan)
+	}
+	fh, err := os.Open(iso)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	_, files, err := seed.Read(fh)
+	if err != nil {
+		return err
+	}
+	keys, err := seedList(string(files[seed.UserData]), "ssh_authorized_keys:")
+	if err != nil {
+		return err
+	}
+	addrs, err := seedList(string(files[seed.NetworkConfig]), "addresses:")
+	if err != nil || len(addrs) != 1 {
+		return fmt.Errorf("seed addresses %v: %v", addrs, err)
+	}
+	p, err := netip.ParsePrefix(addrs[0])
+	if err != nil {
+		return err
+	}
+	f.bootWith(p.Addr(), keys)
+	return nil
+}
+
+// seedList returns the quoted items of the YAML list under key.
+func seedList(doc, key string) ([]string, error) {
+	var out []string
+	in := false
+	for _, l := range strings.Split(doc, "\n") {
+		t := strings.TrimSpace(l)
+		switch {
+		case t == key:
+			in = true
+		case in && strings.HasPrefix(t, "- "):
+			v, err := strconv.Unquote(strings.TrimPrefix(t, "- "))
+			if err != nil {
+				return nil, fmt.Errorf("%s item %q: %w", key, t, err)
+			}
+			out = append(out, v)
+		default:
+			in = false
+		}
 	}
 	return out, nil
 }
@@ -389,20 +500,23 @@ func (r *recorder) Progress(_ context.Context, stage string, done, total int64) 
 
 // env is a runtime over fakes.
 type env struct {
-	tr      *transcript
-	images  *fakeImages
-	disks   *fakeDisks
-	hv      *fakeHV
-	sw      *fakeSwitch
-	dh      *fakeDHCP
-	nat     *fakeNAT
-	guest   *fakeGuest
-	pci     *fakePCI
-	journal *Journal
-	fp      *Failpoints
-	opts    Options
-	root    hostops.Root
-	rt      *Runtime
+	tr     *transcript
+	images *fakeImages
+	disks  *fakeDisks
+	hv     *fakeHV
+	sw     *fakeSwitch
+	dh     *fakeDHCP
+	nat    *fakeNAT
+	guest  *fakeGuest
+	pci    *fakePCI
+	// agentKey is the agent-wide key (legacy records only).
+	agentKey   ssh.Signer
+	journal    *Journal
+	journalDir string
+	fp         *Failpoints
+	opts       Options
+	root       hostops.Root
+	rt         *Runtime
 }
 
 const (
@@ -436,10 +550,13 @@ func newEnv(t *testing.T) *env {
 		fp: &Failpoints{},
 		opts: Options{Owner: "j22u15", Gateway: netip.MustParsePrefix("10.200.0.1/24"), Bridge: "ovsbr0",
 			StateDir: filepath.Join(dir, "vms"), SerialDir: filepath.Join(dir, "serial"), Hypervisor: vm.KVM,
-			SSHPublicKey: authorizedKey(t, "gpuaas-agent"), JumpHost: "j22u15.lab", LeaseTimeout: time.Second, SSHTimeout: time.Second,
+			JumpHost: "j22u15.lab", LeaseTimeout: time.Second, SSHTimeout: time.Second,
 			ShutdownTimeout: 100 * time.Millisecond, PollInterval: 5 * time.Millisecond},
-		journal: j,
+		journal:    j,
+		journalDir: filepath.Join(dir, "state"),
+		agentKey:   newSigner(t),
 	}
+	e.hv.boot = e.guest.bootFromSeed
 	e.guest.answers["cat /run/gpuaas/instance-id"] = "i-test\n"
 	e.guest.answers[baseChecks[1].Command] = testMarker + "  /disk/gpuaas/marker\n"
 	e.hv.onStart = func(string) { e.dh.grant(testAlloc) }
@@ -450,9 +567,24 @@ func newEnv(t *testing.T) *env {
 func (e *env) newRuntime(t *testing.T) *Runtime {
 	t.Helper()
 	rt, err := New(e.opts, Deps{Root: e.root, Images: e.images, Disks: e.disks, Hypervisor: e.hv, Switch: e.sw, DHCP: e.dh, NAT: e.nat,
-		Guest: e.guest, PCI: e.pci, Journal: e.journal, Failpoints: e.fp, NewInstanceID: func() (string, error) { return "i-test", nil }})
+		Guest: e.guest, AgentKey: e.agentKey, PCI: e.pci, Journal: e.journal, Failpoints: e.fp, NewInstanceID: func() (string, error) { return "i-test", nil }})
 	require.NoError(t, err)
 	return rt
+}
+
+// newSigner returns a fresh ed25519 signer.
+func newSigner(t testing.TB) ssh.Signer {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	s, err := ssh.NewSignerFromKey(priv)
+	require.NoError(t, err)
+	return s
+}
+
+// authorizedLine is the authorized_keys line of s.
+func authorizedLine(s ssh.Signer, comment string) string {
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.PublicKey()))) + " " + comment
 }
 
 // authorizedKey returns a fresh ed25519 authorized_keys line.

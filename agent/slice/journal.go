@@ -66,6 +66,10 @@ type Record struct {
 	Reserved bool `json:"reserved,omitempty"`
 	NATed    bool `json:"nated,omitempty"`
 	Port     bool `json:"port,omitempty"`
+	// AgentKey is the allocation's own agent SSH key (keys.go), made
+	// before the seed authorizes it and destroyed once the slice is over.
+	// A record from before per-allocation keys has none.
+	AgentKey *AgentKey `json:"agent_key,omitempty"`
 
 	Provision *proto.SliceProvisionResult `json:"provision,omitempty"`
 	Release   *proto.SliceReleaseResult   `json:"release,omitempty"`
@@ -97,14 +101,25 @@ type Journal struct {
 	db *bolt.DB
 }
 
-// OpenJournal opens (creating) dir/slice.db.
+// JournalMode is the journal file's mode: it holds the allocations'
+// private agent keys.
+const JournalMode os.FileMode = 0o600
+
+// OpenJournal opens (creating) dir/slice.db. A journal file readable by
+// others (made by an older agent, or copied) is restricted to JournalMode
+// before it is used.
 func OpenJournal(dir string) (*Journal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("slice journal: %w", err)
 	}
-	db, err := bolt.Open(filepath.Join(dir, JournalFile), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	path := filepath.Join(dir, JournalFile)
+	db, err := bolt.Open(path, JournalMode, &bolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("open slice journal in %s: %w", dir, err)
+	}
+	if err := restrictMode(path); err != nil {
+		db.Close()
+		return nil, err
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
 		_, err := tx.CreateBucketIfNotExists(bucketAllocs)
@@ -175,4 +190,19 @@ func (j *Journal) List() ([]Record, error) {
 // Delete removes a record.
 func (j *Journal) Delete(alloc string) error {
 	return j.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketAllocs).Delete([]byte(alloc)) })
+}
+
+// restrictMode makes path JournalMode if it grants more.
+func restrictMode(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("slice journal: %w", err)
+	}
+	if st.Mode().Perm()&^JournalMode == 0 {
+		return nil
+	}
+	if err := os.Chmod(path, JournalMode); err != nil {
+		return fmt.Errorf("slice journal %s has mode %v and cannot be restricted to %v: %w", path, st.Mode().Perm(), JournalMode, err)
+	}
+	return nil
 }

@@ -150,7 +150,7 @@ func buildRuntime(cfg labConfig, fp *Failpoints, mods ...func(*Options, *Deps)) 
 	if err != nil {
 		return nil, err
 	}
-	signer, pub, err := LoadSSHKey(cfg.KeyFile)
+	signer, _, err := LoadSSHKey(cfg.KeyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -162,11 +162,11 @@ func buildRuntime(cfg labConfig, fp *Failpoints, mods ...func(*Options, *Deps)) 
 		hv: &Libvirt{URI: libvirttest.URI}, sw: sw, nat: n, root: root}
 	p.dhcp = &DNSMasq{Server: p.server}
 	opts := Options{Owner: cfg.Owner, Gateway: gw, Bridge: cfg.Bridge, StateDir: cfg.StateDir, SerialDir: cfg.SerialDir,
-		Hypervisor: vm.TCG, LabSized: true, ChecksumOffloadOff: true, SSHPublicKey: pub, JumpHost: "j22u15.lab",
+		Hypervisor: vm.TCG, LabSized: true, ChecksumOffloadOff: true, JumpHost: "j22u15.lab",
 		LeaseTimeout: 180 * time.Second, SSHTimeout: 120 * time.Second, ShutdownTimeout: 3 * time.Second, PollInterval: 200 * time.Millisecond,
 	}
 	deps := Deps{Root: root, Images: &FileSource{}, Disks: HostDisks{Root: root, Digests: disk.NewDigestCache()}, Hypervisor: p.hv,
-		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: &SSHGuest{Signer: signer}, Journal: j, Failpoints: fp}
+		Switch: sw, DHCP: p.dhcp, NAT: n, Guest: &SSHGuest{}, AgentKey: signer, Journal: j, Failpoints: fp}
 	for _, m := range mods {
 		m(&opts, &deps)
 	}
@@ -294,18 +294,70 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	r, err := p.rt.Reconcile(ctx, []string{alloc})
 	require.NoError(t, err)
 	assert.Contains(t, ofctl("dump-flows", cfg.Bridge, cookie), "priority=")
-	signer, _, err := LoadSSHKey(cfg.KeyFile)
-	require.NoError(t, err)
-	out, err := (&SSHGuest{Signer: signer}).Run(ctx, netip.MustParseAddr(res.Access.GuestIP), "cat /run/gpuaas/instance-id")
-	require.NoError(t, err, "the guest is reachable again")
-	assert.Equal(t, rec.InstanceID, strings.TrimSpace(out))
 	assert.Equal(t, []string{"ghost"}, r.Reservations)
 	assert.Equal(t, []string{"ghost"}, r.NAT)
 	assert.Empty(t, r.Domains)
+	// The reconcile probe logged in to the real guest with the
+	// allocation's key: healthy, with its evidence, no drift.
 	assert.Empty(t, r.Drift)
-	s, err := p.hv.State(ctx, res.Domain)
+	guestIP := netip.MustParseAddr(res.Access.GuestIP)
+	requireHealthy(t, r, alloc, rec.InstanceID)
+	assertUntouched(t, p, cfg, res.Domain, ports[0])
+
+	// The guest answers the allocation's own key, and refuses another
+	// allocation's key and the agent-wide key (not in its seed).
+	require.NotNil(t, rec.AgentKey)
+	assert.True(t, strings.HasSuffix(rec.AgentKey.Public, " gpuaas-agent "+alloc), rec.AgentKey.Public)
+	st, err := os.Stat(filepath.Join(cfg.JournalDir, JournalFile))
 	require.NoError(t, err)
-	assert.Equal(t, DomainRunning, s)
+	assert.Equal(t, JournalMode, st.Mode().Perm(), "the journal holds private keys")
+	own, err := rec.AgentKey.Signer()
+	require.NoError(t, err)
+	out, err := (&SSHGuest{}).Run(ctx, guestIP, own, "cat /run/gpuaas/instance-id")
+	require.NoError(t, err, "the allocation's key logs in")
+	assert.Equal(t, rec.InstanceID, strings.TrimSpace(out))
+	otherKey, err := NewAgentKey("alloc-other", "j22u15-s0@2", time.Now())
+	require.NoError(t, err)
+	other, err := otherKey.Signer()
+	require.NoError(t, err)
+	agentWide, _, err := LoadSSHKey(cfg.KeyFile)
+	require.NoError(t, err)
+	for name, k := range map[string]ssh.Signer{"another allocation's key": other, "the agent-wide key": agentWide} {
+		_, err := (&SSHGuest{Timeout: 30 * time.Second}).Run(ctx, guestIP, k, "cat /run/gpuaas/instance-id")
+		require.Error(t, err, name)
+		assert.ErrorContains(t, err, "unable to authenticate", name)
+	}
+
+	// The guest becomes unreachable for real: a flow drops everything on
+	// its OVS port (a foreign cookie, so the switch reconcile keeps it).
+	// Reconcile reports the drift and leaves the slice alone.
+	const dropCookie = 0x7e57
+	ofctl("add-flow", cfg.Bridge, fmt.Sprintf("cookie=%#x,priority=1000,in_port=%d,actions=drop", dropCookie, ports[0].OFPort))
+	ofctl("add-flow", cfg.Bridge, fmt.Sprintf("cookie=%#x,priority=1000,dl_dst=%s,actions=drop", dropCookie, res.Access.GuestMAC))
+	start = time.Now()
+	r, err = p.rt.Reconcile(ctx, []string{alloc})
+	require.NoError(t, err)
+	t.Logf("reconcile of an unreachable guest took %.1f s: drift %q", time.Since(start).Seconds(), r.Drift)
+	require.Len(t, r.Drift, 1)
+	assert.Contains(t, r.Drift[0], "allocation "+alloc+": guest "+res.Access.GuestIP+" unreachable")
+	require.Len(t, r.Guests, 1)
+	assert.Equal(t, GuestUnreachable, r.Guests[0].State)
+	assert.False(t, r.Guests[0].Reachable)
+	assert.Equal(t, KeyAllocation, r.Guests[0].Key)
+	assert.Empty(t, r.TornDown)
+	assert.Empty(t, r.Released)
+	assert.Empty(t, r.Domains)
+	assert.Empty(t, r.Ports)
+	assertUntouched(t, p, cfg, res.Domain, ports[0])
+	assert.Contains(t, ofctl("dump-flows", cfg.Bridge, fmt.Sprintf("cookie=%#x/-1", dropCookie)), "actions=drop", "the operator's flow stays")
+
+	// Restored: the next reconcile converges clean.
+	ofctl("del-flows", cfg.Bridge, fmt.Sprintf("cookie=%#x/-1", dropCookie))
+	r, err = p.rt.Reconcile(ctx, []string{alloc})
+	require.NoError(t, err)
+	assert.Empty(t, r.Drift)
+	requireHealthy(t, r, alloc, rec.InstanceID)
+	assertUntouched(t, p, cfg, res.Domain, ports[0])
 
 	rep = &recorder{}
 	start = time.Now()
@@ -316,7 +368,7 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	require.NotNil(t, rel.Slots[0].Proof, rel.Slots[0].Error)
 	assert.Equal(t, "blkdiscard", rel.Slots[0].Proof.Method)
 	assert.Equal(t, uint64(128<<20), rel.Slots[0].Proof.Bytes)
-	s, err = p.hv.State(ctx, res.Domain)
+	s, err := p.hv.State(ctx, res.Domain)
 	require.NoError(t, err)
 	assert.Equal(t, DomainAbsent, s)
 	ports, err = p.sw.PortsByAllocation(ctx, alloc)
@@ -329,6 +381,56 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, guests)
 	assertZero(t, cfg.Loop)
+	rec, _, err = p.journal.Get(alloc)
+	require.NoError(t, err)
+	assert.Nil(t, rec.AgentKey, "the allocation's key is destroyed with the slice")
+}
+
+// requireHealthy checks that Reconcile probed alloc's real guest with the
+// allocation's key and found it answering as the seed's instance.
+func requireHealthy(t *testing.T, r Reconciliation, alloc, instanceID string) {
+	t.Helper()
+	require.Len(t, r.Guests, 1, "%+v", r)
+	g := r.Guests[0]
+	assert.Equal(t, alloc, g.AllocationID)
+	assert.Equal(t, GuestHealthy, g.State, g.Evidence)
+	assert.True(t, g.Reachable)
+	assert.True(t, g.InstanceIDMatch)
+	assert.Equal(t, instanceID, g.InstanceID)
+	assert.Equal(t, KeyAllocation, g.Key)
+	assert.Contains(t, g.Evidence, "instance-id "+instanceID+" matches the seed")
+	assert.Empty(t, r.TornDown)
+	assert.Empty(t, r.Released)
+	assert.Empty(t, r.Wiped)
+}
+
+// assertUntouched checks that the live slice's domain still runs, its OVS
+// port is the same, its record is active with its key, and its disk still
+// holds the cloned image (the GPT header).
+func assertUntouched(t *testing.T, p *realParts, cfg labConfig, domain string, port ovs.Port) {
+	t.Helper()
+	ctx := context.Background()
+	alloc := cfg.Request.AllocationID
+	s, err := p.hv.State(ctx, domain)
+	require.NoError(t, err)
+	assert.Equal(t, DomainRunning, s)
+	ports, err := p.sw.PortsByAllocation(ctx, alloc)
+	require.NoError(t, err)
+	require.Len(t, ports, 1)
+	assert.Equal(t, port.Name, ports[0].Name)
+	assert.Equal(t, port.OFPort, ports[0].OFPort)
+	rec, _, err := p.journal.Get(alloc)
+	require.NoError(t, err)
+	assert.Equal(t, PhaseActive, rec.Phase)
+	assert.NotNil(t, rec.AgentKey)
+	assert.Nil(t, rec.Slots[0].Proof, "not wiped")
+	f, err := os.Open(cfg.Loop)
+	require.NoError(t, err)
+	defer f.Close()
+	hdr := make([]byte, 8)
+	_, err = f.ReadAt(hdr, 512)
+	require.NoError(t, err)
+	assert.Equal(t, "EFI PART", string(hdr), "the disk still holds the image")
 }
 
 // TestPrivilegedSliceRefusals proves on the real loop device that a bad

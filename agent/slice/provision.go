@@ -152,9 +152,6 @@ func (r *Runtime) validate(req ProvisionRequest) error {
 			}
 		}
 	}
-	if len(req.SSHKeys) == 0 && r.opts.SSHPublicKey == "" {
-		return errors.New("no SSH key: neither the allocation nor the agent has one")
-	}
 	return nil
 }
 
@@ -207,6 +204,11 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	boot, _ := bootDevice(req.Plan)
 	rec := Record{AllocationID: req.AllocationID, Phase: PhaseProvisioning, Domain: res.Domain, MAC: strings.ToLower(boot.MAC), IP: boot.IP,
 		Hostname: hostname(req)}
+	if prev, ok, _ := r.d.Journal.Get(req.AllocationID); ok {
+		// A re-run keeps the earlier attempt's key (ensureKey replaces it
+		// if it was made for other slot claims).
+		rec.AgentKey = prev.AgentKey
+	}
 	for _, d := range req.Plan.Devices {
 		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
 		rec.Slots = append(rec.Slots, SlotRecord{SlotID: d.SlotID, Identity: IdentityOf(req.Slots[i].Capacity.NVMe), Boot: d.SlotID == boot.SlotID})
@@ -234,10 +236,17 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	// Tear down with a fresh context: the task's may be what failed.
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
+	var terr error
 	if rec.Defined || rec.Reserved || rec.NATed || rec.Port {
-		if terr := r.teardown(tctx, &rec); terr != nil {
+		if terr = r.teardown(tctx, &rec); terr != nil {
 			err = errors.Join(err, fmt.Errorf("tear down: %w", terr))
 		}
+	}
+	if terr == nil {
+		// The VM is gone (or never ran): nothing may log in with the key
+		// again. The touched disks stay blocked until wiped, and nothing
+		// boots them again without a fresh clone and seed.
+		r.destroyKey(&rec, "provision failed at "+res.FailedStage)
 	}
 	res.TouchedSlots = rec.TouchedSlots()
 	rec.Phase = PhaseFailed
@@ -341,10 +350,12 @@ func (r *Runtime) provision(ctx context.Context, req ProvisionRequest, st *stage
 			return err
 		}
 		rec.InstanceID = id
-		keys := slices.Clone(req.SSHKeys)
-		if r.opts.SSHPublicKey != "" {
-			keys = append(keys, r.opts.SSHPublicKey)
+		// The allocation's own agent key, durable before the seed
+		// authorizes it (the agent-wide key is never seeded).
+		if err := r.ensureKey(rec, req); err != nil {
+			return err
 		}
+		keys := append(slices.Clone(req.SSHKeys), rec.AgentKey.Public)
 		dir, err := r.allocDir(req.AllocationID)
 		if err != nil {
 			return err

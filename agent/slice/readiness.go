@@ -99,6 +99,10 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 		return nil, err
 	}
 	ip, _ := netip.ParseAddr(rec.IP)
+	key, _, err := r.guestKey(rec)
+	if err != nil {
+		return nil, err
+	}
 	if f, ok := r.d.Guest.(forgetter); ok {
 		defer f.Forget(ip)
 	}
@@ -107,7 +111,7 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 	var evidence []string
 	for _, c := range checks {
 		for {
-			out, err := r.d.Guest.Run(ctx, ip, c.Command)
+			out, err := r.d.Guest.Run(ctx, ip, key, c.Command)
 			if err == nil {
 				ev, verr := c.Verify(out, want)
 				if verr != nil {
@@ -130,17 +134,23 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 // forgetter is implemented by Guests that keep connections open.
 type forgetter interface{ Forget(addr netip.Addr) }
 
-// SSHGuest runs commands on guests over SSH (port 22) with the agent's
-// key. One connection per guest is kept open between commands (the
-// readiness checks run several) until Forget or an error.
+// SSHGuest runs commands on guests over SSH (port 22) with the key each
+// call names (the allocation's own agent key). One connection per guest
+// and key is kept open between commands (the readiness checks run
+// several) until Forget or an error.
 type SSHGuest struct {
-	User   string
-	Signer ssh.Signer
+	User string
 	// Timeout bounds a dial and a command (default 15 s).
 	Timeout time.Duration
 
 	mu    sync.Mutex
-	conns map[netip.Addr]*ssh.Client
+	conns map[guestConn]*ssh.Client
+}
+
+// guestConn names an open connection: the guest and the key it logged in with.
+type guestConn struct {
+	addr netip.Addr
+	key  string // SHA256 fingerprint
 }
 
 // LoadSSHKey reads an OpenSSH private key and returns its signer and its
@@ -164,16 +174,18 @@ func (g *SSHGuest) timeout() time.Duration {
 	return 15 * time.Second
 }
 
-// client returns the open connection to addr, dialling one if needed.
-func (g *SSHGuest) client(ctx context.Context, addr netip.Addr) (*ssh.Client, error) {
+// client returns the open connection to addr with key, dialling one if
+// needed.
+func (g *SSHGuest) client(ctx context.Context, addr netip.Addr, key ssh.Signer) (*ssh.Client, error) {
+	if key == nil {
+		return nil, fmt.Errorf("ssh %s: no key", addr)
+	}
+	id := guestConn{addr: addr, key: ssh.FingerprintSHA256(key.PublicKey())}
 	g.mu.Lock()
-	c := g.conns[addr]
+	c := g.conns[id]
 	g.mu.Unlock()
 	if c != nil {
 		return c, nil
-	}
-	if g.Signer == nil {
-		return nil, errors.New("ssh: no agent key")
 	}
 	user := g.User
 	if user == "" {
@@ -184,7 +196,7 @@ func (g *SSHGuest) client(ctx context.Context, addr netip.Addr) (*ssh.Client, er
 		to = max(time.Until(dl), time.Millisecond) // the handshake too ends at ctx's deadline
 	}
 	cfg := &ssh.ClientConfig{
-		User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(g.Signer)},
+		User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(key)},
 		// A fresh guest makes its host key at first boot; the agent reaches
 		// it over the host's own private bridge.
 		HostKeyCallback: ssh.InsecureIgnoreHostKey(),
@@ -205,27 +217,38 @@ func (g *SSHGuest) client(ctx context.Context, addr netip.Addr) (*ssh.Client, er
 	c = ssh.NewClient(cc, chans, reqs)
 	g.mu.Lock()
 	if g.conns == nil {
-		g.conns = map[netip.Addr]*ssh.Client{}
+		g.conns = map[guestConn]*ssh.Client{}
 	}
-	g.conns[addr] = c
+	if other := g.conns[id]; other != nil {
+		// Dialled concurrently: keep the first, which may be in use.
+		g.mu.Unlock()
+		c.Close()
+		return other, nil
+	}
+	g.conns[id] = c
 	g.mu.Unlock()
 	return c, nil
 }
 
-// Forget closes the connection to addr.
+// Forget closes the connections to addr (with any key).
 func (g *SSHGuest) Forget(addr netip.Addr) {
 	g.mu.Lock()
-	c := g.conns[addr]
-	delete(g.conns, addr)
+	var cs []*ssh.Client
+	for id, c := range g.conns {
+		if id.addr == addr {
+			cs = append(cs, c)
+			delete(g.conns, id)
+		}
+	}
 	g.mu.Unlock()
-	if c != nil {
+	for _, c := range cs {
 		c.Close()
 	}
 }
 
 // Run implements Guest.
-func (g *SSHGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
-	c, err := g.client(ctx, addr)
+func (g *SSHGuest) Run(ctx context.Context, addr netip.Addr, key ssh.Signer, cmd string) (string, error) {
+	c, err := g.client(ctx, addr, key)
 	if err != nil {
 		return "", err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
@@ -43,6 +44,33 @@ type Reconciliation struct {
 	Ports        []string `json:"ports,omitempty"`
 	Reservations []string `json:"reservations,omitempty"`
 	NAT          []string `json:"nat,omitempty"`
+	// Guests are the probes of live, active allocations' running guests:
+	// the evidence of a healthy one, or why it is drift.
+	Guests []GuestProbe `json:"guests,omitempty"`
+}
+
+// Guest probe states.
+const (
+	GuestHealthy     = "healthy"     // answered over SSH with the seed's instance-id
+	GuestUnreachable = "unreachable" // no SSH answer within guestProbeTimeout
+	GuestMismatch    = "mismatch"    // answered as another instance
+)
+
+// GuestProbe is one Reconcile probe of a live slice's guest.
+type GuestProbe struct {
+	AllocationID string `json:"allocation_id"`
+	IP           string `json:"ip"`
+	// Key is the key the probe logged in with: KeyAllocation, or KeyAgent
+	// for a record from before per-allocation keys.
+	Key   string `json:"key"`
+	State string `json:"state"`
+	// Reachable: the guest answered over SSH.
+	Reachable bool `json:"reachable"`
+	// InstanceID is what the guest answered; InstanceIDMatch whether it is
+	// the instance-id of the allocation's seed.
+	InstanceID      string `json:"instance_id,omitempty"`
+	InstanceIDMatch bool   `json:"instance_id_match"`
+	Evidence        string `json:"evidence"`
 }
 
 // Reconcile converges the host on the live allocations (those the
@@ -59,6 +87,9 @@ type Reconciliation struct {
 //     is converged, the running guest must answer a bounded SSH probe,
 //     else it is drift (never torn down).
 //   - interrupted/failed and not live: touched disks are wiped.
+//
+// A record whose guest may no longer be logged in to (released, failed,
+// interrupted and not live) loses its agent key.
 //
 // Then domains carrying this runtime's owner tag, OVS ports, DHCP
 // reservations and NAT entries of allocations that are neither live nor
@@ -89,6 +120,10 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 		rec, ok, err := r.d.Journal.Get(listed.AllocationID)
 		if err == nil && ok {
 			err = r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out, &probe)
+			if err == nil && rec.AgentKey != nil && !keyNeeded(rec.Phase, isLive[rec.AllocationID]) {
+				r.destroyKey(&rec, "reconcile: allocation "+rec.Phase)
+				err = r.put(&rec)
+			}
 		}
 		unlock()
 		if err != nil {
@@ -172,6 +207,7 @@ func (r *Runtime) reconcileRecord(ctx context.Context, rec *Record, live bool, b
 	case PhaseReleased:
 		// Kept to answer a re-delivered release; pruned after a week.
 		if !live && r.d.Now().Sub(rec.UpdatedAt) > releasedRetention {
+			rec.AgentKey = nil // gone with the record (never written back)
 			return r.d.Journal.Delete(rec.AllocationID)
 		}
 	case PhaseProvisioning:
@@ -246,6 +282,7 @@ func (r *Runtime) releaseLocked(ctx context.Context, rec *Record, busy map[strin
 		res.Slots = append(res.Slots, proto.SlotResult{SlotID: s.SlotID, Proof: s.Proof, Error: s.Error})
 	}
 	rec.Release = &res
+	r.destroyKey(rec, "released by reconcile")
 	return true, r.put(rec)
 }
 
@@ -315,23 +352,42 @@ func (r *Runtime) repairPCI(rec *Record, out *Reconciliation) {
 // probeGuest asks a live, active allocation's running guest for its
 // instance-id, once, within guestProbeTimeout; a guest that does not
 // answer (or answers as another instance) is drift, never torn down.
+//
+// It logs in with the allocation's own key, or with the agent-wide key
+// for a record from before per-allocation keys.
 func (r *Runtime) probeGuest(ctx context.Context, rec *Record, out *Reconciliation) {
 	ip, err := netip.ParseAddr(rec.IP)
 	if err != nil {
 		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest not probed: journal IP %q: %v", rec.AllocationID, rec.IP, err))
 		return
 	}
+	key, source, err := r.guestKey(rec)
+	if err != nil {
+		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest not probed: %v", rec.AllocationID, err))
+		return
+	}
+	p := GuestProbe{AllocationID: rec.AllocationID, IP: rec.IP, Key: source}
+	defer func() { out.Guests = append(out.Guests, p) }()
 	if f, ok := r.d.Guest.(forgetter); ok {
 		defer f.Forget(ip)
 	}
 	pctx, cancel := context.WithTimeout(ctx, guestProbeTimeout)
 	defer cancel()
-	got, err := r.d.Guest.Run(pctx, ip, baseChecks[0].Command)
+	got, err := r.d.Guest.Run(pctx, ip, key, baseChecks[0].Command)
 	if err != nil {
-		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest %s does not answer over SSH: %v", rec.AllocationID, ip, err))
+		p.State, p.Evidence = GuestUnreachable, err.Error()
+		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest %s unreachable: no SSH answer with the %s key: %v", rec.AllocationID, ip, source, err))
 		return
 	}
+	p.Reachable, p.InstanceID = true, strings.TrimSpace(got)
 	if _, err := baseChecks[0].Verify(got, expect{InstanceID: rec.InstanceID}); err != nil && rec.InstanceID != "" {
+		p.State, p.Evidence = GuestMismatch, err.Error()
 		out.Drift = append(out.Drift, fmt.Sprintf("allocation %s: guest %s answers but %v", rec.AllocationID, ip, err))
+		return
+	}
+	p.State, p.InstanceIDMatch = GuestHealthy, rec.InstanceID != ""
+	p.Evidence = fmt.Sprintf("ssh %s with the %s key: instance-id %s", ip, source, p.InstanceID)
+	if p.InstanceIDMatch {
+		p.Evidence += " matches the seed"
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/gpuaas/gpuaas/hostops/pci"
 	"github.com/gpuaas/gpuaas/lab/hostsim"
@@ -23,8 +24,12 @@ import (
 var reconcileIdle = []string{
 	"dhcp reserve 52:54:00:00:00:10 10.200.0.10 alloc=alloc-1",
 	"nat apply 10.200.0.10 alloc=alloc-1",
-	`ssh 10.200.0.10 "cat /run/gpuaas/instance-id"`,
+	`ssh 10.200.0.10 as "gpuaas-agent alloc-1": "cat /run/gpuaas/instance-id"`,
 }
+
+// healthyProbe is the probe of the fakes' healthy alloc-1 guest.
+var healthyProbe = GuestProbe{AllocationID: testAlloc, IP: "10.200.0.10", Key: KeyAllocation, State: GuestHealthy, Reachable: true,
+	InstanceID: "i-test", InstanceIDMatch: true, Evidence: "ssh 10.200.0.10 with the allocation key: instance-id i-test matches the seed"}
 
 func provisioned(t *testing.T) *env {
 	t.Helper()
@@ -51,11 +56,12 @@ func TestReconcileRebindsUnboundGPU(t *testing.T) {
 	assert.Empty(t, r.Drift)
 	assert.Equal(t, "vfio-pci", e.pci.drivers["0000:18:00.0"])
 
-	// After the repair a second reconcile changes nothing.
+	// After the repair a second reconcile changes nothing; the guest probe
+	// is its only evidence.
 	r, err = e.rt.Reconcile(ctx, []string{testAlloc})
 	require.NoError(t, err)
 	assert.Empty(t, cmp.Diff(reconcileIdle, e.tr.take()))
-	assert.Empty(t, cmp.Diff(Reconciliation{}, r))
+	assert.Empty(t, cmp.Diff(Reconciliation{Guests: []GuestProbe{healthyProbe}}, r))
 }
 
 func TestReconcileGPUOnHostDriverIsDrift(t *testing.T) {
@@ -89,7 +95,7 @@ type deadlineGuest struct {
 	bounds []time.Duration
 }
 
-func (g *deadlineGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
+func (g *deadlineGuest) Run(ctx context.Context, addr netip.Addr, key ssh.Signer, cmd string) (string, error) {
 	dl, ok := ctx.Deadline()
 	g.mu.Lock()
 	if ok {
@@ -98,7 +104,7 @@ func (g *deadlineGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (s
 		g.bounds = append(g.bounds, -1)
 	}
 	g.mu.Unlock()
-	return g.fakeGuest.Run(ctx, addr, cmd)
+	return g.fakeGuest.Run(ctx, addr, key, cmd)
 }
 
 func TestReconcileUnreachableGuestIsDriftOnly(t *testing.T) {
@@ -113,7 +119,9 @@ func TestReconcileUnreachableGuestIsDriftOnly(t *testing.T) {
 	r, err := rt.Reconcile(context.Background(), []string{testAlloc})
 	require.NoError(t, err)
 	assert.Empty(t, cmp.Diff(reconcileIdle, e.tr.take()), "probed once, nothing torn down")
-	assert.Equal(t, []string{"allocation alloc-1: guest 10.200.0.10 does not answer over SSH: dial tcp 10.200.0.10:22: i/o timeout"}, r.Drift)
+	assert.Equal(t, []string{"allocation alloc-1: guest 10.200.0.10 unreachable: no SSH answer with the allocation key: dial tcp 10.200.0.10:22: i/o timeout"}, r.Drift)
+	assert.Equal(t, []GuestProbe{{AllocationID: testAlloc, IP: "10.200.0.10", Key: KeyAllocation, State: GuestUnreachable,
+		Evidence: "dial tcp 10.200.0.10:22: i/o timeout"}}, r.Guests)
 	require.Len(t, g.bounds, 1)
 	assert.Positive(t, g.bounds[0])
 	assert.LessOrEqual(t, g.bounds[0], 5*time.Second)

@@ -77,6 +77,9 @@ func (r *Runtime) Release(ctx context.Context, req ReleaseRequest, rep Reporter)
 	}
 	rec.Phase = PhaseReleased
 	rec.Release = &res
+	// The VM is gone and the disks were wiped: nothing may log in with
+	// the allocation's key again.
+	r.destroyKey(&rec, "released")
 	if err := r.put(&rec); err != nil {
 		return res, err
 	}
@@ -129,8 +132,15 @@ func (r *Runtime) Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep R
 	}
 	res.Proof = proof
 	for _, rec := range recs {
-		if s := rec.slot(p.SlotID); s != nil && s.Proof == nil {
-			s.Proof = &proof
+		if s := rec.slot(p.SlotID); s != nil && (s.Proof == nil || rec.AgentKey != nil) {
+			if s.Proof == nil {
+				s.Proof = &proof
+			}
+			// The allocation's VM is gone (checked above); once every disk
+			// it touched is wiped, its key goes too.
+			if len(rec.TouchedSlots()) == 0 {
+				r.destroyKey(&rec, "slot "+p.SlotID+" cleaned up")
+			}
 			if err := r.put(&rec); err != nil {
 				return res, err
 			}

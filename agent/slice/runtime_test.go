@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/gpuaas/gpuaas/hostops/disk"
 	"github.com/gpuaas/gpuaas/images/seed"
@@ -33,8 +34,8 @@ var provisionTranscript = []string{
 	"hv define gpuaas-alloc-1",
 	"hv start gpuaas-alloc-1",
 	"ovs add-port gpa" + digest("alloc-1")[:12] + " alloc=alloc-1 mac=52:54:00:00:00:10 ip=10.200.0.10",
-	`ssh 10.200.0.10 "cat /run/gpuaas/instance-id"`,
-	`ssh 10.200.0.10 "shasum -a 256 /disk/gpuaas/marker || sha256sum /disk/gpuaas/marker"`,
+	`ssh 10.200.0.10 as "gpuaas-agent alloc-1": "cat /run/gpuaas/instance-id"`,
+	`ssh 10.200.0.10 as "gpuaas-agent alloc-1": "shasum -a 256 /disk/gpuaas/marker || sha256sum /disk/gpuaas/marker"`,
 }
 
 var teardownTranscript = []string{
@@ -76,7 +77,8 @@ func TestProvisionReleaseTranscript(t *testing.T) {
 	}
 	assert.Contains(t, rep.progress, "clone 67108864/67108864")
 
-	// The seed carries both keys and the reserved MAC.
+	// The seed carries the tenant's key, the allocation's own agent key
+	// (not the agent-wide one) and the reserved MAC.
 	iso, err := os.Open(filepath.Join(e.opts.StateDir, testAlloc, "seed.iso"))
 	require.NoError(t, err)
 	defer iso.Close()
@@ -84,7 +86,11 @@ func TestProvisionReleaseTranscript(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, seed.VolumeLabel, label)
 	assert.Contains(t, string(files[seed.MetaData]), "instance-id: i-test")
-	assert.Contains(t, string(files[seed.UserData]), "gpuaas-agent")
+	rec, _, err := e.journal.Get(testAlloc)
+	require.NoError(t, err)
+	require.NotNil(t, rec.AgentKey)
+	assert.Contains(t, string(files[seed.UserData]), rec.AgentKey.Public)
+	assert.NotContains(t, string(files[seed.UserData]), authorizedLine(e.agentKey, "")[:60])
 	assert.Contains(t, string(files[seed.UserData]), "tenant")
 	assert.Contains(t, string(files[seed.NetworkConfig]), "52:54:00:00:00:10")
 	assert.Contains(t, string(files[seed.NetworkConfig]), `- "10.200.0.10/24"`)
@@ -581,9 +587,9 @@ type blockingGuest struct {
 	once    sync.Once
 }
 
-func (g *blockingGuest) Run(ctx context.Context, addr netip.Addr, cmd string) (string, error) {
+func (g *blockingGuest) Run(ctx context.Context, addr netip.Addr, key ssh.Signer, cmd string) (string, error) {
 	g.once.Do(func() { close(g.entered); <-g.release })
-	return g.fakeGuest.Run(ctx, addr, cmd)
+	return g.fakeGuest.Run(ctx, addr, key, cmd)
 }
 
 func TestReconcileWaitsForARunningProvision(t *testing.T) {
@@ -640,7 +646,7 @@ func TestReconcileRepairsLiveNetwork(t *testing.T) {
 	assert.Empty(t, cmp.Diff([]string{
 		"dhcp reserve 52:54:00:00:00:10 10.200.0.10 alloc=alloc-1",
 		"nat apply 10.200.0.10 alloc=alloc-1",
-		`ssh 10.200.0.10 "cat /run/gpuaas/instance-id"`,
+		`ssh 10.200.0.10 as "gpuaas-agent alloc-1": "cat /run/gpuaas/instance-id"`,
 	}, e.tr.take()))
 	assert.Equal(t, []string{"allocation alloc-1: DHCP lease of 52:54:00:00:00:10 is expired (expected 10.200.0.10)"}, r.Drift)
 	assert.Contains(t, e.dh.res, testAlloc)
@@ -651,7 +657,8 @@ func TestReconcilePrunesOldReleasedRecords(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	now := time.Now()
-	require.NoError(t, e.journal.Put(Record{AllocationID: "old", Phase: PhaseReleased, UpdatedAt: now.Add(-8 * 24 * time.Hour)}))
+	// (An old record still holding a key is pruned all the same.)
+	require.NoError(t, e.journal.Put(Record{AllocationID: "old", Phase: PhaseReleased, UpdatedAt: now.Add(-8 * 24 * time.Hour), AgentKey: &AgentKey{Public: "x"}}))
 	require.NoError(t, e.journal.Put(Record{AllocationID: "recent", Phase: PhaseReleased, UpdatedAt: now.Add(-time.Hour)}))
 	_, err := e.rt.Reconcile(context.Background(), nil)
 	require.NoError(t, err)

@@ -10,12 +10,14 @@
 //	             disk identity resolved and refused if mounted, held or signed
 //	clone        the image onto the boot slot's disk, progress at most once a second
 //	seed         NoCloud ISO: fresh instance-id, hostname, the allocation's SSH keys
-//	             and the agent's own key, network-config v2 matching the reserved MAC
+//	             and the allocation's own agent key (keys.go), network-config v2
+//	             matching the reserved MAC
 //	define_start OVS bridge checked, DHCP reservation, NAT, domain defined (OVS vNIC
 //	             with the reserved MAC, serial console to a file, no graphics) and
 //	             started, its tap tagged and isolated on the bridge
 //	dhcp_lease   dnsmasq's lease file shows the reserved MAC holding the reserved IP
-//	ssh_ready    the image's readiness checks over SSH (table readinessChecks)
+//	ssh_ready    the image's readiness checks over SSH (table readinessChecks),
+//	             logged in with the allocation's agent key
 //
 // Each boundary is reported as a proto.StageEvent through a Reporter. A
 // failure after a disk was touched destroys and undefines the VM, removes
@@ -52,6 +54,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
@@ -144,9 +148,10 @@ type Disks interface {
 	Wipe(ctx context.Context, dev disk.Device, policy disk.Policy, progress func(disk.Progress)) (disk.Proof, error)
 }
 
-// Guest runs a command on a guest over SSH and returns its output.
+// Guest runs a command on a guest over SSH, logged in with key, and
+// returns its output.
 type Guest interface {
-	Run(ctx context.Context, addr netip.Addr, cmd string) (string, error)
+	Run(ctx context.Context, addr netip.Addr, key ssh.Signer, cmd string) (string, error)
 }
 
 // Options are the runtime's settings.
@@ -172,10 +177,8 @@ type Options struct {
 	ChecksumOffloadOff bool
 	// DefaultWipe is the wipe policy when a task names none.
 	DefaultWipe disk.Policy
-	// SSHUser and SSHPublicKey: the agent's own key, added to every seed so
-	// the readiness gate can log in.
-	SSHUser      string
-	SSHPublicKey string
+	// SSHUser is the guest user the agent (and the tenant) log in as.
+	SSHUser string
 	// JumpHost is the host address tenants jump through (ssh -J).
 	JumpHost string
 	// Timeouts.
@@ -243,6 +246,10 @@ type Deps struct {
 	DHCP       DHCP
 	NAT        NAT
 	Guest      Guest
+	// AgentKey is the agent-wide SSH key. New seeds never carry it (each
+	// allocation has its own key); it only reaches the guests of journal
+	// records from before per-allocation keys. May be nil.
+	AgentKey ssh.Signer
 	// PCI checks and repairs the vfio-pci binding of live slices' GPUs and
 	// VFs in Reconcile; nil skips the check.
 	PCI        PCI
