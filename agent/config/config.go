@@ -172,8 +172,10 @@ type Config struct {
 	SerialLogDir string `json:"serial_log_dir,omitempty"`
 	// WipePolicy is the default wipe: blkdiscard, nvme_format or zero.
 	WipePolicy string `json:"wipe_policy,omitempty"`
-	// SSHKey is the agent's private key for the readiness gate (created
-	// as ed25519 if missing); its public key goes into every seed.
+	// SSHKey is the agent-wide private key (created as ed25519 if
+	// missing). Each slice gets its own key in its seed (agent/slice
+	// keys.go); this one only reaches slices whose journal record
+	// predates per-allocation keys.
 	SSHKey string `json:"ssh_key,omitempty"`
 	// JumpHost is the address tenants SSH through (ssh -J).
 	JumpHost string `json:"jump_host,omitempty"`
@@ -268,7 +270,7 @@ func defs() []flagDef {
 		s("vm-dir", "per-allocation seed and NVRAM directory", func(c *Config) *string { return &c.VMDir }),
 		s("serial-log-dir", "directory of the VMs' serial console logs", func(c *Config) *string { return &c.SerialLogDir }),
 		s("wipe-policy", "default wipe policy: blkdiscard, nvme_format or zero", func(c *Config) *string { return &c.WipePolicy }),
-		s("ssh-key", "agent SSH private key for the readiness gate (created if missing)", func(c *Config) *string { return &c.SSHKey }),
+		s("ssh-key", "agent-wide SSH key, created if missing; only slices provisioned before per-allocation keys use it (each new slice gets its own key)", func(c *Config) *string { return &c.SSHKey }),
 		s("jump-host", "address tenants SSH through to reach slices (ssh -J)", func(c *Config) *string { return &c.JumpHost }),
 		v("lease-timeout", "how long a slice VM may take to get its DHCP lease", func(c *Config) flag.Value { return &c.LeaseTimeout }),
 		v("ssh-timeout", "how long a slice VM may take to answer SSH after its lease", func(c *Config) flag.Value { return &c.SSHTimeout }),

@@ -76,7 +76,7 @@ func TestBenchDetection(t *testing.T) {
 		}
 		largest = agents
 		idle = append(idle, fmt.Sprintf("%d agents: %.0f%%", agents, r.idleCPU))
-		notes := fmt.Sprintf("memberlist v0.6.0, the agent's profile %q (probe 250ms, ack timeout 150ms, suspicion mult 3, max mult 4, gossip 200ms x 4, push-pull 15s scaled by memberlist, no compression), %d members (1 coordinator + %d agents) in ONE process on the in-memory transport, %d trials; p50 %.2fs; false suspicions %d, false deaths %d, deaths not seen within 30s %d (counted as 30s); pool formed in %.1fs (waves of 50, each member joining a random member; while it formed and settled: %d suspicions, %d false deaths); process CPU while the pool idles %.0f%% of one core; loadavg %s",
+		notes := fmt.Sprintf("memberlist v0.6.0, the agent's profile %q (probe 250ms, ack timeout 150ms, suspicion mult 3, max mult 4, gossip 200ms x 4, push-pull 15s scaled by memberlist, no compression), %d members (1 coordinator + %d agents) in ONE process on the in-memory transport, %d trials; p50 %.2fs; false suspicions %d, false deaths %d, deaths not seen within 30s %d (counted as 30s); pool formed in %.1fs (25 joins/s, each member joining a random member, the coordinator's view at most 50 behind; while it formed and settled: %d suspicions, %d false deaths); process CPU while the pool idles %.0f%% of one core; loadavg %s",
 			ProfileFast, agents+1, agents, trials, r.p50, r.falseSuspicions, r.falseDeaths, r.misses, r.joinSeconds, r.formationSuspects, r.formationDeaths, r.idleCPU, load)
 		metrics = append(metrics,
 			bench.AtMost(fmt.Sprintf("node_unreachable_detect_p99_s_%d_agents", agents), r.p99, "s", 5, notes),
@@ -108,9 +108,10 @@ func loadavg() string {
 
 // Pool formation bounds.
 const (
-	joinWave  = 50
-	waveBound = 30 * time.Second
-	joinBound = 150 * time.Second
+	joinPace  = 40 * time.Millisecond // 25 agents/s
+	joinLag   = 50
+	waveBound = 30 * time.Second // without the coordinator seeing one more member
+	joinBound = 300 * time.Second
 )
 
 type detection struct {
@@ -180,12 +181,28 @@ func measureDetection(t *testing.T, agents, trials int) (detection, error) {
 				return detection{}, fmt.Errorf("member %d of %d could not join: %w", i, agents, err)
 			}
 		}
-		if i%joinWave == 0 || i == agents {
-			waveStart := time.Now()
-			for members[0].p.NumMembers() < i+1 {
-				if time.Since(waveStart) > waveBound || time.Since(start) > joinBound {
+		// Pace the joins the way a fleet's agents start (not all in the
+		// same instant), and never let the coordinator's view fall more
+		// than joinLag members behind: each join's alive message must
+		// reach every member, so a burst costs every member at once.
+		time.Sleep(joinPace)
+		if i%joinLag == 0 || i == agents {
+			want := i + 1 - joinLag
+			if i == agents {
+				want = agents + 1
+			}
+			progress, seen := time.Now(), 0
+			for {
+				n := members[0].p.NumMembers()
+				if n >= want {
+					break
+				}
+				if n > seen {
+					seen, progress = n, time.Now()
+				}
+				if time.Since(progress) > waveBound || time.Since(start) > joinBound {
 					return detection{}, fmt.Errorf("the pool did not form: the coordinator saw %d of %d members after %s",
-						members[0].p.NumMembers(), i+1, time.Since(start).Round(time.Second))
+						n, i+1, time.Since(start).Round(time.Second))
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -194,7 +211,7 @@ func measureDetection(t *testing.T, agents, trials int) (detection, error) {
 	observer := members[0].p
 	joinSeconds := time.Since(start).Seconds()
 	// Let the join traffic drain, then measure the idle pool's CPU.
-	time.Sleep(5 * time.Second)
+	time.Sleep(10 * time.Second)
 	c0, t0 := cpuSeconds(), time.Now()
 	time.Sleep(5 * time.Second)
 	idleCPU := 100 * (cpuSeconds() - c0) / time.Since(t0).Seconds()
