@@ -183,7 +183,7 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 		}
 		if time.Since(pressed) > powerOffTimeout {
 			b, _ := os.ReadFile(serial)
-			t.Fatalf("domain still %v %s after the ACPI power button; serial log:\n%s", state, powerOffTimeout, tail(string(b), 30))
+			t.Fatalf("domain still in state %d (not shut-off) %s after the ACPI power button; serial log:\n%s", state, powerOffTimeout, tail(string(b), 30))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
