@@ -176,6 +176,7 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	require.NoError(t, dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN))
 	// When the guest's press line and the kernel's last line were first seen.
 	var reacted, poweredDown time.Duration
+	var states, stateLog []string // libvirt state/reason numbers as they change, and when
 	for {
 		if b, err := os.ReadFile(serial); err == nil {
 			if reacted == 0 && strings.Contains(string(b), "power button pressed") {
@@ -187,6 +188,10 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 		}
 		state, reason, err := dom.GetState()
 		require.NoError(t, err)
+		if st := fmt.Sprintf("%d/%d", state, reason); len(states) == 0 || states[len(states)-1] != st {
+			states = append(states, st)
+			stateLog = append(stateLog, fmt.Sprintf("%s at %.2f s", st, time.Since(pressed).Seconds()))
+		}
 		if state == libvirt.DOMAIN_SHUTOFF {
 			require.Equal(t, int(libvirt.DOMAIN_SHUTOFF_SHUTDOWN), reason, "shut-off reason: the guest powered itself off")
 			break
@@ -201,8 +206,8 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	b, err := os.ReadFile(serial)
 	require.NoError(t, err)
 	require.Contains(t, string(b), "gpuaas-uinit: power button pressed: powering off")
-	t.Logf("ACPI power button to domain shut-off: %.2f s (guest logged the press after %.2f s, the kernel's power down after %.2f s); serial log tail:\n%s",
-		off.Seconds(), reacted.Seconds(), poweredDown.Seconds(), tail(string(b), 3))
+	t.Logf("ACPI power button to domain shut-off: %.2f s (guest logged the press after %.2f s, the kernel's power down after %.2f s; libvirt state/reason: %s); serial log tail:\n%s",
+		off.Seconds(), reacted.Seconds(), poweredDown.Seconds(), strings.Join(stateLog, ", "), tail(string(b), 3))
 }
 
 // powerOffTimeout bounds ACPI power button to shut-off under TCG.
