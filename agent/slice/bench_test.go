@@ -53,7 +53,7 @@ func TestBenchSlice(t *testing.T) {
 		bench.AtMost("slice_control_plane_share_s", control, "s", 1,
 			"everything but the clone and the guest boot (libvirt starting the domain through ssh_ready): image verify, disk check, seed, bridge check, DHCP reservation, NAT, define, OVS port and flows"),
 		bench.Info("release_to_available_s", release, "s",
-			"release: graceful stop (3 s timeout, the u-root guest ignores ACPI) then destroy, undefine, network cleanup, blkdiscard wipe + verify of 128 MiB"),
+			"release: graceful stop (ACPI power button; the u-root guest powers itself off, destroy only after a 3 s timeout), undefine, network cleanup, blkdiscard wipe + verify of 128 MiB"),
 	}
 	for _, st := range append(append([]string{}, proto.SliceStages[1:]...), proto.ReleaseStages...) {
 		d, ok := res.Durations[st]

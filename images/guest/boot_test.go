@@ -39,7 +39,9 @@ const bootTimeout = 150 * time.Second
 // real loop device, makes a NoCloud seed, defines the domain hostops/vm
 // builds on the machine's libvirt (TCG, OVMF with Secure Boot off, no
 // <kernel>) and waits for the guest to report every uinit step ok and
-// ready with the seed's instance-id on its serial console.
+// ready with the seed's instance-id on its serial console. Then it
+// presses the ACPI power button through libvirt and requires the guest
+// to power itself off.
 func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	conn := libvirttest.Connect(t)
 	testenv.Commands(t, "losetup", "qemu-img", "go", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
@@ -162,7 +164,54 @@ func TestPrivilegedGuestBootsFromDisk(t *testing.T) {
 	}
 	t.Logf("guest ready %.1f s after start (TCG, UEFI, boot from %s); console milestones: %s; uinit steps:\n%s",
 		elapsed.Seconds(), loop, strings.Join(ms, ", "), grepLines(log, "gpuaas-uinit: "))
+
+	// The slice agent's graceful stop: an ACPI power button press must
+	// power the guest off by itself (no destroy) within powerOffTimeout.
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(serial)
+		return err == nil && strings.Contains(string(b), "gpuaas-uinit: power button: watching /dev/input/event")
+	}, 15*time.Second, 250*time.Millisecond, "uinit never watched a power button device")
+	client.Close()
+	pressed := time.Now()
+	require.NoError(t, dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN))
+	// When the guest's press line and the kernel's last line were first seen.
+	var reacted, poweredDown time.Duration
+	var states, stateLog []string // libvirt state/reason numbers as they change, and when
+	for {
+		if b, err := os.ReadFile(serial); err == nil {
+			if reacted == 0 && strings.Contains(string(b), "power button pressed") {
+				reacted = time.Since(pressed)
+			}
+			if poweredDown == 0 && strings.Contains(string(b), "reboot: Power down") {
+				poweredDown = time.Since(pressed)
+			}
+		}
+		state, reason, err := dom.GetState()
+		require.NoError(t, err)
+		if st := fmt.Sprintf("%d/%d", state, reason); len(states) == 0 || states[len(states)-1] != st {
+			states = append(states, st)
+			stateLog = append(stateLog, fmt.Sprintf("%s at %.2f s", st, time.Since(pressed).Seconds()))
+		}
+		if state == libvirt.DOMAIN_SHUTOFF {
+			require.Equal(t, int(libvirt.DOMAIN_SHUTOFF_SHUTDOWN), reason, "shut-off reason: the guest powered itself off")
+			break
+		}
+		if time.Since(pressed) > powerOffTimeout {
+			b, _ := os.ReadFile(serial)
+			t.Fatalf("domain still in state %d (not shut-off) %s after the ACPI power button; serial log:\n%s", state, powerOffTimeout, tail(string(b), 30))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	off := time.Since(pressed)
+	b, err := os.ReadFile(serial)
+	require.NoError(t, err)
+	require.Contains(t, string(b), "gpuaas-uinit: power button pressed: powering off")
+	t.Logf("ACPI power button to domain shut-off: %.2f s (guest logged the press after %.2f s, the kernel's power down after %.2f s; libvirt state/reason: %s); serial log tail:\n%s",
+		off.Seconds(), reacted.Seconds(), poweredDown.Seconds(), strings.Join(stateLog, ", "), tail(string(b), 3))
 }
+
+// powerOffTimeout bounds ACPI power button to shut-off under TCG.
+const powerOffTimeout = 20 * time.Second
 
 // vmDir is a temporary directory QEMU (running as libvirt-qemu) can reach.
 func vmDir(t *testing.T) string {

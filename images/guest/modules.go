@@ -21,12 +21,15 @@ const GuestModulesDir = "lib/gpuaas/modules"
 // are wanted; dependencies are added ahead of them from modules.dep.
 // virtio for the boot disk and NIC, AHCI + sr_mod + isofs for the NoCloud
 // seed cdrom on q35, vfat + the default codepage/iocharset (437/ascii in
-// Debian's config) for the EFI system partition.
+// Debian's config) for the EFI system partition; the ACPI button driver
+// and evdev, so the power button (libvirt's ACPI shutdown) is an input
+// event uinit can read from /dev/input/eventN.
 var DefaultModules = []string{
 	"virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev",
 	"virtio_pci", "virtio_blk", "virtio_net",
 	"scsi_common", "scsi_mod", "cdrom", "sr_mod", "libata", "libahci", "ahci", "isofs",
 	"fat", "vfat", "nls_cp437", "nls_ascii",
+	"button", "evdev",
 }
 
 // Module is one kernel module file to ship in the guest.

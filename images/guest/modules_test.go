@@ -35,6 +35,8 @@ kernel/fs/fat/vfat.ko: kernel/fs/fat/fat.ko
 kernel/fs/nls/nls_cp437.ko:
 kernel/fs/nls/nls_ascii.ko:
 kernel/fs/nls/nls_iso8859-1.ko:
+kernel/drivers/acpi/button.ko:
+kernel/drivers/input/evdev.ko:
 `
 
 func names(ms []Module) []string {
@@ -56,6 +58,7 @@ func TestOrderModulesDebian(t *testing.T) {
 		"failover", "net_failover", "virtio_net",
 		"scsi_common", "scsi_mod", "cdrom", "sr_mod", "libata", "libahci", "ahci", "isofs",
 		"fat", "vfat", "nls_cp437", "nls_ascii",
+		"button", "evdev",
 	}
 	if d := cmp.Diff(want, names(got)); d != "" {
 		t.Fatalf("order (-want +got):\n%s", d)

@@ -2,7 +2,9 @@
 // init as /bbin/uinit. It plays the part cloud-init plays in a production
 // slice image, reduced to what the lab's readiness gate checks:
 //
-//  1. load the virtio, AHCI/cdrom, iso9660 and vfat modules (in order);
+//  1. load the virtio, AHCI/cdrom, iso9660 and vfat modules (in order),
+//     and the ACPI button and evdev ones, then watch the power button in
+//     the background (power.go: a press powers the guest off);
 //  2. mount the NoCloud seed (volume "cidata") and read meta-data
 //     (instance-id, local-hostname) and user-data (ssh_authorized_keys);
 //  3. set the hostname, write /run/gpuaas/instance-id and the root
@@ -42,6 +44,7 @@ func main() {
 	log.SetPrefix("gpuaas-uinit: ")
 	log.SetFlags(0)
 	step("load modules", loadModules)
+	go watchPowerButton()
 	var seed Seed
 	step("mount seed", func() error {
 		var err error
