@@ -13,6 +13,8 @@ PKGS=(
   # the lab guest image and the slice VMs: libvirt + QEMU (TCG), OVMF, UKI
   libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86 ovmf
   systemd-boot-efi binutils linux-image-amd64
+  # a child subreaper for the lab libvirtd (lab/labhost: QEMU reaped at once)
+  tini
 )
 
 missing=()

@@ -111,7 +111,8 @@ type Slice struct {
 // WithSlice turns a lab agent configuration into a real slice-runtime one
 // for the lab machine: domain type qemu (TCG), VMs sized 1 vCPU / 512 MiB
 // without hostdevs, vNIC checksum offload off, a short graceful stop (the
-// u-root guest ignores ACPI).
+// u-root guest powers off on the ACPI power button within ~0.2 s; the
+// timeout only bounds a guest that does not).
 func WithSlice(c config.Config, s Slice) (config.Config, error) {
 	c.Runtime = config.RuntimeReal
 	c.DomainType = "qemu"

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +40,8 @@ const (
 	ovsSchema = "/usr/share/openvswitch/vswitch.ovsschema"
 	lockPath  = "/run/gpuaas-libvirttest.lock"
 	pidPath   = "/run/gpuaas-libvirttest-libvirtd.pid"
+	// libvirtdLog collects the output of the libvirtd this package starts.
+	libvirtdLog = "/run/gpuaas-libvirtd.log"
 )
 
 // OVSEnv is the environment OVS clients (and libvirtd) need.
@@ -111,7 +114,7 @@ func EnsureLibvirtd(ctx context.Context, logf func(format string, args ...any)) 
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	if answers(ctx) && hasOVSEnv() {
+	if answers(ctx) && hasOVSEnv() && reaped() {
 		return nil
 	}
 	unlock, err := lock(ctx)
@@ -119,11 +122,11 @@ func EnsureLibvirtd(ctx context.Context, logf func(format string, args ...any)) 
 		return err
 	}
 	defer unlock()
-	if answers(ctx) && hasOVSEnv() { // another process started it while we waited
+	if answers(ctx) && hasOVSEnv() && reaped() { // another process started it while we waited
 		return nil
 	}
-	if pid, ok := libvirtdPid(); ok && !hasOVSEnv() {
-		logf("restarting libvirtd (pid %d) with OVS_RUNDIR=%s", pid, OVSRunDir)
+	if pid, ok := libvirtdPid(); ok && (!hasOVSEnv() || !reaped()) {
+		logf("restarting libvirtd (pid %d) with OVS_RUNDIR=%s under %s", pid, OVSRunDir, reaper)
 		if err := stopPid(pid); err != nil {
 			return err
 		}
@@ -132,16 +135,15 @@ func EnsureLibvirtd(ctx context.Context, logf func(format string, args ...any)) 
 		return fmt.Errorf("create /run/libvirt: %w", err)
 	}
 	start := time.Now()
-	if !running("/run/libvirt/virtlogd.pid") {
+	// virtlogd started as root writes /run/virtlogd.pid.
+	if !running("/run/virtlogd.pid") && !running("/run/libvirt/virtlogd.pid") {
 		if out, err := exec.CommandContext(ctx, "virtlogd", "-d").CombinedOutput(); err != nil {
 			return fmt.Errorf("start virtlogd: %w: %s", err, out)
 		}
 	}
 	if !running(pidPath) {
-		cmd := exec.CommandContext(ctx, "libvirtd", "-d", "-p", pidPath)
-		cmd.Env = append(os.Environ(), OVSEnv()...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("start libvirtd: %w: %s", err, out)
+		if err := startLibvirtd(logf); err != nil {
+			return err
 		}
 	}
 	deadline := time.Now().Add(StartTimeout)
@@ -157,6 +159,96 @@ func EnsureLibvirtd(ctx context.Context, logf func(format string, args ...any)) 
 	}
 	logf("started libvirtd (answered after %s; left running)", time.Since(start).Round(100*time.Millisecond))
 	return nil
+}
+
+// reaper is the child subreaper libvirtd runs under. QEMU processes are
+// libvirtd's grandchildren (it daemonizes them), so when one exits it is
+// reaped by the nearest subreaper, or by PID 1. libvirtd waits for the
+// process to be gone before it reports the domain shut off; on a systemd
+// host PID 1 reaps at once, but the PID 1 of these lab machines reaps
+// orphans only every ~2 s, which every VM stop and destroy would wait for.
+// tini -s reaps them at once.
+const reaper = "tini"
+
+// startLibvirtd starts libvirtd in the foreground under the reaper, in a
+// session of its own so it outlives the caller, with its output appended
+// to libvirtdLog. Without tini it falls back to libvirtd -d (and says so).
+func startLibvirtd(logf func(string, ...any)) error {
+	args := []string{"-s", "--", "libvirtd", "-p", pidPath}
+	name := reaper
+	if _, err := exec.LookPath(reaper); err != nil {
+		logf("%s not installed: libvirtd runs without a child subreaper, so every VM stop waits for PID 1 to reap QEMU", reaper)
+		name, args = "libvirtd", []string{"-d", "-p", pidPath}
+	}
+	out, err := os.OpenFile(libvirtdLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return fmt.Errorf("start libvirtd: %w", err)
+	}
+	defer out.Close()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), OVSEnv()...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start libvirtd (%s): %w", name, err)
+	}
+	if name == "libvirtd" {
+		if err := cmd.Wait(); err != nil {
+			return fmt.Errorf("start libvirtd -d: %w (see %s)", err, libvirtdLog)
+		}
+		return nil
+	}
+	// Reap the reaper if it dies while this process lives; it is left
+	// running otherwise.
+	go func() { _ = cmd.Wait() }()
+	return nil
+}
+
+// reaped reports whether the running libvirtd's parent is the reaper (or
+// the reaper is not installed, so there is nothing better to restart it
+// under).
+func reaped() bool {
+	if _, err := exec.LookPath(reaper); err != nil {
+		return true
+	}
+	pid, ok := libvirtdPid()
+	if !ok {
+		return false
+	}
+	ppid, err := parentPid(pid)
+	if err != nil {
+		return false
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", ppid))
+	return err == nil && strings.TrimSpace(string(comm)) == reaper
+}
+
+// parentPid reads a process's parent from /proc/<pid>/stat.
+func parentPid(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatPPid(string(b))
+}
+
+// parseStatPPid returns the ppid field of a /proc/<pid>/stat line. The
+// comm field is in parentheses and may itself hold spaces and ")", so
+// the fields are counted after the last ")".
+func parseStatPPid(stat string) (int, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("proc stat %q: no \")\" after comm", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 2 {
+		return 0, fmt.Errorf("proc stat %q: no ppid after the state", stat)
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil || ppid < 0 {
+		return 0, fmt.Errorf("proc stat %q: ppid %q is not a pid", stat, f[1])
+	}
+	return ppid, nil
 }
 
 // answers reports whether virsh reaches the daemon.
