@@ -12,6 +12,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/vm"
 )
 
 var h200 = GPU{Name: "NVIDIA H200", BusID: "00000000:18:00.0", UUID: "GPU-5f3c1a2b-7d4e-4f60-9a8b-0c1d2e3f4a5b", MemoryMiB: 143771}
@@ -194,4 +197,28 @@ func TestCommand(t *testing.T) {
 	require.ErrorAs(t, err, &ee)
 	assert.Equal(t, ExitInvalidArg, ee.ExitCode())
 	assert.Equal(t, "Field \"bogus\" is not a valid field to query.\n\n", string(out))
+}
+
+// TestHostEntriesParse is the contract between the host side (hostops/vm
+// LabSized writes the entries) and the guest side (Read parses them).
+func TestHostEntriesParse(t *testing.T) {
+	t.Parallel()
+	var s vm.DomainSpec
+	for _, a := range []string{"0000:18:00.0", "0000:2a:00.0"} {
+		g, err := vm.LabGPU(hostops.Root{}, "j22u15", a)
+		require.NoError(t, err)
+		s.Hostdevs = append(s.Hostdevs, a)
+		s.GPUs = append(s.GPUs, g)
+	}
+	l := vm.LabSized(s)
+	entries := map[string]string{}
+	for _, f := range l.FWCfg {
+		entries[f.Name] = f.Value
+	}
+	gpus, err := Read(fwcfgTree(t, entries))
+	require.NoError(t, err)
+	assert.Equal(t, []GPU{
+		{Index: 0, Name: "NVIDIA H200", BusID: "00000000:18:00.0", UUID: s.GPUs[0].UUID, MemoryMiB: 143771},
+		{Index: 1, Name: "NVIDIA H200", BusID: "00000000:2A:00.0", UUID: s.GPUs[1].UUID, MemoryMiB: 143771},
+	}, gpus)
 }
