@@ -97,15 +97,18 @@ var labImages = []labImage{
 // returns the base image's name.
 func publishGuestImage(ctx context.Context, log *slog.Logger, api fleet.API) (string, error) {
 	for _, im := range labImages {
-		if err := publishLabImage(ctx, log, api, im); err != nil {
+		if err := publishLabImage(ctx, log, api, im, guest.Image); err != nil {
 			return "", err
 		}
 	}
 	return labImageName, nil
 }
 
-func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im labImage) error {
-	m, img, err := guest.Image(ctx, guest.Options{Variant: im.variant, Log: log})
+// imageBuilder builds (or finds cached) a lab guest image: guest.Image.
+type imageBuilder func(ctx context.Context, o guest.Options) (guest.Manifest, string, error)
+
+func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im labImage, build imageBuilder) error {
+	m, img, err := build(ctx, guest.Options{Variant: im.variant, Log: log})
 	if err != nil {
 		return fmt.Errorf("lab guest image %s: %w", im.name, err)
 	}
