@@ -131,12 +131,35 @@ func TestPrivilegedSliceCUDA(t *testing.T) {
 	assert.Contains(t, ev, "ssh: nvidia-smi lists 2 GPUs as the plan says, driver 570.124.06: "+strings.Join(want, "; "))
 	assert.Contains(t, ev, "marker sha256 "+cfg.Request.Image.MarkerSHA256+" matches the image")
 
-	// The guest answers the real tool's other forms too.
+	// libvirt's domain: no hostdev (the GPUs are simulated), one fw_cfg
+	// entry per planned GPU, which the guest kernel shows byte for byte.
+	dom, err := p.hv.lookup(res.Domain)
+	require.NoError(t, err)
+	x, err := dom.GetXMLDesc(0)
+	require.NoError(t, dom.Free())
+	require.NoError(t, err)
+	var d libvirtxml.Domain
+	require.NoError(t, d.Unmarshal(x))
+	assert.Empty(t, d.Devices.Hostdevs)
+	require.Len(t, d.SysInfo, 1)
+	require.NotNil(t, d.SysInfo[0].FWCfg)
+	entries := d.SysInfo[0].FWCfg.Entry
+	require.Len(t, entries, 2)
 	signer, _, err := LoadSSHKey(cfg.KeyFile)
 	require.NoError(t, err)
-	out, err := (&SSHGuest{Signer: signer}).Run(ctx, netip.MustParseAddr(res.Access.GuestIP), "nvidia-smi -L")
+	sshg := &SSHGuest{Signer: signer}
+	ip := netip.MustParseAddr(res.Access.GuestIP)
+	for i, e := range entries {
+		assert.Equal(t, fmt.Sprintf("%s%d", vm.LabGPUPrefix, i), e.Name)
+		out, err := sshg.Run(ctx, ip, "cat /sys/firmware/qemu_fw_cfg/by_name/"+e.Name+"/raw")
+		require.NoError(t, err)
+		assert.Equal(t, e.Value, out, "the guest reads entry %s as the host wrote it", e.Name)
+	}
+	// The guest answers the real tool's other forms too.
+	out, err := sshg.Run(ctx, ip, "nvidia-smi -L")
 	require.NoError(t, err)
 	assert.Equal(t, 2, strings.Count(out, ": NVIDIA H200 (UUID: GPU-"), out)
+	sshg.Forget(ip)
 
 	rel, err := p.rt.Release(ctx, ReleaseRequest{AllocationID: cfg.Request.AllocationID}, &recorder{})
 	require.NoError(t, err)

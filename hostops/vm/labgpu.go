@@ -25,6 +25,8 @@ import (
 //
 // The lab CUDA guest's nvidia-smi (lab/guestgpu) reads them back from
 // /sys/firmware/qemu_fw_cfg. Production domains carry no fw_cfg entries.
+// libvirt renders the entries as QEMU -fw_cfg name=...,string=... (libvirt
+// 6.5 or newer; the lab runs 9.0).
 
 // GPU is the identity of a GPU among a domain's hostdevs.
 type GPU struct {
