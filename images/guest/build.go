@@ -64,27 +64,28 @@ var recipe embed.FS
 // Manifest describes one built image; it is written next to it as
 // manifest.json.
 type Manifest struct {
-	Name          string   `json:"name"`
-	Version       string   `json:"version"`
-	Kind          string   `json:"kind"`
-	SHA256        string   `json:"sha256"`
-	Size          int64    `json:"size"`
-	KernelVersion string   `json:"kernel_version"`
-	URootVersion  string   `json:"uroot_version"`
-	MarkerSHA256  string   `json:"marker_sha256"`
-	InputHash     string   `json:"input_hash"`
-	Cmdline       string   `json:"cmdline"`
-	Modules       []string `json:"modules"`
-	ESPFirstLBA   int64    `json:"esp_first_lba"`
-	ESPLastLBA    int64    `json:"esp_last_lba"`
+	Name          string    `json:"name"`
+	Version       string    `json:"version"`
+	Kind          string    `json:"kind"`
+	SHA256        string    `json:"sha256"`
+	Size          int64     `json:"size"`
+	KernelVersion string    `json:"kernel_version"`
+	URootVersion  string    `json:"uroot_version"`
+	MarkerSHA256  string    `json:"marker_sha256"`
+	InputHash     string    `json:"input_hash"`
+	Cmdline       string    `json:"cmdline"`
+	Modules       []string  `json:"modules"`
+	ESPFirstLBA   int64     `json:"esp_first_lba"`
+	ESPLastLBA    int64     `json:"esp_last_lba"`
+	BuiltAt       time.Time `json:"built_at"`
+	BuildSeconds  float64   `json:"build_seconds"`
+
 	// Variant, ReadinessCheck and Commands describe a non-base flavour
 	// (variant.go); CatalogKind is the image catalog kind to publish it as.
-	Variant        string    `json:"variant,omitempty"`
-	CatalogKind    string    `json:"catalog_kind,omitempty"`
-	ReadinessCheck string    `json:"readiness_check,omitempty"`
-	Commands       []string  `json:"commands,omitempty"`
-	BuiltAt        time.Time `json:"built_at"`
-	BuildSeconds   float64   `json:"build_seconds"`
+	Variant        string   `json:"variant,omitempty"`
+	CatalogKind    string   `json:"catalog_kind,omitempty"`
+	ReadinessCheck string   `json:"readiness_check,omitempty"`
+	Commands       []string `json:"commands,omitempty"`
 }
 
 // Options say where the inputs are and where the cache lives. The zero
@@ -97,13 +98,14 @@ type Options struct {
 	ModulesRoot string // default /lib/modules
 	Stub        string // default /usr/lib/systemd/boot/efi/linuxx64.efi.stub
 	Modules     []string
+	Cmdline     string
+	MinSizeMiB  int64 // default 64; grown if the UKI needs more
+	Runner      Runner
+	Log         *slog.Logger
+
 	// Variant selects the flavour (Variants: "base", the default, or
 	// "cuda"); its extra modules follow Modules.
-	Variant    string
-	Cmdline    string
-	MinSizeMiB int64 // default 64; grown if the UKI needs more
-	Runner     Runner
-	Log        *slog.Logger
+	Variant string
 }
 
 func (o Options) withDefaults() (Options, error) {
