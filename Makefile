@@ -11,6 +11,7 @@ LAB_FLAGS ?=
 .PHONY: all deps build lab test test-unit vet bench clean
 
 include images/guest/guest.mk
+include images/cuda/cuda.mk
 
 all: build
 

@@ -503,6 +503,15 @@ func (r *Runtime) DomainXML(req ProvisionRequest, devs map[string]disk.Device, s
 		spec.HugepageKiB = h.SizeKiB
 	}
 	if r.opts.LabSized {
+		// The lab's GPUs are simulated: the guest is told of them
+		// through fw_cfg instead (vm.LabSized, lab/guestgpu).
+		for _, d := range devices {
+			g, err := vm.LabGPU(r.d.Root, req.Plan.NodeID, d.GPU)
+			if err != nil {
+				return "", fmt.Errorf("domain %s: %w", name, err)
+			}
+			spec.GPUs = append(spec.GPUs, g)
+		}
 		spec = vm.LabSized(spec)
 	}
 	d, err := vm.Domain(spec)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,21 +67,113 @@ var baseChecks = []readinessCheck{
 	},
 }
 
+// cudaCheck is the CUDA developer image's check: nvidia-smi must list
+// exactly the slice's GPUs, each an H200 with every queried field known
+// and a driver version. The exit status travels in the output so a failing
+// nvidia-smi ("No devices were found", exit 6) fails the check at once
+// instead of being retried as an unreachable guest.
 var cudaCheck = readinessCheck{
 	Name:    "cuda",
-	Command: "nvidia-smi --query-gpu=name --format=csv,noheader",
-	Verify: func(out string, want expect) (string, error) {
-		var gpus []string
-		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-			if l = strings.TrimSpace(l); l != "" {
-				gpus = append(gpus, l)
+	Command: "nvidia-smi --query-gpu=" + strings.Join(cudaQuery, ",") + " --format=csv,noheader 2>&1; echo " + cudaExitTag + "$?",
+	Verify:  verifyCUDA,
+}
+
+// cudaQuery are the fields the cuda check asks nvidia-smi for.
+var cudaQuery = []string{"name", "pci.bus_id", "uuid", "driver_version", "memory.total"}
+
+// cudaModel is the GPU every slice GPU must be (nvidia-smi's name for the
+// H200 SXM; "NVIDIA H200 NVL" is accepted too).
+const cudaModel = "NVIDIA H200"
+
+// cudaExitTag prefixes the line carrying nvidia-smi's exit status.
+const cudaExitTag = "gpuaas-nvidia-smi-exit="
+
+// cudaGPU is one row of the cuda check's query.
+type cudaGPU struct{ Name, BusID, UUID, Driver, Memory string }
+
+// parseCUDA splits the cuda check's output into nvidia-smi's rows, the
+// rest of its output (messages) and its exit status.
+func parseCUDA(out string) (rows []cudaGPU, msg string, exit int, err error) {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	code, ok := strings.CutPrefix(last, cudaExitTag)
+	if !ok {
+		return nil, "", 0, fmt.Errorf("no exit status in the output of nvidia-smi: %q", cudaClip(out, 200))
+	}
+	if exit, err = strconv.Atoi(code); err != nil {
+		return nil, "", 0, fmt.Errorf("nvidia-smi exit status %q", code)
+	}
+	lines = lines[:len(lines)-1]
+	if exit != 0 {
+		return nil, strings.TrimSpace(strings.Join(lines, "\n")), exit, nil
+	}
+	for i, l := range lines {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		f := strings.Split(l, ",")
+		if len(f) != len(cudaQuery) {
+			return nil, "", 0, fmt.Errorf("nvidia-smi line %d: %q has %d fields, want %d (%s)", i+1, l, len(f), len(cudaQuery), strings.Join(cudaQuery, ","))
+		}
+		for j := range f {
+			f[j] = strings.TrimSpace(f[j])
+		}
+		rows = append(rows, cudaGPU{Name: f[0], BusID: f[1], UUID: f[2], Driver: f[3], Memory: f[4]})
+	}
+	return rows, "", 0, nil
+}
+
+// unknownField reports a value nvidia-smi prints for a field it could not
+// read: "[N/A]", "[Unknown Error]", "[Not Supported]", "ERR!".
+func unknownField(v string) bool {
+	return v == "" || v == "ERR!" || strings.HasPrefix(v, "[")
+}
+
+func verifyCUDA(out string, want expect) (string, error) {
+	rows, msg, exit, err := parseCUDA(out)
+	if err != nil {
+		return "", err
+	}
+	if exit != 0 {
+		return "", fmt.Errorf("nvidia-smi exited %d: %s (the slice has %d GPUs)", exit, cudaClip(msg, 200), want.GPUs)
+	}
+	if len(rows) != want.GPUs {
+		return "", fmt.Errorf("nvidia-smi lists %d GPUs, the slice has %d", len(rows), want.GPUs)
+	}
+	seen := map[string]bool{}
+	var desc []string
+	for i, g := range rows {
+		for j, v := range []string{g.Name, g.BusID, g.UUID, g.Driver, g.Memory} {
+			if unknownField(v) {
+				return "", fmt.Errorf("nvidia-smi GPU %d (%s): %s is %q", i, g.BusID, cudaQuery[j], v)
 			}
 		}
-		if len(gpus) != want.GPUs {
-			return "", fmt.Errorf("nvidia-smi lists %d GPUs, the slice has %d", len(gpus), want.GPUs)
+		if g.Name != cudaModel && !strings.HasPrefix(g.Name, cudaModel+" ") {
+			return "", fmt.Errorf("nvidia-smi GPU %d (%s) is a %q, the slice's GPUs are %s", i, g.BusID, g.Name, cudaModel)
 		}
-		return "ssh: nvidia-smi lists " + strconv.Itoa(len(gpus)) + " GPUs: " + strings.Join(gpus, ", "), nil
-	},
+		if !driverVersionRE.MatchString(g.Driver) {
+			return "", fmt.Errorf("nvidia-smi GPU %d (%s): driver version %q", i, g.BusID, g.Driver)
+		}
+		if g.Driver != rows[0].Driver {
+			return "", fmt.Errorf("nvidia-smi GPU %d (%s): driver %s, GPU 0 has %s", i, g.BusID, g.Driver, rows[0].Driver)
+		}
+		if seen[g.UUID] || seen[g.BusID] {
+			return "", fmt.Errorf("nvidia-smi lists GPU %s (%s) twice", g.UUID, g.BusID)
+		}
+		seen[g.UUID], seen[g.BusID] = true, true
+		desc = append(desc, g.Name+" "+g.BusID+" "+g.UUID+" "+g.Memory)
+	}
+	return fmt.Sprintf("ssh: nvidia-smi lists %d GPUs as the plan says, driver %s: %s", len(rows), rows[0].Driver, strings.Join(desc, "; ")), nil
+}
+
+var driverVersionRE = regexp.MustCompile(`^[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?$`)
+
+func cudaClip(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // checksFor returns the checks of an image's readiness check name.

@@ -13,7 +13,8 @@
 // the GPUs' NUMA nodes and, when the profile says so, backed by hugepages.
 //
 // LabSized maps a production spec to what the lab machine can run (1
-// vCPU, 512 MiB, no hostdevs, no pinning or hugepages, TCG).
+// vCPU, 512 MiB, no hostdevs, no pinning or hugepages, TCG); the GPUs it
+// drops are announced to the guest as fw_cfg entries (labgpu.go).
 package vm
 
 import (
@@ -93,6 +94,13 @@ type DomainSpec struct {
 	// HugepageKiB backs guest memory with hugepages of this size (2048 or
 	// 1048576) from NUMANodes; 0: normal pages.
 	HugepageKiB int
+	// GPUs is the identity of the GPUs among Hostdevs (optional). Domain
+	// does not render it; LabSized announces it to the guest as FWCfg
+	// entries in place of the hostdevs it drops (labgpu.go).
+	GPUs []GPU
+	// FWCfg are QEMU firmware config entries for the guest (the lab's
+	// GPU announcements); production domains have none.
+	FWCfg []FWCfg
 }
 
 // LabSized returns s reduced to what the lab machine runs for real: 1
@@ -103,6 +111,11 @@ func LabSized(s DomainSpec) DomainSpec {
 	s.VCPUs = 1
 	s.MemoryMiB = 512
 	s.Hostdevs = nil
+	// The guest learns of the GPUs it would have been given through
+	// fw_cfg (labgpu.go).
+	if len(s.GPUs) > 0 {
+		s.FWCfg = append(slices.Clone(s.FWCfg), labGPUEntries(s.GPUs)...)
+	}
 	// Two lab cores and no spare hugepages: no pinning, binding or
 	// hugepage backing.
 	s.CPUPins, s.NUMANodes, s.HugepageKiB = nil, nil, 0
@@ -195,6 +208,24 @@ func (s DomainSpec) Validate() error {
 		}
 		seen[a] = true
 	}
+	for _, g := range s.GPUs {
+		if err := g.validate(); err != nil {
+			return fmt.Errorf("domain %s: %w", s.Name, err)
+		}
+		if len(s.Hostdevs) > 0 && !seen[g.Addr] {
+			return fmt.Errorf("domain %s: GPU %s is not among the hostdevs", s.Name, g.Addr)
+		}
+	}
+	names := map[string]bool{}
+	for _, f := range s.FWCfg {
+		if err := f.validate(); err != nil {
+			return fmt.Errorf("domain %s: %w", s.Name, err)
+		}
+		if names[f.Name] {
+			return fmt.Errorf("domain %s: fw_cfg %s given twice", s.Name, f.Name)
+		}
+		names[f.Name] = true
+	}
 	return nil
 }
 
@@ -274,6 +305,13 @@ func Domain(s DomainSpec) (*libvirtxml.Domain, error) {
 		// The pages come from the host nodes numatune binds memory to.
 		page := libvirtxml.DomainMemoryHugepage{Size: uint(s.HugepageKiB), Unit: "KiB"}
 		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{Hugepages: []libvirtxml.DomainMemoryHugepage{page}}}
+	}
+	if len(s.FWCfg) > 0 {
+		fw := &libvirtxml.DomainSysInfoFWCfg{}
+		for _, f := range s.FWCfg {
+			fw.Entry = append(fw.Entry, libvirtxml.DomainSysInfoEntry{Name: f.Name, Value: f.Value})
+		}
+		d.SysInfo = []libvirtxml.DomainSysInfo{{FWCfg: fw}}
 	}
 	for _, a := range s.Hostdevs {
 		h, err := hostdev(a)

@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -57,7 +58,7 @@ var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", 
 // The recipe itself is an input: changing how the image is built changes
 // the cache key.
 //
-//go:embed build.go modules.go uki.go disk.go
+//go:embed build.go modules.go uki.go disk.go variant.go
 var recipe embed.FS
 
 // Manifest describes one built image; it is written next to it as
@@ -78,6 +79,13 @@ type Manifest struct {
 	ESPLastLBA    int64     `json:"esp_last_lba"`
 	BuiltAt       time.Time `json:"built_at"`
 	BuildSeconds  float64   `json:"build_seconds"`
+
+	// Variant, ReadinessCheck and Commands describe a non-base flavour
+	// (variant.go); CatalogKind is the image catalog kind to publish it as.
+	Variant        string   `json:"variant,omitempty"`
+	CatalogKind    string   `json:"catalog_kind,omitempty"`
+	ReadinessCheck string   `json:"readiness_check,omitempty"`
+	Commands       []string `json:"commands,omitempty"`
 }
 
 // Options say where the inputs are and where the cache lives. The zero
@@ -94,6 +102,10 @@ type Options struct {
 	MinSizeMiB  int64 // default 64; grown if the UKI needs more
 	Runner      Runner
 	Log         *slog.Logger
+
+	// Variant selects the flavour (Variants: "base", the default, or
+	// "cuda"); its extra modules follow Modules.
+	Variant string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -200,6 +212,7 @@ func uRootVersion(gomod []byte) (string, error) {
 // inputs is everything the image is made of, resolved.
 type inputs struct {
 	opts    Options
+	variant Variant
 	kver    string
 	uroot   string
 	modules []Module
@@ -210,6 +223,9 @@ type inputs struct {
 func resolveInputs(o Options) (inputs, error) {
 	in := inputs{opts: o}
 	var err error
+	if in.variant, err = variant(o.Variant); err != nil {
+		return in, err
+	}
 	if in.kver, err = kernelVersion(o.Kernel); err != nil {
 		return in, err
 	}
@@ -221,7 +237,7 @@ func resolveInputs(o Options) (inputs, error) {
 		return in, err
 	}
 	in.modDir = filepath.Join(o.ModulesRoot, in.kver)
-	if in.modules, err = resolveModules(in.modDir, o.Modules); err != nil {
+	if in.modules, err = resolveModules(in.modDir, append(slices.Clone(o.Modules), in.variant.ExtraModules...)); err != nil {
 		return in, fmt.Errorf("kernel %s: %w", in.kver, err)
 	}
 	h := sha256.New()
@@ -234,7 +250,11 @@ func resolveInputs(o Options) (inputs, error) {
 		field(k, sum)
 		return nil
 	}
-	field("name", Name)
+	field("name", in.variant.Name)
+	if in.variant.Name != Name {
+		// Only a non-base variant hashes its fields.
+		field("variant", fmt.Sprintf("%s kind=%s check=%s cmds=%s", in.variant.Name, in.variant.Kind, in.variant.ReadinessCheck, strings.Join(in.variant.ExtraCommands, ",")))
+	}
 	field("go", runtime.Version())
 	field("uroot", in.uroot)
 	field("uroot-cmds", strings.Join(URootCommands, ","))
@@ -272,6 +292,20 @@ func resolveInputs(o Options) (inputs, error) {
 		}
 		if err := fileField("uinit/"+filepath.Base(p), p); err != nil {
 			return in, err
+		}
+	}
+	for _, dir := range in.variant.SourceDirs {
+		src, err := filepath.Glob(filepath.Join(o.ModuleDir, filepath.FromSlash(dir), "*.go"))
+		if err != nil {
+			return in, err
+		}
+		sort.Strings(src)
+		for _, p := range src {
+			if !strings.HasSuffix(p, "_test.go") {
+				if err := fileField("src/"+dir+"/"+filepath.Base(p), p); err != nil {
+					return in, err
+				}
+			}
 		}
 	}
 	for _, p := range []string{"go.mod", "go.sum"} {
@@ -420,7 +454,8 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	if err := os.Chmod(work, 0o755); err != nil {
 		return Manifest{}, fmt.Errorf("build guest image: %w", err)
 	}
-	log := o.Log.With("image", Name, "input_hash", in.hash[:12])
+	v := in.variant
+	log := o.Log.With("image", v.Name, "input_hash", in.hash[:12])
 	log.Info("building guest image", "kernel", in.kver, "uroot", in.uroot, "work", work)
 
 	// 1. u-root initramfs with uinit.
@@ -429,6 +464,7 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	for _, c := range URootCommands {
 		args = append(args, uRootPath+"/cmds/core/"+c)
 	}
+	args = append(args, v.ExtraCommands...)
 	if _, err := o.Runner.Run(ctx, Cmd{Dir: o.ModuleDir, Name: "go", Args: args}); err != nil {
 		return Manifest{}, fmt.Errorf("build u-root initramfs: %w", err)
 	}
@@ -446,7 +482,7 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 
 	// 3. Unified kernel image.
 	version := "0.1.0+" + in.hash[:12]
-	osrel := fmt.Sprintf("NAME=\"gpuaas lab guest\"\nID=%s\nVERSION_ID=%q\nPRETTY_NAME=\"gpuaas lab guest %s (u-root %s, Linux %s)\"\n", Name, version, version, in.uroot, in.kver)
+	osrel := fmt.Sprintf("NAME=\"gpuaas lab guest\"\nID=%s\nVERSION_ID=%q\nPRETTY_NAME=\"gpuaas lab guest %s (u-root %s, Linux %s)\"\n", v.Name, version, version, in.uroot, in.kver)
 	files := map[string]string{"os-release": osrel, "cmdline": o.Cmdline + "\x00"}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(work, name), []byte(content), 0o644); err != nil {
@@ -483,7 +519,7 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return Manifest{}, fmt.Errorf("marker: %w", err)
 	}
-	marker := []byte("gpuaas-lab-guest marker " + hex.EncodeToString(rnd[:]) + "\n")
+	marker := []byte(v.Name + " marker " + hex.EncodeToString(rnd[:]) + "\n")
 	markerFile := filepath.Join(work, "marker")
 	if err := os.WriteFile(markerFile, marker, 0o644); err != nil {
 		return Manifest{}, fmt.Errorf("write marker: %w", err)
@@ -520,7 +556,7 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 		return Manifest{}, fmt.Errorf("stat image: %w", err)
 	}
 	m := Manifest{
-		Name: Name, Version: version, Kind: Kind, SHA256: sum, Size: rst.Size(),
+		Name: v.Name, Version: version, Kind: v.Kind, SHA256: sum, Size: rst.Size(),
 		KernelVersion: in.kver, URootVersion: in.uroot,
 		MarkerSHA256: hex.EncodeToString(markerSum[:]), InputHash: in.hash,
 		Cmdline: o.Cmdline, ESPFirstLBA: esp.First, ESPLastLBA: esp.Last,
@@ -528,6 +564,12 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	}
 	for _, mod := range in.modules {
 		m.Modules = append(m.Modules, mod.Name)
+	}
+	if v.Name != Name {
+		m.Variant, m.CatalogKind, m.ReadinessCheck = o.Variant, v.CatalogKind, v.ReadinessCheck
+		for _, c := range v.ExtraCommands {
+			m.Commands = append(m.Commands, filepath.Base(c))
+		}
 	}
 	mj, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {

@@ -5,3 +5,9 @@
 .PHONY: guest-image
 guest-image: deps
 	$(GO) run ./images/cmd/mkguest
+
+# `make guest-image-cuda` builds the lab CUDA developer image: the same
+# guest plus qemu_fw_cfg and the simulated nvidia-smi (lab/guestgpu).
+.PHONY: guest-image-cuda
+guest-image-cuda: deps
+	$(GO) run ./images/cmd/mkguest -variant cuda

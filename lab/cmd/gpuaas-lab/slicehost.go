@@ -72,52 +72,81 @@ func setupSliceHost(ctx context.Context, log *slog.Logger, dir string, h fleet.H
 	return sh, nil
 }
 
-// publishGuestImage builds (or finds cached) the lab guest image and puts
-// it in the catalog, approved, unless it is there already.
+// Lab CUDA developer image catalog entry.
+const labCUDAImageName = "lab-guest-cuda"
+
+// labImage is one lab guest flavour the lab publishes and approves.
+type labImage struct {
+	name, version string
+	variant       string // images/guest variant
+	kind          proto.ImageKind
+	note          string
+}
+
+// labImages are published side by side: the small base guest and the CUDA
+// developer guest (base + qemu_fw_cfg + simulated nvidia-smi, readiness
+// check "cuda").
+var labImages = []labImage{
+	{labImageName, labImageVersion, guest.VariantBase, proto.ImageSliceBase, "lab guest (u-root), published by gpuaas-lab"},
+	{labCUDAImageName, labImageVersion, guest.VariantCUDA, proto.ImageSliceCUDA,
+		"lab CUDA developer guest (u-root + simulated nvidia-smi over fw_cfg), published by gpuaas-lab"},
+}
+
+// publishGuestImage builds (or finds cached) the lab guest images and puts
+// them in the catalog, approved, unless they are there already; it
+// returns the base image's name.
 func publishGuestImage(ctx context.Context, log *slog.Logger, api fleet.API) (string, error) {
-	m, img, err := guest.Image(ctx, guest.Options{Log: log})
-	if err != nil {
-		return "", fmt.Errorf("lab guest image: %w", err)
+	for _, im := range labImages {
+		if err := publishLabImage(ctx, log, api, im, guest.Image); err != nil {
+			return "", err
+		}
 	}
-	path := "/v1/images/" + labImageName + "/" + labImageVersion
+	return labImageName, nil
+}
+
+// imageBuilder builds (or finds cached) a lab guest image: guest.Image.
+type imageBuilder func(ctx context.Context, o guest.Options) (guest.Manifest, string, error)
+
+func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im labImage, build imageBuilder) error {
+	m, img, err := build(ctx, guest.Options{Variant: im.variant, Log: log})
+	if err != nil {
+		return fmt.Errorf("lab guest image %s: %w", im.name, err)
+	}
+	path := "/v1/images/" + im.name + "/" + im.version
 	digest := "sha256:" + m.SHA256
 	var have proto.Image
 	r, err := api.C.Do(ctx, http.MethodGet, path, nil, nil, nil)
 	switch {
 	case err == nil:
 		if err := jsonDecode(r.Body, &have); err != nil {
-			return "", err
+			return err
 		}
 		if have.Digest != digest {
-			return "", fmt.Errorf("catalog %s:%s has digest %s, the lab guest image is %s: run gpuaas-lab -fresh", labImageName, labImageVersion, have.Digest, digest)
+			return fmt.Errorf("catalog %s:%s has digest %s, the lab guest image is %s: run gpuaas-lab -fresh", im.name, im.version, have.Digest, digest)
 		}
 		if have.State == proto.ImageApproved {
-			return labImageName, nil
+			return nil
 		}
 	case cli.IsProblem(err, proto.CodeNotFound):
-		if _, err := api.C.Do(ctx, http.MethodPut, path, nil, proto.ImageBody{Kind: proto.ImageSliceBase, Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256}, nil); err != nil {
-			return "", fmt.Errorf("catalog entry: %w", err)
+		body := proto.ImageBody{Kind: im.kind, Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
+		if _, err := api.C.Do(ctx, http.MethodPut, path, nil, body, nil); err != nil {
+			return fmt.Errorf("catalog entry %s: %w", im.name, err)
 		}
 	default:
-		return "", err
+		return err
 	}
-	f, err := os.Open(img)
+	data, err := os.ReadFile(img)
 	if err != nil {
-		return "", err
-	}
-	data, err := io.ReadAll(f)
-	f.Close()
-	if err != nil {
-		return "", err
+		return err
 	}
 	if _, err := api.C.Do(ctx, http.MethodPut, path+"/blob", nil, cli.RawBody{ContentType: "application/octet-stream", Data: data}, nil); err != nil {
-		return "", fmt.Errorf("upload the lab guest image: %w", err)
+		return fmt.Errorf("upload the lab guest image %s: %w", im.name, err)
 	}
-	if _, err := api.C.Do(ctx, http.MethodPost, path+"/approve", nil, proto.ImageApproveBody{Note: "lab guest (u-root), published by gpuaas-lab"}, nil); err != nil {
-		return "", fmt.Errorf("approve the lab guest image: %w", err)
+	if _, err := api.C.Do(ctx, http.MethodPost, path+"/approve", nil, proto.ImageApproveBody{Note: im.note}, nil); err != nil {
+		return fmt.Errorf("approve the lab guest image %s: %w", im.name, err)
 	}
-	log.Info("published the lab guest image", "image", labImageName+":"+labImageVersion, "digest", digest)
-	return labImageName, nil
+	log.Info("published a lab guest image", "image", im.name+":"+im.version, "kind", im.kind, "readiness_check", m.ReadinessCheck, "digest", digest)
+	return nil
 }
 
 func sliceHint(out io.Writer, sh *labhost.SliceHost, image string) {
@@ -130,6 +159,8 @@ func sliceHint(out io.Writer, sh *labhost.SliceHost, image string) {
 	fmt.Fprintf(out, "  ssh-keygen -t ed25519 -N '' -f /tmp/lab-key   # once\n")
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat /tmp/lab-key.pub)\" --wait\n", image)
 	fmt.Fprintf(out, "  ssh -i /tmp/lab-key root@GUEST_IP      # the guest subnet is on this machine\n")
+	fmt.Fprintf(out, "  # CUDA developer image (readiness runs nvidia-smi; the lab announces the GPUs over fw_cfg):\n")
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat /tmp/lab-key.pub)\" --wait\n", labCUDAImageName)
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc release ID; bin/gpuaasctl slot list --node %s\n\n", realSliceHost)
 }
 
