@@ -145,18 +145,21 @@ func TestPrivilegedSliceCUDA(t *testing.T) {
 	require.NotNil(t, d.SysInfo[0].FWCfg)
 	entries := d.SysInfo[0].FWCfg.Entry
 	require.Len(t, entries, 2)
-	signer, _, err := LoadSSHKey(cfg.KeyFile)
+	rec, _, err := p.journal.Get(cfg.Request.AllocationID)
 	require.NoError(t, err)
-	sshg := &SSHGuest{Signer: signer}
+	require.NotNil(t, rec.AgentKey)
+	signer, err := rec.AgentKey.Signer()
+	require.NoError(t, err)
+	sshg := &SSHGuest{}
 	ip := netip.MustParseAddr(res.Access.GuestIP)
 	for i, e := range entries {
 		assert.Equal(t, fmt.Sprintf("%s%d", vm.LabGPUPrefix, i), e.Name)
-		out, err := sshg.Run(ctx, ip, "cat /sys/firmware/qemu_fw_cfg/by_name/"+e.Name+"/raw")
+		out, err := sshg.Run(ctx, ip, signer, "cat /sys/firmware/qemu_fw_cfg/by_name/"+e.Name+"/raw")
 		require.NoError(t, err)
 		assert.Equal(t, e.Value, out, "the guest reads entry %s as the host wrote it", e.Name)
 	}
 	// The guest answers the real tool's other forms too.
-	out, err := sshg.Run(ctx, ip, "nvidia-smi -L")
+	out, err := sshg.Run(ctx, ip, signer, "nvidia-smi -L")
 	require.NoError(t, err)
 	assert.Equal(t, 2, strings.Count(out, ": NVIDIA H200 (UUID: GPU-"), out)
 	sshg.Forget(ip)
