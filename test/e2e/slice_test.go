@@ -194,6 +194,49 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 	assert.NotZero(t, slot.WipeProof.Bytes)
 	require.NoError(t, getJSON(ctx, api, "/v1/allocations/"+a.ID, &a))
 	assert.Equal(t, proto.AllocReleased, a.State)
+
+	// The CUDA developer image, a separate catalog entry with its own
+	// readiness check: a 2-GPU slice is active only once nvidia-smi in
+	// the guest lists exactly its two H200s (announced by the lab domain
+	// over fw_cfg, lab/guestgpu).
+	cm, cimg, err := guest.Image(ctx, guest.Options{Variant: guest.VariantCUDA})
+	require.NoError(t, err)
+	out, err = admin.ctl(t, "image", "push", cimg, "--name", "lab-guest-cuda", "--version", "v1", "--kind", "slice_cuda",
+		"--readiness-check", "cuda", "--marker-sha256", cm.MarkerSHA256)
+	require.NoError(t, err, out)
+	out, err = admin.ctl(t, "image", "approve", "lab-guest-cuda:v1")
+	require.NoError(t, err, out)
+	start = time.Now()
+	out, err = l.ctl(t, "alloc", "create", "--gpus", "2", "--region", "lab-east", "--image", "lab-guest-cuda",
+		"--ssh-key", tenantKey, "--wait", "--wait-timeout", "10m")
+	require.NoError(t, err, out)
+	t.Logf("CUDA alloc create --wait (%.1f s):\n%s", time.Since(start).Seconds(), out)
+	require.NoError(t, getJSON(ctx, api, "/v1/allocations?node=j22u15&state=active", &list))
+	require.Len(t, list.Items, 1)
+	ca := list.Items[0]
+	require.NotNil(t, ca.Access)
+	require.NoError(t, getJSON(ctx, api, "/v1/allocations/"+ca.ID+"/claims", &cl))
+	require.Len(t, cl.Items, 2)
+	for _, c := range cl.Items {
+		require.NoError(t, getJSON(ctx, api, "/v1/slots/"+c.SlotID, &slot))
+		assert.Equal(t, proto.HealthHealthy, slot.HealthState)
+		assert.Contains(t, slot.HealthDetail, "nvidia-smi lists 2 GPUs", "the cuda check's evidence")
+	}
+	cli = dialGuest(t, ca.Access.GuestIP, signer)
+	smi := guestRun(t, cli, "nvidia-smi -L")
+	cli.Close()
+	assert.Equal(t, 2, strings.Count(smi, ": NVIDIA H200 (UUID: GPU-"), "the tenant sees both GPUs: %s", smi)
+	out, err = l.ctl(t, "alloc", "release", ca.ID)
+	require.NoError(t, err, out)
+	require.Eventually(t, func() bool {
+		for _, c := range cl.Items {
+			var s proto.Slot
+			if getJSON(ctx, api, "/v1/slots/"+c.SlotID, &s) != nil || s.Status != proto.SlotAvailable || s.WipeProof == nil {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Minute, 200*time.Millisecond, "both slots return to available with a wipe proof")
 }
 
 // getJSON reads path from the coordinator into out.
