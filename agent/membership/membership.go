@@ -72,6 +72,26 @@ type Config struct {
 	// OnLog, when set, sees every memberlist log line (tests count
 	// suspicions with it).
 	OnLog func(line string)
+	// Adjust, when set, changes the memberlist configuration after the
+	// profile (the detection benchmark dilates time with it: Dilate).
+	Adjust func(*memberlist.Config)
+}
+
+// Dilate multiplies every interval and timeout of c by k, so a pool runs
+// the same protocol k times slower: the same messages, the same
+// suspicion arithmetic (its timeouts are multiples of the probe
+// interval), at 1/k of the CPU per second. The benchmark runs pools too
+// large for this machine's cores that way and divides the times it
+// measures by k (time dilation, as in network emulation).
+func Dilate(c *memberlist.Config, k float64) {
+	d := func(v *time.Duration) { *v = time.Duration(float64(*v) * k) }
+	d(&c.ProbeInterval)
+	d(&c.ProbeTimeout)
+	d(&c.GossipInterval)
+	d(&c.PushPullInterval)
+	d(&c.GossipToTheDeadTime)
+	d(&c.TCPTimeout)
+	d(&c.DeadNodeReclaimTime)
 }
 
 // Profile is a named failure-detector tuning.
@@ -172,6 +192,9 @@ func Start(cfg Config) (*Pool, error) {
 	c.Name = cfg.Name
 	if err := Tune(c, cfg.Profile); err != nil {
 		return nil, err
+	}
+	if cfg.Adjust != nil {
+		cfg.Adjust(c)
 	}
 	if cfg.Transport != nil {
 		c.Transport = cfg.Transport

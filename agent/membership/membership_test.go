@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/agent/membership/memnet"
@@ -158,4 +159,21 @@ func TestStatusesFollowMembers(t *testing.T) {
 			require.True(t, st.Alive, name)
 		}
 	}
+}
+
+// Dilate slows every interval and timeout by the same factor, so the
+// suspicion arithmetic (multiples of the probe interval) is unchanged.
+func TestDilate(t *testing.T) {
+	c := memberlist.DefaultLANConfig()
+	require.NoError(t, Tune(c, ProfileFast))
+	before := *c
+	Dilate(c, 4)
+	require.Equal(t, 4*before.ProbeInterval, c.ProbeInterval)
+	require.Equal(t, 4*before.ProbeTimeout, c.ProbeTimeout)
+	require.Equal(t, 4*before.GossipInterval, c.GossipInterval)
+	require.Equal(t, 4*before.PushPullInterval, c.PushPullInterval)
+	require.Equal(t, 4*before.GossipToTheDeadTime, c.GossipToTheDeadTime)
+	require.Equal(t, 4*before.TCPTimeout, c.TCPTimeout)
+	require.Equal(t, before.SuspicionMult, c.SuspicionMult)
+	require.Equal(t, before.GossipNodes, c.GossipNodes)
 }
