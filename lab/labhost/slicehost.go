@@ -219,5 +219,12 @@ func (h *SliceHost) Close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("detach %s (%s): %w: %s", loop, name, err, out))
 		}
 	}
+	// The default VM directory (/var/lib/libvirt/gpuaas/<bridge>) is ours;
+	// one the caller named is the caller's.
+	if h.opts.VMDir == "" && h.Slice.VMDir != "" {
+		if err := os.RemoveAll(h.Slice.VMDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", h.Slice.VMDir, err))
+		}
+	}
 	return errors.Join(errs...)
 }
