@@ -29,6 +29,9 @@ const FWCfgPrefix = "opt/gpuaas/"
 // SysfsDir is where the guest kernel's qemu_fw_cfg driver shows fw_cfg.
 const SysfsDir = "/sys/firmware/qemu_fw_cfg"
 
+// SysfsEnv, when set, replaces SysfsDir for the nvidia-smi command.
+const SysfsEnv = "GPUAAS_FWCFG_SYSFS"
+
 // DriverVersion is the driver the simulated userspace reports: the open
 // kernel driver the production CUDA image pins (images/cuda).
 const DriverVersion = "570.124.06"

@@ -181,13 +181,13 @@ func TestRun(t *testing.T) {
 // tool does on a host without the NVIDIA driver.
 func TestCommand(t *testing.T) {
 	t.Parallel()
-	if _, err := os.Stat(SysfsDir); err == nil {
-		t.Skipf("%s exists here: the no-driver answer cannot be shown", SysfsDir)
-	}
 	bin := filepath.Join(t.TempDir(), "nvidia-smi")
 	out, err := exec.Command("go", "build", "-o", bin, "./nvidia-smi").CombinedOutput()
 	require.NoError(t, err, "%s", out)
+	// An empty tree stands for a guest without qemu_fw_cfg, whatever
+	// this machine's own /sys holds.
 	cmd := exec.Command(bin, "--query-gpu=name", "--format=csv,noheader")
+	cmd.Env = append(os.Environ(), SysfsEnv+"="+t.TempDir())
 	out, err = cmd.Output()
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee)
@@ -197,6 +197,14 @@ func TestCommand(t *testing.T) {
 	require.ErrorAs(t, err, &ee)
 	assert.Equal(t, ExitInvalidArg, ee.ExitCode())
 	assert.Equal(t, "Field \"bogus\" is not a valid field to query.\n\n", string(out))
+	// With the host's entries it lists the GPU.
+	e0, err := Entry(h200)
+	require.NoError(t, err)
+	cmd = exec.Command(bin, "--query-gpu=name,pci.bus_id", "--format=csv,noheader")
+	cmd.Env = append(os.Environ(), SysfsEnv+"="+fwcfgTree(t, map[string]string{"opt/gpuaas/gpu0": e0}))
+	out, err = cmd.Output()
+	require.NoError(t, err)
+	assert.Equal(t, h200.Name+", "+h200.BusID+"\n", string(out))
 }
 
 // TestHostEntriesParse is the contract between the host side (hostops/vm

@@ -21,6 +21,10 @@ func main() {
 		fmt.Fprintln(os.Stdout, msg)
 		os.Exit(code)
 	}
-	gpus, err := guestgpu.Read(guestgpu.SysfsDir)
+	sysfs := guestgpu.SysfsDir
+	if d := os.Getenv(guestgpu.SysfsEnv); d != "" { // tests point it at a tree of their own
+		sysfs = d
+	}
+	gpus, err := guestgpu.Read(sysfs)
 	os.Exit(guestgpu.Run(inv, gpus, err, time.Now(), os.Stdout, os.Stderr))
 }
