@@ -15,14 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/vm"
 	"github.com/gpuaas/gpuaas/images/guest"
-	"github.com/gpuaas/gpuaas/lab/hostsim"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
-	"github.com/gpuaas/gpuaas/test/testenv"
 )
 
 // cudaLabHost is labHost with a 2-GPU slice (slots 0 and 1 of j22u15: the
@@ -33,17 +30,7 @@ func cudaLabHost(t *testing.T) (labConfig, []string) {
 	cfg := labHost(t, false)
 	root, err := hostops.NewRoot(cfg.Base)
 	require.NoError(t, err)
-	hw, err := discovery.ReadHardware(root)
-	require.NoError(t, err)
-	var id proto.DiskIdentity
-	for _, d := range hw.Disks {
-		if d.Name == "nvme1n1" {
-			id = proto.DiskIdentity{Serial: d.Serial, WWN: d.WWN, EUI: d.EUI, Device: d.Name}
-		}
-	}
-	require.False(t, id.Empty(), "j22u15 has nvme1n1")
-	loop1 := attachLoop(t, filepath.Join(filepath.Dir(cfg.Base), "nvme1n1.img"), 64<<20)
-	require.NoError(t, hostsim.BindBlockDevice(root, "nvme1n1", loop1))
+	id, loop1 := bindDisk(t, root, "nvme1n1", filepath.Join(filepath.Dir(cfg.Base), "nvme1n1.img"), 64<<20)
 
 	s0 := cfg.Request.Slots[0]
 	ip := netip.MustParseAddr(s0.Capacity.PrivateIP).Next()
@@ -57,14 +44,8 @@ func cudaLabHost(t *testing.T) (labConfig, []string) {
 		VF: s1.Capacity.FabricVFPCIAddress, MAC: mac.String(), IP: ip.String(), Disk: "/dev/nvme1n1", DiskDevice: "nvme1n1", CPUs: []int{1}})
 	cfg.Request.Plan.VCPUs = []int{0, 1}
 
-	testenv.Commands(t, "qemu-img", "go", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	m, img, err := guest.Image(ctx, guest.Options{Variant: guest.VariantCUDA})
-	require.NoError(t, err)
-	require.Equal(t, "cuda", m.ReadinessCheck)
-	cfg.Request.Image = proto.ImageRef{Name: m.Name, Version: m.Version, Kind: m.CatalogKind, Digest: "sha256:" + m.SHA256,
-		Size: m.Size, URL: "file://" + img, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
+	cfg.Request.Image = guestImage(t, guest.VariantCUDA)
+	require.Equal(t, "cuda", cfg.Request.Image.ReadinessCheck)
 	return cfg, []string{cfg.Loop, loop1}
 }
 

@@ -71,17 +71,8 @@ func labHost(t *testing.T, withGuest bool) labConfig {
 	cfg.Base = filepath.Join(dir, "host")
 	root, err := hostsim.Generate(cfg.Base, "j22u15")
 	require.NoError(t, err)
-	hw, err := discovery.ReadHardware(root)
-	require.NoError(t, err)
 	var id proto.DiskIdentity
-	for _, d := range hw.Disks {
-		if d.Name == "nvme0n1" {
-			id = proto.DiskIdentity{Serial: d.Serial, WWN: d.WWN, EUI: d.EUI, Device: d.Name}
-		}
-	}
-	require.False(t, id.Empty(), "j22u15 has nvme0n1")
-	cfg.Loop = attachLoop(t, filepath.Join(dir, "nvme0n1.img"), 128<<20)
-	require.NoError(t, hostsim.BindBlockDevice(root, "nvme0n1", cfg.Loop))
+	id, cfg.Loop = bindDisk(t, root, "nvme0n1", filepath.Join(dir, "nvme0n1.img"), 128<<20)
 
 	suffix := randHex(t, 3)
 	cfg.Bridge = "gst" + suffix
@@ -113,15 +104,40 @@ func labHost(t *testing.T, withGuest bool) labConfig {
 	cfg.Request = ProvisionRequest{AllocationID: "alloc-" + suffix, Plan: plan, Slots: []proto.Slot{slot},
 		SSHKeys: []string{authorizedKey(t, "tenant")}}
 	if withGuest {
-		testenv.Commands(t, "qemu-img", "go", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		m, img, err := guest.Image(ctx, guest.Options{})
-		require.NoError(t, err)
-		cfg.Request.Image = proto.ImageRef{Name: m.Name, Version: m.Version, Kind: "slice_base", Digest: "sha256:" + m.SHA256,
-			Size: m.Size, URL: "file://" + img, MarkerSHA256: m.MarkerSHA256}
+		cfg.Request.Image = guestImage(t, guest.VariantBase)
 	}
 	return cfg
+}
+
+// bindDisk resolves the simulated NVMe disk name of root to a fresh loop
+// device over backing (size bytes) and returns its identity and device.
+func bindDisk(t *testing.T, root hostops.Root, name, backing string, size int64) (proto.DiskIdentity, string) {
+	t.Helper()
+	hw, err := discovery.ReadHardware(root)
+	require.NoError(t, err)
+	var id proto.DiskIdentity
+	for _, d := range hw.Disks {
+		if d.Name == name {
+			id = proto.DiskIdentity{Serial: d.Serial, WWN: d.WWN, EUI: d.EUI, Device: d.Name}
+		}
+	}
+	require.False(t, id.Empty(), "the simulated host has %s", name)
+	loop := attachLoop(t, backing, size)
+	require.NoError(t, hostsim.BindBlockDevice(root, name, loop))
+	return id, loop
+}
+
+// guestImage builds (or takes from the cache) the lab guest variant and
+// returns its catalog reference as a local file.
+func guestImage(t *testing.T, variant string) proto.ImageRef {
+	t.Helper()
+	testenv.Commands(t, "qemu-img", "go", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	m, img, err := guest.Image(ctx, guest.Options{Variant: variant})
+	require.NoError(t, err)
+	return proto.ImageRef{Name: m.Name, Version: m.Version, Kind: m.CatalogKind, Digest: "sha256:" + m.SHA256,
+		Size: m.Size, URL: "file://" + img, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
 }
 
 // realParts are the real host parts of a runtime built from a labConfig.

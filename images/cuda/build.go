@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpuaas/gpuaas/images/guest"
 )
 
 // Cmd is one external command of a build.
@@ -76,14 +78,10 @@ func (o Options) withDefaults() (Options, error) {
 		o.Recipe.Repo = &repo
 	}
 	if o.CacheRoot == "" {
-		o.CacheRoot = os.Getenv("GPUAAS_IMAGE_CACHE")
-	}
-	if o.CacheRoot == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return o, fmt.Errorf("image cache: %w (set GPUAAS_IMAGE_CACHE)", err)
+		var err error
+		if o.CacheRoot, err = guest.DefaultCacheRoot(); err != nil {
+			return o, err
 		}
-		o.CacheRoot = filepath.Join(home, ".cache", "gpuaas", "images")
 	}
 	if o.BaseKeyring == "" {
 		o.BaseKeyring = DefaultBaseKeyring

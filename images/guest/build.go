@@ -119,14 +119,10 @@ func (o Options) withDefaults() (Options, error) {
 		}
 	}
 	if o.CacheRoot == "" {
-		o.CacheRoot = os.Getenv("GPUAAS_IMAGE_CACHE")
-	}
-	if o.CacheRoot == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return o, fmt.Errorf("image cache: %w (set GPUAAS_IMAGE_CACHE)", err)
+		var err error
+		if o.CacheRoot, err = DefaultCacheRoot(); err != nil {
+			return o, err
 		}
-		o.CacheRoot = filepath.Join(home, ".cache", "gpuaas", "images")
 	}
 	if o.Kernel == "" {
 		k, err := newestKernel("/boot")
@@ -649,4 +645,17 @@ func (ExecRunner) Run(ctx context.Context, c Cmd) ([]byte, error) {
 		return out, fmt.Errorf("%s: %w: %s", c.Name, err, bytes.TrimSpace(out))
 	}
 	return out, nil
+}
+
+// DefaultCacheRoot is where built images are kept: $GPUAAS_IMAGE_CACHE,
+// else ~/.cache/gpuaas/images.
+func DefaultCacheRoot() (string, error) {
+	if d := os.Getenv("GPUAAS_IMAGE_CACHE"); d != "" {
+		return d, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("image cache: %w (set GPUAAS_IMAGE_CACHE)", err)
+	}
+	return filepath.Join(home, ".cache", "gpuaas", "images"), nil
 }

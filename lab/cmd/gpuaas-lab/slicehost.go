@@ -78,8 +78,7 @@ const labCUDAImageName = "lab-guest-cuda"
 // labImage is one lab guest flavour the lab publishes and approves.
 type labImage struct {
 	name, version string
-	variant       string // images/guest variant
-	kind          proto.ImageKind
+	variant       string // images/guest variant (its manifest names the catalog kind)
 	note          string
 }
 
@@ -87,8 +86,8 @@ type labImage struct {
 // developer guest (base + qemu_fw_cfg + simulated nvidia-smi, readiness
 // check "cuda").
 var labImages = []labImage{
-	{labImageName, labImageVersion, guest.VariantBase, proto.ImageSliceBase, "lab guest (u-root), published by gpuaas-lab"},
-	{labCUDAImageName, labImageVersion, guest.VariantCUDA, proto.ImageSliceCUDA,
+	{labImageName, labImageVersion, guest.VariantBase, "lab guest (u-root), published by gpuaas-lab"},
+	{labCUDAImageName, labImageVersion, guest.VariantCUDA,
 		"lab CUDA developer guest (u-root + simulated nvidia-smi over fw_cfg), published by gpuaas-lab"},
 }
 
@@ -128,7 +127,7 @@ func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im la
 			return nil
 		}
 	case cli.IsProblem(err, proto.CodeNotFound):
-		body := proto.ImageBody{Kind: im.kind, Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
+		body := proto.ImageBody{Kind: proto.ImageKind(m.CatalogKind), Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
 		if _, err := api.C.Do(ctx, http.MethodPut, path, nil, body, nil); err != nil {
 			return fmt.Errorf("catalog entry %s: %w", im.name, err)
 		}
@@ -145,7 +144,7 @@ func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im la
 	if _, err := api.C.Do(ctx, http.MethodPost, path+"/approve", nil, proto.ImageApproveBody{Note: im.note}, nil); err != nil {
 		return fmt.Errorf("approve the lab guest image %s: %w", im.name, err)
 	}
-	log.Info("published a lab guest image", "image", im.name+":"+im.version, "kind", im.kind, "readiness_check", m.ReadinessCheck, "digest", digest)
+	log.Info("published a lab guest image", "image", im.name+":"+im.version, "kind", m.CatalogKind, "readiness_check", m.ReadinessCheck, "digest", digest)
 	return nil
 }
 
