@@ -561,8 +561,11 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	for _, mod := range in.modules {
 		m.Modules = append(m.Modules, mod.Name)
 	}
+	// Every variant, the base included, names its catalog kind: the lab
+	// publishes each image under it.
+	m.CatalogKind = v.CatalogKind
 	if v.Name != Name {
-		m.Variant, m.CatalogKind, m.ReadinessCheck = o.Variant, v.CatalogKind, v.ReadinessCheck
+		m.Variant, m.ReadinessCheck = o.Variant, v.ReadinessCheck
 		for _, c := range v.ExtraCommands {
 			m.Commands = append(m.Commands, filepath.Base(c))
 		}

@@ -32,6 +32,7 @@ func TestCUDAVariant(t *testing.T) {
 	ctx := context.Background()
 	base, basePath, err := Image(ctx, s.opts)
 	require.NoError(t, err)
+	require.Equal(t, "slice_base", base.CatalogKind, "the base names its catalog kind too")
 	n := len(s.runner.transcript())
 
 	o := s.opts

@@ -127,7 +127,12 @@ func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im la
 			return nil
 		}
 	case cli.IsProblem(err, proto.CodeNotFound):
-		body := proto.ImageBody{Kind: proto.ImageKind(m.CatalogKind), Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
+		kind := m.CatalogKind
+		if kind == "" {
+			// A manifest cached before every variant named its kind.
+			kind = guest.Variants[im.variant].CatalogKind
+		}
+		body := proto.ImageBody{Kind: proto.ImageKind(kind), Digest: digest, Size: m.Size, MarkerSHA256: m.MarkerSHA256, ReadinessCheck: m.ReadinessCheck}
 		if _, err := api.C.Do(ctx, http.MethodPut, path, nil, body, nil); err != nil {
 			return fmt.Errorf("catalog entry %s: %w", im.name, err)
 		}
