@@ -96,7 +96,7 @@ func (a *app) allocCreateCmd() *cobra.Command {
 	f.StringVar(&req.SKU, "sku", "", "SKU (default h200-sxm-slice, or h200-sxm-baremetal with --shape baremetal)")
 	f.IntVar(&req.GPUCount, "gpus", 0, "GPU count of a slice: 1, 2, 4 or 8")
 	f.StringVar(&req.Region, "region", "", "region (required)")
-	f.StringVar(&req.Image, "image", "", "approved catalog image: NAME (newest approved version) or NAME:VERSION")
+	f.StringVar(&req.Image, "image", "", "approved catalog image: NAME (newest approved version) or NAME:VERSION (slices default to the slice_base image approved last)")
 	f.StringArrayVar(&req.SSHPublicKeys, "ssh-key", nil, "OpenSSH public key (repeatable)")
 	f.StringVar(&req.Owner, "owner", "", "owner (default: the token's name)")
 	f.StringVar(&key, "idempotency-key", "", "idempotency key (generated and printed when absent)")
