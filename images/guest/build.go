@@ -115,7 +115,17 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("find module root: %w", err)
 		}
 		if o.ModuleDir, err = FindModuleRoot(wd); err != nil {
-			return o, err
+			// bin/gpuaas-lab run from another folder: the source tree
+			// it was built in (make build puts it in <module>/bin).
+			exe, xerr := os.Executable()
+			if xerr != nil {
+				return o, err
+			}
+			dir, xerr := FindModuleRoot(filepath.Dir(exe))
+			if xerr != nil {
+				return o, fmt.Errorf("%w, nor above the executable %s: run from the gpuaas source tree", err, exe)
+			}
+			o.ModuleDir = dir
 		}
 	}
 	if o.CacheRoot == "" {
