@@ -26,9 +26,12 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-# What the tools already check: vet and gofmt, then staticcheck (a tool
-# directive in go.mod, so no separate install). Part of make test.
+# What the tools already check: vet and gofmt, go.mod tidy (the u-root
+# commands the guest image is built from are tool directives, so tidy keeps
+# what they import), then staticcheck (a tool directive too, so no separate
+# install). Part of make test.
 check: vet
+	$(GO) mod tidy -diff
 	$(GO) tool staticcheck ./...
 
 # Every test tier. Privileged tests (TestPrivileged*) need root and the
