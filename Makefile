@@ -8,7 +8,7 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
-.PHONY: all deps build lab test test-unit vet bench clean
+.PHONY: all deps build lab test test-unit vet check bench clean
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -26,10 +26,18 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
+# What the tools already check: vet and gofmt, go.mod tidy (the u-root
+# commands the guest image is built from are tool directives, so tidy keeps
+# what they import), then staticcheck (a tool directive too, so no separate
+# install). Part of make test.
+check: vet
+	$(GO) mod tidy -diff
+	$(GO) tool staticcheck ./...
+
 # Every test tier. Privileged tests (TestPrivileged*) need root and the
 # packages deps installs; they skip without them unless
 # GPUAAS_REQUIRE_PRIVILEGED=1 (set by .ci/run), which makes them fail.
-test: deps vet
+test: deps check
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 
 test-unit:

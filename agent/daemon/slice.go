@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/gpuaas/gpuaas/agent/imagecache"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"slices"
@@ -136,7 +137,7 @@ func agentKey(path string) (ssh.Signer, string, error) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, "", fmt.Errorf("agent SSH key: %w", err)
 		}
-		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
 			return nil, "", fmt.Errorf("agent SSH key: %w", err)
 		}
 	}

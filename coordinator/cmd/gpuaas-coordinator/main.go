@@ -31,6 +31,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/api"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
 func main() {
@@ -160,7 +161,7 @@ func loadAuth(o *options, log *slog.Logger) (api.Authenticator, error) {
 			return nil, fmt.Errorf("generate admin token: %w", err)
 		}
 		b = []byte(hex.EncodeToString(raw[:]))
-		if err := os.WriteFile(path, b, 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 			return nil, fmt.Errorf("write admin token: %w", err)
 		}
 		log.Info("no -tokens-file: generated an admin token", "path", path)

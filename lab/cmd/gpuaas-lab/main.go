@@ -38,6 +38,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/lab"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/labagent"
@@ -569,7 +570,7 @@ func loadOrPickState(dir string, n int, hostsDir string, hosts []string) (state,
 	all := st
 	all.Hosts = kept
 	b, _ := json.MarshalIndent(all, "", "  ")
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return st, err
 	}
 	st.Hosts = kept[:len(hosts)]
@@ -612,7 +613,7 @@ func loadOrMakeTokens(dir string) (tokens, string, error) {
 		return t, "", err
 	}
 	b, _ := json.MarshalIndent(t, "", "  ")
-	return t, file, os.WriteFile(secrets, append(b, '\n'), 0o600)
+	return t, file, atomicfile.WriteFile(secrets, append(b, '\n'), 0o600)
 }
 
 // waitCluster waits until every coordinator answers /v1/status and one of
@@ -664,7 +665,7 @@ func getJSON(ctx context.Context, url, token string, v any) error {
 
 func writeEnv(dir, addr, token string) error {
 	env := fmt.Sprintf("export GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", addr, token)
-	return os.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o600)
+	return atomicfile.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o600)
 }
 
 func printSummary(out io.Writer, dir string, st state, leader string, views []hostView, autoApprove bool) {
