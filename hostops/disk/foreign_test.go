@@ -3,6 +3,7 @@ package disk
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -199,4 +200,24 @@ func TestPrivilegedRefuseOpenWriter(t *testing.T) {
 		}
 		assert.Equal(t, before, fileDigest(t, node), "a refused device was modified")
 	})
+}
+
+// A partition sysfs lists but whose node cannot be probed fails the check
+// on a blank disk, and does not hide the disk's own signatures.
+func TestPrivilegedUnprobedPartition(t *testing.T) {
+	t.Parallel()
+	testenv.Root(t)
+	node, file := loopDevice(t, 64<<20, false)
+	h, _ := simDisk(t, node, true)
+	h.addPartition(t, "nvme0n1", 1, "259:250") // no node under /dev
+	dev, err := Resolve(h.root, idA)
+	require.NoError(t, err)
+	err = CheckSafe(h.root, dev, idA)
+	require.ErrorContains(t, err, "check disk nvme0n1: partition nvme0n1p1: open block device")
+	var se *SignatureError
+	require.False(t, errors.As(err, &se))
+
+	writeAt(t, file, 512, append(append([]byte("LABELONE"), make([]byte, 16)...), "LVM2 001"...))
+	require.ErrorAs(t, CheckSafe(h.root, dev, idA), &se)
+	assert.Equal(t, "LVM2_member", se.Signatures[0].Type)
 }

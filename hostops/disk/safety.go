@@ -1,6 +1,7 @@
 package disk
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -195,17 +196,19 @@ func probeSignatures(root hostops.Root, dev, fresh Device) ([]Signature, error) 
 	if err != nil {
 		return nil, err
 	}
+	// A partition that cannot be probed fails the check, unless the disk
+	// is refused for its signatures anyway (a partition table is one).
+	var partErr error
 	for _, p := range fresh.Partitions {
-		pd, err := openDevice(Device{Name: p.Name, Path: root.DevPath(p.Name), Major: p.Major, Minor: p.Minor}, false)
+		ps, err := probePartition(root, p)
 		if err != nil {
-			return nil, fmt.Errorf("partition %s: %w", p.Name, err)
-		}
-		ps, err := probeLibblkid(pd.f, p.Name)
-		pd.Close()
-		if err != nil {
-			return nil, fmt.Errorf("partition %s: %w", p.Name, err)
+			partErr = errors.Join(partErr, fmt.Errorf("partition %s: %w", p.Name, err))
+			continue
 		}
 		lib = append(lib, ps...)
+	}
+	if partErr != nil && len(sigs) == 0 && len(lib) == 0 {
+		return nil, partErr
 	}
 	seen := map[[2]string]bool{}
 	for _, s := range sigs {
@@ -218,4 +221,15 @@ func probeSignatures(root hostops.Root, dev, fresh Device) ([]Signature, error) 
 		}
 	}
 	return sigs, nil
+}
+
+// probePartition runs libblkid on partition p's node, which must be block
+// device p.Major:p.Minor.
+func probePartition(root hostops.Root, p Partition) ([]Signature, error) {
+	pd, err := openDevice(Device{Name: p.Name, Path: root.DevPath(p.Name), Major: p.Major, Minor: p.Minor}, false)
+	if err != nil {
+		return nil, err
+	}
+	defer pd.Close()
+	return probeLibblkid(pd.f, p.Name)
 }
