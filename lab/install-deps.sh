@@ -10,6 +10,8 @@ PKGS=(
   iproute2 nftables openvswitch-switch dnsmasq-base qemu-utils util-linux
   nvme-cli gdisk fdisk parted e2fsprogs lvm2 kmod iputils-ping busybox procps psmisc ethtool
   mtools dosfstools systemd
+  # real signatures for the disk-safety tests (LUKS, bcache)
+  cryptsetup-bin bcache-tools
   # the lab guest image and the slice VMs: libvirt + QEMU (TCG), OVMF, UKI
   libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86 ovmf
   systemd-boot-efi binutils linux-image-amd64

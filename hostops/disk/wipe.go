@@ -167,6 +167,9 @@ func zeroDevice(ctx context.Context, dev Device, tr *tracker) error {
 		return err
 	}
 	defer bd.Close()
+	if err := noOtherWriter(dev, bd); err != nil {
+		return err
+	}
 	if err := bd.ZeroRange(ctx, 0, bd.size, tr.add); err != nil {
 		return err
 	}
