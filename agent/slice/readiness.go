@@ -323,7 +323,7 @@ func (g *SSHGuest) client(ctx context.Context, addr netip.Addr, key ssh.Signer) 
 			g.hostKeys[addr] = k
 			return nil
 		},
-		Timeout:         to,
+		Timeout: to,
 	}
 	d := net.Dialer{Timeout: to}
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(addr.String(), "22"))
