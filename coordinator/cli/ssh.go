@@ -6,11 +6,14 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -22,6 +25,40 @@ type sshOptions struct {
 	identity string // -i
 	direct   bool   // never jump
 	print    bool   // print the command instead of running it
+	// knownHosts is a known_hosts file holding the guest's host keys as
+	// its agent saw them: ssh then verifies the guest strictly.
+	knownHosts string
+}
+
+// writeKnownHosts writes the allocation's pinned guest host keys as a
+// known_hosts file of its own under the user's cache folder and returns
+// its path ("" when the access names no key). Guest addresses are reused
+// by later slices with new keys, so one shared known_hosts would either
+// warn of a changed key or trust the first key it saw.
+func writeKnownHosts(id string, acc *proto.SliceAccess) (string, error) {
+	if len(acc.HostKeys) == 0 {
+		return "", nil
+	}
+	var b strings.Builder
+	for _, k := range acc.HostKeys {
+		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k)); err != nil || strings.ContainsAny(k, "\n\r") {
+			return "", fmt.Errorf("allocation %s: host key %q is not an OpenSSH public key", id, k)
+		}
+		fmt.Fprintf(&b, "%s %s\n", acc.GuestIP, k)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "gpuaas", "known_hosts")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("known_hosts folder: %w", err)
+	}
+	path := filepath.Join(dir, id)
+	if err := atomicfile.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return "", fmt.Errorf("known_hosts of %s: %w", id, err)
+	}
+	return path, nil
 }
 
 // isLoopback reports whether a jump host names this machine: jumping
@@ -58,6 +95,9 @@ func sshArgv(acc *proto.SliceAccess, o sshOptions, extra []string) []string {
 	argv := []string{"ssh"}
 	if o.identity != "" {
 		argv = append(argv, "-i", o.identity)
+	}
+	if o.knownHosts != "" {
+		argv = append(argv, "-o", "UserKnownHostsFile="+o.knownHosts, "-o", "StrictHostKeyChecking=yes")
 	}
 	if acc.JumpHost != "" && !o.direct && !isLoopback(acc.JumpHost) {
 		argv = append(argv, "-J", jumpSpec(acc))
@@ -97,6 +137,9 @@ func (a *app) allocSSHCmd() *cobra.Command {
 		Long: "Look up the allocation's access (as recorded when it became active) and run ssh with the\n" +
 			"guest's user and address, through the jump host the agent named. A jump host that is this\n" +
 			"machine (loopback, as in the lab) is skipped: the guest network is reachable from here.\n" +
+			"The guest's host key, as the agent saw it when the slice became ready, is pinned: ssh\n" +
+			"checks it strictly against a known_hosts file of the allocation's own (no first-use prompt,\n" +
+			"no warning when a later slice reuses the address).\n" +
 			"Arguments after -- go to ssh after the destination: more options, then a remote command.",
 		Example: "  gpuaasctl alloc ssh ID -i /tmp/lab-key\n" +
 			"  gpuaasctl alloc ssh ID -i /tmp/lab-key -- -o StrictHostKeyChecking=accept-new uname -a\n" +
@@ -123,6 +166,12 @@ func (a *app) allocSSHCmd() *cobra.Command {
 			}
 			acc, err := sliceAccess(al)
 			if err != nil {
+				return err
+			}
+			if err := proto.ValidateID("allocation id", al.ID); err != nil {
+				return err
+			}
+			if o.knownHosts, err = writeKnownHosts(al.ID, acc); err != nil {
 				return err
 			}
 			argv := sshArgv(acc, o, extra)

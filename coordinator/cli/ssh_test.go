@@ -58,6 +58,8 @@ func TestSSHArgv(t *testing.T) {
 		{"--direct", acc("10.0.0.15", "root", ""), sshOptions{direct: true}, nil, "ssh root@10.200.0.10"},
 		{"extra args after the destination", acc("", "root", ""), sshOptions{}, []string{"-o", "StrictHostKeyChecking=no", "uname", "-a"},
 			"ssh root@10.200.0.10 -o StrictHostKeyChecking=no uname -a"},
+		{"pinned host key", acc("", "root", ""), sshOptions{knownHosts: "/c/kh/a1"}, nil,
+			"ssh -o UserKnownHostsFile=/c/kh/a1 -o StrictHostKeyChecking=yes root@10.200.0.10"},
 	}
 	for _, tc := range cases {
 		assert.Equal(t, tc.want, strings.Join(sshArgv(tc.acc, tc.o, tc.extra), " "), tc.name)
@@ -158,4 +160,32 @@ func TestCLIAllocSSHExecsSSH(t *testing.T) {
 	// Usage: the ID is required.
 	r = c.run(api.RoleViewer, "alloc", "ssh")
 	assert.Equal(t, ExitUsage, r.code, r.err)
+}
+
+// The guest's host keys the agent recorded become a known_hosts file of
+// the allocation's own; a key that is not an OpenSSH public key (or would
+// smuggle a second line in) is refused and nothing is written.
+func TestWriteKnownHosts(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAm2+lVoq4X1mZL6A8ghyLRyT0OAK5m3VVHvbQbWc0Ts"
+	path, err := writeKnownHosts("alloc-1", &proto.SliceAccess{GuestIP: "10.200.0.12", HostKeys: []string{key}})
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(cache, "gpuaas", "known_hosts", "alloc-1"), path)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "10.200.0.12 "+key+"\n", string(b))
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	path, err = writeKnownHosts("alloc-2", &proto.SliceAccess{GuestIP: "10.200.0.12"})
+	require.NoError(t, err)
+	assert.Empty(t, path, "no key recorded: no file, ssh asks as usual")
+
+	for _, bad := range []string{"not a key", key + "\n* ssh-ed25519 AAAA"} {
+		_, err = writeKnownHosts("alloc-3", &proto.SliceAccess{GuestIP: "10.200.0.12", HostKeys: []string{bad}})
+		assert.ErrorContains(t, err, "is not an OpenSSH public key")
+	}
+	assert.NoFileExists(t, filepath.Join(cache, "gpuaas", "known_hosts", "alloc-3"))
 }
