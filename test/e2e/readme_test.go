@@ -237,8 +237,10 @@ var readmeFlows = []readmeFlow{
 			captureAlloc(t, s, out)
 			require.Contains(t, out, "ssh_ready")
 		}),
-		{pattern: regexp.MustCompile(`^(ssh |bin/gpuaasctl alloc ssh)`), timeout: time.Minute,
-			extra: " -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null cat /proc/version",
+		// Interactive: the test adds a remote command. The guest's host
+		// key is pinned by alloc ssh, so BatchMode (no prompt) must pass.
+		{pattern: regexp.MustCompile(`^bin/gpuaasctl alloc ssh `), timeout: time.Minute,
+			extra: " -- -o BatchMode=yes cat /proc/version",
 			check: expect(`Linux version`)},
 		step(`alloc timeline`, time.Minute, expect(`clone[\s\S]*ssh_ready`)),
 		step(`alloc release`, 2*time.Minute, nil),
