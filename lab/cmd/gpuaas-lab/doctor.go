@@ -138,7 +138,12 @@ func doctorChecks(e doctorEnv, realVMs bool) []check {
 			add("go", checkFail, fmt.Sprintf("%s version failed: %v", goBin, err), "reinstall Go 1.26 at /usr/local/go (https://go.dev/dl/)")
 		}
 	case e.exists("/usr/local/go/bin/go"):
-		add("go", checkFail, "/usr/local/go/bin/go is installed but not on PATH", "export PATH=$PATH:/usr/local/go/bin")
+		// The Makefile puts /usr/local/go/bin on PATH for make lab.
+		if v, err := e.output("/usr/local/go/bin/go", "version"); err == nil {
+			add("go", checkOK, v+" at /usr/local/go/bin (not on this shell's PATH; make adds it)", "")
+		} else {
+			add("go", checkFail, fmt.Sprintf("/usr/local/go/bin/go version failed: %v", err), "reinstall Go 1.26 at /usr/local/go (https://go.dev/dl/)")
+		}
 	default:
 		add("go", checkFail, "go is not installed (make lab builds the binaries)", "install Go 1.26 at /usr/local/go (https://go.dev/dl/) and add /usr/local/go/bin to PATH")
 	}

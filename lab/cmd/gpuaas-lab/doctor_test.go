@@ -89,8 +89,7 @@ func TestDoctorSaysWhatIsMissingAndHowToFix(t *testing.T) {
 	assert.Contains(t, err.Error(), "check(s) failed")
 	assert.Contains(t, lineOf(t, s, "root"), "FAIL  root")
 	assert.Contains(t, s, "fix: run make lab (and gpuaas-lab) as root")
-	assert.Contains(t, lineOf(t, s, "go"), "/usr/local/go/bin/go is installed but not on PATH")
-	assert.Contains(t, s, "fix: export PATH=$PATH:/usr/local/go/bin")
+	assert.Contains(t, lineOf(t, s, "go"), "OK    go                     go version go1.26.8 linux/amd64 at /usr/local/go/bin (not on this shell's PATH; make adds it)")
 	assert.Contains(t, lineOf(t, s, "dnsmasq"), "FAIL  dnsmasq")
 	assert.Contains(t, s, "fix: make deps (or apt-get install dnsmasq-base)")
 	assert.Contains(t, lineOf(t, s, "OVMF_CODE_4M.fd"), "FAIL")
@@ -106,14 +105,21 @@ func TestDoctorSaysWhatIsMissingAndHowToFix(t *testing.T) {
 	assert.Contains(t, lineOf(t, s, "guest image"), "WARN  guest image            not built yet")
 
 	// The same machine for -slice-host none: what only real VMs need is a
-	// warning; Go and disk space still fail.
+	// warning; disk space still fails.
 	out.Reset()
 	err = doctor(&out, e, false)
 	require.Error(t, err)
 	s = out.String()
 	assert.Contains(t, lineOf(t, s, "dnsmasq"), "WARN")
 	assert.Contains(t, lineOf(t, s, "root"), "WARN")
-	assert.Contains(t, lineOf(t, s, "go"), "FAIL")
+	assert.Contains(t, lineOf(t, s, "disk"), "FAIL")
+
+	// No Go at all fails whatever the mode.
+	e.exists = func(p string) bool { return p == "/" || p == "/lab" }
+	out.Reset()
+	require.Error(t, doctor(&out, e, false))
+	assert.Contains(t, lineOf(t, out.String(), "go"), "FAIL  go                     go is not installed")
+	assert.Contains(t, out.String(), "fix: install Go 1.26 at /usr/local/go")
 }
 
 func TestDoctorPassesOnACompleteMachine(t *testing.T) {
