@@ -720,8 +720,8 @@ func getJSON(ctx context.Context, url, token string, v any) error {
 // env.admin (the admin token: nodes, slots, images, peers — the commands
 // the README marks admin).
 func writeEnv(dir, addr string, t tokens) error {
-	for _, f := range []struct{ name, role, token string }{{"env", "operator", t.Operator}, {"env.admin", "admin", t.Admin}} {
-		env := fmt.Sprintf("# gpuaas lab, role %s\nexport GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", f.role, addr, f.token)
+	for _, f := range []struct{ name, token string }{{"env", t.Operator}, {"env.admin", t.Admin}} {
+		env := fmt.Sprintf("export GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", addr, f.token)
 		if err := os.WriteFile(filepath.Join(dir, f.name), []byte(env), 0o600); err != nil {
 			return err
 		}
