@@ -84,7 +84,7 @@ func main() {
 	}
 }
 
-func run(args []string, out io.Writer) error {
+func run(args []string, out io.Writer) (err error) {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		switch args[0] {
 		case "status":
@@ -108,6 +108,13 @@ func run(args []string, out io.Writer) error {
 	hostsDir := fs.String("hosts-dir", "", "where the simulated host roots live (default: /dev/shm/gpuaas-lab-<hash of the lab folder>, or <lab folder>/hosts without /dev/shm)")
 	maasMode := fs.Bool("maas", false, "onboard hosts that are not enrolled yet through a MAAS simulator: the coordinators deploy them, the lab runs the real gpuaas-bootstrap from the user-data MAAS received, which starts and enrolls the agent")
 	maasBatch := fs.Int("maas-batch", 3, "batch_max_parallel of the lab's slice profile (-maas)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: gpuaas-lab [flags]          run the lab (Ctrl-C stops it)\n"+
+			"       gpuaas-lab status [-dir D]  is the lab of a folder running: processes, leader, readiness, nodes\n"+
+			"       gpuaas-lab stop [-dir D]    stop a lab started in another shell\n"+
+			"       gpuaas-lab doctor [-dir D]  check this machine for everything the lab needs\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -145,6 +152,13 @@ func run(args []string, out io.Writer) error {
 	// cleanly, during start-up too.
 	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
+	defer func() {
+		if err != nil && sigCtx.Err() != nil {
+			// Stopped while starting: what failed is the interrupted wait.
+			log.Info("stopped during start-up (signal)", "interrupted", err)
+			err = nil
+		}
+	}()
 	if *fresh {
 		// Remove the host roots the lab generated (only those: -hosts-dir
 		// may name a shared folder), then the folder if that empties it.
