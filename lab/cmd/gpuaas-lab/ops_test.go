@@ -230,7 +230,7 @@ func TestResolveSliceHost(t *testing.T) {
 		}
 	}
 	m, _ := resolveSliceHost("auto", 0, ok)
-	assert.Equal(t, "-slice-host auto: real VMs on j22u15", m.describe())
+	assert.True(t, strings.HasPrefix(m.describe(), "-slice-host auto: real VMs on j22u15 (root;"), m.describe())
 	m.setupFailed(errors.New(`catalog entry lab-guest: kind "" is not one of [slice_base]`))
 	assert.False(t, m.Real)
 	assert.Equal(t, `-slice-host auto: simulated (setting up the real slice host failed: catalog entry lab-guest: kind "" is not one of [slice_base])`, m.describe())

@@ -77,7 +77,7 @@ func (m *sliceMode) setupFailed(err error) {
 // describe is the summary's slice-host line.
 func (m sliceMode) describe() string {
 	if m.Real {
-		return fmt.Sprintf("-slice-host %s: real VMs on %s", m.Flag, realSliceHost)
+		return fmt.Sprintf("-slice-host %s: real VMs on %s (root; libvirt, QEMU, OVS and dnsmasq set up; the lab guest images published)", m.Flag, realSliceHost)
 	}
 	return fmt.Sprintf("-slice-host %s: simulated (%s)", m.Flag, m.Cause)
 }
