@@ -82,6 +82,7 @@ const (
 type Leak struct {
 	Kind   string `json:"kind"`
 	What   string `json:"what"`
+	Pid    int    `json:"pid,omitempty"` // processes only
 	key    string
 	Detail string `json:"detail,omitempty"`
 }
@@ -128,7 +129,7 @@ func Diff(before, after Snapshot) []Leak {
 		if after.RunMarker != "" && p.Run != "" && p.Run != after.RunMarker {
 			continue
 		}
-		items = append(items, Leak{What: fmt.Sprintf("%s (pid %d)", p.Name, p.Pid), key: p.key(), Detail: p.Cmdline})
+		items = append(items, Leak{What: fmt.Sprintf("%s (pid %d)", p.Name, p.Pid), Pid: p.Pid, key: p.key(), Detail: p.Cmdline})
 	}
 	add(KindProcess, keys, items)
 
@@ -182,6 +183,19 @@ func Intersect(a, b []Leak) []Leak {
 		in[l.Kind+"\x00"+l.key] = true
 	}
 	return slices.DeleteFunc(slices.Clone(a), func(l Leak) bool { return !in[l.Kind+"\x00"+l.key] })
+}
+
+// Without drops the processes whose pid is in pids (the shared daemons
+// another process still uses, say) and returns the rest and the dropped.
+func Without(leaks []Leak, pids []int) (kept, dropped []Leak) {
+	for _, l := range leaks {
+		if l.Kind == KindProcess && slices.Contains(pids, l.Pid) {
+			dropped = append(dropped, l)
+			continue
+		}
+		kept = append(kept, l)
+	}
+	return kept, dropped
 }
 
 // Report writes the leaks, one a line, under a heading naming their

@@ -79,7 +79,13 @@ func TestDiff(t *testing.T) {
 			after.Netns = append([]string(nil), base.Netns...)
 			after.NftTables = append([]string(nil), base.NftTables...)
 			tc.after(&after)
-			require.Equal(t, tc.want, whats(Diff(base, after)))
+			leaks := Diff(base, after)
+			require.Equal(t, tc.want, whats(leaks))
+			for _, l := range leaks {
+				if l.Kind == KindProcess {
+					require.NotZero(t, l.Pid, l.What)
+				}
+			}
 		})
 	}
 	// A kind whose collector failed before the run is not compared either.
@@ -95,6 +101,16 @@ func TestIntersect(t *testing.T) {
 	second := []Leak{{Kind: KindNetns, What: "gpn-a", key: "gpn-a"}, {Kind: KindProcess, What: "dnsmasq (pid 5)", key: "5@2"}, {Kind: KindLoop, What: "/dev/loop2", key: "loop2=/x"}}
 	require.Equal(t, []string{"network namespace: gpn-a", "loop device: /dev/loop2"}, whats(Intersect(first, second)))
 	require.Empty(t, Intersect(first, nil))
+}
+
+func TestWithout(t *testing.T) {
+	leaks := []Leak{{Kind: KindProcess, What: "libvirtd (pid 5)", Pid: 5}, {Kind: KindProcess, What: "dnsmasq (pid 6)", Pid: 6}, {Kind: KindNetns, What: "gpn-a"}}
+	kept, dropped := Without(leaks, []int{5, 7})
+	require.Equal(t, []string{"process: dnsmasq (pid 6)", "network namespace: gpn-a"}, whats(kept))
+	require.Equal(t, []string{"process: libvirtd (pid 5)"}, whats(dropped))
+	kept, dropped = Without(leaks, nil)
+	require.Equal(t, leaks, kept)
+	require.Empty(t, dropped)
 }
 
 func TestReport(t *testing.T) {
