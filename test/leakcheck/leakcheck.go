@@ -87,11 +87,19 @@ type Leak struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// maxDetail bounds the detail a report line shows (QEMU's command line
+// runs to kilobytes).
+const maxDetail = 240
+
 func (l Leak) String() string {
 	if l.Detail == "" {
 		return l.Kind + " " + l.What
 	}
-	return l.Kind + " " + l.What + " (" + l.Detail + ")"
+	d := strings.Join(strings.Fields(l.Detail), " ")
+	if len(d) > maxDetail {
+		d = d[:maxDetail] + "…"
+	}
+	return l.Kind + " " + l.What + " (" + d + ")"
 }
 
 // Diff returns what after holds and before does not, sorted by kind and

@@ -122,6 +122,15 @@ func TestReport(t *testing.T) {
 	require.Equal(t, "leakcheck: the test run left 2 object(s) behind:\n  process dnsmasq (pid 5) (dnsmasq --keep-in-foreground)\n  network namespace gpn-a\n", b.String())
 }
 
+func TestLeakString(t *testing.T) {
+	long := Leak{Kind: KindProcess, What: "qemu-system-x86_64 (pid 9)", Detail: "qemu -fw_cfg name=gpu0,string=a\nb  " + strings.Repeat("x", 300)}
+	s := long.String()
+	require.NotContains(t, s, "\n")
+	require.Contains(t, s, "string=a b x")
+	require.True(t, strings.HasSuffix(s, "…)"), s)
+	require.Less(t, len(s), 300)
+}
+
 func TestEncodeDecode(t *testing.T) {
 	s := Snapshot{Processes: []Process{proc(1, 2, "tini", "r")}, Loops: []Loop{{Device: "loop0", Backing: "/f"}}, Netns: []string{"n"}, RunMarker: "r", TakenEpoch: 7}
 	var b bytes.Buffer
