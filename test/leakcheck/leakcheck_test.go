@@ -215,6 +215,8 @@ func TestTake(t *testing.T) {
 	write(t, filepath.Join(p, "103", "stat"), stat("103", "Z"))
 	write(t, filepath.Join(p, "104", "cmdline"), "qemu-system-x86_64\x00")
 	write(t, filepath.Join(p, "104", "stat"), stat("104", "Z"))
+	write(t, filepath.Join(p, "105", "cmdline"), "/tmp/go-build1/b1/gpuaas-coordinator.test\x00-test.count=1\x00")
+	write(t, filepath.Join(p, "105", "stat"), stat("105", "S"))
 	write(t, filepath.Join(p, "self", "cmdline"), "leakcheck\x00")
 	sys := filepath.Join(dir, "sys")
 	write(t, filepath.Join(sys, "loop0", "loop", "backing_file"), "/tmp/d/nvme0n1.img\n")
