@@ -6,12 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/test/testenv"
 )
 
 func TestParseLocks(t *testing.T) {
@@ -91,4 +94,24 @@ func TestInUseError(t *testing.T) {
 	require.Equal(t, "the shared daemons are in use; left running", (&InUseError{}).Error())
 	require.Equal(t, "the shared daemons are in use by pid "+strconv.Itoa(os.Getpid())+" (labhost.test); left running",
 		(&InUseError{Pids: []int{os.Getpid()}}).Error())
+}
+
+// Use holds this process's lease on the shared daemons (visible to
+// Users, so StopShared leaves them running) until its last release.
+func TestPrivilegedSharedLease(t *testing.T) {
+	testenv.Root(t)
+	me := describePid(os.Getpid())
+	if slices.Contains(Users(), me) {
+		t.Fatalf("this process holds a lease before Use: %v", Users())
+	}
+	r1, err := Use()
+	require.NoError(t, err)
+	r2, err := Use()
+	require.NoError(t, err)
+	require.Contains(t, Users(), me)
+	r1()
+	r1() // idempotent: does not drop r2's hold
+	require.Contains(t, Users(), me)
+	r2()
+	require.NotContains(t, Users(), me)
 }
