@@ -8,7 +8,11 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
+<<<<<<< HEAD
 .PHONY: all deps build lab test test-unit vet check bench clean
+=======
+.PHONY: all deps build lab test test-unit vet bench clean clean-daemons
+>>>>>>> cleanup
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -37,8 +41,25 @@ check: vet
 # Every test tier. Privileged tests (TestPrivileged*) need root and the
 # packages deps installs; they skip without them unless
 # GPUAAS_REQUIRE_PRIVILEGED=1 (set by .ci/run), which makes them fail.
+<<<<<<< HEAD
 test: deps check
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+=======
+# After the tests, clean-daemons stops the shared daemon set, then
+# leakcheck fails the target if the run left a process, loop device, OVS
+# bridge, libvirt domain, network namespace or nftables table behind
+# (compared with a snapshot taken before it).
+test: deps vet
+	@export GPUAAS_LEAKCHECK_RUN="make-test-$$$$-$$(date +%s)"; \
+	snap=$$(mktemp); trap 'rm -f "$$snap"' EXIT; \
+	$(GO) run ./test/leakcheck/cmd/leakcheck snapshot -o "$$snap" || exit 2; \
+	rc=0; \
+	echo "$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./..."; \
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... || rc=$$?; \
+	$(MAKE) --no-print-directory clean-daemons || rc=1; \
+	$(GO) run ./test/leakcheck/cmd/leakcheck check -before "$$snap" || rc=1; \
+	exit $$rc
+>>>>>>> cleanup
 
 test-unit:
 	$(GO) test -count=1 -short ./...
@@ -52,5 +73,11 @@ bench: deps build
 lab: build
 	$(BIN)/gpuaas-lab $(LAB_FLAGS)
 
-clean:
+# Stops the shared daemons (userspace Open vSwitch, virtlogd, libvirtd)
+# the lab and the privileged tests start on demand, unless a running lab
+# or test still uses them; never a daemon started otherwise.
+clean-daemons:
+	$(GO) run ./lab/cmd/gpuaas-daemons stop
+
+clean: clean-daemons
 	rm -rf $(BIN) .lab
