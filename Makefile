@@ -8,11 +8,7 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
-<<<<<<< HEAD
-.PHONY: all deps build lab test test-unit vet check bench clean
-=======
-.PHONY: all deps build lab test test-unit vet bench clean clean-daemons
->>>>>>> cleanup
+.PHONY: all deps build lab test test-unit vet check bench clean clean-daemons
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -41,15 +37,11 @@ check: vet
 # Every test tier. Privileged tests (TestPrivileged*) need root and the
 # packages deps installs; they skip without them unless
 # GPUAAS_REQUIRE_PRIVILEGED=1 (set by .ci/run), which makes them fail.
-<<<<<<< HEAD
-test: deps check
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
-=======
 # After the tests, clean-daemons stops the shared daemon set, then
 # leakcheck fails the target if the run left a process, loop device, OVS
 # bridge, libvirt domain, network namespace or nftables table behind
 # (compared with a snapshot taken before it).
-test: deps vet
+test: deps check
 	@export GPUAAS_LEAKCHECK_RUN="make-test-$$$$-$$(date +%s)"; \
 	snap=$$(mktemp); trap 'rm -f "$$snap"' EXIT; \
 	$(GO) run ./test/leakcheck/cmd/leakcheck snapshot -o "$$snap" || exit 2; \
@@ -59,7 +51,6 @@ test: deps vet
 	$(MAKE) --no-print-directory clean-daemons || rc=1; \
 	$(GO) run ./test/leakcheck/cmd/leakcheck check -before "$$snap" || rc=1; \
 	exit $$rc
->>>>>>> cleanup
 
 test-unit:
 	$(GO) test -count=1 -short ./...
