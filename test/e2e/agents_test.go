@@ -382,7 +382,7 @@ func TestLabAgentsSliceFlow(t *testing.T) {
 		err := e.do(e.api, http.MethodPost, "/v1/slots/"+c.SlotID+"/repair", nil, nil)
 		require.Error(t, err, "a touched slot is not repaired without a cleanup")
 		assert.True(t, cli.IsProblem(err, proto.CodeIllegalTransition), "%v", err)
-		assert.Contains(t, err.Error(), "clean it")
+		assert.Contains(t, err.Error(), "gpuaasctl slot cleanup")
 	}
 	t.Logf("whole flow %.1fs", time.Since(start).Seconds())
 }
