@@ -263,12 +263,12 @@ func verifyRanges(ctx context.Context, name string, size int64, read func([]byte
 		return Proof{}, &VerifyError{Device: name, Findings: findings}
 	}
 	return Proof{
-		Device:         name,
-		Bytes:          size,
-		Seed:           opts.Seed,
-		Samples:        samples,
-		SampleDigest:   hex.EncodeToString(h.Sum(nil)),
-		VerifiedAt:     time.Now().UTC(),
+		Device:       name,
+		Bytes:        size,
+		Seed:         opts.Seed,
+		Samples:      samples,
+		SampleDigest: hex.EncodeToString(h.Sum(nil)),
+		VerifiedAt:   time.Now().UTC(),
 	}, nil
 }
 
