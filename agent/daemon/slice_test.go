@@ -168,7 +168,7 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 	state := t.TempDir()
 	base := hostBase(t, "j22u15")
 	cfg := agentConfig(t, c, "j22u15", base, state, c.mint("j22u15", 0))
-	start := func(rt sliceRuntime) (*Daemon, func()) {
+	start := func(rt SliceRuntime) (*Daemon, func()) {
 		d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		require.NoError(t, err)
 		d.rt = rt

@@ -2,8 +2,10 @@
 // the same agent (flags, environment, file: agent/config), plus, when it
 // observes a simulated host (-evidence hostsim), the backends that let
 // host.prepare_slice change that host (lab/hostsim's kernel for sysfs,
-// lab/hostsim/simruntime for the runtime). The production agent cannot
-// import lab code; `make lab` starts this binary instead.
+// lab/hostsim/simruntime for the runtime) and the simulated slice runtime
+// (lab/simslice) that provisions, releases and cleans slices on it. The
+// production agent cannot import lab code; `make lab` starts this binary
+// instead.
 package main
 
 import (
@@ -14,6 +16,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/daemon"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/lab/hostsim/simruntime"
+	"github.com/gpuaas/gpuaas/lab/simslice"
 )
 
 func main() { os.Exit(daemon.Main("gpuaas-lab-agent", os.Args[1:], simulatedHost)) }
@@ -32,5 +35,5 @@ func simulatedHost(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error 
 		return err
 	}
 	d.SetPrepareHost(ph)
-	return nil
+	return simslice.Inject(d, cfg, log)
 }
