@@ -1,14 +1,12 @@
 package simslice
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 
 	"github.com/gpuaas/gpuaas/agent/config"
-	"github.com/gpuaas/gpuaas/agent/daemon"
 	"github.com/gpuaas/gpuaas/agent/slice"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/disk"
@@ -23,54 +21,40 @@ const PaceEnv = "GPUAAS_SIMSLICE_PACE"
 // host, default wipe policy and failpoints (-failpoints and
 // $GPUAAS_FAILPOINTS, as the real runtime reads them).
 func ForAgent(cfg config.Config, images slice.ImageSource, log *slog.Logger) (*Runtime, error) {
-	root, err := hostops.NewRoot(cfg.HostRoot)
+	o, err := AgentOptions(cfg, images, log)
 	if err != nil {
 		return nil, err
+	}
+	return New(o)
+}
+
+// AgentOptions are ForAgent's options.
+func AgentOptions(cfg config.Config, images slice.ImageSource, log *slog.Logger) (Options, error) {
+	root, err := hostops.NewRoot(cfg.HostRoot)
+	if err != nil {
+		return Options{}, err
 	}
 	fp, err := slice.ParseFailpoints(cfg.Failpoints + "," + os.Getenv(slice.FailpointsEnv))
 	if err != nil {
-		return nil, err
+		return Options{}, err
 	}
 	gw, err := netip.ParsePrefix(cfg.GuestGateway)
 	if err != nil {
-		return nil, fmt.Errorf("guest gateway: %w", err)
+		return Options{}, fmt.Errorf("guest gateway: %w", err)
 	}
 	policy, err := slice.Policy(cfg.WipePolicy, disk.PolicyDiscard)
 	if err != nil {
-		return nil, err
+		return Options{}, err
 	}
 	pace := 0.0
 	if v := os.Getenv(PaceEnv); v != "" {
 		if _, err := fmt.Sscan(v, &pace); err != nil || pace < 0 {
-			return nil, fmt.Errorf("%s=%q: want a non-negative number", PaceEnv, v)
+			return Options{}, fmt.Errorf("%s=%q: want a non-negative number", PaceEnv, v)
 		}
 	}
 	if armed := fp.Armed(); len(armed) > 0 {
 		log.Warn("simulated slice runtime: failpoints armed", "failpoints", armed)
 	}
-	return New(Options{Root: root, StateDir: cfg.StateDir, Gateway: gw, JumpHost: cfg.JumpHost, DefaultWipe: policy,
-		Images: images, Failpoints: fp, Pace: pace, Log: log.With("component", "simslice")})
-}
-
-// Inject gives a lab agent that observes a simulated host and runs no
-// real slice runtime (-evidence hostsim, -runtime none) the simulated
-// one. An agent with the real runtime (the lab's real slice host) keeps
-// it.
-func Inject(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error {
-	if cfg.Evidence != config.EvidenceHostsim || cfg.Runtime == config.RuntimeReal {
-		return nil
-	}
-	images, err := d.ImageSource()
-	if err != nil {
-		return err
-	}
-	rt, err := ForAgent(cfg, images, log)
-	if err != nil {
-		return fmt.Errorf("simulated slice runtime: %w", err)
-	}
-	if err := d.SetSliceRuntime(rt, rt.Close); err != nil {
-		return errors.Join(err, rt.Close())
-	}
-	log.Info("simulated slice runtime", "disks", rt.opts.DiskDir, "pace", rt.opts.Pace)
-	return nil
+	return Options{Root: root, StateDir: cfg.StateDir, Gateway: gw, JumpHost: cfg.JumpHost, DefaultWipe: policy,
+		Images: images, Failpoints: fp, Pace: pace, Log: log.With("component", "simslice")}, nil
 }

@@ -156,6 +156,9 @@ func New(opts Options) (*Runtime, error) {
 	return &Runtime{opts: opts, disks: disks{root: opts.Root, dir: opts.DiskDir}, journal: j, locks: map[string]*sync.Mutex{}}, nil
 }
 
+// DiskDir is where the namespaces' backing files are.
+func (r *Runtime) DiskDir() string { return r.opts.DiskDir }
+
 // Close closes the journal.
 func (r *Runtime) Close() error { return r.journal.Close() }
 

@@ -9,6 +9,8 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -35,5 +37,20 @@ func simulatedHost(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error 
 		return err
 	}
 	d.SetPrepareHost(ph)
-	return simslice.Inject(d, cfg, log)
+	if cfg.Runtime == config.RuntimeReal {
+		return nil // the lab's real slice host keeps its real runtime
+	}
+	images, err := d.ImageSource()
+	if err != nil {
+		return err
+	}
+	rt, err := simslice.ForAgent(cfg, images, log)
+	if err != nil {
+		return fmt.Errorf("simulated slice runtime: %w", err)
+	}
+	if err := d.SetSliceRuntime(rt, rt.Close); err != nil {
+		return errors.Join(err, rt.Close())
+	}
+	log.Info("simulated slice runtime", "disks", rt.DiskDir())
+	return nil
 }
