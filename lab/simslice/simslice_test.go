@@ -94,7 +94,9 @@ func (e *env) request(alloc string, idx ...int) slice.ProvisionRequest {
 	return req
 }
 
-func (e *env) backing(i int) string { return filepath.Join(e.root.Run, DiskDir, fmt.Sprintf("nvme%dn1.img", i)) }
+func (e *env) backing(i int) string {
+	return filepath.Join(e.root.Run, DiskDir, fmt.Sprintf("nvme%dn1.img", i))
+}
 
 func (e *env) signatures(i int) []disk.Signature {
 	e.t.Helper()
