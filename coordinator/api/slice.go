@@ -314,16 +314,24 @@ func (f *followUp) cleaned(res *proto.SlotCleanupResult) {
 	f.apply("slot cleaned", proto.SlotCleanedType, proto.SlotCleanedRequest{At: now(), SlotID: res.SlotID, Proof: res.Proof})
 }
 
+func isFinal(s proto.TaskState) bool {
+	return s == proto.TaskSucceeded || s == proto.TaskFailed || s == proto.TaskCancelled
+}
+
 // slotCleanupTaskID derives the cleanup task's ID: from the client's
 // Idempotency-Key when given (a retry finds the task it created), else
 // from the slot's version (two requests for one cleanup_blocked episode
-// name the same task, which the ledger creates once).
-func slotCleanupTaskID(slot *proto.Slot, key string) string {
+// name the same task, which the ledger creates once; a retry after that
+// task ended is attempt n > 0).
+func slotCleanupTaskID(slot *proto.Slot, key string, attempt int) string {
 	seed := slot.ID + "\x00"
 	if key != "" {
 		seed += "key\x00" + key
 	} else {
 		seed += "index\x00" + strconv.FormatUint(slot.ModifyIndex, 10)
+		if attempt > 0 {
+			seed += "\x00attempt\x00" + strconv.Itoa(attempt)
+		}
 	}
 	sum := sha256.Sum256([]byte(seed))
 	return "cleanup-" + hex.EncodeToString(sum[:10])
@@ -410,7 +418,7 @@ func (a *API) cleanupSlot(c *call) error {
 		return proto.Errorf(proto.CodeNotFound, "slot %s does not exist", id)
 	}
 	if key != "" {
-		if t, ok := snap.Task(slotCleanupTaskID(slot, key)); ok {
+		if t, ok := snap.Task(slotCleanupTaskID(slot, key, 0)); ok {
 			c.index = t.ModifyIndex
 			return c.reply(http.StatusOK, t)
 		}
@@ -435,7 +443,18 @@ func (a *API) cleanupSlot(c *call) error {
 	if err != nil {
 		return proto.Errorf(proto.CodeInternal, "encode cleanup payload of slot %s: %v", slot.ID, err)
 	}
-	tid := slotCleanupTaskID(slot, key)
+	tid := slotCleanupTaskID(slot, key, 0)
+	if key == "" {
+		// A cleanup of this episode that ended (failed: the slot is
+		// still blocked) is retried under a new ID.
+		for n := 1; ; n++ {
+			t, ok := snap.Task(tid)
+			if !ok || !isFinal(t.State) {
+				break
+			}
+			tid = slotCleanupTaskID(slot, "", n)
+		}
+	}
 	at := now()
 	_, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: at,
 		Task: proto.Task{ID: tid, NodeID: node.ID, AllocationID: lastHolder(snap, slot), Type: proto.TaskSlotCleanup, Payload: payload, CreatedAt: at}})

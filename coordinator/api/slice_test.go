@@ -571,7 +571,7 @@ func TestSlotCleanupWipePolicyFromTheNodesSite(t *testing.T) {
 	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site("site-a", proto.WipeNVMeFormat)})
 	assert.Equal(t, "nvme_format", policy("k1"), "the only site of the region")
 	// Cancel the open task so the next request creates one.
-	tk, ok := e.b.Store().Snapshot().Task(slotCleanupTaskID(e.b.Store().Snapshot().Slots(a.NodeID, proto.SlotCleanupBlocked)[0], "k1"))
+	tk, ok := e.b.Store().Snapshot().Task(slotCleanupTaskID(e.b.Store().Snapshot().Slots(a.NodeID, proto.SlotCleanupBlocked)[0], "k1", 0))
 	require.True(t, ok)
 	e.apply(proto.TaskUpdateType, proto.TaskUpdateRequest{At: fixtureAt, TaskID: tk.ID, NodeID: tk.NodeID, State: proto.TaskFailed, Error: "test"})
 	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site("site-b", proto.WipeZero)})
