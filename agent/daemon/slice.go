@@ -282,6 +282,14 @@ func (d *Daemon) cleanup(ctx context.Context, t proto.Task) (json.RawMessage, er
 	if err := json.Unmarshal(t.Payload, &p); err != nil {
 		return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
 	}
+	// A cleanup_blocked slot's claim is gone (force-released, failed):
+	// converge the leases and the runtime on the live claims first, so an
+	// allocation the coordinator ended is released here (its VM stopped,
+	// its disks wiped) instead of holding the slot until the next
+	// reconcile.
+	if _, err := d.heartbeat(ctx, true); err != nil {
+		d.log.Warn("slot cleanup: reconcile with the live claims", "task", t.ID, "err", err)
+	}
 	res, err := d.rt.Cleanup(ctx, p, taskReporter{d: d, task: t.ID})
 	if err != nil {
 		return nil, err
