@@ -11,7 +11,8 @@
 //	             source and its catalog digest verified; an image that is
 //	             not an approved catalog entry, or a host without an image
 //	             source, fails here, naming it
-//	disk_check   every slot's NVMe identity resolved in the simulated host's
+//	disk_check   the plan's hugepages free on the simulated host, then every
+//	             slot's NVMe identity resolved in the simulated host's
 //	             sysfs and refused if read-only, held, mounted (the host's
 //	             mount table) or carrying a signature on its contents
 //	clone        the image (or, without one, a GPT-partitioned boot disk
@@ -55,6 +56,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/slice"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/disk"
+	"github.com/gpuaas/gpuaas/hostops/hugepages"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
@@ -404,6 +406,9 @@ func (r *Runtime) provision(ctx context.Context, req slice.ProvisionRequest, st 
 	}
 
 	if err := st.run(ctx, proto.StageDiskCheck, func() error {
+		if err := r.checkHugepages(req.Plan); err != nil {
+			return err
+		}
 		for i := range rec.Slots {
 			s := &rec.Slots[i]
 			ns, err := r.disks.resolve(s.Identity)
@@ -487,6 +492,29 @@ func (r *Runtime) provision(ctx context.Context, req slice.ProvisionRequest, st 
 	res.Access = a
 	for _, s := range rec.Slots {
 		res.Slots = append(res.Slots, proto.SlotReadiness{SlotID: s.SlotID, HealthState: "ready", Evidence: evidence})
+	}
+	return nil
+}
+
+// checkHugepages fails fast, with the numbers, when the plan asks for
+// hugepage-backed memory the simulated host does not have free (its
+// sysfs hugepage counters), as the real runtime does.
+func (r *Runtime) checkHugepages(p sched.BundlePlan) error {
+	if len(p.Hugepages) == 0 {
+		return nil
+	}
+	topo, err := hugepages.Read(r.opts.Root)
+	if err != nil {
+		return fmt.Errorf("hugepages: %w", err)
+	}
+	var needs []hugepages.Need
+	var want []string
+	for _, h := range p.Hugepages {
+		needs = append(needs, hugepages.Need{Node: h.NUMANode, Size: hugepages.PageSize(h.SizeKiB), Count: uint64(h.Pages)})
+		want = append(want, fmt.Sprintf("%d pages of %d KiB on NUMA node %d", h.Pages, h.SizeKiB, h.NUMANode))
+	}
+	if err := hugepages.Check(topo, needs...); err != nil {
+		return fmt.Errorf("plan needs hugepage-backed memory (%s): %w", strings.Join(want, ", "), err)
 	}
 	return nil
 }

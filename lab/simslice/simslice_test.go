@@ -201,8 +201,17 @@ func TestProvisionRefusals(t *testing.T) {
 	assert.Empty(t, res.TouchedSlots)
 	assert.Contains(t, err.Error(), "/mnt/scratch")
 
+	// Hugepages the host does not have free fail fast, with the numbers,
+	// before any disk is looked at.
+	req := e.request("al-h", 5)
+	req.Plan.Hugepages = []sched.HugepageNeed{{NUMANode: 0, SizeKiB: 1 << 20, Pages: 1 << 20}}
+	res, err = e.rt.Provision(ctx, req, nil)
+	require.Error(t, err)
+	assert.Equal(t, proto.StageDiskCheck, res.FailedStage)
+	assert.Contains(t, err.Error(), "1048576 pages of 1048576 KiB on NUMA node 0")
+
 	// An identity no namespace carries.
-	req := e.request("al-x", 5)
+	req = e.request("al-x", 5)
 	req.Slots[0].Capacity.NVMe.Serial = "NOSUCHSERIAL"
 	res, err = e.rt.Provision(ctx, req, nil)
 	require.Error(t, err)
