@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -26,6 +27,10 @@ import (
 
 // DefaultTaskStallTimeout is how long a slice task may go without a report.
 const DefaultTaskStallTimeout = 15 * time.Minute
+
+// settleGrace is how long a final report's own follow-up has before the
+// sweep re-applies it.
+const settleGrace = 30 * time.Second
 
 // StageDeadline is the timeline stage of a task failed by its deadline.
 const StageDeadline = "deadline"
@@ -51,6 +56,7 @@ func (a *API) RunTaskDeadlines(ctx context.Context, stall time.Duration) {
 		}
 		if a.b.IsLeader() {
 			a.expireTasks(ctx, stall)
+			a.settleEnded(ctx, settleGrace)
 		}
 	}
 }
@@ -106,6 +112,46 @@ func (a *API) expireTasks(ctx context.Context, stall time.Duration) int {
 		n++
 		if rec, ok := resp.(*proto.Task); ok {
 			a.afterTaskReport(ctx, rec, ev)
+		}
+	}
+	return n
+}
+
+// settleEnded re-applies the follow-up of the final report of every
+// provisioning or releasing allocation whose slice task ended at least
+// grace ago and is no longer open: a ledger written before a final report
+// without a slice result ended the allocation (or a follow-up lost to a
+// leader change) converges instead of waiting forever. The follow-up
+// steps are idempotent. It returns how many allocations it looked at.
+func (a *API) settleEnded(ctx context.Context, grace time.Duration) int {
+	store := a.b.Store()
+	if store == nil {
+		return 0
+	}
+	snap := store.Snapshot()
+	now := a.now()
+	n := 0
+	for st, typ := range map[proto.AllocState]string{proto.AllocProvisioning: proto.TaskSliceProvision, proto.AllocReleasing: proto.TaskSliceRelease} {
+		for _, al := range snap.Allocations(state.AllocationFilter{State: st}) {
+			var last *proto.Task
+			open := false
+			for _, t := range snap.Tasks("", al.ID, "", 0) {
+				if t.Type != typ {
+					continue
+				}
+				if t.State == proto.TaskQueued || t.State == proto.TaskRunning {
+					open = true
+				}
+				if last == nil || t.CreateIndex > last.CreateIndex {
+					last = t
+				}
+			}
+			if open || last == nil || now.Sub(last.UpdatedAt) < grace {
+				continue
+			}
+			a.log.Warn("allocation left behind by its ended task; applying the task's outcome", "allocation", al.ID, "state", al.State, "task", last.ID, "task_state", last.State)
+			a.afterTaskReport(ctx, last, nil)
+			n++
 		}
 	}
 	return n

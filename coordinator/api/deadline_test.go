@@ -90,3 +90,44 @@ func TestTaskDeadlines(t *testing.T) {
 		Result: mustJSON(t, proto.SlotCleanupResult{SlotID: blocked, Proof: *wipeProof()})})
 	assert.Equal(t, proto.SlotAvailable, e.slot(blocked).Status)
 }
+
+// A ledger written before a final report without a slice result ended
+// the allocation (the task is final, the allocation still provisioning or
+// releasing) converges: the sweep applies the ended task's outcome.
+func TestSettleEndedAllocations(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	ctx := context.Background()
+	// finish records a final report the old way: the task update alone,
+	// no follow-up.
+	finish := func(node, task string, result string) {
+		t.Helper()
+		_, _, err := e.b.Apply(ctx, proto.TaskUpdateType, proto.TaskUpdateRequest{At: time.Now().UTC(), TaskID: task, NodeID: node,
+			State: proto.TaskSucceeded, Result: []byte(result)})
+		require.NoError(t, err)
+	}
+
+	a := e.place(1)
+	task := e.agentTask(a.NodeID, a.ID, proto.TaskSliceProvision)
+	e.mustReport(a.NodeID, task.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: event(proto.StagePlan, "succeeded", "")})
+	finish(a.NodeID, task.ID, `{"node_id":"x","devices":[],"numa_nodes":[0],"vcpus":[],"memory_mib":0,"bridge":"ovsbr0"}`)
+
+	b := e.place(1)
+	e.provisionToActive(b)
+	require.Equal(t, http.StatusAccepted, e.do(RoleOperator, http.MethodPost, "/v1/allocations/"+b.ID+"/release", nil).status)
+	rel := e.agentTask(b.NodeID, b.ID, proto.TaskSliceRelease)
+	finish(b.NodeID, rel.ID, `{"released_leases":1}`)
+
+	require.Equal(t, proto.AllocProvisioning, e.alloc(a.ID).State, "stuck, as an older coordinator left it")
+	require.Equal(t, proto.AllocReleasing, e.alloc(b.ID).State)
+	assert.Zero(t, e.api.settleEnded(ctx, time.Hour), "within the grace the report's own follow-up is left to finish")
+	assert.Equal(t, 2, e.api.settleEnded(ctx, 0))
+	assert.Equal(t, proto.AllocFailed, e.alloc(a.ID).State)
+	assert.Contains(t, e.alloc(a.ID).Reason, "without a slice result")
+	assert.Equal(t, proto.AllocReleased, e.alloc(b.ID).State)
+	for _, id := range payloadSlots(t, rel) {
+		assert.Equal(t, proto.SlotCleanupBlocked, e.slot(id).Status)
+		assert.Contains(t, e.slot(id).StatusReason, "no wipe proof")
+	}
+	assert.Zero(t, e.api.settleEnded(ctx, 0), "nothing left behind")
+}
