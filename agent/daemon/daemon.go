@@ -74,7 +74,7 @@ type Daemon struct {
 	prepHost      *prepare.Host // host.prepare_slice backends (nil: the real host's)
 	wasSliceReady bool
 	// rt is the slice runtime (nil with -runtime none).
-	rt             sliceRuntime
+	rt             SliceRuntime
 	rtClose        func() error
 	sliceReconcile *slice.Reconciliation
 }

@@ -125,7 +125,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
-	mux.Handle("/", api.New(srv, auth, log.With("component", "api")))
+	a := api.New(srv, auth, log.With("component", "api"))
+	mux.Handle("/", a)
+	go a.RunTaskDeadlines(ctx, o.TaskStallTimeout)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
