@@ -290,10 +290,12 @@ func (r *Runner) begin(ctx context.Context, id string) (*proto.MAASWorkflow, err
 	}
 	next.Buckets = append([]proto.BucketSpan(nil), w.Buckets...)
 	next.Events = append([]proto.WorkflowEvent(nil), w.Events...)
-	if w.Stage == proto.StageResolve && w.Attempts == 0 {
+	if w.Attempts == 0 && w.Stage == proto.StagesOf(w.Kind)[0] && w.Kind != proto.WorkflowDecommission {
 		now := r.now()
 		closeBucket(&next, proto.BucketRequestToStart, w.CreatedAt, now)
-		openBucket(&next, proto.BucketDiscovery, now)
+		if w.Kind == proto.WorkflowOnboard {
+			openBucket(&next, proto.BucketDiscovery, now)
+		}
 	}
 	if next.Attempts > 1 {
 		addEvent(&next, r.now(), "retry", fmt.Sprintf("attempt %d of stage %s", next.Attempts, next.Stage))
