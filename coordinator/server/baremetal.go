@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -102,6 +103,14 @@ func (s *Server) driveBaremetal(ctx context.Context, snap *state.Snapshot, t *pr
 	if err := s.mirrorBuckets(ctx, t, w); err != nil {
 		return err
 	}
+	if al, ok := s.Store().Snapshot().Allocation(t.AllocationID); ok && kind == proto.WorkflowHandoff && al.State == proto.AllocPlaced {
+		// From here on MAAS may write the machine's disks.
+		_, _, err := s.Apply(ctx, proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: s.cfg.Now().UTC(), AllocationID: al.ID,
+			To: proto.AllocProvisioning, Reason: "MAAS handoff workflow " + w.ID + " deploys " + t.NodeID + " for the tenant"})
+		if err != nil {
+			return fmt.Errorf("allocation %s provisioning: %w", al.ID, err)
+		}
+	}
 	switch w.State {
 	case proto.WorkflowSucceeded:
 		return s.finishBaremetal(ctx, t, w, "")
@@ -111,15 +120,37 @@ func (s *Server) driveBaremetal(ctx context.Context, snap *state.Snapshot, t *pr
 	return nil
 }
 
+// openStage is the timeline stage a failed workflow stopped in: its open
+// bucket, for a reclaim its release ("" when neither applies).
+func openStage(w *proto.MAASWorkflow) string {
+	switch {
+	case w == nil:
+		return ""
+	case w.Kind == proto.WorkflowReclaim:
+		return "maas.release_erase"
+	}
+	if b := failedBucket(w); b != "" {
+		return "maas." + b
+	}
+	return ""
+}
+
+// failedBucket is the open (else the last) bucket of a workflow.
+func failedBucket(w *proto.MAASWorkflow) string {
+	last := ""
+	for _, b := range w.Buckets {
+		if b.End.IsZero() {
+			return string(b.Bucket)
+		}
+		last = string(b.Bucket)
+	}
+	return last
+}
+
 // baremetalFailure names where a failed workflow failed: the open (or
 // last) MAAS bucket and the stage, with the workflow's error.
 func baremetalFailure(w *proto.MAASWorkflow) string {
-	bucket := ""
-	for _, b := range w.Buckets {
-		if b.End.IsZero() || bucket == "" {
-			bucket = string(b.Bucket)
-		}
-	}
+	bucket := failedBucket(w)
 	where := "stage " + string(w.Stage)
 	if bucket != "" && w.Kind == proto.WorkflowHandoff {
 		where = "bucket " + bucket + " (" + where + ")"
@@ -203,26 +234,40 @@ func (s *Server) mirrorBuckets(ctx context.Context, t *proto.Task, w *proto.MAAS
 	for _, e := range snap.Timeline(t.AllocationID) {
 		seen[e.Stage+"/"+e.Status] = true
 	}
-	// Only buckets of this workflow: a reclaim does not repeat the
-	// handoff's (seen is per allocation).
+	type span struct {
+		stage    string
+		ended    bool
+		started  string
+		finished string
+	}
+	var spans []span
 	for _, b := range w.Buckets {
 		if b.Bucket == proto.BucketRequestToStart {
 			continue // the placement event already marks the request
 		}
-		stage := "maas." + string(b.Bucket)
+		spans = append(spans, span{"maas." + string(b.Bucket), !b.End.IsZero(),
+			fmt.Sprintf("MAAS %s of %s (workflow %s)", w.Kind, w.Hostname, w.ID), "machine " + w.SystemID})
+	}
+	if w.Kind == proto.WorkflowReclaim {
+		// A reclaim measures no provisioning bucket: its one MAAS step.
+		spans = append(spans, span{"maas.release_erase", w.State == proto.WorkflowSucceeded,
+			fmt.Sprintf("MAAS release with erase of %s (workflow %s)", w.Hostname, w.ID), "machine " + w.SystemID + " erased, Ready"})
+	}
+	for _, sp := range spans {
+		stage := sp.stage
 		for _, ev := range []struct {
 			status string
 			due    bool
 			msg    string
 		}{
-			{"started", true, fmt.Sprintf("MAAS %s of %s (%s)", w.Kind, w.Hostname, w.ID)},
-			{"succeeded", !b.End.IsZero(), w.SystemID},
+			{"started", true, sp.started},
+			{"succeeded", sp.ended, sp.finished},
 		} {
 			if !ev.due || seen[stage+"/"+ev.status] {
 				continue
 			}
 			_, _, err := s.Apply(ctx, proto.TaskUpdateType, proto.TaskUpdateRequest{At: s.cfg.Now().UTC(), TaskID: t.ID, NodeID: t.NodeID,
-				State: proto.TaskRunning, Progress: "MAAS " + string(b.Bucket) + " " + ev.status,
+				State: proto.TaskRunning, Progress: "MAAS " + strings.TrimPrefix(stage, "maas.") + " " + ev.status,
 				Event: &proto.StageEvent{Stage: stage, Status: ev.status, Message: proto.Clip(ev.msg, 256)}})
 			if err != nil {
 				return err
@@ -249,6 +294,11 @@ func (s *Server) finishBaremetal(ctx context.Context, t *proto.Task, w *proto.MA
 	up := proto.TaskUpdateRequest{At: now, TaskID: t.ID, NodeID: t.NodeID, State: proto.TaskSucceeded, Result: result, Progress: "MAAS workflow succeeded"}
 	if failure != "" {
 		up.State, up.Error, up.Progress = proto.TaskFailed, proto.Clip(failure, 4000), "MAAS workflow failed"
+		// The failed event names where: the bucket (or step) that was open.
+		up.Event = &proto.StageEvent{Stage: "maas." + string(baremetalWorkflowKind(t.Type)), Status: "failed", Message: proto.Clip(failure, 256)}
+		if b := openStage(w); b != "" {
+			up.Event.Stage = b
+		}
 	}
 	if _, _, err := s.Apply(ctx, proto.TaskUpdateType, up); err != nil && proto.CodeOf(err) != proto.CodeIllegalTransition {
 		return fmt.Errorf("record task %s: %w", t.ID, err)

@@ -173,7 +173,7 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	var siteKeyArgs []string
-	if *maasMode {
+	{ // always: bare metal runs through the MAAS simulator (baremetal.go)
 		keyPath, err := ensureSiteKey(abs)
 		if err != nil {
 			return err
@@ -275,6 +275,7 @@ func run(args []string, out io.Writer) error {
 	}
 	viaMAAS := map[string]int{}
 	var flows []proto.WorkflowView
+	var bmMAAS *maaslab.Lab
 	if *maasMode {
 		ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
 			BatchMaxParallel: *maasBatch, Logger: log})
@@ -291,6 +292,16 @@ func run(args []string, out io.Writer) error {
 		if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
 			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 		}
+		bmMAAS = ml
+	} else {
+		ml, err := startBaremetalMAAS(ctx, log, api, abs, agents, st.Hosts, sup.start)
+		if err != nil {
+			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
+		}
+		if ml != nil {
+			defer ml.Close()
+		}
+		bmMAAS = ml
 	}
 	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
 	if err != nil {
@@ -299,6 +310,7 @@ func run(args []string, out io.Writer) error {
 	printSummary(out, abs, st, leader, views, *autoApprove)
 	sliceHint(out, sh, sliceImage)
 	printWorkflows(out, flows)
+	printBaremetal(out, abs, bmMAAS)
 	if *once {
 		return nil
 	}
