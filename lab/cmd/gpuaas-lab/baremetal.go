@@ -25,6 +25,14 @@ import (
 // bootstrap token, not through MAAS — as a Ready machine of the region,
 // matched to its ledger node by hostname.
 
+// The lab's MAAS waits, in real time: the simulator runs 600x, so these
+// are ~10 h of MAAS time, far above its own 40-minute deploy timeout, yet
+// a lab wait that never ends is still a named failure within minutes.
+const (
+	labMAASDeployExpiry  = "3m"
+	labMAASReleaseExpiry = "2m"
+)
+
 // baremetalHost is the lab's baremetal host.
 const baremetalHost = "j27u15"
 

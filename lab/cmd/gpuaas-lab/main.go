@@ -178,7 +178,8 @@ func run(args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		siteKeyArgs = []string{"-site-key-file", keyPath, "-maas-poll-interval", "100ms", "-maas-enroll-poll", "200ms", "-maas-rescan", "500ms"}
+		siteKeyArgs = []string{"-site-key-file", keyPath, "-maas-poll-interval", "100ms", "-maas-enroll-poll", "200ms", "-maas-rescan", "500ms",
+			"-maas-deploy-expiry", labMAASDeployExpiry, "-maas-release-expiry", labMAASReleaseExpiry}
 	}
 
 	var procs []*launch.Proc
