@@ -88,7 +88,7 @@ func TestLabBaremetalThroughMAAS(t *testing.T) {
 	bin := buildBinaries(t)
 	dir := filepath.Join(t.TempDir(), "lab")
 	l := startLab(t, bin, dir, "-hosts", "j27u15", "-hosts-dir", hostsimtest.Dir(t))
-	require.Contains(t, l.out.String(), "Bare metal: j27u15 is a Ready machine of the MAAS simulator")
+	require.Contains(t, l.out.String(), "Bare metal: j27u15 is a machine of the MAAS simulator")
 	sim := newSimAdmin(t, dir)
 	m := sim.machine("j27u15")
 	require.Equal(t, maassim.StatusReady, m.Status, "the enrolled host is registered in MAAS as a Ready machine")
