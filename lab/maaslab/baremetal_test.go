@@ -24,7 +24,10 @@ func TestRegisterAndTenantDeploy(t *testing.T) {
 	t.Parallel()
 	logs := t.TempDir()
 	l, err := Start(Config{Hosts: []fleet.Host{{Name: "j27u15"}}, Agents: fleet.Agents{LogDir: logs},
-		Start: func(p *launch.Proc) error { t.Errorf("%s started: nothing is started for a tenant deploy", p.Name); return nil }})
+		Start: func(p *launch.Proc) error {
+			t.Errorf("%s started: nothing is started for a tenant deploy", p.Name)
+			return nil
+		}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
