@@ -113,12 +113,14 @@ func TestLabBaremetalThroughMAAS(t *testing.T) {
 	}
 	released := func(id string) {
 		t.Helper()
-		out, err := l.ctl(t, "alloc", "release", id)
+		out, err := l.ctl(t, "alloc", "release", id, "--wait", "--wait-timeout", "60s")
 		require.NoError(t, err, out)
-		require.Eventually(t, func() bool {
-			out, _ := l.ctl(t, "alloc", "show", id)
-			return regexp.MustCompile(`State: +released`).MatchString(out)
-		}, 30*time.Second, 200*time.Millisecond, "allocation %s ends released", id)
+		assert.Regexp(t, `maas.release_erase succeeded +\S+ +machine \S+ erased, Ready`, out)
+		assert.Contains(t, out, "allocation "+id+" is released after")
+		assert.NotContains(t, out, "placement", "release --wait shows the release's stages only")
+		out, err = l.ctl(t, "alloc", "show", id)
+		require.NoError(t, err, out)
+		assert.Regexp(t, `State: +released`, out)
 		assert.Equal(t, maassim.StatusReady, sim.machine("j27u15").Status, "release leaves the machine Ready")
 		available()
 	}
