@@ -90,14 +90,27 @@ func (s *Server) driveBaremetal(ctx context.Context, snap *state.Snapshot, t *pr
 	id := proto.HandoffWorkflowID(kind, t.ID)
 	w, ok := snap.MAASWorkflow(id)
 	if !ok {
-		var err error
-		if w, err = s.startBaremetalWorkflow(ctx, snap, t, kind, id); err != nil {
-			if proto.CodeOf(err) == proto.CodeUnavailable || ctx.Err() != nil {
-				return err
-			}
-			// No site, no profile, a refused workflow: the task fails
-			// with why, and the allocation follows.
+		al, _ := snap.Allocation(t.AllocationID)
+		switch {
+		case kind == proto.WorkflowHandoff && (al == nil || al.State != proto.AllocPlaced && al.State != proto.AllocProvisioning):
+			// Released (or gone) before MAAS was asked: nothing to deploy.
+			return s.finishBaremetal(ctx, t, nil, "not deployed: the allocation was released before the handoff started")
+		case kind == proto.WorkflowReclaim && handoffOpen(snap, t.AllocationID):
+			// One MAAS workflow per machine at a time: the release waits
+			// for the handoff (bounded by its deploy expiry), then erases.
+			return nil
+		}
+		site, profile, err := s.baremetalTarget(snap, t)
+		if err != nil {
+			// No site, no profile, a bad payload: the task fails with
+			// why, and the allocation follows.
 			return s.finishBaremetal(ctx, t, nil, fmt.Sprintf("%s cannot run through MAAS: %s", t.Type, err))
+		}
+		if w, err = s.startBaremetalWorkflow(ctx, t, kind, id, site, profile); err != nil {
+			if c := proto.CodeOf(err); ctx.Err() == nil && (c == proto.CodeInvalidArgument || c == proto.CodeNotFound) {
+				return s.finishBaremetal(ctx, t, nil, fmt.Sprintf("%s cannot run through MAAS: %s", t.Type, err))
+			}
+			return err // transient: the next pass retries (creation is idempotent)
 		}
 	}
 	if err := s.mirrorBuckets(ctx, t, w); err != nil {
@@ -160,14 +173,29 @@ func baremetalFailure(w *proto.MAASWorkflow) string {
 
 // startBaremetalWorkflow creates the workflow of a task at the node's
 // site, with the node's baremetal profile, and marks the task running.
-func (s *Server) startBaremetalWorkflow(ctx context.Context, snap *state.Snapshot, t *proto.Task, kind proto.WorkflowKind, id string) (*proto.MAASWorkflow, error) {
+// handoffOpen reports whether an allocation's handoff task is not final.
+func handoffOpen(snap *state.Snapshot, allocID string) bool {
+	for _, t := range snap.Tasks("", allocID, "", 0) {
+		if t.Type == proto.TaskBaremetalHandoff && (t.State == proto.TaskQueued || t.State == proto.TaskRunning) {
+			return true
+		}
+	}
+	return false
+}
+
+// baremetalTarget checks a task's payload and finds its site and profile.
+func (s *Server) baremetalTarget(snap *state.Snapshot, t *proto.Task) (*proto.Site, *proto.SiteProfile, error) {
+	var p proto.AllocationTaskPayload
+	if err := json.Unmarshal(t.Payload, &p); err != nil {
+		return nil, nil, fmt.Errorf("task %s payload: %w", t.ID, err)
+	}
+	return baremetalProfile(snap, t.NodeID)
+}
+
+func (s *Server) startBaremetalWorkflow(ctx context.Context, t *proto.Task, kind proto.WorkflowKind, id string, site *proto.Site, profile *proto.SiteProfile) (*proto.MAASWorkflow, error) {
 	var p proto.AllocationTaskPayload
 	if err := json.Unmarshal(t.Payload, &p); err != nil {
 		return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
-	}
-	site, profile, err := baremetalProfile(snap, t.NodeID)
-	if err != nil {
-		return nil, err
 	}
 	w := proto.MAASWorkflow{ID: id, Kind: kind, Site: site.Name, Profile: profile.Name, Hostname: t.NodeID,
 		Stage: proto.StagesOf(kind)[0], State: proto.WorkflowRunning, AllocationID: t.AllocationID, TaskID: t.ID}

@@ -205,3 +205,28 @@ func TestBaremetalHandoffWithoutSiteFails(t *testing.T) {
 		return n.Draining
 	}, 10*time.Second, 10*time.Millisecond, "drained until the operator fixes it")
 }
+
+// A release while MAAS deploys waits for the handoff (one workflow per
+// machine at a time), then erases: the allocation ends released, never
+// active, and the machine was released after its deploy.
+func TestBaremetalReleaseDuringHandoff(t *testing.T) {
+	t.Parallel()
+	c := newBMCluster(t, true)
+	a, _, err := c.leader(c.nodes).srv.Place(c.ctx, proto.AllocationCreateRequest{CapacityShape: proto.ShapeBaremetal, SKU: "h200-sxm-baremetal",
+		Region: "r1", SSHPublicKeys: []string{bmKey}}, "bm-early-release")
+	require.NoError(t, err)
+	sys := c.machine().SystemID
+	require.Eventually(t, func() bool {
+		m, ok := c.sim.Machine(sys)
+		return ok && m.Status == maassim.StatusDeploying
+	}, 30*time.Second, 2*time.Millisecond)
+	c.apply(proto.AllocationReleaseType, proto.AllocationReleaseRequest{At: time.Now().UTC(), AllocationID: a.ID, TaskID: "rel-early"})
+	got := c.waitAlloc(c.nodes, a.ID, proto.AllocReleased)
+	assert.Nil(t, got.ActivatedAt, "never active")
+	assert.Equal(t, maassim.StatusReady, c.machine().Status)
+	var ops []string
+	for _, r := range c.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Applied && (r.Op == "deploy" || r.Op == "release") }) {
+		ops = append(ops, r.Op)
+	}
+	assert.Equal(t, []string{"deploy", "release"}, ops, "the erase follows the deploy, never races it")
+}
