@@ -225,7 +225,9 @@ func TestBaremetalReleaseDuringHandoff(t *testing.T) {
 	assert.Nil(t, got.ActivatedAt, "never active")
 	assert.Equal(t, maassim.StatusReady, c.machine().Status)
 	var ops []string
-	for _, r := range c.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Applied && (r.Op == "deploy" || r.Op == "release") }) {
+	for _, r := range c.sim.Requests(func(r maassim.Request) bool {
+		return r.SystemID == sys && r.Applied && (r.Op == "deploy" || r.Op == "release")
+	}) {
 		ops = append(ops, r.Op)
 	}
 	assert.Equal(t, []string{"deploy", "release"}, ops, "the erase follows the deploy, never races it")
