@@ -14,6 +14,7 @@ import (
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/maaslab"
+	"github.com/gpuaas/gpuaas/lab/maassim"
 )
 
 // Bare metal in the default lab (without -maas): the coordinators deploy
@@ -71,7 +72,7 @@ func writeMAASInfo(dir string, ml *maaslab.Lab) error {
 
 // printBaremetal tells the operator how to take the baremetal node.
 func printBaremetal(out io.Writer, dir string, ml *maaslab.Lab) {
-	if ml == nil {
+	if ml == nil || !slices.ContainsFunc(ml.Sim.Machines(), func(m maassim.MachineSnapshot) bool { return m.Hostname == baremetalHost }) {
 		return
 	}
 	fmt.Fprintf(out, "\nBare metal: %s is a machine of the MAAS simulator (%s). An allocation deploys it for you, release erases it:\n\n", baremetalHost, ml.URL)
