@@ -23,9 +23,10 @@ import (
 //	bucket opens   → timeline "<bucket> started"; closes → "<bucket> succeeded"
 //	workflow ends  → task succeeded/failed, then the allocation:
 //	  handoff ok     placed → provisioning → active (access: the machine's IP)
-//	  handoff failed allocation failed naming the bucket; node disabled with why
+//	  handoff failed allocation failed naming the bucket; node drained (why: in
+//	                 the allocation's reason and the leader's log)
 //	  reclaim ok     released (the node is free again)
-//	  reclaim failed released, node disabled (the machine was not erased)
+//	  reclaim failed released, node drained (the machine may hold tenant data)
 //
 // Every step is derived from the ledger and idempotent, so a new leader
 // finishes what the old one started.
@@ -353,13 +354,18 @@ func (s *Server) finishBaremetal(ctx context.Context, t *proto.Task, w *proto.MA
 			return step("active", proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: now, AllocationID: al.ID,
 				To: proto.AllocActive, Reason: "MAAS deployed " + w.SystemID + " (workflow " + w.ID + ")", Access: w.Access})
 		}
+		if w != nil && (al.State == proto.AllocReleased || al.State == proto.AllocFailed) {
+			// Force-released while MAAS deployed: no reclaim follows, and
+			// the machine runs with the tenant's keys.
+			return s.drainNode(ctx, t.NodeID, "machine "+w.SystemID+" was deployed for allocation "+al.ID+", which was force-released meanwhile; release it with erase in MAAS, then undrain the node")
+		}
 	case t.Type == proto.TaskBaremetalHandoff:
 		if al.State == proto.AllocPlaced || al.State == proto.AllocProvisioning {
 			if err := step("failed", proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: now, AllocationID: al.ID,
 				To: proto.AllocFailed, Reason: proto.Clip(failure, proto.MaxTransitionText)}); err != nil {
 				return err
 			}
-			return s.disableNode(ctx, t.NodeID, "baremetal handoff of "+al.ID+" failed; fix the machine in MAAS (release it to Ready), then undrain the node: "+failure)
+			return s.drainNode(ctx, t.NodeID, "baremetal handoff of "+al.ID+" failed; fix the machine in MAAS (release it to Ready), then undrain the node: "+failure)
 		}
 	case failure == "":
 		if al.State == proto.AllocReleasing {
@@ -370,7 +376,7 @@ func (s *Server) finishBaremetal(ctx context.Context, t *proto.Task, w *proto.MA
 			if err := step("released", proto.AllocationReleasedType, proto.AllocationReleasedRequest{At: now, AllocationID: al.ID, Slots: releaseErrors(s.Store().Snapshot(), al, failure)}); err != nil {
 				return err
 			}
-			return s.disableNode(ctx, t.NodeID, "baremetal release of "+al.ID+" failed (the machine may hold tenant data); release it with erase in MAAS, then undrain the node: "+failure)
+			return s.drainNode(ctx, t.NodeID, "baremetal release of "+al.ID+" failed (the machine may hold tenant data); release it with erase in MAAS, then undrain the node: "+failure)
 		}
 	}
 	return nil
@@ -392,9 +398,9 @@ func releaseErrors(snap *state.Snapshot, al *proto.Allocation, failure string) [
 	return out
 }
 
-// disableNode takes a node whose machine is in an unknown state out of
+// drainNode takes a node whose machine is in an unknown state out of
 // placement: it is drained (no new claims) until an operator undrains it.
-func (s *Server) disableNode(ctx context.Context, nodeID, why string) error {
+func (s *Server) drainNode(ctx context.Context, nodeID, why string) error {
 	s.log.Warn("baremetal node drained", "node", nodeID, "why", why)
 	_, _, err := s.Apply(ctx, proto.NodeDrainType, proto.NodeDrainRequest{At: s.cfg.Now().UTC(), NodeID: nodeID, Draining: true})
 	if err != nil && !errors.Is(err, context.Canceled) {

@@ -232,3 +232,27 @@ func TestBaremetalReleaseDuringHandoff(t *testing.T) {
 	}
 	assert.Equal(t, []string{"deploy", "release"}, ops, "the erase follows the deploy, never races it")
 }
+
+// A force-release while MAAS deploys ends the allocation at once; the
+// deploy still finishes, so the node is drained (the machine runs with
+// the tenant's keys) until an operator releases it in MAAS.
+func TestBaremetalForceReleaseDuringHandoff(t *testing.T) {
+	t.Parallel()
+	c := newBMCluster(t, true)
+	a, _, err := c.leader(c.nodes).srv.Place(c.ctx, proto.AllocationCreateRequest{CapacityShape: proto.ShapeBaremetal, SKU: "h200-sxm-baremetal",
+		Region: "r1", SSHPublicKeys: []string{bmKey}}, "bm-force")
+	require.NoError(t, err)
+	sys := c.machine().SystemID
+	require.Eventually(t, func() bool {
+		m, ok := c.sim.Machine(sys)
+		return ok && m.Status == maassim.StatusDeploying
+	}, 30*time.Second, 2*time.Millisecond)
+	c.apply(proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: time.Now().UTC(), AllocationID: a.ID, Reason: "operator"})
+	assert.Equal(t, proto.AllocReleased, c.alloc(c.nodes, a.ID).State)
+	require.Eventually(t, func() bool {
+		n, _ := c.leader(c.nodes).srv.Store().Snapshot().Node("bm1")
+		return n.Draining
+	}, 30*time.Second, 10*time.Millisecond, "the node is drained once the orphaned deploy lands")
+	assert.Equal(t, maassim.StatusDeployed, c.machine().Status)
+	assert.Equal(t, proto.AllocReleased, c.alloc(c.nodes, a.ID).State, "never active again")
+}
