@@ -48,12 +48,15 @@ func (r AllocationCreateRequest) Validate(skus []SKU) error {
 	if err := ValidateID("region", r.Region); err != nil {
 		return err
 	}
-	if len(r.SSHPublicKeys) > 16 {
-		return Errorf(CodeInvalidArgument, "%d ssh_public_keys given; at most 16 are allowed", len(r.SSHPublicKeys))
+	if len(r.SSHPublicKeys) > MaxSSHKeys {
+		return Errorf(CodeInvalidArgument, "%d ssh_public_keys given; at most %d are allowed", len(r.SSHPublicKeys), MaxSSHKeys)
 	}
 	for i, k := range r.SSHPublicKeys {
-		if len(k) > 8192 || !strings.HasPrefix(k, "ssh-") && !strings.HasPrefix(k, "ecdsa-") {
+		if len(k) > MaxSSHKeyBytes || !strings.HasPrefix(k, "ssh-") && !strings.HasPrefix(k, "ecdsa-") {
 			return Errorf(CodeInvalidArgument, "ssh_public_keys[%d] is not an OpenSSH public key", i)
+		}
+		if !printableLine(k) {
+			return Errorf(CodeInvalidArgument, "ssh_public_keys[%d] is not one line of printable text", i)
 		}
 	}
 	if r.Owner != "" {

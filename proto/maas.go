@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // MAAS sites and site profiles: where and how nodes are provisioned. A Site
@@ -154,8 +155,17 @@ type SiteProfile struct {
 	StorageLayoutProfile          string     `json:"storage_layout_profile,omitempty"`
 
 	ReleaseMode ReleaseMode `json:"release_mode"`
+
+	// TenantUserData is the site's cloud-init user-data for a baremetal
+	// tenant deploy (a "#cloud-config" document or a "#!" script: login
+	// policy, mounts, drivers). The handoff deploys it as one part of a
+	// multipart document whose other part installs the tenant's SSH keys.
+	TenantUserData string `json:"tenant_user_data,omitempty"`
 	Meta
 }
+
+// MaxTenantUserData bounds a profile's tenant_user_data.
+const MaxTenantUserData = 32 << 10
 
 // Duration is a time.Duration that reads and writes JSON as a Go duration
 // string ("15m").
@@ -523,6 +533,18 @@ func (p *SiteProfile) Validate() error {
 	}
 	if !slices.Contains(ReleaseModes, p.ReleaseMode) {
 		return bad("release_mode %q is not one of full_decommission, reimage, detach_only, customer_handoff", truncate(string(p.ReleaseMode), 32))
+	}
+	if u := p.TenantUserData; u != "" {
+		switch {
+		case len(u) > MaxTenantUserData:
+			return bad("tenant_user_data is %d bytes; at most %d are allowed", len(u), MaxTenantUserData)
+		case !utf8.ValidString(u):
+			return bad("tenant_user_data is not UTF-8 text")
+		case !strings.HasPrefix(u, "#cloud-config\n") && !strings.HasPrefix(u, "#!"):
+			return bad("tenant_user_data must start with a \"#cloud-config\" line or a \"#!\" script line")
+		case p.Intent != IntentBaremetal:
+			return bad("tenant_user_data is for baremetal profiles; this one has intent %s", p.Intent)
+		}
 	}
 	return nil
 }

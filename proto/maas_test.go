@@ -143,6 +143,18 @@ func TestSiteProfileValidate(t *testing.T) {
 		{"release mode handoff", func(p *proto.SiteProfile) { p.ReleaseMode = proto.ReleaseCustomerHandoff }, ""},
 		{"release mode reimage", func(p *proto.SiteProfile) { p.ReleaseMode = proto.ReleaseReimage }, ""},
 		{"release mode detach", func(p *proto.SiteProfile) { p.ReleaseMode = proto.ReleaseDetachOnly }, ""},
+		{"tenant user-data", func(p *proto.SiteProfile) {
+			p.Intent, p.TenantUserData = proto.IntentBaremetal, "#cloud-config\npackages: [htop]\n"
+		}, ""},
+		{"tenant user-data script", func(p *proto.SiteProfile) { p.Intent, p.TenantUserData = proto.IntentBaremetal, "#!/bin/sh\necho hi\n" }, ""},
+		{"tenant user-data no header", func(p *proto.SiteProfile) { p.Intent, p.TenantUserData = proto.IntentBaremetal, "packages: [htop]\n" },
+			"tenant_user_data must start with a \"#cloud-config\" line"},
+		{"tenant user-data slice", func(p *proto.SiteProfile) { p.TenantUserData = "#cloud-config\n" }, "tenant_user_data is for baremetal profiles"},
+		{"tenant user-data large", func(p *proto.SiteProfile) {
+			p.Intent, p.TenantUserData = proto.IntentBaremetal, "#!/bin/sh\n"+strings.Repeat("#", proto.MaxTenantUserData)
+		}, "at most 32768"},
+		{"tenant user-data binary", func(p *proto.SiteProfile) { p.Intent, p.TenantUserData = proto.IntentBaremetal, "#!/bin/sh\n\xff" },
+			"not UTF-8"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,4 +223,57 @@ func TestViewOfWorkflowTimeline(t *testing.T) {
 	assert.True(t, v.Timeline[4].Open)
 	assert.Equal(t, 300.0, v.Timeline[4].DurationSeconds, "an open bucket runs to now")
 	assert.Equal(t, 480.0, v.TotalSeconds, "only closed buckets count")
+}
+
+func TestHandoffWorkflowValidate(t *testing.T) {
+	t.Parallel()
+	valid := func(k proto.WorkflowKind) proto.MAASWorkflow {
+		return proto.MAASWorkflow{ID: proto.HandoffWorkflowID(k, "task-1"), Kind: k, Site: "s", Profile: "bm", Hostname: "h",
+			Stage: proto.StagesOf(k)[0], State: proto.WorkflowRunning, AllocationID: "alloc-1", TaskID: "task-1",
+			SSHPublicKeys: []string{"ssh-ed25519 AAAA k"}}
+	}
+	tests := []struct {
+		name   string
+		kind   proto.WorkflowKind
+		change func(*proto.MAASWorkflow)
+		want   string
+	}{
+		{"handoff", proto.WorkflowHandoff, func(*proto.MAASWorkflow) {}, ""},
+		{"reclaim", proto.WorkflowReclaim, func(w *proto.MAASWorkflow) { w.SSHPublicKeys = nil }, ""},
+		{"handoff deploy stage", proto.WorkflowHandoff, func(w *proto.MAASWorkflow) { w.Stage = proto.StageDeploy }, ""},
+		{"reclaim has no deploy", proto.WorkflowReclaim, func(w *proto.MAASWorkflow) { w.Stage = proto.StageDeploy }, "is not a stage of reclaim"},
+		{"no allocation", proto.WorkflowHandoff, func(w *proto.MAASWorkflow) { w.AllocationID = "" }, "workflow allocation_id is required"},
+		{"no task", proto.WorkflowReclaim, func(w *proto.MAASWorkflow) { w.TaskID = "" }, "workflow task_id is required"},
+		{"key with newline", proto.WorkflowHandoff, func(w *proto.MAASWorkflow) { w.SSHPublicKeys = []string{"ssh-ed25519 A\nruncmd"} },
+			"not one printable line"},
+		{"bad access", proto.WorkflowHandoff, func(w *proto.MAASWorkflow) { w.Access = &proto.SliceAccess{GuestIP: "x"} }, "access"},
+		{"unknown kind", "adopt", func(*proto.MAASWorkflow) {}, "is not onboard, decommission, handoff or reclaim"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := tc.kind
+			if k == "adopt" {
+				k = proto.WorkflowHandoff
+			}
+			w := valid(k)
+			w.Kind = tc.kind
+			tc.change(&w)
+			err := w.Validate()
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestAllocationSSHKeyIsOneLine(t *testing.T) {
+	t.Parallel()
+	r := proto.AllocationCreateRequest{CapacityShape: proto.ShapeBaremetal, SKU: "h200-sxm-baremetal", Region: "r1",
+		SSHPublicKeys: []string{"ssh-ed25519 AAAA k\nruncmd: [reboot]"}}
+	err := r.Validate(proto.DefaultSKUs())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "ssh_public_keys[0] is not one line of printable text")
 }

@@ -28,6 +28,12 @@ const (
 	WorkflowOnboard WorkflowKind = "onboard"
 	// WorkflowDecommission releases a node per its profile's release mode.
 	WorkflowDecommission WorkflowKind = "decommission"
+	// WorkflowHandoff deploys a baremetal node for a tenant: the
+	// coordinator runs an allocation's baremetal.handoff task through it.
+	WorkflowHandoff WorkflowKind = "handoff"
+	// WorkflowReclaim takes a baremetal node back from a tenant: MAAS
+	// release with erase (the allocation's baremetal.release task).
+	WorkflowReclaim WorkflowKind = "reclaim"
 )
 
 // WorkflowStage is where an onboarding workflow is.
@@ -61,9 +67,22 @@ var OnboardStages = []WorkflowStage{StageResolve, StageCommission, StageTag, Sta
 // again, detach_only and customer_handoff never call MAAS).
 var DecommissionStages = []WorkflowStage{StageRelease, StagePowerOff, StageDeploy, StageDetach, StageDone}
 
+// HandoffStages lists the stages of a tenant handoff: release (with
+// erase) whatever the machine carries unless it is Ready, then deploy it
+// with the tenant's SSH keys and the profile's tenant user-data.
+var HandoffStages = []WorkflowStage{StageRelease, StageDeploy, StageDone}
+
+// ReclaimStages lists the stages of taking a node back from its tenant:
+// MAAS release with erase, to Ready.
+var ReclaimStages = []WorkflowStage{StageRelease, StageDone}
+
 // StagesOf returns the stages of a workflow kind (nil: unknown kind).
 func StagesOf(k WorkflowKind) []WorkflowStage {
 	switch k {
+	case WorkflowHandoff:
+		return HandoffStages
+	case WorkflowReclaim:
+		return ReclaimStages
 	case WorkflowOnboard:
 		return OnboardStages
 	case WorkflowDecommission:
@@ -119,6 +138,12 @@ type WorkflowEvent struct {
 	Detail string        `json:"detail,omitempty"`
 }
 
+// Bounds of an allocation's SSH public keys.
+const (
+	MaxSSHKeys     = 16
+	MaxSSHKeyBytes = 8192
+)
+
 // MaxWorkflowEvents bounds a workflow's event list (oldest dropped).
 const MaxWorkflowEvents = 64
 
@@ -163,8 +188,21 @@ type MAASWorkflow struct {
 	// BootstrapReportsSeen counts the node's bootstrap reports already
 	// folded into the timeline.
 	BootstrapReportsSeen int `json:"bootstrap_reports_seen,omitempty"`
+
+	// AllocationID and TaskID name the allocation and its baremetal task
+	// a handoff or reclaim workflow runs (required for those kinds).
+	AllocationID string `json:"allocation_id,omitempty"`
+	TaskID       string `json:"task_id,omitempty"`
+	// SSHPublicKeys are the tenant's keys a handoff deploys with.
+	SSHPublicKeys []string `json:"ssh_public_keys,omitempty"`
+	// Access is how the tenant reaches the deployed machine (a handoff
+	// sets it when MAAS reports the machine Deployed).
+	Access *SliceAccess `json:"access,omitempty"`
 	Meta
 }
+
+// HandoffWorkflowID names the workflow running a baremetal task.
+func HandoffWorkflowID(k WorkflowKind, taskID string) string { return string(k) + "." + taskID }
 
 // MAASWorkflowCreateRequest starts a workflow; creating an existing ID
 // with the same machine returns it unchanged.
@@ -195,7 +233,28 @@ func (w *MAASWorkflow) Validate() error {
 	}
 	stages := StagesOf(w.Kind)
 	if stages == nil {
-		return bad("kind %q is not onboard or decommission", truncate(string(w.Kind), 32))
+		return bad("kind %q is not onboard, decommission, handoff or reclaim", truncate(string(w.Kind), 32))
+	}
+	if w.Kind == WorkflowHandoff || w.Kind == WorkflowReclaim {
+		if err := ValidateID("workflow allocation_id", w.AllocationID); err != nil {
+			return err
+		}
+		if err := ValidateID("workflow task_id", w.TaskID); err != nil {
+			return err
+		}
+		if len(w.SSHPublicKeys) > MaxSSHKeys {
+			return bad("%d ssh_public_keys, at most %d", len(w.SSHPublicKeys), MaxSSHKeys)
+		}
+		for _, k := range w.SSHPublicKeys {
+			if len(k) > MaxSSHKeyBytes || !printableLine(k) {
+				return bad("an ssh public key is not one printable line of at most %d bytes", MaxSSHKeyBytes)
+			}
+		}
+		if w.Access != nil {
+			if err := w.Access.Validate(); err != nil {
+				return bad("access: %s", err.Error())
+			}
+		}
 	}
 	if err := ValidateID("workflow site", w.Site); err != nil {
 		return err

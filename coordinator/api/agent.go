@@ -284,6 +284,11 @@ func pendingTasks(s *state.Snapshot, node string) ([]proto.Task, uint64) {
 	var out []proto.Task
 	var idx uint64
 	for _, t := range s.Tasks(node, "", "", 0) {
+		if t.Type == proto.TaskBaremetalHandoff || t.Type == proto.TaskBaremetalRelease {
+			// The coordinator runs these through MAAS (server/baremetal.go):
+			// the node's agent cannot redeploy its own host.
+			continue
+		}
 		idx = max(idx, t.ModifyIndex)
 		if t.State == proto.TaskQueued || t.State == proto.TaskRunning {
 			out = append(out, *t)
@@ -353,6 +358,9 @@ func (a *API) agentTaskUpdate(c *call) error {
 	}
 	if t.NodeID != node {
 		return proto.Errorf(proto.CodeForbidden, "task %s belongs to node %s; this credential acts for node %s only", id, t.NodeID, node)
+	}
+	if t.Type == proto.TaskBaremetalHandoff || t.Type == proto.TaskBaremetalRelease {
+		return proto.Errorf(proto.CodeForbidden, "task %s (%s) is run by the coordinator through MAAS, not by an agent", id, t.Type)
 	}
 	// A malformed result is refused before anything is recorded
 	// (slice.go); what the report means follows the task update.

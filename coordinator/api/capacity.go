@@ -157,7 +157,7 @@ func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Avail
 				whole = whole && sl.Status == proto.SlotAvailable && sl.ClaimID == "" && !sl.Touched
 			}
 			if whole {
-				av.FreeGPUs += len(slots)
+				av.FreeGPUs += max(n.GPUs, len(slots))
 				av.FreeNodes++
 			}
 		}

@@ -172,7 +172,28 @@ func (a *app) allocShowCmd() *cobra.Command {
 }
 
 func (a *app) allocReleaseCmd() *cobra.Command {
-	return idCmd(a, "release", "Start a graceful release (the agent wipes the disks, then the slots are free)", http.MethodPost, "/v1/allocations/", "/release", allocDetail)
+	var wait bool
+	var waitLimit time.Duration
+	c := &cobra.Command{
+		Use:   "release ID",
+		Short: "Start a graceful release (a slice: the agent wipes the disks; bare metal: MAAS release with erase), then the capacity is free",
+		Long: "Start a graceful release. With --wait the command follows it live, one line per stage,\n" +
+			"until the allocation is released; a slot whose wipe failed is named (cleanup_blocked).",
+		Args: exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodPost, "/v1/allocations/"+pathEscape(args[0])+"/release", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			if !wait {
+				return show(a, r, allocDetail)
+			}
+			return a.followRelease(cmd, args[0], waitLimit)
+		},
+	}
+	c.Flags().BoolVar(&wait, "wait", false, "follow the release until the allocation is released")
+	c.Flags().DurationVar(&waitLimit, "wait-timeout", 15*time.Minute, "how long --wait follows before giving up")
+	return c
 }
 
 func (a *app) allocForceReleaseCmd() *cobra.Command {

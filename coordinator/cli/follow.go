@@ -165,6 +165,11 @@ func failedStage(evs []proto.TimelineEvent) string {
 	return ""
 }
 
+// releaseOutcome renders the end of a followed release.
+func releaseOutcome(a proto.Allocation, elapsed time.Duration) string {
+	return fmt.Sprintf("allocation %s is released after %s", a.ID, fmtDuration(elapsed))
+}
+
 // outcome renders the end of a followed allocation: the SSH command of
 // an active slice, or the stage and reason of a failure (as an error).
 func outcome(a proto.Allocation, evs []proto.TimelineEvent, elapsed time.Duration) (string, error) {
@@ -290,6 +295,28 @@ func (a *app) blockWait() string {
 // active slice, or (as the error) the stage and reason of a failure. It
 // gives up after limit.
 func (a *app) followAllocation(cmd *cobra.Command, id string, limit time.Duration) error {
+	return a.follow(cmd, id, limit, false)
+}
+
+// followRelease prints a release's stages as they happen (from the
+// latest "release started" event) until the allocation is released.
+func (a *app) followRelease(cmd *cobra.Command, id string, limit time.Duration) error {
+	return a.follow(cmd, id, limit, true)
+}
+
+// releaseStart is the Seq before the latest release started event (0:
+// none yet): a followed release shows its own stages only.
+func releaseStart(evs []proto.TimelineEvent) uint64 {
+	var seq uint64
+	for _, e := range evs {
+		if e.Stage == "release" && e.Status == "started" {
+			seq = e.Seq - 1
+		}
+	}
+	return seq
+}
+
+func (a *app) follow(cmd *cobra.Command, id string, limit time.Duration, release bool) error {
 	out := a.out
 	if a.output == "json" {
 		out = io.Discard
@@ -337,15 +364,31 @@ func (a *app) followAllocation(cmd *cobra.Command, id string, limit time.Duratio
 		}
 		var prov *proto.Task
 		for i := range tasks.Items {
-			if t := &tasks.Items[i]; t.Type == proto.TaskSliceProvision || t.Type == proto.TaskBaremetalHandoff {
+			t := &tasks.Items[i]
+			switch {
+			case !release && (t.Type == proto.TaskSliceProvision || t.Type == proto.TaskBaremetalHandoff):
+				prov = t
+			case release && (t.Type == proto.TaskSliceRelease || t.Type == proto.TaskBaremetalRelease):
 				prov = t
 			}
 		}
+		if release && f.view.seen == 0 {
+			f.view.seen = releaseStart(tl.Items)
+		}
 		f.Observe(tl.Items, prov, time.Now())
-		switch al.State {
-		case proto.AllocActive, proto.AllocFailed, proto.AllocReleased, proto.AllocReleasing:
+		final := al.State == proto.AllocReleased
+		if !release {
+			switch al.State {
+			case proto.AllocActive, proto.AllocFailed, proto.AllocReleased, proto.AllocReleasing:
+				final = true
+			}
+		}
+		if final {
 			b.End()
 			msg, err := outcome(al, tl.Items, f.view.Elapsed(time.Now().UTC()))
+			if release {
+				msg, err = releaseOutcome(al, f.view.Elapsed(time.Now().UTC())), nil
+			}
 			if a.output == "json" {
 				if jerr := show(a, &Response{Body: r.Body}, allocDetail); jerr != nil {
 					return jerr
@@ -362,6 +405,9 @@ func (a *app) followAllocation(cmd *cobra.Command, id string, limit time.Duratio
 				b.End()
 				return fmt.Errorf("task %s is %s but allocation %s is still %s (the agent reported no slice result)", prov.ID, prov.State, al.ID, al.State)
 			}
+		}
+		if release && al.State != proto.AllocReleasing && al.State != proto.AllocReleased {
+			return fmt.Errorf("allocation %s is %s, not releasing: nothing to follow", al.ID, al.State)
 		}
 		if time.Now().After(deadline) {
 			b.End()

@@ -173,3 +173,43 @@ func TestFollowTerminalBar(t *testing.T) {
 	assert.Contains(t, s, "clone         succeeded     3.2s")
 	assert.Less(t, strings.LastIndex(s, "MB"), strings.Index(s, "clone         succeeded"), "the bar ends before the stage line")
 }
+
+// A baremetal handoff as the coordinator mirrors it from the MAAS
+// workflow: one line per MAAS bucket, then active with the SSH command;
+// a followed release shows its own stages only.
+func TestFollowRenderBaremetal(t *testing.T) {
+	t.Parallel()
+	evs := timeline("a-bm",
+		ev{0, "placement", "succeeded", "placed on node j27u15"},
+		ev{5, "provisioning", "started", "MAAS handoff workflow handoff.t-1 deploys j27u15 for the tenant"},
+		ev{6, "maas.ready_to_deploy_wait", "started", "MAAS handoff of j27u15 (workflow handoff.t-1)"},
+		ev{20, "maas.ready_to_deploy_wait", "succeeded", "machine s3sme8"},
+		ev{21, "maas.image_deploy", "started", "MAAS handoff of j27u15 (workflow handoff.t-1)"},
+		ev{1250, "maas.image_deploy", "succeeded", "machine s3sme8"},
+		ev{1260, "active", "succeeded", ""},
+		ev{9000, "release", "started", ""},
+		ev{9001, "maas.release_erase", "started", "MAAS release with erase of j27u15 (workflow reclaim.t-2)"},
+		ev{9400, "maas.release_erase", "succeeded", "machine s3sme8 erased, Ready"},
+		ev{9420, "release", "succeeded", ""},
+	)
+	var out bytes.Buffer
+	f := newFollower(&out, false)
+	f.Observe(evs[:4], &proto.Task{ID: "t-1", Type: proto.TaskBaremetalHandoff, State: proto.TaskRunning, Stage: "maas.ready_to_deploy_wait"}, t0)
+	f.Observe(evs[:7], &proto.Task{ID: "t-1", Type: proto.TaskBaremetalHandoff, State: proto.TaskSucceeded}, t0.Add(1260*time.Millisecond))
+	al := proto.Allocation{ID: "a-bm", State: proto.AllocActive, Access: &proto.SliceAccess{GuestIP: "10.10.0.2", GuestMAC: "52:54:00:27:15:01",
+		User: "ubuntu", SSHCommand: "ssh ubuntu@10.10.0.2"}}
+	msg, err := outcome(al, evs[:7], f.view.Elapsed(t0.Add(1260*time.Millisecond)))
+	require.NoError(t, err)
+	out.WriteString(msg + "\n")
+
+	rel := newFollower(&out, false)
+	rel.view.seen = releaseStart(evs)
+	assert.Equal(t, uint64(7), rel.view.seen, "the release's own events start after the active one")
+	rel.Observe(evs, &proto.Task{ID: "t-2", Type: proto.TaskBaremetalRelease, State: proto.TaskSucceeded}, t0.Add(9420*time.Millisecond))
+	out.WriteString(releaseOutcome(proto.Allocation{ID: "a-bm", State: proto.AllocReleased}, rel.view.Elapsed(t0.Add(9420*time.Millisecond))) + "\n")
+	golden(t, "follow_baremetal.golden", out.String())
+	assert.Contains(t, out.String(), "maas.image_deploy succeeded     1.2s  machine s3sme8")
+	assert.Contains(t, out.String(), "ssh: ssh ubuntu@10.10.0.2")
+	assert.NotContains(t, strings.SplitN(out.String(), "ssh: ", 2)[1], "placement", "the release view starts at the release")
+	assert.Contains(t, out.String(), "allocation a-bm is released after 420ms")
+}

@@ -32,11 +32,19 @@ func sliceReady(n proto.Node) string {
 }
 
 func nodeRow(w *tabwriter.Writer, n proto.Node) {
-	row(w, n.ID, n.Region, n.Pool, n.ProfileIntent, n.State, yesNo(n.Draining), sliceReady(n))
+	row(w, n.ID, n.Region, n.Pool, n.ProfileIntent, n.State, gpus(n), yesNo(n.Draining), sliceReady(n))
 }
 
 func nodeHeader(w *tabwriter.Writer) {
-	row(w, "ID", "REGION", "POOL", "INTENT", "STATE", "DRAINING", "SLICE-READY")
+	row(w, "ID", "REGION", "POOL", "INTENT", "STATE", "GPUS", "DRAINING", "SLICE-READY")
+}
+
+// gpus is a node's discovered GPU count ("-" before discovery).
+func gpus(n proto.Node) string {
+	if n.GPUs == 0 {
+		return "-"
+	}
+	return strconv.Itoa(n.GPUs)
 }
 
 func (a *app) nodeListCmd() *cobra.Command {
@@ -81,6 +89,7 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	row(w, "Region/pool:", n.Region+"/"+n.Pool)
 	row(w, "Intent:", n.ProfileIntent)
 	row(w, "State:", n.State)
+	row(w, "GPUs:", gpus(n))
 	row(w, "Draining:", yesNo(n.Draining))
 	s := d.SlotSummary
 	var counts []string

@@ -269,7 +269,9 @@ func placeBaremetal(tx *state.Txn, req *proto.AllocationPlaceRequest, node *prot
 		}
 	}
 	if a.GPUCount == 0 {
-		a.GPUCount = len(nodeSlots)
+		// The whole node: its discovered GPUs (a baremetal node needs no
+		// approved slots), else its slots.
+		a.GPUCount = max(node.GPUs, len(nodeSlots))
 	}
 	nn := *node
 	nn.Generation = gen

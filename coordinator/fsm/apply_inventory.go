@@ -109,7 +109,7 @@ func (f *FSM) applyNodeUpsert(body []byte, index uint64) any {
 		// Draining, readiness and the claim generation belong to their
 		// own commands; an upsert keeps them.
 		n.Draining, n.Readiness, n.Generation = old.Draining, old.Readiness, old.Generation
-		n.LeaseDrift = old.LeaseDrift
+		n.LeaseDrift, n.GPUs = old.LeaseDrift, old.GPUs
 		if n.State == "" {
 			n.State = old.State
 		}
@@ -257,7 +257,8 @@ func (f *FSM) applyCandidateTopology(body []byte, index uint64) any {
 	req := decode[proto.CandidateTopologyRequest](proto.CandidateTopologyType, body, index)
 	return f.write(index, func(tx *state.Txn) (any, error) {
 		c := req.Topology
-		if _, ok := tx.Node(c.NodeID); !ok {
+		node, ok := tx.Node(c.NodeID)
+		if !ok {
 			return nil, notFound("node", c.NodeID)
 		}
 		if len(c.Candidates) > 64 {
@@ -276,6 +277,14 @@ func (f *FSM) applyCandidateTopology(body []byte, index uint64) any {
 		c.Meta = proto.Meta{}
 		old, _ := tx.Candidates(c.NodeID)
 		c.ConvertibleDisks = mergeConvertible(old, &c)
+		if node.GPUs != len(c.Candidates) {
+			// One candidate per GPU: the node's GPU count.
+			nn := *node
+			nn.GPUs = len(c.Candidates)
+			if err := tx.PutNode(&nn); err != nil {
+				return nil, err
+			}
+		}
 		return &c, tx.PutCandidates(&c)
 	})
 }

@@ -195,7 +195,8 @@ func (f *FSM) applyMAASWorkflowCreate(body []byte, index uint64) any {
 		}
 		if old, ok := tx.MAASWorkflow(w.ID); ok {
 			if old.Kind == w.Kind && old.Site == w.Site && old.Profile == w.Profile && old.Hostname == w.Hostname &&
-				slices.Equal(old.MACs, w.MACs) && old.BMCAddress == w.BMCAddress && old.ReleaseMode == w.ReleaseMode {
+				slices.Equal(old.MACs, w.MACs) && old.BMCAddress == w.BMCAddress && old.ReleaseMode == w.ReleaseMode &&
+				old.AllocationID == w.AllocationID && old.TaskID == w.TaskID && slices.Equal(old.SSHPublicKeys, w.SSHPublicKeys) {
 				return old, nil // the same request again
 			}
 			return nil, proto.Errorf(proto.CodeAlreadyExists, "workflow %s exists for another machine definition", w.ID)
@@ -227,6 +228,9 @@ func (f *FSM) applyMAASWorkflowUpdate(body []byte, index uint64) any {
 		if w.Kind != old.Kind || w.Site != old.Site || w.Profile != old.Profile || w.Hostname != old.Hostname ||
 			!slices.Equal(w.MACs, old.MACs) || w.BMCAddress != old.BMCAddress || w.ReleaseMode != old.ReleaseMode || !w.CreatedAt.Equal(old.CreatedAt) {
 			return nil, invalid("workflow %s: kind, site, profile, machine and created_at are immutable", w.ID)
+		}
+		if w.AllocationID != old.AllocationID || w.TaskID != old.TaskID || !slices.Equal(w.SSHPublicKeys, old.SSHPublicKeys) {
+			return nil, invalid("workflow %s: allocation_id, task_id and ssh_public_keys are immutable", w.ID)
 		}
 		if old.SystemID != "" && w.SystemID != old.SystemID {
 			return nil, illegal("workflow %s: system_id %s cannot change to %q", w.ID, old.SystemID, w.SystemID)

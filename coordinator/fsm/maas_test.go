@@ -275,3 +275,43 @@ func TestMAASWorkflowRoCEAddressIsUniquePerSite(t *testing.T) {
 	h.Refuse(proto.MAASWorkflowUpdateType, withAddr(a, "10.50.0.12"), proto.CodeIllegalTransition)
 	h.OK(proto.MAASWorkflowUpdateType, withAddr(b, "10.50.0.11"))
 }
+
+// A handoff workflow (a baremetal allocation's deploy) names its
+// allocation, task and the tenant's keys; they are fixed at creation.
+func TestHandoffWorkflowCreateUpdate(t *testing.T) {
+	t.Parallel()
+	h := maasHarness(t)
+	addSites(h)
+	in := proto.MAASWorkflow{ID: proto.HandoffWorkflowID(proto.WorkflowHandoff, "task-1"), Kind: proto.WorkflowHandoff, Site: "site-a",
+		Profile: "bm", Hostname: "bm1", Stage: proto.StageRelease, State: proto.WorkflowRunning, AllocationID: "alloc-1", TaskID: "task-1",
+		SSHPublicKeys: []string{"ssh-ed25519 AAAA tenant"}}
+	w := h.OK(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: in}).(*proto.MAASWorkflow)
+	again := h.OK(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: in}).(*proto.MAASWorkflow)
+	assert.Equal(t, w.ModifyIndex, again.ModifyIndex, "the same request again")
+	other := in
+	other.AllocationID = "alloc-2"
+	h.Refuse(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: other}, proto.CodeAlreadyExists)
+	noTask := in
+	noTask.ID, noTask.TaskID = "handoff.task-9", ""
+	h.Refuse(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: noTask}, proto.CodeInvalidArgument)
+	midway := in
+	midway.ID, midway.Stage = "handoff.task-8", proto.StageDeploy
+	h.Refuse(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: midway}, proto.CodeInvalidArgument)
+
+	for name, change := range map[string]func(*proto.MAASWorkflow){
+		"allocation": func(w *proto.MAASWorkflow) { w.AllocationID = "alloc-2" },
+		"task":       func(w *proto.MAASWorkflow) { w.TaskID = "task-2" },
+		"keys":       func(w *proto.MAASWorkflow) { w.SSHPublicKeys = []string{"ssh-ed25519 BBBB intruder"} },
+	} {
+		up := *w
+		change(&up)
+		e := h.Refuse(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: up}, proto.CodeInvalidArgument)
+		assert.Contains(t, e.Detail, "immutable", name)
+	}
+	deployed := *w
+	deployed.Stage, deployed.SystemID = proto.StageDone, "abc999"
+	deployed.State = proto.WorkflowSucceeded
+	deployed.Access = &proto.SliceAccess{GuestIP: "10.10.0.2", GuestMAC: "52:54:00:00:0b:01", User: "ubuntu", SSHCommand: "ssh ubuntu@10.10.0.2"}
+	got := h.OK(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: deployed}).(*proto.MAASWorkflow)
+	assert.Equal(t, "10.10.0.2", got.Access.GuestIP)
+}

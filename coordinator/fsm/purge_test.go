@@ -86,3 +86,34 @@ func TestLedgerPurge(t *testing.T) {
 	assert.True(t, ok)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 }
+
+// A purged baremetal allocation takes the MAAS workflow of its handoff
+// with it, but not while that workflow runs.
+func TestLedgerPurgeBaremetalWorkflows(t *testing.T) {
+	t.Parallel()
+	h := seeded(t)
+	addSites(h)
+	h.Place(h.BaremetalRequest("bmp", "", bm0))
+	h.OK(proto.OutboxDeliverType, proto.OutboxDeliverRequest{At: h.At(), IDs: []string{"bmp-handoff"}})
+	w := h.OK(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: h.At(), Workflow: proto.MAASWorkflow{
+		ID: proto.HandoffWorkflowID(proto.WorkflowHandoff, "bmp-handoff"), Kind: proto.WorkflowHandoff, Site: "site-a", Profile: "bm",
+		Hostname: bm0, Stage: proto.StageRelease, State: proto.WorkflowRunning, AllocationID: "bmp", TaskID: "bmp-handoff"}}).(*proto.MAASWorkflow)
+	h.OK(proto.TaskUpdateType, proto.TaskUpdateRequest{At: h.At(), TaskID: "bmp-handoff", NodeID: bm0, State: proto.TaskFailed, Error: "deploy failed"})
+	h.Transition("bmp", proto.AllocFailed)
+
+	h.Now = h.Now.Add(2 * time.Hour)
+	resp := h.OK(proto.LedgerPurgeType, proto.LedgerPurgeRequest{At: h.At(), EndedBefore: h.Now.Add(-time.Minute), Limit: 10}).(*proto.LedgerPurgeResponse)
+	assert.Empty(t, resp.Purged)
+	assert.Contains(t, resp.Kept["bmp"], "MAAS workflow "+w.ID+" is running")
+
+	failed := *w
+	failed.State, failed.LastError = proto.WorkflowFailed, "deploy failed"
+	h.OK(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: h.At(), ExpectModifyIndex: w.ModifyIndex, Workflow: failed})
+	resp = h.OK(proto.LedgerPurgeType, proto.LedgerPurgeRequest{At: h.At(), EndedBefore: h.Now.Add(-time.Minute), Limit: 10}).(*proto.LedgerPurgeResponse)
+	assert.Equal(t, []string{"bmp"}, resp.Purged)
+	_, ok := h.Snap().MAASWorkflow(w.ID)
+	assert.False(t, ok, "the handoff workflow went with its allocation")
+	_, ok = h.Snap().MAASWorkflow(proto.OnboardWorkflowID("site-a", "j22u15"))
+	assert.True(t, ok, "other workflows stay")
+	require.NoError(t, fsm.CheckInvariants(h.Snap()))
+}

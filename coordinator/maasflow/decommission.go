@@ -48,7 +48,7 @@ func (r *Runner) decommissionStage(ctx context.Context, w *proto.MAASWorkflow, s
 			return "", err
 		}
 		defer r.copyMAASEvents(ctx, mc, w)
-		return proto.StagePowerOff, r.release(ctx, mc, w, p)
+		return proto.StagePowerOff, r.release(ctx, mc, w, p, "gpuaas decommission")
 	case proto.StagePowerOff:
 		if mode != proto.ReleaseFullDecommission {
 			return proto.StageDeploy, nil
@@ -79,14 +79,14 @@ func (r *Runner) decommissionStage(ctx context.Context, w *proto.MAASWorkflow, s
 // release releases to Ready with erase. An erase MAAS cannot perform
 // (Failed disk erasing) is followed by a release without erase only when
 // the profile's release_fallback_no_erase allows it.
-func (r *Runner) release(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
+func (r *Runner) release(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile, comment string) error {
 	m, err := mc.Machine(ctx, w.SystemID)
 	if err != nil {
 		return err
 	}
 	if m.Status != node.StatusFailedDiskErasing {
 		_, err = mc.Release(ctx, w.SystemID, maas.ReleaseParams{Erase: true, SecureErase: true, QuickErase: true,
-			Comment: "gpuaas decommission"}, r.wait(w, r.cfg.ReleaseExpiry))
+			Comment: comment}, r.wait(w, r.cfg.ReleaseExpiry))
 		var fe *maas.FailedError
 		if !errors.As(err, &fe) || fe.Status != node.StatusFailedDiskErasing {
 			return err
@@ -97,7 +97,7 @@ func (r *Runner) release(ctx context.Context, mc *maas.Client, w *proto.MAASWork
 		return permanent{fmt.Errorf("release of %s: MAAS could not erase the disks (%s) and release_fallback_no_erase is off", w.SystemID, m.ErrorDescription)}
 	}
 	addEvent(w, r.now(), "erase_fallback", fmt.Sprintf("MAAS could not erase (%s): releasing without erase (release_fallback_no_erase)", m.ErrorDescription))
-	_, err = mc.Release(ctx, w.SystemID, maas.ReleaseParams{Comment: "gpuaas decommission: no erase (fallback)"}, r.wait(w, r.cfg.ReleaseExpiry))
+	_, err = mc.Release(ctx, w.SystemID, maas.ReleaseParams{Comment: comment + ": no erase (fallback)"}, r.wait(w, r.cfg.ReleaseExpiry))
 	return err
 }
 

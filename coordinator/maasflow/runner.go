@@ -15,6 +15,11 @@
 // fill timeline buckets 6-10) → post-deploy validation (and IB ports
 // ACTIVE with fabric_mode ib; bucket 11) → control-plane readiness
 // (bucket 12) → done.
+//
+// Baremetal allocations (handoff.go): handoff deploys a node for its
+// tenant (the tenant's SSH keys and the profile's tenant_user_data),
+// reclaim releases it with erase; the coordinator runs an allocation's
+// baremetal.handoff and baremetal.release tasks through them.
 package maasflow
 
 import (
@@ -140,8 +145,9 @@ func New(cfg Config) *Runner {
 	return &Runner{cfg: cfg, log: log.With("component", "maasflow"), active: map[string]bool{}, perKey: map[string]int{}}
 }
 
-// Run starts every running workflow (at most batch_max_parallel per site
-// profile at a time) until ctx ends, then waits for them to stop.
+// Run starts every running workflow (at most batch_max_parallel onboard
+// and decommission workflows per site profile at a time; handoff and
+// reclaim workflows at once) until ctx ends, then waits for them to stop.
 func (r *Runner) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -158,6 +164,12 @@ func (r *Runner) Run(ctx context.Context) {
 			limit := 1
 			if p, ok := snap.SiteProfile(w.Site, w.Profile); ok {
 				limit = p.BatchMaxParallel
+			}
+			if w.Kind == proto.WorkflowHandoff || w.Kind == proto.WorkflowReclaim {
+				// A tenant's deploy or release never waits behind an
+				// onboarding batch: batch_max_parallel paces batches.
+				key = w.ID
+				limit = 1
 			}
 			r.mu.Lock()
 			start := !r.active[w.ID] && r.perKey[key] < limit
@@ -290,10 +302,12 @@ func (r *Runner) begin(ctx context.Context, id string) (*proto.MAASWorkflow, err
 	}
 	next.Buckets = append([]proto.BucketSpan(nil), w.Buckets...)
 	next.Events = append([]proto.WorkflowEvent(nil), w.Events...)
-	if w.Stage == proto.StageResolve && w.Attempts == 0 {
+	if w.Attempts == 0 && w.Stage == proto.StagesOf(w.Kind)[0] && w.Kind != proto.WorkflowDecommission {
 		now := r.now()
 		closeBucket(&next, proto.BucketRequestToStart, w.CreatedAt, now)
-		openBucket(&next, proto.BucketDiscovery, now)
+		if w.Kind == proto.WorkflowOnboard {
+			openBucket(&next, proto.BucketDiscovery, now)
+		}
 	}
 	if next.Attempts > 1 {
 		addEvent(&next, r.now(), "retry", fmt.Sprintf("attempt %d of stage %s", next.Attempts, next.Stage))

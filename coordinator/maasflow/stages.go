@@ -27,8 +27,11 @@ func (r *Runner) runStage(ctx context.Context, w *proto.MAASWorkflow) (proto.Wor
 	if !ok {
 		return "", permanent{fmt.Errorf("workflow %s: profile %s/%s no longer exists", w.ID, w.Site, w.Profile)}
 	}
-	if w.Kind == proto.WorkflowDecommission {
+	switch w.Kind {
+	case proto.WorkflowDecommission:
 		return r.decommissionStage(ctx, w, site, profile)
+	case proto.WorkflowHandoff, proto.WorkflowReclaim:
+		return r.handoffStage(ctx, w, site, profile)
 	}
 	if w.Stage == proto.StageRegister {
 		return proto.StageDeploy, r.register(ctx, w, site, profile)

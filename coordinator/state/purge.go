@@ -52,6 +52,25 @@ func (t *Txn) PurgeAllocation(id string) error {
 			return fmt.Errorf("purge allocation %s: outbox entry %s is undelivered", id, e.ID)
 		}
 	}
+	// The MAAS workflows that ran its baremetal tasks go with it.
+	var flows []*proto.MAASWorkflow
+	for _, k := range tasks {
+		for _, kind := range []proto.WorkflowKind{proto.WorkflowHandoff, proto.WorkflowReclaim} {
+			w, ok := t.MAASWorkflow(proto.HandoffWorkflowID(kind, k.ID))
+			if !ok || w.AllocationID != id {
+				continue
+			}
+			if w.State == proto.WorkflowRunning {
+				return fmt.Errorf("purge allocation %s: MAAS workflow %s is running", id, w.ID)
+			}
+			flows = append(flows, w)
+		}
+	}
+	for _, w := range flows {
+		if err := t.delete(TableMAASWorkflows, w); err != nil {
+			return fmt.Errorf("purge allocation %s: %w", id, err)
+		}
+	}
 	for _, c := range claims {
 		if err := t.delete(TableClaims, c); err != nil {
 			return fmt.Errorf("purge allocation %s: %w", id, err)

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/cli"
+	"github.com/gpuaas/gpuaas/coordinator/maasflow"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/maassim"
@@ -76,6 +77,16 @@ test -d "$GPUAAS_HOST_ROOT/sys/class/infiniband" || { echo "no HCA" >&2; exit 1;
 echo "validated $GPUAAS_NODE_ID ($GPUAAS_FABRIC_MODE)"
 `
 
+// TenantUserData is the lab baremetal profile's tenant_user_data: what
+// the site adds to every tenant deploy (here: a login banner).
+const TenantUserData = `#cloud-config
+write_files:
+  - path: /etc/motd
+    permissions: '0644'
+    content: |
+      gpuaas lab: bare-metal H200 node deployed by MAAS for your allocation
+`
+
 // Config configures the MAAS part of the lab.
 type Config struct {
 	Hosts        []fleet.Host
@@ -101,9 +112,10 @@ type Lab struct {
 	srv    *http.Server
 	log    *slog.Logger
 
-	mu    sync.Mutex
-	boots map[string]*launch.Proc // by host
-	errs  map[string]error
+	mu      sync.Mutex
+	boots   map[string]*launch.Proc // by host
+	errs    map[string]error
+	tenants map[string]maassim.Deployed // the last tenant deploy, by host
 }
 
 // Start starts the simulator on a loopback port with each host's
@@ -123,7 +135,8 @@ func Start(cfg Config) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{cfg: cfg, APIKey: key, log: log.With("component", "maaslab"), boots: map[string]*launch.Proc{}, errs: map[string]error{}}
+	l := &Lab{cfg: cfg, APIKey: key, log: log.With("component", "maaslab"), boots: map[string]*launch.Proc{}, errs: map[string]error{},
+		tenants: map[string]maassim.Deployed{}}
 	l.Sim = maassim.New(maassim.Options{Clock: maassim.NewScaledClock(time.Now().UTC(), cfg.Speed), APIKeys: []string{key},
 		Subnets:    []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"}},
 		OnDeployed: func(d maassim.Deployed) { go l.firstBoot(d) }, Logger: log})
@@ -193,7 +206,7 @@ func (l *Lab) Setup(ctx context.Context, api fleet.API) error {
 	}
 	for _, p := range []proto.SiteProfile{
 		{Name: ProfileSlice, Intent: proto.IntentSliceVM, BatchMaxParallel: l.cfg.BatchMaxParallel},
-		{Name: ProfileBaremetal, Intent: proto.IntentBaremetal, BatchMaxParallel: 1},
+		{Name: ProfileBaremetal, Intent: proto.IntentBaremetal, BatchMaxParallel: 1, TenantUserData: TenantUserData},
 	} {
 		p.Site, p.SiteBootstrapBundleRef, p.PostDeployValidationBundleRef = Site, siteRef, valRef
 		p.StrictPXEPreflight, p.FabricMode, p.EnrollmentTokenTTLSeconds = true, proto.FabricIB, 3600
@@ -305,6 +318,9 @@ func (l *Lab) boot(d maassim.Deployed) error {
 		return fmt.Errorf("deployed machine %s (%s) is not a lab host", d.SystemID, d.Hostname)
 	}
 	h := l.cfg.Hosts[i]
+	if _, _, err := maasflow.TenantParts(d.UserData); err == nil {
+		return l.tenantBoot(h, d)
+	}
 	cc, err := ParseCloudConfig(d.UserData)
 	if err != nil {
 		return err

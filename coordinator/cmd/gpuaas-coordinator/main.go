@@ -107,7 +107,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Inventory: inv, Logger: log, SiteKey: siteKey,
 		Purge: server.PurgeConfig{Retention: o.RetainEnded},
 		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
-			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan},
+			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan, DeployExpiry: o.MAASDeployExpiry, ReleaseExpiry: o.MAASReleaseExpiry},
 	})
 	if err != nil {
 		ln.Close()

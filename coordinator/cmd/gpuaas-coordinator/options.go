@@ -47,6 +47,8 @@ type options struct {
 	MAASPollInterval   time.Duration
 	MAASEnrollPoll     time.Duration
 	MAASRescan         time.Duration
+	MAASDeployExpiry   time.Duration
+	MAASReleaseExpiry  time.Duration
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -97,6 +99,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.MAASPollInterval, "maas-poll-interval", 0, "how often MAAS transitions are polled (default 5s)")
 	fs.DurationVar(&o.MAASEnrollPoll, "maas-enroll-poll", 0, "how often the onboarding completion gates poll (default 2s)")
 	fs.DurationVar(&o.MAASRescan, "maas-rescan", 0, "how often the leader looks for MAAS workflow work when nothing wakes it (default 5s)")
+	fs.DurationVar(&o.MAASDeployExpiry, "maas-deploy-expiry", 0, "how long a MAAS deploy may take before the workflow fails (default 90m)")
+	fs.DurationVar(&o.MAASReleaseExpiry, "maas-release-expiry", 0, "how long a MAAS release (with erase) may take before the workflow fails (default 60m)")
 	return fs
 }
 

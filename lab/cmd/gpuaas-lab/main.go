@@ -223,12 +223,13 @@ func run(args []string, out io.Writer) (err error) {
 		}
 	}
 	var siteKeyArgs []string
-	if *maasMode {
+	{ // always: bare metal runs through the MAAS simulator (baremetal.go)
 		keyPath, err := ensureSiteKey(abs)
 		if err != nil {
 			return err
 		}
-		siteKeyArgs = []string{"-site-key-file", keyPath, "-maas-poll-interval", "100ms", "-maas-enroll-poll", "200ms", "-maas-rescan", "500ms"}
+		siteKeyArgs = []string{"-site-key-file", keyPath, "-maas-poll-interval", "100ms", "-maas-enroll-poll", "200ms", "-maas-rescan", "500ms",
+			"-maas-deploy-expiry", labMAASDeployExpiry, "-maas-release-expiry", labMAASReleaseExpiry}
 	}
 
 	var procs []*launch.Proc
@@ -335,6 +336,7 @@ func run(args []string, out io.Writer) (err error) {
 	}
 	viaMAAS := map[string]int{}
 	var flows []proto.WorkflowView
+	var bmMAAS *maaslab.Lab
 	if *maasMode {
 		ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
 			BatchMaxParallel: *maasBatch, Logger: log})
@@ -351,6 +353,16 @@ func run(args []string, out io.Writer) (err error) {
 		if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
 			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 		}
+		bmMAAS = ml
+	} else {
+		ml, err := startBaremetalMAAS(ctx, log, api, abs, agents, st.Hosts, sup.start)
+		if err != nil {
+			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
+		}
+		if ml != nil {
+			defer ml.Close()
+		}
+		bmMAAS = ml
 	}
 	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
 	if err != nil {
@@ -362,6 +374,7 @@ func run(args []string, out io.Writer) (err error) {
 	printSummary(out, abs, st, leader, views, *autoApprove, mode)
 	sliceHint(out, sh, sliceImage, mode)
 	printWorkflows(out, flows)
+	printBaremetal(out, abs, bmMAAS)
 	if *once {
 		return nil
 	}

@@ -1,0 +1,188 @@
+package maasflow_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/maas"
+	"github.com/gpuaas/gpuaas/coordinator/maasflow"
+	"github.com/gpuaas/gpuaas/lab/maassim"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+const tenantKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzLXRlbmFudA tenant@example"
+
+const profileUserData = "#cloud-config\npackages: [nvidia-driver-550]\n"
+
+// bmEnv is an env whose profile is a baremetal profile with tenant
+// user-data, and a Ready (commissioned) machine named host.
+func bmEnv(t *testing.T, host, mac string) (*env, string) {
+	t.Helper()
+	e := newEnv(t, func(p *proto.SiteProfile) {
+		p.Intent, p.TenantUserData = proto.IntentBaremetal, profileUserData
+		p.RequireHWSync, p.StorageLayoutProfile = false, ""
+	})
+	c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 2 * time.Millisecond})
+	require.NoError(t, err)
+	ctx := context.Background()
+	m, err := c.Create(ctx, maas.CreateParams{Hostname: host, MACs: []string{mac}})
+	require.NoError(t, err)
+	_, err = c.Commission(ctx, m.SystemID, maas.CommissionParams{}, maas.Wait{Expiry: 10 * time.Second})
+	require.NoError(t, err)
+	return e, m.SystemID
+}
+
+func (e *env) handoff(kind proto.WorkflowKind, host, task string) string {
+	e.t.Helper()
+	w := proto.MAASWorkflow{ID: proto.HandoffWorkflowID(kind, task), Kind: kind, Site: "site-a", Profile: "slice", Hostname: host,
+		Stage: proto.StagesOf(kind)[0], State: proto.WorkflowRunning, AllocationID: "alloc-" + task, TaskID: task}
+	if kind == proto.WorkflowHandoff {
+		w.SSHPublicKeys = []string{tenantKey}
+	}
+	e.ok(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: time.Now().UTC(), Workflow: w})
+	return w.ID
+}
+
+func measured(w *proto.MAASWorkflow, b proto.TimelineBucket) bool {
+	s, ok := bucket(w, b)
+	return ok && !s.End.IsZero()
+}
+
+// A handoff deploys the Ready machine with the tenant's key and the
+// profile's user-data and records the access; a reclaim releases it
+// with erase back to Ready.
+func TestHandoffDeploysAndReclaimErases(t *testing.T) {
+	t.Parallel()
+	e, sys := bmEnv(t, "bm1", "52:54:00:00:07:01")
+	id := e.handoff(proto.WorkflowHandoff, "bm1", "t1")
+	e.start()
+	w := e.waitState(id, proto.WorkflowSucceeded)
+	m, _ := e.sim.Machine(sys)
+	assert.Equal(t, maassim.StatusDeployed, m.Status)
+	assert.Zero(t, e.sim.Mutations(sys, "release"), "a Ready machine is deployed as it is")
+	assert.Equal(t, 1, e.sim.Mutations(sys, "deploy"))
+	ctypes, bodies, err := maasflow.TenantParts(m.UserData)
+	require.NoError(t, err)
+	require.Equal(t, []string{"text/cloud-config", "text/cloud-config"}, ctypes)
+	assert.Contains(t, bodies[0], "ssh_authorized_keys:\n  - \""+tenantKey+"\"")
+	assert.Contains(t, bodies[0], "allocation=alloc-t1")
+	assert.Equal(t, profileUserData, bodies[1])
+	require.NotNil(t, w.Access)
+	assert.Equal(t, maasflow.TenantUser, w.Access.User)
+	assert.True(t, strings.HasPrefix(w.Access.GuestIP, "10.10.0."), w.Access.GuestIP)
+	assert.Equal(t, "ssh ubuntu@"+w.Access.GuestIP, w.Access.SSH())
+	for _, b := range []proto.TimelineBucket{proto.BucketRequestToStart, proto.BucketReadyToDeploy, proto.BucketImageDeploy} {
+		assert.True(t, measured(w, b), "bucket %s measured", b)
+	}
+	_, ok := bucket(w, proto.BucketDiscovery)
+	assert.False(t, ok, "a handoff does not discover")
+
+	rid := e.handoff(proto.WorkflowReclaim, "bm1", "t2")
+	e.waitState(rid, proto.WorkflowSucceeded)
+	m, _ = e.sim.Machine(sys)
+	assert.Equal(t, maassim.StatusReady, m.Status)
+	rel := e.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Op == "release" })
+	require.Len(t, rel, 1)
+	assert.Equal(t, "true", rel[0].Params.Get("erase"), "reclaim erases")
+}
+
+// A machine still carrying a deploy (the host image of its onboarding)
+// is released with erase before the tenant's deploy.
+func TestHandoffReleasesADeployedMachineFirst(t *testing.T) {
+	t.Parallel()
+	e, sys := bmEnv(t, "bm2", "52:54:00:00:07:02")
+	c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 2 * time.Millisecond})
+	require.NoError(t, err)
+	_, err = c.Deploy(context.Background(), sys, maas.DeployParams{}, maas.Wait{Expiry: 10 * time.Second})
+	require.NoError(t, err)
+	id := e.handoff(proto.WorkflowHandoff, "bm2", "t3")
+	e.start()
+	e.waitState(id, proto.WorkflowSucceeded)
+	rel := e.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Op == "release" })
+	require.Len(t, rel, 1)
+	assert.Equal(t, "true", rel[0].Params.Get("erase"))
+	assert.Equal(t, 2, e.sim.Mutations(sys, "deploy"))
+}
+
+// Faults: each ends the workflow failed, at once, with the MAAS reason.
+func TestHandoffFaults(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		kind   proto.WorkflowKind
+		fault  maassim.FaultKind
+		cfg    func(*maasflow.Config)
+		status maassim.Status
+		stage  proto.WorkflowStage
+		reason string
+	}{
+		{name: "deploy failure", kind: proto.WorkflowHandoff, fault: maassim.FaultCurtinFailure, status: maassim.StatusFailedDeployment,
+			stage: proto.StageDeploy, reason: "curtin command install failed"},
+		{name: "deploy timeout", kind: proto.WorkflowHandoff, fault: maassim.FaultDeployStuck, status: maassim.StatusDeploying,
+			cfg: func(c *maasflow.Config) { c.DeployExpiry = 50 * time.Millisecond }, stage: proto.StageDeploy, reason: "Deployed"},
+		{name: "erase failure", kind: proto.WorkflowReclaim, fault: maassim.FaultEraseFailure, status: maassim.StatusFailedDiskErasing,
+			stage: proto.StageRelease, reason: "could not erase the disks"},
+		{name: "release timeout", kind: proto.WorkflowReclaim, status: maassim.StatusDiskErasing,
+			cfg: func(c *maasflow.Config) { c.ReleaseExpiry = time.Millisecond }, stage: proto.StageRelease, reason: "Ready"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			host := fmt.Sprintf("bmf%d", i)
+			e, sys := bmEnv(t, host, fmt.Sprintf("52:54:00:00:08:%02x", i))
+			if tc.kind == proto.WorkflowReclaim {
+				c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 2 * time.Millisecond})
+				require.NoError(t, err)
+				_, err = c.Deploy(context.Background(), sys, maas.DeployParams{}, maas.Wait{Expiry: 10 * time.Second})
+				require.NoError(t, err)
+			}
+			if tc.fault != "" {
+				require.NoError(t, e.sim.InjectFault(sys, maassim.Fault{Kind: tc.fault}))
+			}
+			e.cfg = tc.cfg
+			id := e.handoff(tc.kind, host, fmt.Sprintf("f%d", i))
+			e.start()
+			w := e.waitState(id, proto.WorkflowFailed)
+			assert.Equal(t, tc.stage, w.Stage)
+			assert.Equal(t, 1, w.Attempts, "a failed or expired MAAS transition is not retried")
+			assert.Contains(t, w.LastError, tc.reason)
+			m, _ := e.sim.Machine(sys)
+			assert.Equal(t, tc.status, m.Status)
+			if tc.kind == proto.WorkflowHandoff {
+				open, ok := bucket(w, proto.BucketImageDeploy)
+				require.True(t, ok)
+				assert.True(t, open.End.IsZero(), "the image deploy bucket stays open: that is where it failed")
+			}
+		})
+	}
+}
+
+func TestRenderTenantUserData(t *testing.T) {
+	t.Parallel()
+	ud, err := maasflow.RenderTenantUserData(maasflow.TenantUserData{AllocationID: "a1", Hostname: "h", SSHPublicKeys: []string{tenantKey},
+		ProfileUserData: "#!/bin/sh\necho hi\n"})
+	require.NoError(t, err)
+	again, err := maasflow.RenderTenantUserData(maasflow.TenantUserData{AllocationID: "a1", Hostname: "h", SSHPublicKeys: []string{tenantKey},
+		ProfileUserData: "#!/bin/sh\necho hi\n"})
+	require.NoError(t, err)
+	assert.Equal(t, ud, again, "deterministic")
+	ctypes, bodies, err := maasflow.TenantParts(ud)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"text/cloud-config", "text/x-shellscript"}, ctypes)
+	assert.Equal(t, "#!/bin/sh\necho hi\n", bodies[1])
+	for _, bad := range []maasflow.TenantUserData{
+		{AllocationID: "a1", SSHPublicKeys: []string{"ssh-ed25519 AAAA\nruncmd: [rm]"}},
+		{AllocationID: "a1", SSHPublicKeys: []string{`ssh-ed25519 AAAA"x`}},
+		{AllocationID: "a1", ProfileUserData: "runcmd: []\n"},
+		{AllocationID: "Bad ID"},
+	} {
+		_, err := maasflow.RenderTenantUserData(bad)
+		assert.Error(t, err, "%+v", bad)
+	}
+}
