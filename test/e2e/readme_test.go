@@ -230,12 +230,24 @@ func step(pattern string, timeout time.Duration, check func(t *testing.T, s *rea
 var readmeFlows = []readmeFlow{
 	{block: "first-commands", steps: []readmeStep{
 		step(`node list`, time.Minute, expect(`(?s)j22u11 .*j22u15 .*j27u15 `)),
-		step(`alloc create`, time.Minute, captureAlloc),
+		step(`alloc create .*--wait`, 5*time.Minute, func(t *testing.T, s *readmeShell, out string) {
+			captureAlloc(t, s, out)
+			require.Regexp(t, `placed on node j22u15`, out, "the real slice host takes it")
+			require.Regexp(t, `is active after`, out)
+		}),
+		step(`alloc tasks`, time.Minute, expect(`slice\.provision`)),
+		step(`alloc release`, 2*time.Minute, nil),
+		step(`/readyz`, time.Minute, expect(`ready`)),
+		step(`openapi`, time.Minute, expect(`openapi: `)),
+		step(`gpuaas-lab status`, time.Minute, expect(`j22u15`)),
+	}, after: func(t *testing.T, s *readmeShell) {
+		requireReleased(t, s, "j22u15")
 	}},
 	{block: "real-slice", steps: []readmeStep{
 		step(`alloc create .*--wait`, 5*time.Minute, func(t *testing.T, s *readmeShell, out string) {
 			captureAlloc(t, s, out)
 			require.Contains(t, out, "ssh_ready")
+			require.Regexp(t, `placed on node j22u15`, out)
 		}),
 		// Interactive: the test adds a remote command. The guest's host
 		// key is pinned by alloc ssh, so BatchMode (no prompt) must pass.
@@ -245,17 +257,61 @@ var readmeFlows = []readmeFlow{
 		step(`alloc timeline`, time.Minute, expect(`clone[\s\S]*ssh_ready`)),
 		step(`alloc release`, 2*time.Minute, nil),
 	}, after: func(t *testing.T, s *readmeShell) {
-		// The release ends with the slot available and a wipe proof.
-		require.Eventually(t, func() bool {
-			out, err := s.run(t, "bin/gpuaasctl alloc show "+s.vars["ID"], time.Minute, "")
-			return err == nil && regexp.MustCompile(`State:\s+released`).MatchString(out)
-		}, 2*time.Minute, time.Second)
-		out, err := s.run(t, "bin/gpuaasctl slot list --node j22u15 -o json", time.Minute, "")
+		requireReleased(t, s, "j22u15")
+	}},
+	{block: "simulated-slice", steps: []readmeStep{
+		step(`prepare-slice`, 3*time.Minute, nil),
+		step(`alloc create --gpus 2 .*--wait`, 3*time.Minute, func(t *testing.T, s *readmeShell, out string) {
+			captureAlloc(t, s, out)
+			require.Regexp(t, `placed on node j22u11`, out, "j22u15 is drained: the simulated host takes it")
+			require.Regexp(t, `is active after`, out)
+		}),
+		step(`alloc release .*--wait`, 3*time.Minute, expect(`released`)),
+		step(`alloc create --gpus 1 .*--wait`, 3*time.Minute, func(t *testing.T, s *readmeShell, out string) {
+			captureAlloc(t, s, out)
+			require.Regexp(t, `placed on node j22u11`, out)
+		}),
+		step(`slot list .*cleanup_blocked`, time.Minute, func(t *testing.T, s *readmeShell, out string) {
+			m := regexp.MustCompile(`(?m)^(j22u11-s\d+)\s.*cleanup_blocked`).FindStringSubmatch(out)
+			require.NotNil(t, m, "the force-released slice's slot is cleanup_blocked:\n%s", out)
+			s.vars["SLOT"] = m[1]
+		}),
+		step(`slot cleanup .*--wait`, 3*time.Minute, nil),
+	}, after: func(t *testing.T, s *readmeShell) {
+		requireReleased(t, s, "j22u11")
+		out, err := s.run(t, "bin/gpuaasctl slot show "+s.vars["SLOT"]+" -o json", time.Minute, "")
 		require.NoError(t, err, out)
-		require.NotContains(t, out, `"releasing"`)
-		require.NotContains(t, out, `"cleanup_blocked"`)
+		require.Contains(t, out, `"available"`, "slot cleanup made it available")
 		require.Contains(t, out, `"wipe_proof"`)
 	}},
+	{block: "baremetal", steps: []readmeStep{
+		step(`alloc create --shape baremetal`, 5*time.Minute, func(t *testing.T, s *readmeShell, out string) {
+			captureAlloc(t, s, out)
+			require.Regexp(t, `placed on node j27u15`, out)
+			require.Contains(t, out, "maas.image_deploy")
+			require.Regexp(t, `is active after`, out)
+		}),
+		step(`alloc timeline`, time.Minute, expect(`maas\.image_deploy`)),
+		step(`alloc release .*--wait`, 5*time.Minute, expect(`(?s)maas\.release_erase.*released`)),
+		step(`availability`, time.Minute, expect(`h200-sxm-baremetal`)),
+	}},
+}
+
+// requireReleased waits until the allocation in ID is released, then
+// checks that no slot of node is left releasing, cleanup_blocked or
+// allocated, and the released ones carry a wipe proof.
+func requireReleased(t *testing.T, s *readmeShell, node string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		out, err := s.run(t, "bin/gpuaasctl alloc show "+s.vars["ID"], time.Minute, "")
+		return err == nil && regexp.MustCompile(`State:\s+released`).MatchString(out)
+	}, 3*time.Minute, time.Second, "allocation %s released", s.vars["ID"])
+	out, err := s.run(t, "bin/gpuaasctl slot list --node "+node+" -o json", time.Minute, "")
+	require.NoError(t, err, out)
+	for _, bad := range []string{`"reserved"`, `"allocated"`, `"releasing"`, `"cleanup_blocked"`} {
+		require.NotContains(t, out, bad, "slots of %s", node)
+	}
+	require.Contains(t, out, `"wipe_proof"`)
 }
 
 // TestPrivilegedReadmeFlows builds the binaries with `make build`, starts
