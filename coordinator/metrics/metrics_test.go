@@ -244,7 +244,7 @@ type fakeView struct {
 }
 
 func (v fakeView) Statuses() []membership.Status { return v.statuses }
-func (v fakeView) Suspects() map[string]bool    { return v.suspects }
+func (v fakeView) Suspects() map[string]bool     { return v.suspects }
 
 // TestAgentCollector: agents by state; coordinators in the pool are not
 // agents; no pool, no samples.
