@@ -288,3 +288,14 @@ func raftLogs(first uint64, entries ...[]byte) []*raft.Log {
 	}
 	return out
 }
+
+// BenchmarkApplied is the observation cost the FSM adds per placement.
+func BenchmarkApplied(b *testing.B) {
+	m := metrics.New()
+	resp := &proto.AllocationPlaceResponse{}
+	b.ReportAllocs()
+	for b.Loop() {
+		start := time.Now()
+		m.Applied(proto.AllocationPlaceType, time.Since(start), resp)
+	}
+}
