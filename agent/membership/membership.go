@@ -288,6 +288,19 @@ func (p *Pool) Statuses() []Status {
 	return out
 }
 
+// Suspects names the members memberlist currently suspects: alive as far
+// as the pool's view goes, but a probe failed and the suspicion timeout
+// runs (metrics: an agent about to be declared dead).
+func (p *Pool) Suspects() map[string]bool {
+	out := map[string]bool{}
+	for _, n := range p.ml.Members() {
+		if n.State == memberlist.StateSuspect {
+			out[n.Name] = true
+		}
+	}
+	return out
+}
+
 func (p *Pool) emit(kind EventKind, n *memberlist.Node) {
 	ev := Event{Kind: kind, Name: n.Name, Addr: n.Address(), Meta: decodeMeta(n.Meta), At: time.Now()}
 	if n.Name != p.name {

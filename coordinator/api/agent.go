@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/enroll"
+	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -86,9 +87,9 @@ func (a *API) registerAgentRoutes() {
 		rt := Route{Method: r.Method, Pattern: r.Pattern, Role: RoleAdmin, Write: r.Write, handle: h}
 		switch r.Auth {
 		case "admin":
-			a.mux.Handle(r.Method+" "+r.Pattern, a.wrap(rt))
+			a.mux.Handle(r.Method+" "+r.Pattern, a.instrument(r.Method, r.Pattern, a.wrap(rt)))
 		default:
-			a.mux.Handle(r.Method+" "+r.Pattern, a.wrapAgent(rt, r.Auth == "node"))
+			a.mux.Handle(r.Method+" "+r.Pattern, a.instrument(r.Method, r.Pattern, a.wrapAgent(rt, r.Auth == "node")))
 		}
 	}
 }
@@ -331,7 +332,9 @@ func (a *API) agentTasks(c *call) error {
 			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: idx})
 		}
 		ctx, cancel := context.WithTimeout(c.r.Context(), left)
+		done := a.metrics.LongPoll(metrics.LongPollAgentTasks)
 		_, err := store.Wait(ctx, snap.TableIndex(state.TableTasks), state.TableTasks)
+		done()
 		cancel()
 		if err != nil && c.r.Context().Err() != nil {
 			return c.r.Context().Err()

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -72,6 +73,9 @@ type API struct {
 	routes []Route
 	proxy  *forwarder
 	leases leaseMemo // last lease comparison per node (leasedrift.go)
+
+	metrics     *metrics.Metrics // the replica's (metrics.go)
+	metricsHTTP http.Handler     // GET /v1/metrics
 }
 
 // New returns the operator API handler over backend b.
@@ -81,19 +85,21 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	}
 	a := &API{b: b, auth: auth, log: log, skus: proto.DefaultSKUs(), mux: http.NewServeMux()}
 	a.proxy = newForwarder(log)
+	a.metrics = metricsOf(b)
+	a.metricsHTTP = a.newMetricsHandler()
 	a.routes = append(a.routeTable(), a.imageRoutes()...)
 	allowed := map[string][]string{}
 	for _, rt := range a.routes {
 		if isBlobRoute(rt) {
-			a.mux.Handle(rt.Method+" "+rt.Pattern, a.blobHandler(rt))
+			a.mux.Handle(rt.Method+" "+rt.Pattern, a.instrument(rt.Method, rt.Pattern, a.blobHandler(rt)))
 			allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 			continue
 		}
-		a.mux.Handle(rt.Method+" "+rt.Pattern, a.wrap(rt))
+		a.mux.Handle(rt.Method+" "+rt.Pattern, a.instrument(rt.Method, rt.Pattern, a.wrap(rt)))
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}
 	for _, rt := range a.publicRoutes() {
-		a.mux.Handle(rt.Method+" "+rt.Pattern, rt.handle)
+		a.mux.Handle(rt.Method+" "+rt.Pattern, a.instrument(rt.Method, rt.Pattern, rt.handle))
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}
 	a.registerAgentRoutes()
@@ -161,6 +167,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/usage", RoleViewer, false, a.getUsage},
 
 		{http.MethodGet, "/v1/status", RoleViewer, false, a.getStatus},
+		{http.MethodGet, "/v1/metrics", RoleViewer, false, a.getMetrics},
 		{http.MethodGet, "/v1/operator/peers", RoleViewer, false, a.listPeers},
 		{http.MethodPost, "/v1/operator/peers", RoleAdmin, true, a.addPeer},
 		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},

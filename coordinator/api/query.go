@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -202,6 +203,7 @@ func (c *call) wait(ctx context.Context, bl blocking, tables []string) error {
 	d := bl.wait + rand.N(bl.wait/16+1)
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	defer c.a.metrics.LongPoll(metrics.LongPollQuery)()
 	for {
 		_, err := c.a.b.Store().Wait(ctx, bl.index, tables...)
 		switch {

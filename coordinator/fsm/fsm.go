@@ -21,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -38,7 +39,24 @@ type FSM struct {
 	last state.Changes
 	// batch is the open transaction of ApplyBatch (nil otherwise).
 	batch *state.Txn
+	// obs sees every applied command (metrics); nil: none.
+	obs Observer
 }
+
+// Observer sees each command after it was applied, with the response it
+// produced (metrics). It runs on the apply path, so it must be cheap, and
+// it must not touch the state: what it records never influences Apply.
+type Observer interface {
+	// Applied is called once per command, command_batch entries included
+	// (took covers their commands, each of which is also reported).
+	Applied(t proto.MessageType, took time.Duration, resp any)
+	// AppliedBatch is called once per ApplyBatch with its entry count.
+	AppliedBatch(entries int)
+}
+
+// SetObserver installs o (nil removes it). Call it before the FSM applies
+// anything: it is not synchronized with Apply.
+func (f *FSM) SetObserver(o Observer) { f.obs = o }
 
 var (
 	_ raft.FSM         = (*FSM)(nil)
@@ -95,6 +113,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	if len(logs) == 0 {
 		return resps
 	}
+	if f.obs != nil {
+		f.obs.AppliedBatch(len(logs))
+	}
 	f.batch = f.Store().Begin(logs[0].Index)
 	defer func() { f.batch = nil }()
 	for i, l := range logs {
@@ -112,6 +133,17 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 // ApplyCommand applies one encoded command (proto.Encode) at index. It is
 // Apply without the raft.Log wrapper, for log replays and tests.
 func (f *FSM) ApplyCommand(index uint64, data []byte) any {
+	if f.obs == nil {
+		return f.applyCommand(index, data)
+	}
+	start := time.Now()
+	resp := f.applyCommand(index, data)
+	t, _, _ := proto.Decode(data) // an undecodable entry panicked above
+	f.obs.Applied(t, time.Since(start), resp)
+	return resp
+}
+
+func (f *FSM) applyCommand(index uint64, data []byte) any {
 	t, body, err := proto.Decode(data)
 	if err != nil {
 		panic(fmt.Sprintf("fsm: index %d: %v", index, err))

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/agent/membership"
+	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -39,6 +40,9 @@ const agentReconcileInterval = 250 * time.Millisecond
 //
 // It returns when ctx ends or the events channel closes.
 func (s *Server) WatchAgents(ctx context.Context, pool AgentPool) {
+	if v, ok := pool.(metrics.AgentView); ok {
+		s.agentView.Store(&v)
+	}
 	tick := time.NewTicker(agentReconcileInterval)
 	defer tick.Stop()
 	// acted holds, per member, the status Seq already acted on in this

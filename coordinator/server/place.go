@@ -86,6 +86,12 @@ func newPlanner(s *Server) *planner {
 // the code (invalid_argument, no_capacity, conflict after retries,
 // unavailable when the outcome is unknown: retry with the same key).
 func (s *Server) Place(ctx context.Context, req proto.AllocationCreateRequest, idemKey string) (proto.Allocation, bool, error) {
+	a, existing, err := s.place(ctx, req, idemKey)
+	s.metrics.PlacementRefused(err) // counts refusals only
+	return a, existing, err
+}
+
+func (s *Server) place(ctx context.Context, req proto.AllocationCreateRequest, idemKey string) (proto.Allocation, bool, error) {
 	if s.ledger == nil {
 		return proto.Allocation{}, false, ErrNoLedger
 	}

@@ -15,12 +15,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/gpuaas/gpuaas/coordinator/blobs"
+	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -58,6 +60,9 @@ type Server struct {
 	blobsErr  error
 
 	ready readiness // GET /readyz (ready.go)
+
+	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
+	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
 }
 
 // NotLeaderError is returned by writes on a follower. LeaderHTTP is the
@@ -122,6 +127,7 @@ func New(cfg Config) (*Server, error) {
 		s.ledger = newLedger(log)
 		inner = s.ledger.fsm
 	}
+	s.initMetrics()
 	s.enroll = newEnrollFSM(inner)
 	s.fsm = newPeerFSM(s.enroll)
 
