@@ -212,7 +212,7 @@ func RenderTenantUserData(u TenantUserData) ([]byte, error) {
 	case strings.HasPrefix(pu, "#!"):
 		parts = append(parts, struct{ ctype, body string }{"text/x-shellscript", pu})
 	default:
-		return nil, fmt.Errorf("render tenant user-data: the profile's tenant_user_data starts with neither #cloud-config nor #!")
+		return nil, fmt.Errorf("render tenant user-data: the profile's tenant_user_data must start with #cloud-config or #! (a script)")
 	}
 	sum := sha256.New()
 	for _, p := range parts {
