@@ -70,13 +70,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	joinToken := ""
-	if o.JoinTokenFile != "" {
-		b, err := os.ReadFile(o.JoinTokenFile)
-		if err != nil {
-			return fmt.Errorf("read join token: %w", err)
-		}
-		joinToken = strings.TrimSpace(string(b))
+	joinToken, err := readSecretFile("join token", o.JoinTokenFile)
+	if err != nil {
+		return err
+	}
+	clusterSecret, err := readSecretFile("cluster secret", o.ClusterSecretFile)
+	if err != nil {
+		return err
 	}
 	var inv *server.Inventory
 	if o.Inventory != "" {
@@ -100,7 +100,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	srv, err := server.New(server.Config{
 		NodeID: o.NodeID, DataDir: o.DataDir, RaftBind: o.RaftAddr, RaftAdvertise: o.RaftAdvertise,
-		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken,
+		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken, ClusterSecret: clusterSecret,
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
@@ -144,6 +144,23 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		err = nil
 	}
 	return errors.Join(err, herr, serr)
+}
+
+// readSecretFile reads a one-line secret ("" when path is empty); an
+// empty or short file is refused.
+func readSecretFile(what, path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", what, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if len(v) < 16 {
+		return "", fmt.Errorf("%s file %s holds %d characters; at least 16 are required", what, path, len(v))
+	}
+	return v, nil
 }
 
 // loadAuth reads the tokens file, or, without one, makes an admin token

@@ -26,6 +26,7 @@ type options struct {
 	BootstrapExpect   int
 	Join              []string
 	JoinTokenFile     string
+	ClusterSecretFile string
 	TokensFile        string
 	SiteKeyFile       string
 	Inventory         string
@@ -67,7 +68,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 		}
 		return nil
 	})
-	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding the cluster join token (server-to-server routes)")
+	fs.StringVar(&o.ClusterSecretFile, "cluster-secret-file", "", "file holding the secret the bootstrap servers share (the join exchange of cluster formation); required with -bootstrap-expect > 1, the same on every bootstrap server, mode 0600")
+	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding a single-use join token (gpuaasctl operator join-token) this server presents to become a voter of an existing cluster")
 	fs.StringVar(&o.TokensFile, "tokens-file", "", "API tokens file (JSON [{name, role, sha256}]); default: a generated admin token in <data-dir>/admin.token")
 	fs.StringVar(&o.SiteKeyFile, "site-key-file", "", "file with the 64-hex-digit AES-256 key sealing MAAS site credentials (the same on every replica, mode 0600)")
 	fs.StringVar(&o.Inventory, "inventory", "", "inventory JSON loaded by the leader into an empty ledger")

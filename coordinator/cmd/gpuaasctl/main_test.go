@@ -94,6 +94,8 @@ func TestGpuaasctlAgainstCoordinatorProcesses(t *testing.T) {
 		httpAddrs = append(httpAddrs, proctest.FreeAddr(t))
 		raftAddrs = append(raftAddrs, proctest.FreeAddr(t))
 	}
+	secret := filepath.Join(dir, "cluster.secret")
+	require.NoError(t, os.WriteFile(secret, []byte("gpuaasctl-test-cluster-secret\n"), 0o600))
 	procs := make([]*exec.Cmd, n)
 	for i := range n {
 		var join []string
@@ -107,7 +109,7 @@ func TestGpuaasctlAgainstCoordinatorProcesses(t *testing.T) {
 		require.NoError(t, err)
 		cmd := exec.Command(coordBin, "-node-id", id, "-data-dir", filepath.Join(dir, id), "-raft-addr", raftAddrs[i],
 			"-http-addr", httpAddrs[i], "-bootstrap-expect", fmt.Sprint(n), "-join", strings.Join(join, ","),
-			"-tokens-file", tokens, "-inventory", invPath, "-log-format", "text")
+			"-tokens-file", tokens, "-cluster-secret-file", secret, "-inventory", invPath, "-log-format", "text")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		require.NoError(t, cmd.Start())
 		procs[i] = cmd

@@ -172,6 +172,10 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 	}
+	secretPath, err := ensureClusterSecret(abs)
+	if err != nil {
+		return err
+	}
 	var siteKeyArgs []string
 	if *maasMode {
 		keyPath, err := ensureSiteKey(abs)
@@ -201,6 +205,7 @@ func run(args []string, out io.Writer) error {
 				"-gossip-bind", c.Gossip,
 				"-gossip-join", strings.Join(slices.DeleteFunc(slices.Clone(gossips), func(g string) bool { return g == c.Gossip }), ","),
 				"-tokens-file", tokensFile,
+				"-cluster-secret-file", secretPath,
 				"-inventory", invPath,
 				"-log-format", "text",
 			},
