@@ -160,5 +160,6 @@ func (a *API) routeTable() []Route {
 		{http.MethodPost, "/v1/operator/peers", RoleAdmin, true, a.addPeer},
 		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},
 		{http.MethodPost, "/v1/operator/transfer-leadership", RoleAdmin, true, a.transferLeadership},
+		{http.MethodPost, "/v1/operator/join-tokens", RoleAdmin, true, a.createJoinToken},
 	}
 }
