@@ -372,3 +372,41 @@ func TestAllocationOwnerIsThePrincipal(t *testing.T) {
 	// allocation.
 	e.create("own-3", sliceReq(1)).requireProblem(t, http.StatusConflict, proto.CodeConflict)
 }
+
+// TestStrictRequestBodies: the Content-Type is parsed, not prefix-matched
+// (415), and duplicate keys or field names in another case are refused
+// with a 400 naming the key; nothing is proposed.
+func TestStrictRequestBodies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	good := `{"capacity_shape":"gpu_slice","sku":"h200-sxm-slice","gpu_count":1,"region":"us-east"}`
+	before := e.index()
+	for name, tc := range map[string]struct {
+		ct, body string
+		status   int
+		code     proto.Code
+		detail   string
+	}{
+		"json-evil":      {"application/json-evil", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "not application/json"},
+		"text":           {"text/plain", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "not application/json"},
+		"no type":        {"-", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "needs Content-Type"},
+		"bad charset":    {"application/json; charset=latin1", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "charset=utf-8"},
+		"malformed type": {"application/json;;", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "Content-Type"},
+		"duplicate key": {"application/json", `{"capacity_shape":"gpu_slice","sku":"h200-sxm-slice","gpu_count":1,"region":"us-east","owner":"operator-user","owner":"t-admin"}`,
+			http.StatusBadRequest, proto.CodeInvalidArgument, `duplicate key "owner"`},
+		"wrong case": {"application/json", `{"capacity_shape":"gpu_slice","sku":"h200-sxm-slice","gpu_count":1,"Region":"us-east"}`,
+			http.StatusBadRequest, proto.CodeInvalidArgument, `key "Region" must be spelled "region"`},
+	} {
+		hdr := []string{proto.IdempotencyKeyHeader, "strict-" + strings.ReplaceAll(name, " ", "-")}
+		if tc.ct != "-" {
+			hdr = append(hdr, "Content-Type", tc.ct)
+		}
+		r := e.doRaw(RoleOperator, http.MethodPost, "/v1/allocations", tc.body, hdr...)
+		p := r.requireProblem(t, tc.status, tc.code)
+		assert.Contains(t, p.Detail, tc.detail, name)
+	}
+	assert.Equal(t, before, e.index(), "nothing proposed")
+	r := e.doRaw(RoleOperator, http.MethodPost, "/v1/allocations", good, proto.IdempotencyKeyHeader, "strict-ok", "Content-Type", "application/json; charset=UTF-8")
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+}

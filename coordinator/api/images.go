@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -234,8 +235,10 @@ func (a *API) putImageBlob(c *call) error {
 	if im.State == proto.ImageRevoked {
 		return proto.Errorf(proto.CodeIllegalTransition, "image %s is revoked; publish a new version", im)
 	}
-	if ct := c.r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/octet-stream") {
-		return proto.Errorf(proto.CodeInvalidArgument, "Content-Type %q is not application/octet-stream", ct)
+	if ct := c.r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/octet-stream" {
+			return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q is not application/octet-stream", truncateHeader(ct))
+		}
 	}
 	if cl := c.r.ContentLength; cl >= 0 && cl != im.Size {
 		return proto.Errorf(proto.CodeInvalidArgument, "body is %d bytes; image %s has %d (digest %s)", cl, im, im.Size, im.Digest)

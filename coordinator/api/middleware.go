@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"reflect"
 	"regexp"
@@ -196,8 +197,11 @@ func (c *call) reply(status int, v any) error {
 	return nil
 }
 
-// decode parses the buffered body into v: unknown fields and trailing
-// data are refused. An empty body is allowed when optional.
+// decode is the one strict JSON body decoder every handler that takes a
+// body uses: the Content-Type must be application/json (415 otherwise),
+// and unknown fields, trailing data, duplicate keys and field names
+// spelled in another case are refused (400 naming the key). An empty
+// body is allowed when optional.
 func (c *call) decode(v any, optional bool) error {
 	if len(bytes.TrimSpace(c.body)) == 0 {
 		if optional {
@@ -205,10 +209,15 @@ func (c *call) decode(v any, optional bool) error {
 		}
 		return proto.Errorf(proto.CodeInvalidArgument, "a JSON request body is required")
 	}
-	if ct := c.r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return proto.Errorf(proto.CodeInvalidArgument, "Content-Type %q is not application/json", ct)
+	if err := requireJSONContentType(c.r.Header.Get("Content-Type")); err != nil {
+		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(c.body))
+	return decodeStrict(c.body, v)
+}
+
+// decodeStrict decodes one JSON object strictly (see decode).
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return proto.Errorf(proto.CodeInvalidArgument, "request body: %s", describeJSONError(err))
@@ -216,7 +225,38 @@ func (c *call) decode(v any, optional bool) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return proto.Errorf(proto.CodeInvalidArgument, "request body: unexpected data after the JSON object")
 	}
+	if err := proto.CheckJSONKeys(body, v); err != nil {
+		return proto.Errorf(proto.CodeInvalidArgument, "request body: %s", err.(*proto.Error).Detail)
+	}
 	return nil
+}
+
+// requireJSONContentType accepts exactly application/json (any case),
+// with at most a charset=utf-8 parameter.
+func requireJSONContentType(ct string) error {
+	if ct == "" {
+		return proto.Errorf(proto.CodeUnsupportedMediaType, "a request body needs Content-Type: application/json")
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q: %v", truncateHeader(ct), err)
+	}
+	if mt != "application/json" {
+		return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q is not application/json", truncateHeader(ct))
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q: only the parameter charset=utf-8 is accepted", truncateHeader(ct))
+		}
+	}
+	return nil
+}
+
+func truncateHeader(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
 }
 
 func describeJSONError(err error) string {
