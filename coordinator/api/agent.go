@@ -137,11 +137,17 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 				return
 			}
 			p = Principal{Name: "node:" + id}
+			// The node routes need no role: the credential is the grant.
+			if !a.authorize(w, r, Route{Method: rt.Method, Pattern: rt.Pattern}, p) {
+				return
+			}
 		} else {
+			// Unauthenticated (enroll, bootstrap): the address limits
+			// and the failure lockout apply, no principal's.
 			p = Principal{Name: "bootstrap"}
-		}
-		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
-			*who = p.Name
+			if who, ok := r.Context().Value(principalKey{}).(*string); ok {
+				*who = p.Name
+			}
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
 		a.dispatch(c, "agent")

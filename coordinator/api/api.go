@@ -71,6 +71,8 @@ type API struct {
 	routes []Route
 	proxy  *forwarder
 	leases leaseMemo // last lease comparison per node (leasedrift.go)
+	guard  *guard    // rate limits, lockout, body timeout (limits.go); nil: none
+	peers  peerIPs   // the peers' IPs, whose forwarded requests are not limited
 }
 
 // New returns the operator API handler over backend b.

@@ -198,12 +198,12 @@ func (a *API) blobHandler(rt Route) http.Handler {
 			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the bearer token is not known"))
 			return
 		}
-		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
-			*who = p.Name
-		}
-		if p.Role < rt.Role {
-			writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
+		if !a.authorize(w, r, rt, p) {
 			return
+		}
+		if r.Method == http.MethodPut {
+			// An authorised upload streams for as long as it takes.
+			a.clearBodyDeadline(w)
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
 		if err := rt.handle(c); err != nil {

@@ -122,10 +122,15 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
 		go srv.WatchAgents(ctx, pool)
 	}
+	a := api.New(srv, auth, log.With("component", "api"))
+	a.SetLimits(limitsFrom(o))
 	mux := http.NewServeMux()
-	mux.Handle("/v1/internal/", srv.InternalHandler())
-	mux.Handle("/", api.New(srv, auth, log.With("component", "api")))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.Handle("/v1/internal/", a.Protect(srv.InternalHandler()))
+	mux.Handle("/", a)
+	// No server-wide ReadTimeout/WriteTimeout: long-polls, blob uploads
+	// and downloads stream. The API bounds each request body itself
+	// (-body-timeout); headers and idle keep-alives are bounded here.
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr())
@@ -144,6 +149,16 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		err = nil
 	}
 	return errors.Join(err, herr, serr)
+}
+
+// limitsFrom turns the flags into the API's limits.
+func limitsFrom(o *options) api.Limits {
+	l := api.DefaultLimits
+	l.PerAddress = api.Rate{PerSecond: o.RatePerAddress, Burst: int(2 * o.RatePerAddress)}
+	l.PerPrincipal = api.Rate{PerSecond: o.RatePerPrincipal, Burst: int(2 * o.RatePerPrincipal)}
+	l.LockoutAfter = o.LockoutAfter
+	l.BodyTimeout = o.BodyTimeout
+	return l
 }
 
 // readSecretFile reads a one-line secret ("" when path is empty); an
