@@ -227,7 +227,11 @@ func (s *Server) registerPeer(ctx context.Context, p proto.Peer, raftAddr string
 		}
 		return proto.Errorf(proto.CodeConflict, "server %s is already recorded with http address %s; a join never changes another entry (remove and re-add the server)", p.ID, cur.HTTPAddr)
 	}
-	return s.upsertPeer(ctx, p)
+	if err := s.upsertPeer(ctx, p); err != nil {
+		return err
+	}
+	s.log.Info("join: recorded voter's http address", "server", p.ID, "raft_addr", p.RaftAddr, "http_addr", p.HTTPAddr)
+	return nil
 }
 
 func (m member) validate() error {

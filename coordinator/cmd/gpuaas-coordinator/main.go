@@ -2,11 +2,17 @@
 // server (coordinator/server) and, on the same HTTP listener, the
 // operator API (coordinator/api) and the server-to-server routes.
 //
-// Three on loopback:
+// Three on loopback, sharing a cluster secret for formation:
 //
-//	gpuaas-coordinator -node-id c1 -data-dir d1 -raft-addr 127.0.0.1:7301 -http-addr 127.0.0.1:7300 -bootstrap-expect 3
-//	gpuaas-coordinator -node-id c2 -data-dir d2 -raft-addr 127.0.0.1:7311 -http-addr 127.0.0.1:7310 -bootstrap-expect 3 -join 127.0.0.1:7300
-//	gpuaas-coordinator -node-id c3 -data-dir d3 -raft-addr 127.0.0.1:7321 -http-addr 127.0.0.1:7320 -bootstrap-expect 3 -join 127.0.0.1:7300
+//	head -c 32 /dev/urandom | xxd -p -c 64 > secret; chmod 600 secret
+//	gpuaas-coordinator -node-id c1 -data-dir d1 -raft-addr 127.0.0.1:7301 -http-addr 127.0.0.1:7300 -bootstrap-expect 3 -cluster-secret-file secret
+//	gpuaas-coordinator -node-id c2 -data-dir d2 -raft-addr 127.0.0.1:7311 -http-addr 127.0.0.1:7310 -bootstrap-expect 3 -cluster-secret-file secret -join 127.0.0.1:7300
+//	gpuaas-coordinator -node-id c3 -data-dir d3 -raft-addr 127.0.0.1:7321 -http-addr 127.0.0.1:7320 -bootstrap-expect 3 -cluster-secret-file secret -join 127.0.0.1:7300
+//
+// A fourth server later joins with a single-use token an admin minted:
+//
+//	gpuaasctl -o json operator join-token --server-id c4 | jq -r .token > tok
+//	gpuaas-coordinator -node-id c4 -data-dir d4 -raft-addr 127.0.0.1:7331 -http-addr 127.0.0.1:7330 -bootstrap-expect 0 -join-token-file tok -join 127.0.0.1:7300
 //
 // SIGTERM or SIGINT shuts down gracefully (HTTP drained, Raft stopped,
 // store closed).
