@@ -8,7 +8,7 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
-.PHONY: all deps build lab test test-unit vet bench clean
+.PHONY: all deps build lab test test-unit vet check bench clean clean-daemons
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -26,11 +26,31 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
+# What the tools already check: vet and gofmt, go.mod tidy (the u-root
+# commands the guest image is built from are tool directives, so tidy keeps
+# what they import), then staticcheck (a tool directive too, so no separate
+# install). Part of make test.
+check: vet
+	$(GO) mod tidy -diff
+	$(GO) tool staticcheck ./...
+
 # Every test tier. Privileged tests (TestPrivileged*) need root and the
 # packages deps installs; they skip without them unless
 # GPUAAS_REQUIRE_PRIVILEGED=1 (set by .ci/run), which makes them fail.
-test: deps vet
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+# After the tests, clean-daemons stops the shared daemon set, then
+# leakcheck fails the target if the run left a process, loop device, OVS
+# bridge, libvirt domain, network namespace or nftables table behind
+# (compared with a snapshot taken before it).
+test: deps check
+	@export GPUAAS_LEAKCHECK_RUN="make-test-$$$$-$$(date +%s)"; \
+	snap=$$(mktemp); trap 'rm -f "$$snap"' EXIT; \
+	$(GO) run ./test/leakcheck/cmd/leakcheck snapshot -o "$$snap" || exit 2; \
+	rc=0; \
+	echo "$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./..."; \
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... || rc=$$?; \
+	$(MAKE) --no-print-directory clean-daemons || rc=1; \
+	$(GO) run ./test/leakcheck/cmd/leakcheck check -before "$$snap" || rc=1; \
+	exit $$rc
 
 test-unit:
 	$(GO) test -count=1 -short ./...
@@ -44,5 +64,11 @@ bench: deps build
 lab: build
 	$(BIN)/gpuaas-lab $(LAB_FLAGS)
 
-clean:
+# Stops the shared daemons (userspace Open vSwitch, virtlogd, libvirtd)
+# the lab and the privileged tests start on demand, unless a running lab
+# or test still uses them; never a daemon started otherwise.
+clean-daemons:
+	$(GO) run ./lab/cmd/gpuaas-daemons stop
+
+clean: clean-daemons
 	rm -rf $(BIN) .lab

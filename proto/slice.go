@@ -88,6 +88,11 @@ type SliceAccess struct {
 	User     string `json:"user"`
 	// SSHCommand is a ready-to-paste command.
 	SSHCommand string `json:"ssh_command"`
+	// HostKeys are the guest's SSH host keys (authorized_keys form) as
+	// the agent's readiness gate saw them on the host's private bridge,
+	// so a tenant's ssh verifies the guest instead of trusting on first
+	// use an address that earlier slices used too.
+	HostKeys []string `json:"host_keys,omitempty"`
 }
 
 // SlotReadiness is one slot's evidence at the end of a provision.

@@ -32,8 +32,8 @@ func TestPlaceSliceWhyNot(t *testing.T) {
 			name:   "unknown region",
 			hosts:  []host{sliceHost("a", "us-east", nil)},
 			req:    func(r sched.SliceRequest) sched.SliceRequest { r.Region = "eu-west"; return r },
-			code:   proto.CodeNoCapacity,
-			detail: `region "eu-west" is unknown`,
+			code:   proto.CodeNotFound,
+			detail: `region "eu-west" does not exist`,
 		},
 		{
 			name:   "region disabled",
@@ -176,8 +176,8 @@ func TestPlaceBaremetalWhyNot(t *testing.T) {
 		{
 			name:   "unknown region",
 			req:    func(r sched.BaremetalRequest) sched.BaremetalRequest { r.Region = "nowhere"; return r },
-			code:   proto.CodeNoCapacity,
-			detail: `region "nowhere" is unknown`,
+			code:   proto.CodeNotFound,
+			detail: `region "nowhere" does not exist`,
 		},
 		{
 			name:   "region disabled",

@@ -93,11 +93,12 @@ func (p *slicePlanner) release() {
 	scratchPool.Put(p)
 }
 
-// checkRegion refuses unknown and disabled regions.
+// checkRegion refuses unknown regions (not_found: no capacity will ever
+// appear there) and disabled ones (no_capacity).
 func checkRegion(st State, name string) error {
 	r, ok := st.Region(name)
 	if !ok {
-		return proto.Errorf(proto.CodeNoCapacity, "region %q is unknown", name)
+		return proto.Errorf(proto.CodeNotFound, "region %q does not exist", name)
 	}
 	if r.Disabled {
 		return proto.Errorf(proto.CodeNoCapacity, "region %s is disabled", name)

@@ -43,6 +43,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -485,28 +486,17 @@ func (b *Bootstrap) InstallAgentConfig() (string, error) {
 		return "", fmt.Errorf("install agent config: %w", err)
 	}
 	tokPath := b.etc(TokenFileName)
-	if err := writeFileAtomic(tokPath, []byte(b.cfg.Inputs.Token+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(tokPath, []byte(b.cfg.Inputs.Token+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("install bootstrap token: %w", err)
 	}
 	cfg := map[string]any{"node_id": b.cfg.Inputs.NodeID, "coordinators": []string{b.cfg.Inputs.CoordinatorURL},
 		"state_dir": b.cfg.StateDir, "bootstrap_token_file": tokPath}
 	body, _ := json.MarshalIndent(cfg, "", "  ")
 	path := b.etc(AgentConfig)
-	if err := writeFileAtomic(path, append(body, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, append(body, '\n'), 0o644); err != nil {
 		return "", fmt.Errorf("install agent config: %w", err)
 	}
 	return path, nil
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 func (b *Bootstrap) waitEnrolled(ctx context.Context) error {

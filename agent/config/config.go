@@ -62,7 +62,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // Slice runtimes.
 const (
-	RuntimeNone = "none" // plan and leases only (simulated lab agents)
+	RuntimeNone = "none" // no slices: slice.provision and slot.cleanup are refused (gpuaas-lab-agent injects lab/simslice)
 	RuntimeReal = "real" // libvirt VMs on OVS with dnsmasq, real disks
 )
 
@@ -145,8 +145,9 @@ type Config struct {
 	ImageMirror      string   `json:"image_mirror,omitempty"`
 	// Evidence selects the readiness evidence source: host or hostsim.
 	Evidence string `json:"evidence,omitempty"`
-	// Runtime selects the slice runtime: "none" (plan and leases only, the
-	// simulated lab agents) or "real" (libvirt VMs, OVS, dnsmasq, disks).
+	// Runtime selects the slice runtime: "none" (no slices; the lab's
+	// simulated hosts get lab/simslice from gpuaas-lab-agent) or "real"
+	// (libvirt VMs, OVS, dnsmasq, disks).
 	Runtime string `json:"runtime,omitempty"`
 	// LibvirtURI is the hypervisor connection of the real runtime.
 	LibvirtURI string `json:"libvirt_uri,omitempty"`
@@ -258,7 +259,7 @@ func defs() []flagDef {
 		v("image-cache-budget", "image cache size bound, e.g. 100GiB (LRU eviction)", func(c *Config) flag.Value { return &c.ImageCacheBudget }),
 		s("image-mirror", "optional HTTP(S) image mirror base URL (BASE/sha256/<hex>), tried before the coordinators", func(c *Config) *string { return &c.ImageMirror }),
 		s("evidence", "readiness evidence source: host or hostsim", func(c *Config) *string { return &c.Evidence }),
-		s("runtime", "slice runtime: none (plan and leases only) or real (libvirt, OVS, dnsmasq, disks)", func(c *Config) *string { return &c.Runtime }),
+		s("runtime", "slice runtime: none (no slices; slice tasks are refused) or real (libvirt, OVS, dnsmasq, disks)", func(c *Config) *string { return &c.Runtime }),
 		s("libvirt-uri", "libvirt connection of the real slice runtime", func(c *Config) *string { return &c.LibvirtURI }),
 		s("domain-type", "libvirt domain type: kvm, or qemu (TCG) where KVM cannot boot Linux", func(c *Config) *string { return &c.DomainType }),
 		v("lab-sized", "shrink slice VMs to 1 vCPU / 512 MiB without hostdevs (lab)", func(c *Config) flag.Value { return &c.LabSized }),

@@ -39,6 +39,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/systemd"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
@@ -73,7 +74,7 @@ type Daemon struct {
 	prepHost      *prepare.Host // host.prepare_slice backends (nil: the real host's)
 	wasSliceReady bool
 	// rt is the slice runtime (nil with -runtime none).
-	rt             sliceRuntime
+	rt             SliceRuntime
 	rtClose        func() error
 	sliceReconcile *slice.Reconciliation
 }
@@ -312,7 +313,7 @@ func (d *Daemon) ensureEnrolled(ctx context.Context) error {
 		resp, err = d.client.Enroll(ctx, d.cfg.NodeID, d.cfg.BootstrapToken, strings.TrimSpace(string(host)))
 		if err == nil {
 			p := filepath.Join(d.cfg.StateDir, CredentialFile)
-			if werr := os.WriteFile(p, []byte(resp.Credential+"\n"), 0o600); werr != nil {
+			if werr := atomicfile.WriteFile(p, []byte(resp.Credential+"\n"), 0o600); werr != nil {
 				return fmt.Errorf("store credential: %w", werr)
 			}
 			d.log.Info("enrolled", "issued_at", resp.IssuedAt)

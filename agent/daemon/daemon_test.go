@@ -17,6 +17,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 	"github.com/gpuaas/gpuaas/lab/labagent"
+	"github.com/gpuaas/gpuaas/lab/simslice"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
@@ -37,8 +38,18 @@ type running struct {
 
 func startAgent(t *testing.T, cfg config.Config) *running {
 	t.Helper()
-	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := New(cfg, log)
 	require.NoError(t, err)
+	if cfg.Evidence == config.EvidenceHostsim && cfg.Runtime != config.RuntimeReal {
+		// As gpuaas-lab-agent does: the simulated host's slice runtime.
+		o, err := simslice.AgentOptions(cfg, nil, log)
+		require.NoError(t, err)
+		o.Pace = 0.02
+		rt, err := simslice.New(o)
+		require.NoError(t, err)
+		require.NoError(t, d.SetSliceRuntime(rt, rt.Close))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
@@ -116,26 +127,35 @@ func TestAgentEndToEnd(t *testing.T) {
 		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 2, Region: "us-east"}, &alloc)
 	require.Less(t, code, 300, body)
 
-	// The agent leases and returns a plan whose GPUs share a switch.
-	var plan sched.BundlePlan
+	// The agent leases, plans GPUs that share a switch and the simulated
+	// runtime brings the slice up.
+	var res proto.SliceProvisionResult
 	require.Eventually(t, func() bool {
 		for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
 			if task.Type == proto.TaskSliceProvision && task.State == proto.TaskSucceeded {
-				return json.Unmarshal(task.Result, &plan) == nil
+				return json.Unmarshal(task.Result, &res) == nil
 			}
 		}
 		return false
 	}, 15*time.Second, 50*time.Millisecond)
-	require.Len(t, plan.Devices, 2)
+	require.Len(t, res.Slots, 2)
+	require.NotNil(t, res.Access)
 	require.Eventually(t, func() bool {
 		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
-		return ok && a.State == proto.AllocProvisioning
-	}, 10*time.Second, 50*time.Millisecond, "the agent's plan moves the allocation to provisioning")
+		return ok && a.State == proto.AllocActive
+	}, 10*time.Second, 50*time.Millisecond, "the slice result moves the allocation to active")
 	for _, sl := range c.srv.Store().Snapshot().NodeSlots("j22u15") {
 		if sl.ClaimID != "" {
 			assert.True(t, sl.Touched, "slot %s is touched once provisioning started", sl.ID)
+			assert.Equal(t, proto.SlotAllocated, sl.Status)
 		}
 	}
+	ls0, err := a15.d.store.List()
+	require.NoError(t, err)
+	require.Len(t, ls0, 2)
+	var plan sched.BundlePlan
+	require.NoError(t, json.Unmarshal(ls0[0].Plan, &plan), "the lease carries the plan")
+	require.Len(t, plan.Devices, 2)
 	assert.Equal(t, t15.Candidates[0].Capacity.PCIeSwitch, t15.Candidates[1].Capacity.PCIeSwitch)
 	ls, err := a15.d.store.List()
 	require.NoError(t, err)
@@ -185,6 +205,17 @@ func TestAgentEndToEnd(t *testing.T) {
 	ls, err = a15.d.store.List()
 	require.NoError(t, err)
 	assert.Empty(t, ls, "released: leases gone")
+	require.Eventually(t, func() bool {
+		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return ok && a.State == proto.AllocReleased
+	}, 10*time.Second, 50*time.Millisecond, "the release result ends the allocation")
+	for _, i := range []int{0, 1} {
+		sl, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", i))
+		require.True(t, ok)
+		assert.Equal(t, proto.SlotAvailable, sl.Status, "wiped with a proof: available again")
+		require.NotNil(t, sl.WipeProof)
+		assert.Equal(t, "blkdiscard", sl.WipeProof.Method)
+	}
 
 	// A second allocation, force-released while the agent is down: on
 	// restart the orphaned leases are dropped.
@@ -198,8 +229,8 @@ func TestAgentEndToEnd(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ls, err := a15.d.store.List()
 		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
-		return err == nil && len(ls) == 2 && ok && a.State == proto.AllocProvisioning
-	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased and provisioning")
+		return err == nil && len(ls) == 2 && ok && a.State == proto.AllocActive
+	}, 15*time.Second, 50*time.Millisecond, "the second allocation is leased and active")
 	a15.stop()
 	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/force-release", c.admin, map[string]string{"reason": "test"}, nil)
 	require.Less(t, code, 300, body)
@@ -212,8 +243,14 @@ func TestAgentEndToEnd(t *testing.T) {
 	ls, err = a15.d.store.List()
 	require.NoError(t, err)
 	assert.Empty(t, ls, "orphaned leases released")
-	for _, i := range []int{2, 3} {
-		sl, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", i))
+	snap := c.srv.Store().Snapshot()
+	fr, ok := snap.Allocation(alloc.ID)
+	require.True(t, ok)
+	require.Len(t, fr.ClaimIDs, 2)
+	for _, id := range fr.ClaimIDs {
+		cl, ok := snap.Claim(id)
+		require.True(t, ok)
+		sl, ok := snap.Slot(cl.SlotID)
 		require.True(t, ok)
 		assert.Equal(t, proto.SlotCleanupBlocked, sl.Status, "a force-released, provisioned slot waits for a cleanup")
 	}

@@ -15,7 +15,7 @@ import (
 // TestHeartbeatLeaseComparison runs an agent against a real coordinator:
 // a lease no claim backs is released by the agent after the next
 // heartbeat (and never recorded as drift); a lease the agent lost while
-// its allocation is provisioning shows as lease_drift on the node, and
+// its allocation is active shows as lease_drift on the node, and
 // clears when the lease is back.
 func TestHeartbeatLeaseComparison(t *testing.T) {
 	t.Parallel()
@@ -40,8 +40,8 @@ func TestHeartbeatLeaseComparison(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ls, err := a.d.store.List()
 		al, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
-		return err == nil && len(ls) == 2 && ok && al.State == proto.AllocProvisioning
-	}, 15*time.Second, 50*time.Millisecond, "leased and provisioning")
+		return err == nil && len(ls) == 2 && ok && al.State == proto.AllocActive
+	}, 15*time.Second, 50*time.Millisecond, "leased and active")
 	drift := func() *proto.LeaseDrift {
 		var d proto.NodeDetail
 		code, body := c.do(http.MethodGet, "/v1/nodes/j22u15", c.op, nil, &d)
@@ -64,7 +64,7 @@ func TestHeartbeatLeaseComparison(t *testing.T) {
 	time.Sleep(time.Second) // several heartbeats
 	assert.Nil(t, drift(), "released after one heartbeat: never confirmed as drift")
 
-	// A lost lease while the allocation is provisioning.
+	// A lost lease while the allocation is active.
 	lost := ls[1]
 	require.NoError(t, a.d.store.ReleaseSlot(lost.SlotID, lost.Generation))
 	var d *proto.LeaseDrift

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/gpuaas/gpuaas/agent/imagecache"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,14 +30,42 @@ import (
 	"github.com/gpuaas/gpuaas/proto"
 )
 
-// sliceRuntime is what the daemon asks of the slice runtime
-// (*slice.Runtime).
-type sliceRuntime interface {
+// SliceRuntime is what the daemon asks of the slice runtime:
+// *slice.Runtime with -runtime real, or one injected with SetSliceRuntime
+// (the lab's simulated hosts, lab/simslice).
+type SliceRuntime interface {
 	Provision(ctx context.Context, req slice.ProvisionRequest, rep slice.Reporter) (proto.SliceProvisionResult, error)
 	Release(ctx context.Context, req slice.ReleaseRequest, rep slice.Reporter) (proto.SliceReleaseResult, error)
 	Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep slice.Reporter) (proto.SlotCleanupResult, error)
 	Reconcile(ctx context.Context, live []string) (slice.Reconciliation, error)
 }
+
+// SetSliceRuntime gives an agent that runs no real slice runtime
+// (-runtime none) one to run slice tasks with, and the function that
+// closes it with the agent. The lab injects its simulated hosts' runtime
+// (lab/simslice) this way, before Run; an agent with the real runtime
+// refuses a second one.
+func (d *Daemon) SetSliceRuntime(rt SliceRuntime, closeFn func() error) error {
+	if rt == nil {
+		return errors.New("set slice runtime: nil runtime")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.rt != nil {
+		return errors.New("set slice runtime: this agent already runs a slice runtime (-runtime real)")
+	}
+	d.rt = rt
+	if closeFn != nil {
+		prev := d.rtClose
+		d.rtClose = func() error { return errors.Join(closeFn(), prev()) }
+	}
+	return nil
+}
+
+// errNoRuntime is why an agent without a slice runtime refuses slice
+// tasks.
+var errNoRuntime = errors.New("this agent runs no slice runtime (-runtime none): slices need -runtime real " +
+	"(on a simulated lab host, gpuaas-lab-agent brings the simulated runtime)")
 
 // newRuntime builds the real slice runtime from the configuration (nil
 // for -runtime none).
@@ -80,16 +109,10 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 	if cfg.DomainType == "qemu" {
 		typ = vm.TCG
 	}
-	srcs, err := imagecache.Sources(cfg.ImageMirror, d.client)
+	images, err := d.ImageSource()
 	if err != nil {
 		j.Close()
-		return nil, nil, fmt.Errorf("image sources: %w", err)
-	}
-	cache, err := imagecache.New(imagecache.Config{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir, "cache"),
-		Budget: int64(cfg.ImageCacheBudget), Sources: srcs, Log: d.log.With("component", "imagecache")})
-	if err != nil {
-		j.Close()
-		return nil, nil, fmt.Errorf("image cache: %w", err)
+		return nil, nil, err
 	}
 	rt, err := slice.New(slice.Options{
 		Owner: runtimeOwner(cfg.NodeID, cfg.StateDir), Gateway: d.gw, Bridge: cfg.OVSBridge, StateDir: cfg.VMDir, SerialDir: cfg.SerialLogDir,
@@ -98,7 +121,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		SSHTimeout: time.Duration(cfg.SSHTimeout), ShutdownTimeout: time.Duration(cfg.VMShutdownTimeout),
 	}, slice.Deps{
 		Root:       d.root,
-		Images:     &imageSource{files: &slice.FileSource{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir)}, cache: cache},
+		Images:     images,
 		Disks:      slice.HostDisks{Root: d.root, Digests: disk.NewDigestCache()},
 		Hypervisor: hv,
 		Switch:     sw,
@@ -122,6 +145,23 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 	return rt, func() error { return errors.Join(hv.Close(), j.Close()) }, nil
 }
 
+// ImageSource is where the slice runtime gets catalog images: file://
+// images verified in place, everything else through the agent's image
+// cache (mirror, then the coordinators), digest-verified.
+func (d *Daemon) ImageSource() (slice.ImageSource, error) {
+	cfg := d.cfg
+	srcs, err := imagecache.Sources(cfg.ImageMirror, d.client)
+	if err != nil {
+		return nil, fmt.Errorf("image sources: %w", err)
+	}
+	cache, err := imagecache.New(imagecache.Config{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir, "cache"),
+		Budget: int64(cfg.ImageCacheBudget), Sources: srcs, Log: d.log.With("component", "imagecache")})
+	if err != nil {
+		return nil, fmt.Errorf("image cache: %w", err)
+	}
+	return &imageSource{files: &slice.FileSource{Dir: filepath.Join(cfg.HostRoot, cfg.ImageCacheDir)}, cache: cache}, nil
+}
+
 // agentKey loads the agent's SSH key, creating an ed25519 key if missing.
 func agentKey(path string) (ssh.Signer, string, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
@@ -136,7 +176,7 @@ func agentKey(path string) (ssh.Signer, string, error) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, "", fmt.Errorf("agent SSH key: %w", err)
 		}
-		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
 			return nil, "", fmt.Errorf("agent SSH key: %w", err)
 		}
 	}
@@ -166,20 +206,20 @@ func (r taskReporter) Progress(ctx context.Context, stage string, done, total in
 func (d *Daemon) provision(ctx context.Context, t proto.Task) (json.RawMessage, error) {
 	rep := taskReporter{d: d, task: t.ID}
 	start := time.Now()
-	if d.rt != nil {
-		rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "started"})
+	if d.rt == nil {
+		// Refused before anything is leased: the allocation fails with
+		// why, its slots untouched.
+		err := fmt.Errorf("task %s: slice.provision: %w", t.ID, errNoRuntime)
+		rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "failed", Message: err.Error()})
+		b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: t.AllocationID, FailedStage: proto.StagePlan})
+		return b, err
 	}
+	rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "started"})
 	plan, slots, p, err := d.planTask(ctx, t)
 	if err != nil {
-		if d.rt != nil {
-			rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "failed", Message: err.Error()})
-			b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: p.AllocationID, FailedStage: proto.StagePlan})
-			return b, err
-		}
-		return nil, err
-	}
-	if d.rt == nil {
-		return json.Marshal(plan)
+		rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "failed", Message: err.Error()})
+		b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: p.AllocationID, FailedStage: proto.StagePlan})
+		return b, err
 	}
 	rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "succeeded"})
 	req := slice.ProvisionRequest{AllocationID: p.AllocationID, Plan: plan, Slots: slots, SSHKeys: p.SSHPublicKeys, PlanDuration: time.Since(start)}
@@ -237,11 +277,19 @@ func (d *Daemon) release(ctx context.Context, t proto.Task) (json.RawMessage, er
 // cleanup runs a slot.cleanup task.
 func (d *Daemon) cleanup(ctx context.Context, t proto.Task) (json.RawMessage, error) {
 	if d.rt == nil {
-		return nil, fmt.Errorf("task %s: slot cleanup needs the real slice runtime (-runtime real)", t.ID)
+		return nil, fmt.Errorf("task %s: slot.cleanup: %w", t.ID, errNoRuntime)
 	}
 	var p proto.SlotCleanupPayload
 	if err := json.Unmarshal(t.Payload, &p); err != nil {
 		return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
+	}
+	// A cleanup_blocked slot's claim is gone (force-released, failed):
+	// converge the leases and the runtime on the live claims first, so an
+	// allocation the coordinator ended is released here (its VM stopped,
+	// its disks wiped) instead of holding the slot until the next
+	// reconcile.
+	if _, err := d.heartbeat(ctx, true); err != nil {
+		d.log.Warn("slot cleanup: reconcile with the live claims", "task", t.ID, "err", err)
 	}
 	res, err := d.rt.Cleanup(ctx, p, taskReporter{d: d, task: t.ID})
 	if err != nil {

@@ -168,7 +168,7 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 	state := t.TempDir()
 	base := hostBase(t, "j22u15")
 	cfg := agentConfig(t, c, "j22u15", base, state, c.mint("j22u15", 0))
-	start := func(rt sliceRuntime) (*Daemon, func()) {
+	start := func(rt SliceRuntime) (*Daemon, func()) {
 		d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		require.NoError(t, err)
 		d.rt = rt
@@ -227,4 +227,58 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	assert.Len(t, rt.provision, 1)
+}
+
+// An agent with no slice runtime (gpuaas-agent -runtime none) refuses a
+// slice.provision before leasing anything: the allocation fails with
+// why, its slots are never touched, and a SetSliceRuntime on an agent
+// with the real runtime is refused.
+func TestNoRuntimeRefusesSlices(t *testing.T) {
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	require.Nil(t, d.rt)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; _ = d.Close() })
+
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
+	require.Equal(t, http.StatusAccepted, code, body)
+	require.Eventually(t, func() bool {
+		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
+		n := c.node("j22u15")
+		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
+	}, 30*time.Second, 50*time.Millisecond)
+	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
+	require.Equal(t, http.StatusCreated, code, body)
+	var alloc proto.Allocation
+	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
+	require.Less(t, code, 300, body)
+	var a *proto.Allocation
+	require.Eventually(t, func() bool {
+		var ok bool
+		a, ok = c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return ok && a.State == proto.AllocFailed
+	}, 15*time.Second, 50*time.Millisecond, "the allocation fails")
+	assert.Contains(t, a.Reason, "stage plan failed")
+	assert.Contains(t, a.Reason, "-runtime none")
+	ls, err := d.store.List()
+	require.NoError(t, err)
+	assert.Empty(t, ls, "nothing was leased")
+	sl, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", 0))
+	require.True(t, ok)
+	assert.Equal(t, proto.SlotAvailable, sl.Status, "never touched: free again")
+
+	d2, err := New(agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), ""), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	defer d2.Close()
+	require.ErrorContains(t, d2.SetSliceRuntime(nil, nil), "nil runtime")
+	closed := 0
+	require.NoError(t, d2.SetSliceRuntime(&fakeRuntime{}, func() error { closed++; return nil }))
+	require.ErrorContains(t, d2.SetSliceRuntime(&fakeRuntime{}, nil), "already runs a slice runtime")
+	require.NoError(t, d2.rtClose())
+	assert.Equal(t, 1, closed, "the injected runtime closes with the agent")
 }

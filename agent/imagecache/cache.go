@@ -44,6 +44,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -230,11 +231,7 @@ func (c *Cache) writeRecord(h string, r record) error {
 	if err != nil {
 		return err
 	}
-	tmp := c.dir("meta", h+".json.tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("write image record %s: %w", h, err)
-	}
-	if err := os.Rename(tmp, c.dir("meta", h+".json")); err != nil {
+	if err := atomicfile.WriteFile(c.dir("meta", h+".json"), b, 0o644); err != nil {
 		return fmt.Errorf("write image record %s: %w", h, err)
 	}
 	return nil

@@ -51,6 +51,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops/pci"
 	"github.com/gpuaas/gpuaas/hostops/sriov"
 	"github.com/gpuaas/gpuaas/hostops/vfio"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -648,21 +649,5 @@ func writeIfChanged(path string, data []byte) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return false, err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return false, err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return false, err
-	}
-	if err := tmp.Close(); err != nil {
-		return false, err
-	}
-	return true, os.Rename(tmp.Name(), path)
+	return true, atomicfile.WriteFile(path, data, 0o644)
 }

@@ -56,6 +56,9 @@ type Record struct {
 	IP         string   `json:"ip,omitempty"`
 	InstanceID string   `json:"instance_id,omitempty"`
 	Hostname   string   `json:"hostname,omitempty"`
+	// HostKey is the guest's SSH host key the readiness gate saw, in
+	// authorized_keys form: the tenant's ssh pins it (SliceAccess).
+	HostKey string `json:"host_key,omitempty"`
 	// PCI are the plan's GPU and fabric VF addresses (bound to vfio-pci
 	// while the allocation is active, hostdevs of the domain or not).
 	PCI []string `json:"pci,omitempty"`

@@ -329,9 +329,16 @@ func TestPrivilegedSliceProvisionRelease(t *testing.T) {
 	assert.Equal(t, JournalMode, st.Mode().Perm(), "the journal holds private keys")
 	own, err := rec.AgentKey.Signer()
 	require.NoError(t, err)
-	out, err := (&SSHGuest{}).Run(ctx, guestIP, own, "cat /run/gpuaas/instance-id")
+	g := &SSHGuest{}
+	out, err := g.Run(ctx, guestIP, own, "cat /run/gpuaas/instance-id")
 	require.NoError(t, err, "the allocation's key logs in")
 	assert.Equal(t, rec.InstanceID, strings.TrimSpace(out))
+	// The tenant gets the host key the readiness gate saw: the one the
+	// guest presents.
+	require.Len(t, res.Access.HostKeys, 1, "the access pins the guest's host key")
+	seen, ok := g.HostKey(guestIP)
+	require.True(t, ok)
+	assert.Equal(t, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(seen))), res.Access.HostKeys[0])
 	otherKey, err := NewAgentKey("alloc-other", "j22u15-s0@2", time.Now())
 	require.NoError(t, err)
 	other, err := otherKey.Signer()

@@ -418,6 +418,9 @@ func hostname(req ProvisionRequest) string {
 
 func (r *Runtime) access(rec *Record) *proto.SliceAccess {
 	a := &proto.SliceAccess{GuestIP: rec.IP, GuestMAC: rec.MAC, JumpHost: r.opts.JumpHost, User: r.opts.SSHUser}
+	if rec.HostKey != "" {
+		a.HostKeys = []string{rec.HostKey}
+	}
 	a.SSHCommand = fmt.Sprintf("ssh %s@%s", a.User, a.GuestIP)
 	if a.JumpHost != "" {
 		a.SSHCommand = fmt.Sprintf("ssh -J %s %s@%s", a.JumpHost, a.User, a.GuestIP)

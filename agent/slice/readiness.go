@@ -221,6 +221,12 @@ func (r *Runtime) ready(ctx context.Context, req ProvisionRequest, rec *Record, 
 			}
 		}
 	}
+	if hk, ok := r.d.Guest.(hostKeyer); ok {
+		if k, ok := hk.HostKey(ip); ok {
+			rec.HostKey = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k)))
+			evidence = append(evidence, "ssh: guest host key "+ssh.FingerprintSHA256(k))
+		}
+	}
 	return evidence, nil
 }
 
@@ -236,8 +242,23 @@ type SSHGuest struct {
 	// Timeout bounds a dial and a command (default 15 s).
 	Timeout time.Duration
 
-	mu    sync.Mutex
-	conns map[guestConn]*ssh.Client
+	mu       sync.Mutex
+	conns    map[guestConn]*ssh.Client
+	hostKeys map[netip.Addr]ssh.PublicKey
+}
+
+// HostKey returns the host key the guest at addr presented on the last
+// connection dialled to it.
+func (g *SSHGuest) HostKey(addr netip.Addr) (ssh.PublicKey, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k, ok := g.hostKeys[addr]
+	return k, ok
+}
+
+// hostKeyer is implemented by Guests that record the guest's host key.
+type hostKeyer interface {
+	HostKey(addr netip.Addr) (ssh.PublicKey, bool)
 }
 
 // guestConn names an open connection: the guest and the key it logged in with.
@@ -291,9 +312,18 @@ func (g *SSHGuest) client(ctx context.Context, addr netip.Addr, key ssh.Signer) 
 	cfg := &ssh.ClientConfig{
 		User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(key)},
 		// A fresh guest makes its host key at first boot; the agent reaches
-		// it over the host's own private bridge.
-		HostKeyCallback: ssh.InsecureIgnoreHostKey(),
-		Timeout:         to,
+		// it over the host's own private bridge, records the key and hands
+		// it to the tenant (SliceAccess.HostKeys).
+		HostKeyCallback: func(_ string, _ net.Addr, k ssh.PublicKey) error {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.hostKeys == nil {
+				g.hostKeys = map[netip.Addr]ssh.PublicKey{}
+			}
+			g.hostKeys[addr] = k
+			return nil
+		},
+		Timeout: to,
 	}
 	d := net.Dialer{Timeout: to}
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(addr.String(), "22"))

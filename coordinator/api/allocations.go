@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -37,14 +38,18 @@ func (a *API) createAllocation(c *call) error {
 	if err := req.Validate(a.skus); err != nil {
 		return err
 	}
+	snap := a.b.Store().Snapshot()
 	// A key seen before answers from the ledger without a proposal; the
 	// same key with a different request is refused, not silently mapped.
-	if prev, ok := a.b.Store().Snapshot().AllocationByKey(key); ok {
+	if prev, ok := snap.AllocationByKey(key); ok {
 		if err := sameRequest(prev, req, key); err != nil {
 			return err
 		}
 		c.index = prev.ModifyIndex
 		return c.reply(http.StatusOK, prev)
+	}
+	if err := regionExists(snap, req.Region); err != nil {
+		return err
 	}
 	alloc, existing, err := a.b.Place(c.r.Context(), req, key)
 	if err != nil {
@@ -217,4 +222,21 @@ func (a *API) listAllocationTasks(c *call) error {
 		items, next := cut(s.Tasks("", al.ID, p.after, p.limit+1), func(t *proto.Task) string { return t.ID }, p)
 		return list(items, next, c.index), nil
 	})
+}
+
+// regionExists refuses a request for a region the ledger does not hold,
+// naming the regions it does (placement would refuse it too, without the
+// list).
+func regionExists(snap *state.Snapshot, name string) error {
+	if _, ok := snap.Region(name); ok {
+		return nil
+	}
+	var known []string
+	for _, r := range snap.Regions() {
+		known = append(known, r.Name)
+	}
+	if len(known) == 0 {
+		return proto.Errorf(proto.CodeNotFound, "region %q does not exist (no region is defined yet)", name)
+	}
+	return proto.Errorf(proto.CodeNotFound, "region %q does not exist (known: %s)", name, strings.Join(known, ", "))
 }

@@ -129,11 +129,20 @@ func TestAllocationCreateRefusals(t *testing.T) {
 			assert.Equal(t, before, e.index(), "a refused request changed the ledger")
 		})
 	}
-	// Unknown region: the ledger is asked and refuses; nothing changes.
-	r := e.create("k2", proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "eu-west"})
-	require.GreaterOrEqual(t, r.status, 400)
-	require.Less(t, r.status, 500, "body: %s", r.body)
-	assert.Equal(t, before, e.index())
+	// Unknown region: not_found naming the regions that exist (not
+	// no_capacity: no capacity will ever appear there); nothing changes.
+	e.apply(proto.RegionUpsertType, proto.RegionUpsertRequest{At: fixtureAt, Region: proto.Region{Name: "ap-south"}})
+	before = e.index()
+	for _, shape := range []proto.CapacityShape{proto.ShapeGPUSlice, proto.ShapeBaremetal} {
+		req := sliceReq(1)
+		req.Region = "eu-west"
+		if shape == proto.ShapeBaremetal {
+			req = proto.AllocationCreateRequest{CapacityShape: proto.ShapeBaremetal, SKU: "h200-sxm-baremetal", GPUCount: 8, Region: "eu-west"}
+		}
+		p := e.create("k2-"+string(shape), req).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
+		assert.Equal(t, `region "eu-west" does not exist (known: ap-south, us-east)`, p.Detail)
+		assert.Equal(t, before, e.index())
+	}
 }
 
 func TestAllocationNoCapacity(t *testing.T) {

@@ -3,7 +3,8 @@
 //
 // Every route needs a bearer token whose role (viewer < operator < admin)
 // is at least the route's; the route table below is the single source of
-// the routes, their roles and whether they write. Writes reaching a
+// the routes, their roles and whether they write. The exceptions are the
+// public routes (public.go): /healthz, /readyz and the OpenAPI document. Writes reaching a
 // follower are reverse-proxied to the leader once; reads are served from
 // the local replica (stale) unless ?consistent=true asks for a Raft
 // barrier. Lists are blocking queries (?index=N&wait=30s) and every read
@@ -91,6 +92,10 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 			continue
 		}
 		a.mux.Handle(rt.Method+" "+rt.Pattern, a.wrap(rt))
+		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
+	}
+	for _, rt := range a.publicRoutes() {
+		a.mux.Handle(rt.Method+" "+rt.Pattern, rt.handle)
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}
 	a.registerAgentRoutes()

@@ -123,6 +123,13 @@ func TestClusterAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, leader.srv.LoadInventory(ctx, server.SyntheticInventory("us-east", 2, 8)))
+	// Every replica of a formed cluster becomes ready (the server's
+	// readiness, not the leader-known fallback).
+	for _, rep := range rs {
+		require.Eventually(t, func() bool {
+			return rep.env.do(0, http.MethodGet, "/readyz", nil).status == http.StatusOK
+		}, 10*time.Second, 20*time.Millisecond)
+	}
 
 	f1, f2 := followers[0].env, followers[1].env
 	// A watcher on follower 2 waits for the allocations table to move.

@@ -138,11 +138,10 @@ func parseBlocking(q url.Values) (blocking, error) {
 
 // readOpts are the common options of a read route.
 type readOpts struct {
-	tables   []string // what the route reads: its index and what it blocks on
-	block    bool     // route accepts ?index&wait
-	paging   bool     // route accepts ?limit&after
-	filters  []string // route-specific parameters
-	noLedger bool     // the route reads Raft, not the ledger (no index wait)
+	tables  []string // what the route reads: its index and what it blocks on
+	block   bool     // route accepts ?index&wait
+	paging  bool     // route accepts ?limit&after
+	filters []string // route-specific parameters
 }
 
 // read parses the common parameters, honours ?consistent and ?index,

@@ -132,12 +132,17 @@ func (a *API) afterTaskReport(ctx context.Context, rec *proto.Task, ev *proto.St
 		}
 		switch rec.State {
 		case proto.TaskSucceeded:
-			// An older agent (or runtime "none") succeeds with the plan
-			// alone: the allocation is provisioning, nothing more.
 			f.toProvisioning("agent leased the slots and returned a plan (task " + rec.ID + ")")
 			if res := rep.provision; res != nil {
 				f.toActive(res)
+				break
 			}
+			// An agent without a slice runtime (or an older one) succeeds
+			// with the plan alone: nothing will ever report the slice
+			// ready, so the allocation fails now instead of staying
+			// provisioning; the slots it may have touched go
+			// cleanup_blocked.
+			f.toFailedWith(rep, "slice.provision task "+rec.ID+" succeeded without a slice result (the agent ran no slice runtime); the slice was never started")
 		case proto.TaskFailed:
 			f.toFailed(rep)
 		}
@@ -147,9 +152,13 @@ func (a *API) afterTaskReport(ctx context.Context, rec *proto.Task, ev *proto.St
 		}
 		switch {
 		case rep.release != nil:
-			f.released(rep.release.Slots, rep.slots)
-		case rec.State == proto.TaskFailed:
-			f.released(nil, rep.slots)
+			f.released(rep.release.Slots, rep.slots, false)
+		case rec.State == proto.TaskFailed, rec.State == proto.TaskSucceeded, rec.State == proto.TaskCancelled:
+			// A final report without a release result (an agent without
+			// a slice runtime, or an older one) proves no wipe: the
+			// allocation is released and every slot goes cleanup_blocked
+			// with why.
+			f.released(nil, rep.slots, true)
 		}
 	case proto.TaskSlotCleanup:
 		if rep.cleanup != nil {
@@ -233,12 +242,14 @@ func (f *followUp) toActive(res *proto.SliceProvisionResult) {
 // toFailed fails the allocation: the slots the agent says it wrote go
 // cleanup_blocked; without the agent's list every slot the provision may
 // have written does.
-func (f *followUp) toFailed(rep *taskReport) {
+func (f *followUp) toFailed(rep *taskReport) { f.toFailedWith(rep, f.task.Error) }
+
+// toFailedWith is toFailed with the failure's text.
+func (f *followUp) toFailedWith(rep *taskReport, errText string) {
 	al, ok := f.allocation()
 	if !ok || al.State == proto.AllocFailed {
 		return
 	}
-	errText := f.task.Error
 	if errText == "" {
 		errText = "no error text"
 	}
@@ -259,16 +270,20 @@ func (f *followUp) toFailed(rep *taskReport) {
 // released ends a release with the agent's per-slot results; a slot the
 // agent did not report on (a failed report, or one without a result)
 // carries the task's error and goes cleanup_blocked.
-func (f *followUp) released(results []proto.SlotResult, slots []string) {
+func (f *followUp) released(results []proto.SlotResult, slots []string, noResult bool) {
 	al, ok := f.allocation()
 	if !ok || al.State == proto.AllocReleased {
 		return
 	}
 	out := append([]proto.SlotResult(nil), results...)
-	if f.task.State == proto.TaskFailed {
+	if f.task.State != proto.TaskSucceeded || noResult {
 		errText := f.task.Error
-		if errText == "" {
-			errText = "slice.release task " + f.task.ID + " failed"
+		switch {
+		case errText != "":
+		case f.task.State == proto.TaskSucceeded:
+			errText = "slice.release task " + f.task.ID + " succeeded without a release result (the agent ran no slice runtime): no wipe proof"
+		default:
+			errText = "slice.release task " + f.task.ID + " " + string(f.task.State)
 		}
 		for _, id := range slots {
 			reported := false
@@ -299,16 +314,24 @@ func (f *followUp) cleaned(res *proto.SlotCleanupResult) {
 	f.apply("slot cleaned", proto.SlotCleanedType, proto.SlotCleanedRequest{At: now(), SlotID: res.SlotID, Proof: res.Proof})
 }
 
+func isFinal(s proto.TaskState) bool {
+	return s == proto.TaskSucceeded || s == proto.TaskFailed || s == proto.TaskCancelled
+}
+
 // slotCleanupTaskID derives the cleanup task's ID: from the client's
 // Idempotency-Key when given (a retry finds the task it created), else
 // from the slot's version (two requests for one cleanup_blocked episode
-// name the same task, which the ledger creates once).
-func slotCleanupTaskID(slot *proto.Slot, key string) string {
+// name the same task, which the ledger creates once; a retry after that
+// task ended is attempt n > 0).
+func slotCleanupTaskID(slot *proto.Slot, key string, attempt int) string {
 	seed := slot.ID + "\x00"
 	if key != "" {
 		seed += "key\x00" + key
 	} else {
 		seed += "index\x00" + strconv.FormatUint(slot.ModifyIndex, 10)
+		if attempt > 0 {
+			seed += "\x00attempt\x00" + strconv.Itoa(attempt)
+		}
 	}
 	sum := sha256.Sum256([]byte(seed))
 	return "cleanup-" + hex.EncodeToString(sum[:10])
@@ -395,7 +418,7 @@ func (a *API) cleanupSlot(c *call) error {
 		return proto.Errorf(proto.CodeNotFound, "slot %s does not exist", id)
 	}
 	if key != "" {
-		if t, ok := snap.Task(slotCleanupTaskID(slot, key)); ok {
+		if t, ok := snap.Task(slotCleanupTaskID(slot, key, 0)); ok {
 			c.index = t.ModifyIndex
 			return c.reply(http.StatusOK, t)
 		}
@@ -420,7 +443,18 @@ func (a *API) cleanupSlot(c *call) error {
 	if err != nil {
 		return proto.Errorf(proto.CodeInternal, "encode cleanup payload of slot %s: %v", slot.ID, err)
 	}
-	tid := slotCleanupTaskID(slot, key)
+	tid := slotCleanupTaskID(slot, key, 0)
+	if key == "" {
+		// A cleanup of this episode that ended (failed: the slot is
+		// still blocked) is retried under a new ID.
+		for n := 1; ; n++ {
+			t, ok := snap.Task(tid)
+			if !ok || !isFinal(t.State) {
+				break
+			}
+			tid = slotCleanupTaskID(slot, "", n)
+		}
+	}
 	at := now()
 	_, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: at,
 		Task: proto.Task{ID: tid, NodeID: node.ID, AllocationID: lastHolder(snap, slot), Type: proto.TaskSlotCleanup, Payload: payload, CreatedAt: at}})

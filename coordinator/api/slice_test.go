@@ -352,21 +352,39 @@ func TestSliceProvisionFailureAndOperatorCleanup(t *testing.T) {
 	e.do(RoleAdmin, http.MethodPost, path, nil).requireProblem(t, http.StatusConflict, proto.CodeIllegalTransition)
 }
 
-// Older agents (runtime "none") succeed a provision with the node
-// scheduler's plan and a release with a lease count: the allocation is
-// provisioning, resp. stays releasing. A failed release without a result
-// releases every slot as cleanup_blocked with the error.
+// An agent without a slice runtime (or an older one) succeeds a
+// provision with the node scheduler's plan and a release with a lease
+// count. Neither may leave a state without an end: the provision fails
+// the allocation (its slots go cleanup_blocked, named), the release
+// releases it with every slot cleanup_blocked (no wipe proof). A failed
+// release without a result releases every slot as cleanup_blocked with
+// the error.
 func TestSliceLegacyResultsAndFailedRelease(t *testing.T) {
 	t.Parallel()
 	e := newSliceEnv(t)
 	a := e.place(1)
 	task := e.agentTask(a.NodeID, a.ID, proto.TaskSliceProvision)
 	e.mustReport(a.NodeID, task.ID, proto.AgentTaskUpdate{State: proto.TaskSucceeded, Result: json.RawMessage(`{"node_id":"x","devices":[],"numa_nodes":[0],"vcpus":[],"memory_mib":0,"bridge":"ovsbr0"}`)})
-	assert.Equal(t, proto.AllocProvisioning, e.alloc(a.ID).State)
-	require.Equal(t, http.StatusAccepted, e.do(RoleOperator, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil).status)
-	rel := e.agentTask(a.NodeID, a.ID, proto.TaskSliceRelease)
-	e.mustReport(a.NodeID, rel.ID, proto.AgentTaskUpdate{State: proto.TaskSucceeded, Result: json.RawMessage(`{"released_leases":1}`)})
-	assert.Equal(t, proto.AllocReleasing, e.alloc(a.ID).State, "no wipe proof: the release is not over")
+	got := e.alloc(a.ID)
+	assert.Equal(t, proto.AllocFailed, got.State, "a plan alone never becomes a slice")
+	assert.Contains(t, got.Reason, "succeeded without a slice result")
+	for _, id := range payloadSlots(t, task) {
+		s := e.slot(id)
+		assert.Equal(t, proto.SlotCleanupBlocked, s.Status, "provisioning touched the slot")
+		assert.Contains(t, s.StatusReason, "without a slice result")
+	}
+
+	l := e.place(1)
+	task = e.provisionToActive(l)
+	require.Equal(t, http.StatusAccepted, e.do(RoleOperator, http.MethodPost, "/v1/allocations/"+l.ID+"/release", nil).status)
+	rel := e.agentTask(l.NodeID, l.ID, proto.TaskSliceRelease)
+	e.mustReport(l.NodeID, rel.ID, proto.AgentTaskUpdate{State: proto.TaskSucceeded, Result: json.RawMessage(`{"released_leases":1}`)})
+	assert.Equal(t, proto.AllocReleased, e.alloc(l.ID).State, "the release is over, without a wipe proof")
+	for _, id := range payloadSlots(t, task) {
+		s := e.slot(id)
+		assert.Equal(t, proto.SlotCleanupBlocked, s.Status)
+		assert.Contains(t, s.StatusReason, "no wipe proof")
+	}
 
 	b := e.place(2)
 	task = e.provisionToActive(b)
@@ -386,7 +404,7 @@ func TestSliceLegacyResultsAndFailedRelease(t *testing.T) {
 	task = e.agentTask(c.NodeID, c.ID, proto.TaskSliceProvision)
 	e.mustReport(c.NodeID, task.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: event(proto.StagePlan, "failed", "hugepages short")})
 	e.mustReport(c.NodeID, task.ID, proto.AgentTaskUpdate{State: proto.TaskFailed, Error: "hugepages: need 32, 0 free on NUMA 0"})
-	got := e.alloc(c.ID)
+	got = e.alloc(c.ID)
 	assert.Equal(t, proto.AllocFailed, got.State)
 	assert.Equal(t, "slice.provision task "+task.ID+" failed: hugepages: need 32, 0 free on NUMA 0", got.Reason)
 	assert.Equal(t, proto.SlotAvailable, e.slot(payloadSlots(t, task)[0]).Status, "never provisioning: never touched")
@@ -553,7 +571,7 @@ func TestSlotCleanupWipePolicyFromTheNodesSite(t *testing.T) {
 	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site("site-a", proto.WipeNVMeFormat)})
 	assert.Equal(t, "nvme_format", policy("k1"), "the only site of the region")
 	// Cancel the open task so the next request creates one.
-	tk, ok := e.b.Store().Snapshot().Task(slotCleanupTaskID(e.b.Store().Snapshot().Slots(a.NodeID, proto.SlotCleanupBlocked)[0], "k1"))
+	tk, ok := e.b.Store().Snapshot().Task(slotCleanupTaskID(e.b.Store().Snapshot().Slots(a.NodeID, proto.SlotCleanupBlocked)[0], "k1", 0))
 	require.True(t, ok)
 	e.apply(proto.TaskUpdateType, proto.TaskUpdateRequest{At: fixtureAt, TaskID: tk.ID, NodeID: tk.NodeID, State: proto.TaskFailed, Error: "test"})
 	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site("site-b", proto.WipeZero)})

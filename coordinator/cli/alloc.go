@@ -18,7 +18,7 @@ import (
 func (a *app) allocCmd() *cobra.Command {
 	c := &cobra.Command{Use: "alloc", Aliases: []string{"allocation", "allocations"}, Short: "Create, list, show and release allocations"}
 	c.AddCommand(a.allocCreateCmd(), a.allocListCmd(), a.allocShowCmd(), a.allocReleaseCmd(), a.allocForceReleaseCmd(),
-		a.allocTimelineCmd(), a.allocClaimsCmd(), a.allocTasksCmd())
+		a.allocTimelineCmd(), a.allocClaimsCmd(), a.allocTasksCmd(), a.allocSSHCmd())
 	return c
 }
 
@@ -96,7 +96,7 @@ func (a *app) allocCreateCmd() *cobra.Command {
 	f.StringVar(&req.SKU, "sku", "", "SKU (default h200-sxm-slice, or h200-sxm-baremetal with --shape baremetal)")
 	f.IntVar(&req.GPUCount, "gpus", 0, "GPU count of a slice: 1, 2, 4 or 8")
 	f.StringVar(&req.Region, "region", "", "region (required)")
-	f.StringVar(&req.Image, "image", "", "approved catalog image: NAME (newest approved version) or NAME:VERSION")
+	f.StringVar(&req.Image, "image", "", "approved catalog image: NAME (newest approved version) or NAME:VERSION (slices default to the slice_base image approved last)")
 	f.StringArrayVar(&req.SSHPublicKeys, "ssh-key", nil, "OpenSSH public key (repeatable)")
 	f.StringVar(&req.Owner, "owner", "", "owner (default: the token's name)")
 	f.StringVar(&key, "idempotency-key", "", "idempotency key (generated and printed when absent)")

@@ -18,7 +18,13 @@ func (a *app) nodeCmd() *cobra.Command {
 	return c
 }
 
+// sliceReady is the SLICE-READY column. Readiness is what the agent last
+// reported: on a node that is not active (unreachable, disabled, not yet
+// enrolled) it is stale, so such a node is shown not ready, with its state.
 func sliceReady(n proto.Node) string {
+	if n.State != proto.NodeActive {
+		return fmt.Sprintf("no (%s)", n.State)
+	}
 	if n.Readiness == nil {
 		return "unknown"
 	}
@@ -99,7 +105,11 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	}
 	rd := n.Readiness
 	row(w, "Active:", yesNo(rd.Active))
-	row(w, "Slice-ready:", yesNo(rd.SliceReady))
+	ready := yesNo(rd.SliceReady)
+	if n.State != proto.NodeActive && rd.SliceReady {
+		ready = fmt.Sprintf("no (node is %s; the agent's last report said yes)", n.State)
+	}
+	row(w, "Slice-ready:", ready)
 	row(w, "Observed:", ts(rd.ObservedAt))
 	for _, b := range rd.Blockers {
 		row(w, "Blocker:", b)

@@ -219,6 +219,28 @@ func ResolveImage(snap *state.Snapshot, spec string, shape proto.CapacityShape) 
 	return resolveImage(snap, spec, shape, nil)
 }
 
+// DefaultSliceImage is the image a slice request that names none gets:
+// the slice_base image approved last (by create index) among those
+// approved anywhere, as "name:version", so the allocation records exactly
+// what it runs. ok is false when no slice_base image is approved: the
+// request keeps no image, which only a simulated slice runtime accepts
+// (the real one refuses it at the image stage).
+func DefaultSliceImage(snap *state.Snapshot) (string, bool) {
+	var best *proto.Image
+	for _, im := range snap.Images("") {
+		if im.Kind != proto.ImageSliceBase || im.State != proto.ImageApproved {
+			continue
+		}
+		if best == nil || im.CreateIndex > best.CreateIndex {
+			best = im
+		}
+	}
+	if best == nil {
+		return "", false
+	}
+	return best.Name + ":" + best.Version, true
+}
+
 // ImageApprovedForNode reports whether im may be used on node (its
 // site's approvals, or a global one): the MAAS predeploy check "selected
 // image version exists and is approved for the site".

@@ -462,7 +462,7 @@ func (f *FSM) applySlotRepair(body []byte, index uint64) any {
 			return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_repair: slot %s is incomplete, missing %s; re-approve it with a complete binding", s.ID, strings.Join(m, ", "))
 		}
 		if s.Touched {
-			return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_repair: slot %s was touched by a provision and has no wipe proof; clean it (slot_cleaned) first", s.ID)
+			return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_repair: slot %s was touched by a provision and has no wipe proof; run `gpuaasctl slot cleanup %s --wait` first", s.ID, s.ID)
 		}
 		s.Status, s.StatusReason = proto.SlotAvailable, ""
 		return s, tx.PutSlot(s)

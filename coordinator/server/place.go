@@ -105,6 +105,10 @@ func (s *Server) Place(ctx context.Context, req proto.AllocationCreateRequest, i
 			return *a, true, nil
 		}
 	}
+	// A slice that names no image runs the site's default slice image.
+	if req.CapacityShape == proto.ShapeGPUSlice && req.Image == "" {
+		req.Image, _ = fsm.DefaultSliceImage(s.Store().Snapshot())
+	}
 	// An unknown, unapproved or unfitting image is refused before any
 	// planning (the FSM re-checks at apply time).
 	if _, err := fsm.ResolveImage(s.Store().Snapshot(), req.Image, req.CapacityShape); err != nil {

@@ -56,6 +56,8 @@ type Server struct {
 	blobsOnce sync.Once
 	blobs     *blobs.Store
 	blobsErr  error
+
+	ready readiness // GET /readyz (ready.go)
 }
 
 // NotLeaderError is returned by writes on a follower. LeaderHTTP is the
@@ -112,7 +114,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("create raft dir %s: %w", raftDir, err)
 	}
 	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16),
-		applyQ: make(chan *applyCall, applierQueueLen)}
+		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now()}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	inner := cfg.fsm

@@ -19,6 +19,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -76,22 +77,14 @@ func Load(path string) (*Key, error) {
 }
 
 // Generate writes a fresh random key file (mode 0600) at path; it refuses
-// to overwrite an existing file.
+// to overwrite an existing file. A crash leaves no partial key behind.
 func Generate(path string) error {
 	raw := make([]byte, KeySize)
 	if _, err := rand.Read(raw); err != nil {
 		return fmt.Errorf("generate site key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+	if err := atomicfile.Create(path, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
 		return fmt.Errorf("generate site key: %w", err)
-	}
-	if _, err := f.WriteString(hex.EncodeToString(raw) + "\n"); err != nil {
-		f.Close()
-		return fmt.Errorf("generate site key %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("generate site key %s: %w", path, err)
 	}
 	return nil
 }

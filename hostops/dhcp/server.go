@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
 // Server supervises one dnsmasq process serving the guest subnet on one
@@ -112,23 +113,7 @@ func (s *Server) command() (string, []string) {
 
 // writeFile replaces path atomically with a world-readable file.
 func writeFile(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFile(path, b, 0o644)
 }
 
 // WriteFiles writes dnsmasq.conf and the hosts file for reservations.

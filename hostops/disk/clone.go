@@ -204,6 +204,9 @@ func Clone(ctx context.Context, dev Device, img Image, opts CloneOptions) (Clone
 		return res, fmt.Errorf("clone onto %s: %w", dev.Name, err)
 	}
 	defer bd.Close()
+	if err := noOtherWriter(dev, bd); err != nil {
+		return res, fmt.Errorf("clone onto %s: %w", dev.Name, err)
+	}
 	if virt > bd.size {
 		return res, fmt.Errorf("clone %s onto %s: image of %d bytes does not fit the %d-byte device", img.Path, dev.Name, virt, bd.size)
 	}

@@ -4,10 +4,20 @@
 // touching a byte, clones a VM image onto it, wipes it by site policy and
 // verifies the wipe with a proof record.
 //
-// Everything is read through a hostops.Root (sysfs for identity, partitions
-// and holders; procfs for mounts; the device tree for the node), so tests can
-// give a real loop device a simulated NVMe identity. External commands
-// (qemu-img, blkdiscard, nvme) go through a Runner.
+// Everything is read through a hostops.Root (sysfs for identity, partitions,
+// holders and loop devices; procfs for mounts and the descriptors every
+// process holds; the device tree for the node), so tests can give a real
+// loop device a simulated NVMe identity. External commands (qemu-img,
+// blkdiscard, nvme) go through a Runner.
+//
+// "Signed" means any signature libblkid knows, on the disk or inside a
+// partition: CheckSafe runs `blkid -p -o export` (util-linux) on the
+// device it opened and on each partition, plus a built-in magic scan
+// that also catches bare magics libblkid ignores (a lone MD superblock
+// magic, a backup GPT). "Held" covers sysfs holders (LVM, MD, dm,
+// bcache), any process with a descriptor open for writing on the disk or
+// a partition (O_EXCL or not; named by pid and command), and a loop
+// device backed by it.
 //
 // Typical use by the agent:
 //

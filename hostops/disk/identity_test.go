@@ -29,6 +29,51 @@ func twoDisks(t *testing.T) (*simHost, string) {
 	return h, node
 }
 
+// Readers, other devices and descriptors that are not files are no open
+// writers.
+func TestCheckSafeToWipeIgnoresReaders(t *testing.T) {
+	t.Parallel()
+	h, _ := twoDisks(t)
+	dev, err := Resolve(h.root, idA)
+	require.NoError(t, err)
+	h.openFD(t, 10, "cat", 3, h.node, "0100000") // O_RDONLY|O_LARGEFILE
+	h.openFD(t, 11, "sh", 0, "/dev/null", "02")  // O_RDWR on a char device
+	require.NoError(t, os.MkdirAll(h.root.ProcPath("12", "fd"), 0o755))
+	require.NoError(t, os.Symlink("socket:[1234]", h.root.ProcPath("12", "fd", "4")))
+	require.NoError(t, os.MkdirAll(h.root.ProcPath("self"), 0o755)) // not a pid
+	h.write(t, h.root.SysPath("block", "loop3", "loop", "backing_file"), "/var/lib/images/x.img (deleted)")
+	require.NoError(t, CheckSafeToWipe(h.root, dev, idA))
+
+	// A writer's fdinfo without flags is an error, not a pass.
+	h.openFD(t, 13, "odd", 5, h.node, "")
+	require.ErrorContains(t, CheckSafeToWipe(h.root, dev, idA), "no flags line")
+}
+
+func TestParseBlkidOutput(t *testing.T) {
+	t.Parallel()
+	disk := "DEVNAME=/dev/fd/3\nUUID=83fe\nTYPE=bcache\nUSAGE=other\nPTUUID=5036\nPTTYPE=gpt\n"
+	assert.Equal(t, []Signature{{Type: "bcache", Offset: -1, By: "libblkid"}, {Type: "gpt", Offset: -1, By: "libblkid"}},
+		parseBlkidExport([]byte(disk), ""))
+	// A partition: its entry in the parent's table is not content; a
+	// nested table and a filesystem are.
+	part := "DEVNAME=/dev/fd/3\nPTTYPE=bsd\nTYPE=zfs_member\nPART_ENTRY_SCHEME=dos\nPART_ENTRY_TYPE=0xa5\nPART_ENTRY_NUMBER=1\n"
+	assert.Equal(t, []Signature{{Type: "bsd", Offset: -1, Node: "nvme0n1p1", By: "libblkid"}, {Type: "zfs_member", Offset: -1, Node: "nvme0n1p1", By: "libblkid"}},
+		parseBlkidExport([]byte(part), "nvme0n1p1"))
+	assert.Equal(t, "nvme0n1p1:zfs_member (libblkid)", Signature{Type: "zfs_member", Offset: -1, Node: "nvme0n1p1", By: "libblkid"}.String())
+	assert.Equal(t, "gpt@512", Signature{Type: "gpt", Offset: 512}.String())
+
+	wipefs := `{"signatures": [{"device":"fd/3","offset":"0xff6","type":"swap","uuid":null,"label":null},
+		{"device":"fd/3","offset":"0x438","type":"ext2","uuid":null,"label":null}]}`
+	sigs, err := parseWipefsJSON([]byte(wipefs), "")
+	require.NoError(t, err)
+	assert.Equal(t, []Signature{{Type: "swap", Offset: 0xff6, By: "libblkid"}, {Type: "ext2", Offset: 0x438, By: "libblkid"}}, sigs)
+	_, err = parseWipefsJSON([]byte(`{"signatures":[{"offset":"zz","type":"x"}]}`), "")
+	require.ErrorContains(t, err, `offset "zz"`)
+	sigs, err = parseWipefsJSON(nil, "")
+	require.NoError(t, err)
+	assert.Empty(t, sigs)
+}
+
 func TestResolve(t *testing.T) {
 	t.Parallel()
 	h, _ := twoDisks(t)
@@ -168,6 +213,29 @@ func TestCheckSafeRefusals(t *testing.T) {
 			var mm *IdentityMismatchError
 			require.ErrorAs(t, err, &mm)
 			assert.Contains(t, err.Error(), "device number changed")
+		}},
+		{"open for writing by a process (no O_EXCL)", func(t *testing.T, h *simHost) {
+			h.openFD(t, 4242, "dd", 3, h.node, "0100002") // O_RDWR|O_LARGEFILE
+		}, func(t *testing.T, err error) {
+			var ow *OpenWriterError
+			require.ErrorAs(t, err, &ow)
+			assert.Equal(t, OpenWriterError{Device: "nvme0n1", Node: "nvme0n1", PID: 4242, Command: "dd", FD: 3}, *ow)
+			assert.Contains(t, err.Error(), "refusing disk nvme0n1: nvme0n1 is open for writing by pid 4242 (dd, fd 3)")
+		}},
+		{"open write-only", func(t *testing.T, h *simHost) {
+			h.openFD(t, 77, "fio", 9, h.node, "02100001") // O_WRONLY|O_DIRECT|O_LARGEFILE
+		}, func(t *testing.T, err error) {
+			var ow *OpenWriterError
+			require.ErrorAs(t, err, &ow)
+			assert.Equal(t, 77, ow.PID)
+		}},
+		{"backs a loop device", func(t *testing.T, h *simHost) {
+			h.write(t, h.root.SysPath("block", "loop9", "loop", "backing_file"), h.node)
+		}, func(t *testing.T, err error) {
+			var ow *OpenWriterError
+			require.ErrorAs(t, err, &ow)
+			assert.Equal(t, "loop9", ow.Loop)
+			assert.Contains(t, err.Error(), "nvme0n1 backs loop device loop9")
 		}},
 		{"read-only", func(t *testing.T, h *simHost) {
 			h.write(t, h.root.SysPath("class", "block", "nvme0n1", "ro"), "1")

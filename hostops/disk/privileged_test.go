@@ -480,7 +480,8 @@ func TestPrivilegedRefuseMountedPartition(t *testing.T) {
 	mounted = false
 	var se *SignatureError
 	require.ErrorAs(t, CheckSafe(h.root, dev, idA), &se)
-	assert.Equal(t, []Signature{{"dos", 0}, {"gpt", 512}, {"gpt_backup", 64<<20 - 512}}, se.Signatures)
+	assert.Equal(t, []Signature{{Type: "dos", Offset: 0}, {Type: "gpt", Offset: 512}, {Type: "gpt_backup", Offset: 64<<20 - 512},
+		{Type: "ext4", Offset: -1, Node: "nvme0n1p1", By: "libblkid"}}, se.Signatures, "the filesystem inside the partition too")
 	_, err = Wipe(context.Background(), dev, PolicyZero, WipeOptions{})
 	require.NoError(t, err)
 	require.NoError(t, CheckSafe(h.root, dev, idA))
@@ -523,7 +524,7 @@ func TestPrivilegedRefuseLVMAndMDSignatures(t *testing.T) {
 		h, dev := simDisk(t, node, true)
 		var se *SignatureError
 		require.ErrorAs(t, CheckSafe(h.root, dev, idA), &se)
-		assert.Equal(t, []Signature{{"LVM2_member", 512}}, se.Signatures)
+		assert.Equal(t, []Signature{{Type: "LVM2_member", Offset: 512}}, se.Signatures)
 		before := fileDigest(t, node)
 		_, err := Clone(context.Background(), dev, Image{Path: raw, Format: FormatRaw, SHA256: digest}, CloneOptions{})
 		require.ErrorAs(t, err, &se)
@@ -545,7 +546,7 @@ func TestPrivilegedRefuseLVMAndMDSignatures(t *testing.T) {
 		h, dev := simDisk(t, node, true)
 		var se *SignatureError
 		require.ErrorAs(t, CheckSafe(h.root, dev, idA), &se)
-		assert.Equal(t, []Signature{{"linux_raid_member", 4096}, {"linux_raid_member", size - 64<<10}}, se.Signatures)
+		assert.Equal(t, []Signature{{Type: "linux_raid_member", Offset: 4096}, {Type: "linux_raid_member", Offset: size - 64<<10}}, se.Signatures)
 		proof, err := Wipe(context.Background(), dev, PolicyDiscard, WipeOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, PolicyDiscard, proof.Method)

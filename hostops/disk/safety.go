@@ -1,6 +1,7 @@
 package disk
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -61,15 +62,20 @@ func (e *ReadOnlyError) Error() string {
 
 // CheckSafe refuses, before a byte is written, a device that is not the
 // approved identity, is mounted or has a mounted partition, is swap, is
-// held by LVM/MD/device-mapper, is read-only, or carries any known
-// signature. It is what slot approval and Clone run.
+// held by LVM/MD/device-mapper/bcache, is open for writing by any process
+// (exclusively or not) or backs a loop device, is read-only, or carries
+// any signature: everything libblkid knows (blkid -p on the disk and on
+// each partition: partition tables, filesystems, ZFS, bcache, LUKS, Ceph,
+// ...) plus the built-in magic scan. It is what slot approval and Clone
+// run; it needs blkid (util-linux) on the host.
 func CheckSafe(root hostops.Root, dev Device, want Identity) error {
 	return checkSafe(root, dev, want, false)
 }
 
 // CheckSafeToWipe is CheckSafe without the signature check: a released
 // disk carries the tenant's partitions and filesystems, which is what the
-// wipe removes. Mounts, holders and identity are still refused.
+// wipe removes. Mounts, holders, open writers and identity are still
+// refused.
 func CheckSafeToWipe(root hostops.Root, dev Device, want Identity) error {
 	return checkSafe(root, dev, want, true)
 }
@@ -151,15 +157,17 @@ func checkSafe(root hostops.Root, dev Device, want Identity, allowSignatures boo
 			return &MountedError{Device: fresh.Name, Node: n.name, MountPoint: "[swap]", FSType: "swap"}
 		}
 	}
+	devNodes := make([]devNode, len(nodes))
+	for i, n := range nodes {
+		devNodes[i] = devNode{n.name, n.maj, n.min}
+	}
+	if err := findWriters(root, fresh.Name, devNodes, nil); err != nil {
+		return err
+	}
 	if allowSignatures {
 		return nil
 	}
-	bd, err := openDevice(dev, false)
-	if err != nil {
-		return fmt.Errorf("check disk %s: %w", dev.Name, err)
-	}
-	defer bd.Close()
-	sigs, err := scanSignatures(bd, bd.size)
+	sigs, err := probeSignatures(root, dev, fresh)
 	if err != nil {
 		return fmt.Errorf("check disk %s: %w", dev.Name, err)
 	}
@@ -167,4 +175,61 @@ func checkSafe(root hostops.Root, dev Device, want Identity, allowSignatures boo
 		return &SignatureError{Device: fresh.Name, Signatures: sigs}
 	}
 	return nil
+}
+
+// probeSignatures finds every signature on the disk and in its partitions:
+// the built-in magic scan of the disk plus libblkid's probe of the disk
+// and of each partition node (a filesystem, or a nested partition table,
+// inside a partition). A libblkid finding the magic scan also made (same
+// type on the same node, with its offset) is reported once.
+func probeSignatures(root hostops.Root, dev, fresh Device) ([]Signature, error) {
+	bd, err := openDevice(dev, false)
+	if err != nil {
+		return nil, err
+	}
+	defer bd.Close()
+	sigs, err := scanSignatures(bd, bd.size)
+	if err != nil {
+		return nil, err
+	}
+	lib, err := probeLibblkid(bd.f, "")
+	if err != nil {
+		return nil, err
+	}
+	// A partition that cannot be probed fails the check, unless the disk
+	// is refused for its signatures anyway (a partition table is one).
+	var partErr error
+	for _, p := range fresh.Partitions {
+		ps, err := probePartition(root, p)
+		if err != nil {
+			partErr = errors.Join(partErr, fmt.Errorf("partition %s: %w", p.Name, err))
+			continue
+		}
+		lib = append(lib, ps...)
+	}
+	if partErr != nil && len(sigs) == 0 && len(lib) == 0 {
+		return nil, partErr
+	}
+	seen := map[[2]string]bool{}
+	for _, s := range sigs {
+		seen[[2]string{s.Node, s.Type}] = true
+	}
+	for _, s := range lib {
+		if !seen[[2]string{s.Node, s.Type}] {
+			seen[[2]string{s.Node, s.Type}] = true
+			sigs = append(sigs, s)
+		}
+	}
+	return sigs, nil
+}
+
+// probePartition runs libblkid on partition p's node, which must be block
+// device p.Major:p.Minor.
+func probePartition(root hostops.Root, p Partition) ([]Signature, error) {
+	pd, err := openDevice(Device{Name: p.Name, Path: root.DevPath(p.Name), Major: p.Major, Minor: p.Minor}, false)
+	if err != nil {
+		return nil, err
+	}
+	defer pd.Close()
+	return probeLibblkid(pd.f, p.Name)
 }

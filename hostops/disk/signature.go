@@ -6,15 +6,31 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 )
 
 // Signature is an on-disk format marker found on a device.
 type Signature struct {
-	Type   string `json:"type"`   // "gpt", "dos", "ext4", "xfs", "btrfs", "swap", "LVM2_member", "linux_raid_member", ...
-	Offset int64  `json:"offset"` // byte offset of the magic
+	Type   string `json:"type"`           // "gpt", "dos", "ext4", "zfs_member", "bcache", "crypto_LUKS", "ceph_bluestore", ...
+	Offset int64  `json:"offset"`         // byte offset of the magic; -1 when libblkid does not say
+	Node   string `json:"node,omitempty"` // the partition it is on; "" for the disk itself
+	By     string `json:"by,omitempty"`   // "libblkid", or "" for the built-in magic scan
 }
 
-func (s Signature) String() string { return fmt.Sprintf("%s@%d", s.Type, s.Offset) }
+func (s Signature) String() string {
+	var b strings.Builder
+	if s.Node != "" {
+		b.WriteString(s.Node + ":")
+	}
+	b.WriteString(s.Type)
+	if s.Offset >= 0 {
+		fmt.Fprintf(&b, "@%d", s.Offset)
+	}
+	if s.By != "" {
+		b.WriteString(" (" + s.By + ")")
+	}
+	return b.String()
+}
 
 // probe is one magic at one place. at returns the offsets to look at for a
 // device of size bytes; match looks at the window read there.
@@ -33,8 +49,12 @@ func magic(m string) func([]byte) bool {
 
 var mdMagic = string([]byte{0xfc, 0x4e, 0x2b, 0xa9}) // 0xa92b4efc little-endian
 
-// probes lists the signatures the checks look for. Offsets follow the
-// on-disk formats (and util-linux libblkid's probers).
+// probes lists the magics the built-in scan looks for. Offsets follow the
+// on-disk formats (and util-linux libblkid's probers). It is not the list
+// of what CheckSafe refuses: that is everything libblkid knows (see
+// probeLibblkid). The scan adds bare magics libblkid ignores for want of a
+// valid superblock (a lone MD magic, a backup GPT header), runs on images
+// and readers that are not block devices, and names what Verify finds.
 var probes = []probe{
 	// GPT header at LBA 1 (512- or 4096-byte sectors) and the backup header
 	// at the last LBA.

@@ -20,6 +20,7 @@ import (
 type simHost struct {
 	base string
 	root hostops.Root
+	node string // the real node the last addDisk linked
 }
 
 // newSimHost makes a simulated root. With realProc the root reads the
@@ -87,6 +88,7 @@ func (h *simHost) addDisk(t testing.TB, name string, id Identity, node string) {
 	}
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "holders"), 0o755))
 	require.NoError(t, os.Symlink(node, h.root.DevPath(name)))
+	h.node = node
 	h.mirrorPartitions(t, name, node)
 }
 
@@ -122,6 +124,21 @@ func (h *simHost) addPartition(t testing.TB, disk string, num int, devt string) 
 	h.write(t, filepath.Join(sdir, "dev"), devt)
 	require.NoError(t, os.MkdirAll(filepath.Join(sdir, "holders"), 0o755))
 	return pname
+}
+
+// openFD simulates process pid (comm) holding target open as fd with the
+// octal fdinfo flags ("" writes an fdinfo without a flags line).
+func (h *simHost) openFD(t testing.TB, pid int, comm string, fd int, target, flags string) {
+	t.Helper()
+	p := fmt.Sprint(pid)
+	require.NoError(t, os.MkdirAll(h.root.ProcPath(p, "fd"), 0o755))
+	require.NoError(t, os.Symlink(target, h.root.ProcPath(p, "fd", fmt.Sprint(fd))))
+	info := "pos:\t0\n"
+	if flags != "" {
+		info += "flags:\t" + flags + "\n"
+	}
+	h.write(t, h.root.ProcPath(p, "fdinfo", fmt.Sprint(fd)), info+"mnt_id:\t26")
+	h.write(t, h.root.ProcPath(p, "comm"), comm)
 }
 
 // addHolder simulates an LVM/MD/dm holder of a disk or partition.

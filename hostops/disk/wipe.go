@@ -167,6 +167,9 @@ func zeroDevice(ctx context.Context, dev Device, tr *tracker) error {
 		return err
 	}
 	defer bd.Close()
+	if err := noOtherWriter(dev, bd); err != nil {
+		return err
+	}
 	if err := bd.ZeroRange(ctx, 0, bd.size, tr.add); err != nil {
 		return err
 	}
@@ -195,19 +198,8 @@ func Verify(ctx context.Context, dev Device, opts VerifyOptions) (Proof, error) 
 	if err != nil {
 		return Proof{}, fmt.Errorf("verify %s: %w", dev.Name, err)
 	}
-	if opts.Samples == 0 {
-		opts.Samples = 256
-	}
-	if opts.SampleBytes == 0 {
-		opts.SampleBytes = 64 << 10
-	}
-	if opts.Samples < 0 || opts.SampleBytes < 0 || opts.SampleBytes%4096 != 0 {
-		return Proof{}, fmt.Errorf("verify %s: %d samples of %d bytes: want positive multiples of 4096", dev.Name, opts.Samples, opts.SampleBytes)
-	}
-	if opts.Seed == 0 {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		opts.Seed = binary.LittleEndian.Uint64(b[:]) | 1
+	if opts, err = verifyOptions(dev.Name, opts); err != nil {
+		return Proof{}, err
 	}
 	t0 := time.Now()
 	bd, err := openDevice(dev, false)
@@ -215,7 +207,38 @@ func Verify(ctx context.Context, dev Device, opts VerifyOptions) (Proof, error) 
 		return Proof{}, fmt.Errorf("verify %s: %w", dev.Name, err)
 	}
 	defer bd.Close()
-	samples := samplePlan(bd.size, opts.Samples, opts.SampleBytes, opts.Seed)
+	proof, err := verifyRanges(ctx, dev.Name, bd.size, bd.readFull, opts)
+	if err != nil {
+		return Proof{}, err
+	}
+	proof.Identity = fresh.Identity
+	proof.VerifyDuration = time.Since(t0)
+	return proof, nil
+}
+
+// verifyOptions fills opts' defaults and checks them.
+func verifyOptions(name string, opts VerifyOptions) (VerifyOptions, error) {
+	if opts.Samples == 0 {
+		opts.Samples = 256
+	}
+	if opts.SampleBytes == 0 {
+		opts.SampleBytes = 64 << 10
+	}
+	if opts.Samples < 0 || opts.SampleBytes < 0 || opts.SampleBytes%4096 != 0 {
+		return opts, fmt.Errorf("verify %s: %d samples of %d bytes: want positive multiples of 4096", name, opts.Samples, opts.SampleBytes)
+	}
+	if opts.Seed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		opts.Seed = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	return opts, nil
+}
+
+// verifyRanges reads the sample plan of a device (or file) of size bytes
+// through read and fails with *VerifyError unless every range is zero.
+func verifyRanges(ctx context.Context, name string, size int64, read func([]byte, int64) error, opts VerifyOptions) (Proof, error) {
+	samples := samplePlan(size, opts.Samples, opts.SampleBytes, opts.Seed)
 	var total int64
 	for _, s := range samples {
 		total += int64(s.Length)
@@ -226,31 +249,29 @@ func Verify(ctx context.Context, dev Device, opts VerifyOptions) (Proof, error) 
 	var findings []Finding
 	for _, s := range samples {
 		if err := ctx.Err(); err != nil {
-			return Proof{}, fmt.Errorf("verify %s: %w", dev.Name, err)
+			return Proof{}, fmt.Errorf("verify %s: %w", name, err)
 		}
 		b := buf[:s.Length]
-		if err := bd.readFull(b, s.Offset); err != nil {
-			return Proof{}, fmt.Errorf("verify %s: %w", dev.Name, err)
+		if err := read(b, s.Offset); err != nil {
+			return Proof{}, fmt.Errorf("verify %s: %w", name, err)
 		}
 		h.Write(b)
 		tr.add(int64(len(b)))
 		if i := firstNonZero(b); i >= 0 {
-			findings = append(findings, Finding{Kind: s.Kind, Offset: s.Offset + int64(i), Signature: signatureIn(b, s.Offset, bd.size)})
+			findings = append(findings, Finding{Kind: s.Kind, Offset: s.Offset + int64(i), Signature: signatureIn(b, s.Offset, size)})
 		}
 	}
 	tr.finish()
 	if len(findings) > 0 {
-		return Proof{}, &VerifyError{Device: dev.Name, Findings: findings}
+		return Proof{}, &VerifyError{Device: name, Findings: findings}
 	}
 	return Proof{
-		Device:         dev.Name,
-		Identity:       fresh.Identity,
-		Bytes:          bd.size,
-		VerifyDuration: time.Since(t0),
-		Seed:           opts.Seed,
-		Samples:        samples,
-		SampleDigest:   hex.EncodeToString(h.Sum(nil)),
-		VerifiedAt:     time.Now().UTC(),
+		Device:       name,
+		Bytes:        size,
+		Seed:         opts.Seed,
+		Samples:      samples,
+		SampleDigest: hex.EncodeToString(h.Sum(nil)),
+		VerifiedAt:   time.Now().UTC(),
 	}, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
 // NetplanFile is the file name of the IPoIB netplan file under
@@ -111,26 +112,8 @@ func WriteNetplan(root hostops.Root, s Spec) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, fmt.Errorf("write netplan %s: %w", path, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+NetplanFile+".*")
-	if err != nil {
-		return false, fmt.Errorf("write netplan %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	err = tmp.Chmod(netplanMode)
-	if err == nil {
-		_, err = tmp.Write(want)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return false, fmt.Errorf("write netplan %s: %w", path, err)
+	if err := atomicfile.WriteFile(path, want, netplanMode); err != nil {
+		return false, fmt.Errorf("write netplan: %w", err)
 	}
 	return true, nil
 }

@@ -114,10 +114,10 @@ func TestEnsureBridgeTranscript(t *testing.T) {
 func TestBridgeExists(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, _, nl := newFake(t, &fakeOVS{bridges: []string{"br-other"}})
+	s, _, _ := newFake(t, &fakeOVS{bridges: []string{"br-other"}})
 	require.ErrorIs(t, s.BridgeExists(ctx), ovs.ErrNoBridge)
 
-	s, _, nl = newFake(t, &fakeOVS{bridges: []string{"br-other", "ovsbr0"}})
+	s, _, nl := newFake(t, &fakeOVS{bridges: []string{"br-other", "ovsbr0"}})
 	err := s.BridgeExists(ctx)
 	require.ErrorIs(t, err, ovs.ErrNoBridge, "bridge without the gateway address")
 	require.ErrorContains(t, err, "gateway 10.77.0.1/24 not assigned")

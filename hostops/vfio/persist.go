@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/gpuaas/gpuaas/hostops/pci"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
 // Persistent binding.
@@ -163,21 +164,5 @@ func writeIfChanged(p string, data []byte) (bool, error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return false, err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*")
-	if err != nil {
-		return false, err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return false, err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return false, err
-	}
-	if err := tmp.Close(); err != nil {
-		return false, err
-	}
-	return true, os.Rename(tmp.Name(), p)
+	return true, atomicfile.WriteFile(p, data, 0o644)
 }

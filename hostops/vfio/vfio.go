@@ -16,6 +16,11 @@
 // function held by a host driver that is in use (its module has users beyond
 // its dependent modules, e.g. nvidia-persistenced holding /dev/nvidia*) is
 // refused before any write: unbinding it would block in the kernel.
+// Binding is transactional: when any step fails (a driver_override write, an
+// unbind, drivers_probe, or the check that vfio-pci took the function),
+// every member moved so far goes back to its previous driver and
+// driver_override, so a group is never left split between vfio-pci and host
+// drivers unless the rollback itself fails (*SplitGroupError).
 //
 // Persistence across reboots is a udev rule (Persist), see RenderUdevRule.
 package vfio
@@ -162,7 +167,8 @@ func notViable(group int, ms []pci.Function, skip string) error {
 // Bind binds addr to vfio-pci. It writes nothing and returns a
 // *NotViableError when another member of its IOMMU group is on a host
 // driver (use BindGroup), and an *InUseError when addr's host driver is in
-// use. Already bound: no writes.
+// use. Already bound: no writes. A failed step is rolled back: addr ends on
+// the driver and driver_override it had.
 func (b *Binder) Bind(addr string) error {
 	f, err := b.readBindable(addr)
 	if err != nil {
@@ -178,7 +184,7 @@ func (b *Binder) Bind(addr string) error {
 	if err := b.checkInUse(f); err != nil {
 		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
 	}
-	if err := b.bindOne(f); err != nil {
+	if err := b.bindAll(f.IOMMUGroup, []pci.Function{f}); err != nil {
 		return fmt.Errorf("bind %s to vfio-pci: %w", addr, err)
 	}
 	if err := b.Viable(addr); err != nil {
@@ -189,7 +195,11 @@ func (b *Binder) Bind(addr string) error {
 
 // BindGroup binds every endpoint of addr's IOMMU group to vfio-pci (a GPU
 // and its companion functions). Every member is checked before the first
-// write; already-bound members get no writes.
+// write; already-bound members get no writes. It is all or nothing: when
+// any write or check fails, every member it moved is put back on the driver
+// and driver_override it had, in reverse order, and the error names the
+// failure. If the rollback itself fails the error is a *SplitGroupError
+// naming where each member was left.
 func (b *Binder) BindGroup(addr string) error {
 	f, err := b.readBindable(addr)
 	if err != nil {
@@ -199,6 +209,7 @@ func (b *Binder) BindGroup(addr string) error {
 	if err != nil {
 		return fmt.Errorf("bind IOMMU group of %s to vfio-pci: %w", addr, err)
 	}
+	var eps []pci.Function
 	for _, m := range ms {
 		if m.IsBridge() {
 			continue
@@ -206,17 +217,121 @@ func (b *Binder) BindGroup(addr string) error {
 		if err := b.checkInUse(m); err != nil {
 			return fmt.Errorf("bind IOMMU group %d of %s to vfio-pci: %w", f.IOMMUGroup, addr, err)
 		}
+		eps = append(eps, m)
 	}
-	for _, m := range ms {
-		if m.IsBridge() {
-			continue
-		}
-		if err := b.bindOne(m); err != nil {
-			return fmt.Errorf("bind IOMMU group %d of %s to vfio-pci: %s: %w", f.IOMMUGroup, addr, m.Addr, err)
-		}
+	if err := b.bindAll(f.IOMMUGroup, eps); err != nil {
+		return fmt.Errorf("bind IOMMU group %d of %s to vfio-pci: %w", f.IOMMUGroup, addr, err)
 	}
 	if err := b.Viable(addr); err != nil {
 		return fmt.Errorf("bind IOMMU group of %s to vfio-pci: %w", addr, err)
+	}
+	return nil
+}
+
+// SplitGroupError says a bind failed and its rollback failed too: some
+// members of the group may be on vfio-pci and others on host drivers. The
+// slot must not be used until an operator repairs it.
+type SplitGroupError struct {
+	Group    int
+	Cause    error    // the failure that started the rollback
+	Rollback error    // what failed while rolling back
+	Left     []Member // every member as it was left (Driver "" = unbound)
+}
+
+func (e *SplitGroupError) Error() string {
+	parts := make([]string, len(e.Left))
+	for i, m := range e.Left {
+		d := m.Driver
+		if d == "" {
+			d = "no driver"
+		}
+		parts[i] = m.Addr + " on " + d
+	}
+	return fmt.Sprintf("%v; rollback failed, IOMMU group %d left split (%s): %v",
+		e.Cause, e.Group, strings.Join(parts, ", "), e.Rollback)
+}
+
+func (e *SplitGroupError) Unwrap() []error { return []error{e.Cause, e.Rollback} }
+
+// bindAll moves fs to vfio-pci, all or nothing: on the first failure every
+// function touched so far (the failing one included) is restored, last
+// first, to the driver and driver_override it had.
+func (b *Binder) bindAll(group int, fs []pci.Function) error {
+	var touched []pci.Function
+	for _, f := range fs {
+		if f.Driver == Driver && f.Override == Driver {
+			continue
+		}
+		touched = append(touched, f)
+		if err := b.bindOne(f); err != nil {
+			cause := fmt.Errorf("%s: %w", f.Addr, err)
+			return b.rollback(group, touched, cause)
+		}
+	}
+	return nil
+}
+
+// rollback restores touched (in reverse) after cause. It returns cause when
+// every function is back, and a *SplitGroupError otherwise.
+func (b *Binder) rollback(group int, touched []pci.Function, cause error) error {
+	var errs []error
+	for i := len(touched) - 1; i >= 0; i-- {
+		if err := b.restore(touched[i]); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", touched[i].Addr, err))
+		}
+	}
+	if len(errs) == 0 {
+		b.log().Warn("vfio-pci bind rolled back", "iommu_group", group, "err", cause)
+		return cause
+	}
+	split := &SplitGroupError{Group: group, Cause: cause, Rollback: errors.Join(errs...)}
+	if ms, err := b.members(group); err == nil {
+		for _, m := range ms {
+			if !m.IsBridge() {
+				split.Left = append(split.Left, Member{Addr: m.Addr, Driver: m.Driver})
+			}
+		}
+	}
+	b.log().Error("vfio-pci bind failed and could not be rolled back", "iommu_group", group, "err", split)
+	return split
+}
+
+// restore puts f back on the driver and driver_override it had (prev),
+// from whatever state a failed bind left it in: the override first (so
+// only the wanted driver can match), then off the driver it is on, then an
+// explicit bind to the previous driver.
+func (b *Binder) restore(prev pci.Function) error {
+	cur, err := pci.Read(b.Root, prev.Addr)
+	if err != nil {
+		return fmt.Errorf("read state: %w", err)
+	}
+	if cur.Override != prev.Override {
+		old := prev.Override
+		if old == "" {
+			old = "\n"
+		}
+		if err := b.W.WriteSysfs(devAttr(prev.Addr, "driver_override"), old); err != nil {
+			return fmt.Errorf("restore driver_override %q: %w", prev.Override, err)
+		}
+	}
+	if cur.Driver != prev.Driver {
+		if cur.Driver != "" {
+			if err := b.W.WriteSysfs("bus/pci/drivers/"+cur.Driver+"/unbind", prev.Addr); err != nil {
+				return fmt.Errorf("unbind from %s: %w", cur.Driver, err)
+			}
+		}
+		if prev.Driver != "" {
+			if err := b.W.WriteSysfs("bus/pci/drivers/"+prev.Driver+"/bind", prev.Addr); err != nil {
+				return fmt.Errorf("rebind to %s: %w", prev.Driver, err)
+			}
+		}
+	}
+	now, err := pci.Read(b.Root, prev.Addr)
+	if err != nil {
+		return fmt.Errorf("read state: %w", err)
+	}
+	if now.Driver != prev.Driver || now.Override != prev.Override {
+		return fmt.Errorf("on %q with driver_override %q after rollback, want %q and %q", now.Driver, now.Override, prev.Driver, prev.Override)
 	}
 	return nil
 }
@@ -270,36 +385,19 @@ func parseRefcnt(s string) (int, error) {
 
 func devAttr(addr, name string) string { return "bus/pci/devices/" + addr + "/" + name }
 
-// bindOne moves one function to vfio-pci; on a failed step it restores the
-// previous driver_override so nothing is left half-applied.
+// bindOne moves one function to vfio-pci: driver_override, unbind from
+// the host driver, drivers_probe, and a check that vfio-pci took it. It
+// undoes nothing itself: bindAll rolls back whatever a failed step left.
 func (b *Binder) bindOne(f pci.Function) error {
-	if f.Driver == Driver && f.Override == Driver {
-		return nil
-	}
-	wrote := false
 	if f.Override != Driver {
 		if err := b.W.WriteSysfs(devAttr(f.Addr, "driver_override"), Driver); err != nil {
 			return fmt.Errorf("set driver_override: %w", err)
 		}
-		wrote = true
-	}
-	undo := func(err error) error {
-		if !wrote {
-			return err
-		}
-		old := f.Override
-		if old == "" {
-			old = "\n"
-		}
-		if uerr := b.W.WriteSysfs(devAttr(f.Addr, "driver_override"), old); uerr != nil {
-			return errors.Join(err, fmt.Errorf("restore driver_override: %w", uerr))
-		}
-		return err
 	}
 	if f.Driver != Driver {
 		if f.Driver != "" {
 			if err := b.W.WriteSysfs("bus/pci/drivers/"+f.Driver+"/unbind", f.Addr); err != nil {
-				return undo(fmt.Errorf("unbind from %s: %w", f.Driver, err))
+				return fmt.Errorf("unbind from %s: %w", f.Driver, err)
 			}
 		}
 		if err := b.W.WriteSysfs("bus/pci/drivers_probe", f.Addr); err != nil {

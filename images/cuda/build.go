@@ -192,7 +192,7 @@ func Build(ctx context.Context, opts Options) (Manifest, string, error) {
 		}
 	}
 	if _, err := os.Stat(o.BaseKeyring); err != nil {
-		return Manifest{}, "", fmt.Errorf("Ubuntu's cloud image key: %w (install ubuntu-cloudimage-keyring or pass -base-keyring)", err)
+		return Manifest{}, "", fmt.Errorf("read Ubuntu's cloud image key: %w (install ubuntu-cloudimage-keyring or pass -base-keyring)", err)
 	}
 	start := time.Now()
 	log := o.Log.With("image", r.Name, "version", r.Version)

@@ -52,7 +52,9 @@ const (
 const DefaultCmdline = "console=ttyS0,115200 random.trust_cpu=on quiet loglevel=4"
 
 // URootCommands are the u-root core commands in the initramfs besides uinit
-// (which serves SSH itself: see images/guest/uinit/sshd.go).
+// (which serves SSH itself: see images/guest/uinit/sshd.go). u-root compiles
+// them against this module's go.mod, where each is a tool directive so that
+// `go mod tidy` keeps the modules they import.
 var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg"}
 
 // The recipe itself is an input: changing how the image is built changes
@@ -115,7 +117,17 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("find module root: %w", err)
 		}
 		if o.ModuleDir, err = FindModuleRoot(wd); err != nil {
-			return o, err
+			// bin/gpuaas-lab run from another folder: the source tree
+			// it was built in (make build puts it in <module>/bin).
+			exe, xerr := os.Executable()
+			if xerr != nil {
+				return o, err
+			}
+			dir, xerr := FindModuleRoot(filepath.Dir(exe))
+			if xerr != nil {
+				return o, fmt.Errorf("%w, nor above the executable %s: run from the gpuaas source tree", err, exe)
+			}
+			o.ModuleDir = dir
 		}
 	}
 	if o.CacheRoot == "" {

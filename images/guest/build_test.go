@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/mod/modfile"
 
 	"github.com/gpuaas/gpuaas/test/testenv"
 )
@@ -291,4 +292,23 @@ func TestURootVersionAndKernelVersion(t *testing.T) {
 	require.Equal(t, "6.1.0-56-amd64", k)
 	_, err = kernelVersion("/boot/vmlinuz-")
 	require.Error(t, err)
+}
+
+// The u-root commands the initramfs is built from are compiled against this
+// module's go.mod, so each must be a tool directive there: otherwise
+// `go mod tidy` drops the modules they import and the guest build breaks.
+func TestURootCommandsAreGoModTools(t *testing.T) {
+	t.Parallel()
+	gomod, err := os.ReadFile(filepath.Join("..", "..", "go.mod"))
+	require.NoError(t, err)
+	f, err := modfile.Parse("go.mod", gomod, nil)
+	require.NoError(t, err)
+	tools := make([]string, 0, len(f.Tool))
+	for _, tl := range f.Tool {
+		tools = append(tools, tl.Path)
+	}
+	require.Contains(t, tools, uRootPath, "go.mod: tool %s (go tool u-root)", uRootPath)
+	for _, c := range URootCommands {
+		require.Contains(t, tools, uRootPath+"/cmds/core/"+c, "go.mod: add it with go get -tool")
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/lab/hostsim"
 	"github.com/gpuaas/gpuaas/lab/labagent"
 	"github.com/gpuaas/gpuaas/lab/launch"
@@ -110,7 +111,7 @@ func (a Agents) Proc(h Host, token string) (*launch.Proc, error) {
 		GossipJoin: a.GossipJoin, Fast: a.Fast}
 	if token != "" {
 		o.TokenFile = filepath.Join(h.StateDir, TokenFile)
-		if err := os.WriteFile(o.TokenFile, []byte(token+"\n"), 0o600); err != nil {
+		if err := atomicfile.WriteFile(o.TokenFile, []byte(token+"\n"), 0o600); err != nil {
 			return nil, fmt.Errorf("agent %s bootstrap token: %w", h.Name, err)
 		}
 	}

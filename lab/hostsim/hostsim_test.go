@@ -355,6 +355,41 @@ func TestKernelBindRules(t *testing.T) {
 	assert.Equal(t, "nvidia", drv())
 }
 
+func TestKernelFailWrite(t *testing.T) {
+	t.Parallel()
+	root := generate(t, "j27u15")
+	k, err := hostsim.NewKernel(root)
+	require.NoError(t, err)
+	const gpu = "0000:18:00.0"
+	ov := "bus/pci/devices/" + gpu + "/driver_override"
+	override := func() string { return read(t, root.SysPath(ov)) }
+
+	assert.ErrorContains(t, k.FailWrite("../x", 1, syscall.EIO), "not a path below")
+	assert.ErrorContains(t, k.FailWrite(ov, 0, syscall.EIO), "want 1 or more")
+	assert.ErrorContains(t, k.FailWrite(ov, 1, 0), "no error number")
+
+	// The second write to driver_override fails and changes nothing; the
+	// first and third take effect. Other paths are not counted.
+	require.NoError(t, k.FailWrite("bus/pci/devices/"+gpu+"/./driver_override", 2, syscall.EIO))
+	require.NoError(t, k.WriteSysfs(ov, "vfio-pci"))
+	require.NoError(t, k.WriteSysfs("bus/pci/drivers/nvidia/unbind", gpu))
+	assert.Equal(t, "vfio-pci", override())
+	assert.ErrorIs(t, k.WriteSysfs(ov, "pci-stub"), syscall.EIO)
+	assert.Equal(t, "vfio-pci", override(), "a failed write has no effect")
+	require.NoError(t, k.WriteSysfs(ov, "\n"))
+	assert.Equal(t, "(null)", override())
+
+	require.NoError(t, k.FailWrite("bus/pci/drivers_probe", 1, syscall.ENOMEM))
+	assert.ErrorIs(t, k.WriteSysfs("bus/pci/drivers_probe", gpu), syscall.ENOMEM)
+	f, err := pci.Read(root, gpu)
+	require.NoError(t, err)
+	assert.Empty(t, f.Driver, "a failed probe binds nothing")
+	require.NoError(t, k.WriteSysfs("bus/pci/drivers_probe", gpu))
+	f, err = pci.Read(root, gpu)
+	require.NoError(t, err)
+	assert.Equal(t, "nvidia", f.Driver)
+}
+
 func TestMutators(t *testing.T) {
 	t.Parallel()
 	root := generate(t, "j22u15")

@@ -1,10 +1,16 @@
 // Package labhost runs the real parts of the lab's slice host on this
-// machine: the machine-wide userspace Open vSwitch and libvirtd (started
-// by hand, the machine has no init system running them), and the slice
-// host set-up of j22u15 (its slot disks bound to real loop devices, a
-// netdev bridge with the guest gateway, the agent's slice runtime
-// settings). `make lab` and the privileged tests share it: test/libvirttest
-// wraps these functions for tests.
+// machine: the shared daemon set — the machine-wide userspace Open vSwitch,
+// virtlogd and libvirtd, started by hand on demand (the machine has no init
+// system running them) — and the slice host set-up of j22u15 (its slot
+// disks bound to real loop devices, a netdev bridge with the guest gateway,
+// the agent's slice runtime settings). `make lab` and the privileged tests
+// share it: test/libvirttest wraps these functions for tests.
+//
+// Every process using the shared daemons holds a lease (Use) for as long
+// as it does; StopShared stops the daemons this package started (each
+// found through its own pid file) unless a lease is held. `make
+// clean-daemons` (run at the end of `make test` and by `make clean`) calls
+// it, and so does a slice host's Close for the daemons its set-up started.
 package labhost
 
 import (
@@ -31,15 +37,21 @@ const StartTimeout = 180 * time.Second
 // OVSRunDir is the machine-wide userspace Open vSwitch shared by
 // everything whose guests attach through libvirt: libvirtd's taps live in
 // the root network namespace, so ovs-vswitchd must run there too, and two
-// ovs-vswitchd in one namespace collide. It is started once and left
-// running; users create uniquely named bridges on it. libvirtd is started
-// with OVS_RUNDIR pointing here.
+// ovs-vswitchd in one namespace collide. It is started on demand and left
+// running for later users until StopShared; users create uniquely named
+// bridges on it. libvirtd is started with OVS_RUNDIR pointing here.
 const OVSRunDir = "/run/gpuaas-ovs"
 
 const (
 	ovsSchema = "/usr/share/openvswitch/vswitch.ovsschema"
 	lockPath  = "/run/gpuaas-libvirttest.lock"
 	pidPath   = "/run/gpuaas-libvirttest-libvirtd.pid"
+	// virtlogdPidPath is the pid file of a virtlogd this package starts
+	// (one started otherwise is used but never stopped).
+	virtlogdPidPath = "/run/gpuaas-virtlogd.pid"
+	// usersPath is the lease file: every user of the shared daemons holds
+	// a shared flock on it (Use).
+	usersPath = "/run/gpuaas-daemons.users"
 	// libvirtdLog collects the output of the libvirtd this package starts.
 	libvirtdLog = "/run/gpuaas-libvirtd.log"
 )
@@ -52,44 +64,53 @@ func OVSEnv() []string {
 // OVSRunner runs ovs-vsctl/ovs-ofctl against the shared instance.
 func OVSRunner() command.Exec { return command.Exec{Env: OVSEnv()} }
 
-// EnsureOVS starts the shared userspace Open vSwitch unless it runs.
+// EnsureOVS starts the shared userspace Open vSwitch unless it runs. The
+// caller holds a lease (Use).
 func EnsureOVS(ctx context.Context) error {
+	_, err := ensureOVS(ctx)
+	return err
+}
+
+// ensureOVS is EnsureOVS that also reports whether it started a daemon.
+func ensureOVS(ctx context.Context) (started bool, err error) {
 	if ovsUp(ctx) {
-		return nil
+		return false, nil
 	}
 	unlock, err := lock(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
 	if ovsUp(ctx) {
-		return nil
+		return false, nil
 	}
 	if err := os.MkdirAll(OVSRunDir, 0o755); err != nil {
-		return err
+		return false, err
 	}
 	db := filepath.Join(OVSRunDir, "conf.db")
 	if _, err := os.Stat(db); os.IsNotExist(err) {
 		if err := ovsRun(ctx, "ovsdb-tool", "create", db, ovsSchema); err != nil {
-			return err
+			return false, err
 		}
 	}
 	sock := filepath.Join(OVSRunDir, "db.sock")
 	if !running(filepath.Join(OVSRunDir, "ovsdb-server.pid")) {
 		if err := ovsRun(ctx, "ovsdb-server", db, "--remote=punix:"+sock, "--pidfile", "--detach", "--log-file"); err != nil {
-			return err
+			return false, err
 		}
+		started = true
 	}
 	if err := ovsRun(ctx, "ovs-vsctl", "--timeout=10", "--no-wait", "init"); err != nil {
-		return err
+		return started, err
 	}
 	if !running(filepath.Join(OVSRunDir, "ovs-vswitchd.pid")) {
 		if err := ovsRun(ctx, "ovs-vswitchd", "unix:"+sock, "--pidfile", "--detach", "--log-file"); err != nil {
-			return err
+			return started, err
 		}
+		started = true
 	}
 	// Without --no-wait, ovs-vsctl returns once ovs-vswitchd applied it.
-	return ovsRun(ctx, "ovs-vsctl", "--timeout=15", "set", "Open_vSwitch", ".", "external_ids:gpuaas-shared=1")
+	return started, ovsRun(ctx, "ovs-vsctl", "--timeout=15", "set", "Open_vSwitch", ".", "external_ids:gpuaas-shared=1")
 }
 
 func ovsUp(ctx context.Context) bool {
@@ -109,56 +130,66 @@ func ovsRun(ctx context.Context, name string, args ...string) error {
 // EnsureLibvirtd starts virtlogd and libvirtd unless libvirtd already
 // answers on qemu:///system with the shared Open vSwitch's OVS_RUNDIR in
 // its environment (a running libvirtd without it is restarted), then
-// waits until it answers. logf (optional) hears what was started.
+// waits until it answers. logf (optional) hears what was started. The
+// caller holds a lease (Use).
 func EnsureLibvirtd(ctx context.Context, logf func(format string, args ...any)) error {
+	_, err := ensureLibvirtd(ctx, logf)
+	return err
+}
+
+// ensureLibvirtd is EnsureLibvirtd that also reports whether it started
+// a daemon.
+func ensureLibvirtd(ctx context.Context, logf func(format string, args ...any)) (started bool, err error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
 	if answers(ctx) && hasOVSEnv() && reaped() {
-		return nil
+		return false, nil
 	}
 	unlock, err := lock(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
 	if answers(ctx) && hasOVSEnv() && reaped() { // another process started it while we waited
-		return nil
+		return false, nil
 	}
 	if pid, ok := libvirtdPid(); ok && (!hasOVSEnv() || !reaped()) {
 		logf("restarting libvirtd (pid %d) with OVS_RUNDIR=%s under %s", pid, OVSRunDir, reaper)
 		if err := stopPid(pid); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if err := os.MkdirAll("/run/libvirt", 0o755); err != nil {
-		return fmt.Errorf("create /run/libvirt: %w", err)
+		return false, fmt.Errorf("create /run/libvirt: %w", err)
 	}
 	start := time.Now()
-	// virtlogd started as root writes /run/virtlogd.pid.
-	if !running("/run/virtlogd.pid") && !running("/run/libvirt/virtlogd.pid") {
-		if out, err := exec.CommandContext(ctx, "virtlogd", "-d").CombinedOutput(); err != nil {
-			return fmt.Errorf("start virtlogd: %w: %s", err, out)
+	// A virtlogd started otherwise (its own /run/virtlogd.pid) is used.
+	if !running(virtlogdPidPath) && !running("/run/virtlogd.pid") && !running("/run/libvirt/virtlogd.pid") {
+		if out, err := exec.CommandContext(ctx, "virtlogd", "-d", "-p", virtlogdPidPath).CombinedOutput(); err != nil {
+			return false, fmt.Errorf("start virtlogd: %w: %s", err, out)
 		}
+		started = true
 	}
 	if !running(pidPath) {
 		if err := startLibvirtd(logf); err != nil {
-			return err
+			return started, err
 		}
+		started = true
 	}
 	deadline := time.Now().Add(StartTimeout)
 	for !answers(ctx) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("libvirtd started but %s does not answer after %s", LibvirtURI, StartTimeout)
+			return started, fmt.Errorf("libvirtd started but %s does not answer after %s", LibvirtURI, StartTimeout)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for libvirtd: %w", ctx.Err())
+			return started, fmt.Errorf("wait for libvirtd: %w", ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}
-	logf("started libvirtd (answered after %s; left running)", time.Since(start).Round(100*time.Millisecond))
-	return nil
+	logf("started libvirtd (answered after %s; left running until make clean-daemons)", time.Since(start).Round(100*time.Millisecond))
+	return started, nil
 }
 
 // reaper is the child subreaper libvirtd runs under. QEMU processes are
@@ -271,8 +302,11 @@ func running(pidFile string) bool {
 	return syscall.Kill(pid, 0) == nil
 }
 
-// lock serialises daemon starts across processes (test binaries, the lab).
-func lock(ctx context.Context) (func(), error) {
+// lock serialises daemon starts and stops across processes (test
+// binaries, the lab, make clean-daemons).
+func lock(ctx context.Context) (func(), error) { return lockAt(ctx, lockPath) }
+
+func lockAt(ctx context.Context, lockPath string) (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", lockPath, err)
 	}

@@ -11,7 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
+	"time"
 
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
@@ -50,12 +50,18 @@ type SliceOptions struct {
 // SliceHost is a set-up real slice host: every simulated NVMe of the host
 // tree is bound to its own real loop device, the shared Open vSwitch and
 // libvirtd run, the bridge carries the gateway. Slice holds the agent
-// settings (labagent.WithSlice).
+// settings (labagent.WithSlice). It holds a lease on the shared daemons
+// (Use) until Close.
 type SliceHost struct {
 	Slice labagent.Slice
 	// Loops maps simulated disk names to their loop devices.
 	Loops map[string]string
-	opts  SliceOptions
+	// Started reports whether the set-up started any shared daemon; Close
+	// then stops them, unless another process still uses them.
+	Started bool
+	opts    SliceOptions
+	release func()
+	logf    func(string, ...any)
 }
 
 var nvmeName = regexp.MustCompile(`^nvme[0-9]+n1$`)
@@ -93,7 +99,14 @@ func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) 
 	if err := Installed(); err != nil {
 		return nil, err
 	}
-	h := &SliceHost{Loops: map[string]string{}, opts: o}
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	release, err := Use()
+	if err != nil {
+		return nil, fmt.Errorf("slice host: %w", err)
+	}
+	h := &SliceHost{Loops: map[string]string{}, opts: o, release: release, logf: logf}
 	defer func() {
 		if err != nil {
 			_ = h.Close(context.WithoutCancel(ctx))
@@ -159,10 +172,14 @@ func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) 
 			return nil, err
 		}
 	}
-	if err := EnsureOVS(ctx); err != nil {
+	started, err := ensureOVS(ctx)
+	h.Started = h.Started || started
+	if err != nil {
 		return nil, fmt.Errorf("slice host: %w", err)
 	}
-	if err := EnsureLibvirtd(ctx, logf); err != nil {
+	started, err = ensureLibvirtd(ctx, logf)
+	h.Started = h.Started || started
+	if err != nil {
 		return nil, fmt.Errorf("slice host: %w", err)
 	}
 	sw, err := ovs.New(ovs.Options{Bridge: o.Bridge, DatapathType: "netdev", Gateway: gw, RunDir: OVSRunDir})
@@ -179,7 +196,9 @@ func SetupSlice(ctx context.Context, o SliceOptions, logf func(string, ...any)) 
 
 // Close destroys and undefines the domains that use this host's disks,
 // stops the guest dnsmasq, deletes the bridge and detaches the loop
-// devices (their backing files stay for a restart of the lab).
+// devices (their backing files stay for a restart of the lab), then
+// releases its lease on the shared daemons and, if its set-up started
+// any, stops them unless another process still uses them.
 func (h *SliceHost) Close(ctx context.Context) error {
 	var errs []error
 	if out, err := exec.CommandContext(ctx, "virsh", "-c", LibvirtURI, "list", "--all", "--name").Output(); err == nil {
@@ -200,10 +219,9 @@ func (h *SliceHost) Close(ctx context.Context) error {
 		}
 	}
 	if h.Slice.DHCPDir != "" {
-		if b, err := os.ReadFile(filepath.Join(h.Slice.DHCPDir, "dnsmasq.pid")); err == nil {
-			var pid int
-			if _, err := fmt.Sscanf(string(b), "%d", &pid); err == nil && pid > 0 {
-				_ = syscall.Kill(pid, syscall.SIGTERM)
+		if pid := pidOf(filepath.Join(h.Slice.DHCPDir, "dnsmasq.pid"), "dnsmasq"); pid != 0 {
+			if err := terminate(pid, 5*time.Second); err != nil {
+				errs = append(errs, fmt.Errorf("stop the guest dnsmasq (pid %d): %w", pid, err))
 			}
 		}
 	}
@@ -224,6 +242,20 @@ func (h *SliceHost) Close(ctx context.Context) error {
 	if h.opts.VMDir == "" && h.Slice.VMDir != "" {
 		if err := os.RemoveAll(h.Slice.VMDir); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", h.Slice.VMDir, err))
+		}
+	}
+	if h.release != nil {
+		h.release()
+		h.release = nil
+		if h.Started {
+			h.Started = false
+			var inUse *InUseError
+			switch _, err := StopShared(ctx, h.logf); {
+			case errors.As(err, &inUse):
+				h.logf("shared daemons: %v", err)
+			case err != nil:
+				errs = append(errs, fmt.Errorf("stop the shared daemons: %w", err))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
 // Proc is one child process with its log file.
@@ -205,7 +207,7 @@ func WriteTokensFile(path string, toks []Token) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o600)
+	return atomicfile.WriteFile(path, append(b, '\n'), 0o600)
 }
 
 // WaitHTTP polls url until it answers 200 with a bearer token or ctx ends.

@@ -156,6 +156,8 @@ func TestGomaasclientLifecycle(t *testing.T) {
 		Mode: "STATIC", Subnet: 2, IPAddress: "192.168.50.15",
 	})
 	require.NoError(t, err)
+	require.Len(t, ni.Links, 1, "relinked")
+	assert.Equal(t, "192.168.50.15", ni.Links[0].IPAddress)
 	subnets, err := c.Subnets.Get()
 	require.NoError(t, err)
 	require.Len(t, subnets, 2)

@@ -1,6 +1,7 @@
 // Package deptest enforces the package boundaries of ../shared/DESIGN.md:
 // proto imports nothing of ours, sched is pure, hostops never reaches up
-// into the coordinator or agent, production code never imports testing.
+// into the coordinator or agent (internal/ holds standard-library-only
+// leaves every layer may use), production code never imports testing.
 package deptest
 
 import (
@@ -59,8 +60,10 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: proto imports nothing of ours", p.ImportPath, imp)
 			case under(p.ImportPath, "sched") && ours && !under(imp, "proto") && !under(imp, "sched"):
 				t.Errorf("%s imports %s: sched may import only proto", p.ImportPath, imp)
-			case under(p.ImportPath, "hostops") && ours && !under(imp, "proto") && !under(imp, "hostops") && !testHelper:
-				t.Errorf("%s imports %s: hostops may import only proto and hostops", p.ImportPath, imp)
+			case under(p.ImportPath, "internal") && ours:
+				t.Errorf("%s imports %s: internal packages are leaves (standard library only), usable from every layer", p.ImportPath, imp)
+			case under(p.ImportPath, "hostops") && ours && !under(imp, "proto") && !under(imp, "hostops") && !under(imp, "internal") && !testHelper:
+				t.Errorf("%s imports %s: hostops may import only proto, hostops and the internal leaves", p.ImportPath, imp)
 			case (under(p.ImportPath, "coordinator") || under(p.ImportPath, "agent")) && (under(imp, "lab") || under(imp, "test")) && !testHelper:
 				t.Errorf("%s imports %s: production code never imports lab or test", p.ImportPath, imp)
 			case imp == "testing" && !testHelper:

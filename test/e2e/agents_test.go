@@ -35,7 +35,8 @@ type labFile struct {
 }
 
 // agentsEnv is a running lab of coordinator processes (gpuaas-lab with no
-// hosts) and the test's own agent processes.
+// hosts) and the test's own agent processes (gpuaas-lab-agent: the
+// simulated hosts' backends and slice runtime).
 type agentsEnv struct {
 	t      *testing.T
 	ctx    context.Context
@@ -73,7 +74,7 @@ func newAgentsEnv(t *testing.T) *agentsEnv {
 	require.NoError(t, err)
 	admin.Poll, op.Poll = 50*time.Millisecond, 50*time.Millisecond
 	return &agentsEnv{t: t, ctx: ctx, api: admin, op: op,
-		agents: fleet.Agents{Bin: filepath.Join(bin, "gpuaas-agent"), Coordinators: urls, GossipJoin: gossip, LogDir: filepath.Join(dir, "logs"), Fast: true},
+		agents: fleet.Agents{Bin: filepath.Join(bin, "gpuaas-lab-agent"), Coordinators: urls, GossipJoin: gossip, LogDir: filepath.Join(dir, "logs"), Fast: true},
 		hosts:  hostsimtest.Dir(t), state: t.TempDir()}
 }
 
@@ -298,8 +299,13 @@ func TestLabAgentsSliceFlow(t *testing.T) {
 	alloc := e.allocate("e2e-agents-1")
 	require.Equal(t, "j22u15", alloc.NodeID)
 	task := e.task(alloc.ID, proto.TaskSliceProvision)
+	var res proto.SliceProvisionResult
+	require.NoError(t, json.Unmarshal(task.Result, &res))
+	require.NotNil(t, res.Access, "the simulated runtime brought the slice up")
+	dl := e.leases(h15)
+	require.Len(t, dl.Leases, 2)
 	var plan sched.BundlePlan
-	require.NoError(t, json.Unmarshal(task.Result, &plan))
+	require.NoError(t, json.Unmarshal(dl.Leases[0].Plan, &plan), "the lease carries the plan")
 	require.Len(t, plan.Devices, 2)
 	discovered := map[string]string{} // GPU → switch, as discovery reported it
 	for _, c := range topo15.Candidates {
@@ -314,20 +320,22 @@ func TestLabAgentsSliceFlow(t *testing.T) {
 		assert.NotEmpty(t, dev.Disk)
 	}
 	assert.Len(t, sw, 1, "the plan's GPUs share one PCIe switch: %v", plan.Devices)
-	dl := e.leases(h15)
-	require.Len(t, dl.Leases, 2)
 	for _, l := range dl.Leases {
 		assert.Equal(t, alloc.ID, l.AllocationID)
 	}
 	require.Eventually(t, func() bool {
 		var a proto.Allocation
-		return e.do(e.api, http.MethodGet, "/v1/allocations/"+alloc.ID, nil, &a) == nil && a.State == proto.AllocProvisioning
-	}, 10*time.Second, 50*time.Millisecond, "the agent's plan starts provisioning")
+		return e.do(e.api, http.MethodGet, "/v1/allocations/"+alloc.ID, nil, &a) == nil && a.State == proto.AllocActive
+	}, 10*time.Second, 50*time.Millisecond, "the slice result activates the allocation")
 
-	// Release: the agent drops the leases.
+	// Release: the agent wipes the disks and drops the leases.
 	require.NoError(t, e.do(e.op, http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", nil, nil))
 	e.task(alloc.ID, proto.TaskSliceRelease)
 	assert.Empty(t, e.leases(h15).Leases, "released: leases gone")
+	require.Eventually(t, func() bool {
+		var a proto.Allocation
+		return e.do(e.api, http.MethodGet, "/v1/allocations/"+alloc.ID, nil, &a) == nil && a.State == proto.AllocReleased
+	}, 10*time.Second, 50*time.Millisecond, "the release result ends the allocation")
 
 	// A second slice; SIGKILL its agent: the node goes unreachable.
 	alloc2 := e.allocate("e2e-agents-2")
@@ -336,8 +344,8 @@ func TestLabAgentsSliceFlow(t *testing.T) {
 	require.Len(t, e.leases(h15).Leases, 2)
 	require.Eventually(t, func() bool {
 		var a proto.Allocation
-		return e.do(e.api, http.MethodGet, "/v1/allocations/"+alloc2.ID, nil, &a) == nil && a.State == proto.AllocProvisioning
-	}, 10*time.Second, 50*time.Millisecond, "the second allocation is provisioning")
+		return e.do(e.api, http.MethodGet, "/v1/allocations/"+alloc2.ID, nil, &a) == nil && a.State == proto.AllocActive
+	}, 10*time.Second, 50*time.Millisecond, "the second allocation is active")
 	a15.Kill()
 	killed := time.Now()
 	e.node("j22u15", "unreachable", func(d proto.NodeDetail) bool { return d.Node.State == proto.NodeUnreachable })
@@ -354,9 +362,8 @@ func TestLabAgentsSliceFlow(t *testing.T) {
 		assert.Equal(t, alloc2.ID, l.AllocationID)
 	}
 	assert.Empty(t, dl.LastReconcile.Released)
-	// The first allocation's claims stay live while it is releasing (the
-	// wipe is the slice runtime's): the agent, which dropped their leases
-	// at release, reports them as claims without a lease, and nothing else.
+	// The first allocation is released (its claims are gone): the agent,
+	// which dropped their leases at release, reports none of them missing.
 	for _, m := range dl.LastReconcile.Missing {
 		assert.NotContains(t, []string{dl.Leases[0].SlotID, dl.Leases[1].SlotID}, m.SlotID)
 	}
@@ -382,7 +389,7 @@ func TestLabAgentsSliceFlow(t *testing.T) {
 		err := e.do(e.api, http.MethodPost, "/v1/slots/"+c.SlotID+"/repair", nil, nil)
 		require.Error(t, err, "a touched slot is not repaired without a cleanup")
 		assert.True(t, cli.IsProblem(err, proto.CodeIllegalTransition), "%v", err)
-		assert.Contains(t, err.Error(), "clean it")
+		assert.Contains(t, err.Error(), "gpuaasctl slot cleanup")
 	}
 	t.Logf("whole flow %.1fs", time.Since(start).Seconds())
 }

@@ -168,16 +168,17 @@ func TestLabOperatorPath(t *testing.T) {
 	require.Len(t, alloc.ClaimIDs, 2, "one slot claim per GPU")
 	require.Equal(t, "j22u15", alloc.NodeID, "slices go to the slice-ready host")
 
-	// The agent leases the slots and returns its plan.
+	// The agent leases the slots and the simulated slice runtime brings
+	// the slice up.
 	require.Eventually(t, func() bool {
 		out, err := l.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
-		return err == nil && strings.Contains(out, `"provisioning"`)
-	}, 30*time.Second, 200*time.Millisecond, "the agent's plan moves the allocation to provisioning")
+		return err == nil && strings.Contains(out, `"active"`)
+	}, 30*time.Second, 200*time.Millisecond, "the simulated slice runtime activates the allocation")
 	out, err = l.ctl(t, "alloc", "tasks", alloc.ID, "-o", "json")
 	require.NoError(t, err, out)
 	require.Contains(t, out, `"slice.provision"`)
 	require.Contains(t, out, `"succeeded"`)
-	require.Contains(t, out, `"vcpus"`, "the task result is the bundle plan")
+	require.Contains(t, out, `"guest_ip"`, "the task result is the slice result")
 
 	// The same key returns the same allocation.
 	out, err = l.ctl(t, "alloc", "create", "--gpus", "2", "--region", "lab-east", "--idempotency-key", "e2e-lab-1", "-o", "json")
@@ -209,15 +210,28 @@ func TestLabOperatorPath(t *testing.T) {
 	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
 	require.NoError(t, err, out)
 	require.Contains(t, out, alloc.ID)
-	// An operator releases; the agent drops its leases but does not wipe
-	// yet (the slice runtime's job), so the allocation stays releasing.
+	// An operator releases; the agent wipes the simulated disks, whose
+	// proofs make the slots available again.
 	out, err = l2.ctl(t, "alloc", "release", alloc.ID)
 	require.NoError(t, err, out)
-	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+	require.Eventually(t, func() bool {
+		out, err := l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+		return err == nil && strings.Contains(out, `"released"`)
+	}, 30*time.Second, 200*time.Millisecond, "the release ends")
+	out, err = l2.ctl(t, "slot", "list", "--node", "j22u15", "-o", "json")
 	require.NoError(t, err, out)
-	require.Contains(t, out, `"releasing"`)
-	// Force-release is an admin's.
-	out, err = l2.ctl(t, "alloc", "force-release", alloc.ID, "--reason", "e2e")
+	require.NotContains(t, out, `"releasing"`)
+	require.NotContains(t, out, `"cleanup_blocked"`)
+	require.Contains(t, out, `"sample_digest"`, "released slots carry their wipe proof")
+
+	// Force-release is an admin's; the touched slot waits for a cleanup.
+	out, err = l2.ctl(t, "alloc", "create", "--gpus", "1", "--region", "lab-east", "--wait", "-o", "json")
+	require.NoError(t, err, out)
+	var one struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &one), out)
+	out, err = l2.ctl(t, "alloc", "force-release", one.ID, "--reason", "e2e")
 	require.Error(t, err)
 	require.Contains(t, out, "needs role admin")
 	var toks struct {
@@ -226,10 +240,32 @@ func TestLabOperatorPath(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &toks))
-	out, err = l2.ctl(t, "--token", toks.Admin, "alloc", "force-release", alloc.ID, "--reason", "e2e")
+	out, err = l2.ctl(t, "--token", toks.Admin, "alloc", "force-release", one.ID, "--reason", "e2e")
 	require.NoError(t, err, out)
-	out, err = l2.ctl(t, "alloc", "show", alloc.ID, "-o", "json")
+	out, err = l2.ctl(t, "alloc", "show", one.ID, "-o", "json")
 	require.NoError(t, err, out)
 	require.Contains(t, out, `"released"`)
+	var slots struct {
+		Items []struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+		} `json:"items"`
+	}
+	out, err = l2.ctl(t, "slot", "list", "--node", "j22u15", "-o", "json")
+	require.NoError(t, err, out)
+	require.NoError(t, json.Unmarshal([]byte(out), &slots), out)
+	var blocked []string
+	for _, s := range slots.Items {
+		if s.Status == "cleanup_blocked" {
+			blocked = append(blocked, s.ID)
+		}
+	}
+	require.Len(t, blocked, 1, out)
+	out, err = l2.ctl(t, "--token", toks.Admin, "slot", "repair", blocked[0])
+	require.Error(t, err)
+	require.Contains(t, out, "gpuaasctl slot cleanup "+blocked[0]+" --wait")
+	out, err = l2.ctl(t, "--token", toks.Admin, "slot", "cleanup", blocked[0], "--wait")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "available")
 	l2.stop(t)
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -170,7 +171,7 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 	// The tenant reaches the guest (the bridge's gateway is on this
 	// machine) with their own key: the marker on the cloned disk and the
 	// seed's instance-id.
-	cli := dialGuest(t, a.Access.GuestIP, signer)
+	cli := dialGuest(t, a.Access.GuestIP, signer, a.Access.HostKeys...)
 	marker := guestRun(t, cli, "shasum -a 256 /disk"+guest.MarkerPath)
 	assert.Equal(t, m.MarkerSHA256, strings.Fields(marker)[0], "marker digest over SSH")
 	assert.Equal(t, id[1], strings.TrimSpace(guestRun(t, cli, "cat /run/gpuaas/instance-id")))
@@ -257,10 +258,28 @@ func getJSON(ctx context.Context, api fleet.API, path string, out any) error {
 }
 
 // dialGuest waits for the guest's sshd.
-func dialGuest(t *testing.T, ip string, signer ssh.Signer) *ssh.Client {
+// With hostKeys (the allocation's access), the guest must present one
+// of them.
+func dialGuest(t *testing.T, ip string, signer ssh.Signer, hostKeys ...string) *ssh.Client {
 	t.Helper()
 	cfg := &ssh.ClientConfig{User: "root", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
 		HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second}
+	if len(hostKeys) > 0 {
+		var pinned []ssh.PublicKey
+		for _, k := range hostKeys {
+			pk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
+			require.NoError(t, err, "host key %q", k)
+			pinned = append(pinned, pk)
+		}
+		cfg.HostKeyCallback = func(_ string, _ net.Addr, k ssh.PublicKey) error {
+			for _, p := range pinned {
+				if bytes.Equal(p.Marshal(), k.Marshal()) {
+					return nil
+				}
+			}
+			return fmt.Errorf("guest host key %s is not the one the access names", ssh.FingerprintSHA256(k))
+		}
+	}
 	var c *ssh.Client
 	require.Eventually(t, func() bool {
 		var err error

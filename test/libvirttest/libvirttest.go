@@ -1,11 +1,17 @@
 // Package libvirttest gives privileged tests a connection to the machine's
 // libvirt (qemu:///system) and the machine-wide userspace Open vSwitch
-// its guests attach to, started by hand when they do not run (the machine
-// has no init system) through lab/labhost — the same code `make lab` uses.
-// Both are started at most once per machine (a lock file serialises
-// parallel test binaries) and left running for later tests; the first
-// libvirtd start on a fresh machine takes about 70 s. libvirtd runs with
-// OVS_RUNDIR of the shared Open vSwitch, so guests attach to its bridges.
+// its guests attach to: lab/labhost's shared daemon set — the same code
+// `make lab` uses — started on demand when it does not run (the machine
+// has no init system). A lock file serialises parallel test binaries; the
+// first libvirtd start on a fresh machine takes about 70 s. libvirtd runs
+// with OVS_RUNDIR of the shared Open vSwitch, so guests attach to its
+// bridges.
+//
+// The daemons outlive the test binary, for later tests: the binary holds
+// a lease on them (labhost.Use) until it exits, and `make clean-daemons`
+// — run at the end of `make test` — stops them once no process holds
+// one. Tests clean up every object they create on them (domains,
+// bridges, ports, dnsmasq).
 package libvirttest
 
 import (
@@ -56,9 +62,20 @@ func Connect(t testing.TB) *libvirt.Connect {
 }
 
 // EnsureDaemon starts virtlogd and libvirtd (with the shared OVS_RUNDIR)
-// unless libvirtd already answers with it, then waits until it does.
+// unless libvirtd already answers with it, then waits until it does. The
+// test binary uses them until it exits.
 func EnsureDaemon(ctx context.Context, t testing.TB) error {
+	if err := use(); err != nil {
+		return err
+	}
 	return labhost.EnsureLibvirtd(ctx, t.Logf)
+}
+
+// use takes this test binary's lease on the shared daemons, held until
+// the binary exits (the daemons are shared by its tests).
+func use() error {
+	_, err := labhost.Use()
+	return err
 }
 
 // SharedOVS makes sure the shared userspace Open vSwitch runs and returns
@@ -70,6 +87,9 @@ func SharedOVS(t testing.TB) string {
 	testenv.Commands(t, "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	if err := use(); err != nil {
+		t.Fatalf("shared Open vSwitch: %v", err)
+	}
 	if err := labhost.EnsureOVS(ctx); err != nil {
 		t.Fatalf("shared Open vSwitch: %v", err)
 	}

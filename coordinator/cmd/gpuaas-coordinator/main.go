@@ -37,6 +37,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/api"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
 func main() {
@@ -133,6 +134,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", a.Protect(srv.InternalHandler()))
 	mux.Handle("/", a)
+	go a.RunTaskDeadlines(ctx, o.TaskStallTimeout)
 	// No server-wide ReadTimeout/WriteTimeout: long-polls, blob uploads
 	// and downloads stream. The API bounds each request body itself
 	// (-body-timeout); headers and idle keep-alives are bounded here.
@@ -198,7 +200,7 @@ func loadAuth(o *options, log *slog.Logger) (api.Authenticator, error) {
 			return nil, fmt.Errorf("generate admin token: %w", err)
 		}
 		b = []byte(hex.EncodeToString(raw[:]))
-		if err := os.WriteFile(path, b, 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 			return nil, fmt.Errorf("write admin token: %w", err)
 		}
 		log.Info("no -tokens-file: generated an admin token", "path", path)

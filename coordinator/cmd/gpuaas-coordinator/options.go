@@ -46,6 +46,7 @@ type options struct {
 	GCPercent         int
 	MemoryLimit       int64
 	RetainEnded       time.Duration
+	TaskStallTimeout  time.Duration
 	// MAAS workflow tuning (coordinator/maasflow defaults when zero).
 	MAASCoordinatorURL string
 	MAASPollInterval   time.Duration
@@ -99,6 +100,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 500ms)")
 	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")
 	fs.IntVar(&o.GCPercent, "gc-percent", server.DefaultGCPercent, "Go GC target percent (GOGC); the ledger's copy-on-write store churns the heap, so the default is higher than Go's 100")
+	fs.DurationVar(&o.TaskStallTimeout, "task-stall-timeout", api.DefaultTaskStallTimeout, "how long a slice.provision, slice.release or slot.cleanup task may go without a report from its agent before the leader fails it (named on the timeline; the allocation ends failed or released, touched slots cleanup_blocked)")
 	fs.DurationVar(&o.RetainEnded, "retain-ended", server.DefaultRetention, "how long released and failed allocations (with their claims, tasks and timeline) stay in the ledger before the leader purges them; usage records stay; negative: never purge")
 	fs.Int64Var(&o.MemoryLimit, "memory-limit", 0, "soft Go memory limit in bytes (0: none); the collector runs harder near it")
 	fs.StringVar(&o.MAASCoordinatorURL, "maas-coordinator-url", "", "URL deployed nodes reach the coordinators at, written into their cloud-init (default: http://<http-advertise>)")
@@ -185,6 +187,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.RetainEnded == 0 {
 		return nil, fmt.Errorf("retain-ended 0: give a positive duration, or a negative one to never purge")
+	}
+	if o.TaskStallTimeout <= 0 {
+		return nil, fmt.Errorf("task-stall-timeout %v: give a positive duration", o.TaskStallTimeout)
 	}
 	if o.GCPercent <= 0 {
 		return nil, fmt.Errorf("gc-percent %d: must be > 0", o.GCPercent)

@@ -64,6 +64,17 @@ func (o *OVS) Ofctl(t testing.TB, args ...string) string {
 	return string(out)
 }
 
+// Appctl runs ovs-appctl against this instance's ovs-vswitchd and fails
+// the test on error.
+func (o *OVS) Appctl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := o.Runner().Run(context.Background(), command.Cmd{Name: "ovs-appctl", Args: append([]string{"--timeout=10"}, args...)})
+	if err != nil {
+		t.Fatalf("ovs-appctl: %v", err)
+	}
+	return string(out)
+}
+
 // Start starts ovsdb-server and, inside the network namespace at netnsPath
 // (e.g. /run/netns/NAME), ovs-vswitchd. It returns once both answer.
 func Start(t testing.TB, netnsPath string) *OVS {

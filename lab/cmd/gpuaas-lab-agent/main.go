@@ -2,11 +2,15 @@
 // the same agent (flags, environment, file: agent/config), plus, when it
 // observes a simulated host (-evidence hostsim), the backends that let
 // host.prepare_slice change that host (lab/hostsim's kernel for sysfs,
-// lab/hostsim/simruntime for the runtime). The production agent cannot
-// import lab code; `make lab` starts this binary instead.
+// lab/hostsim/simruntime for the runtime) and the simulated slice runtime
+// (lab/simslice) that provisions, releases and cleans slices on it. The
+// production agent cannot import lab code; `make lab` starts this binary
+// instead.
 package main
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/daemon"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/lab/hostsim/simruntime"
+	"github.com/gpuaas/gpuaas/lab/simslice"
 )
 
 func main() { os.Exit(daemon.Main("gpuaas-lab-agent", os.Args[1:], simulatedHost)) }
@@ -32,5 +37,20 @@ func simulatedHost(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error 
 		return err
 	}
 	d.SetPrepareHost(ph)
+	if cfg.Runtime == config.RuntimeReal {
+		return nil // the lab's real slice host keeps its real runtime
+	}
+	images, err := d.ImageSource()
+	if err != nil {
+		return err
+	}
+	rt, err := simslice.ForAgent(cfg, images, log)
+	if err != nil {
+		return fmt.Errorf("simulated slice runtime: %w", err)
+	}
+	if err := d.SetSliceRuntime(rt, rt.Close); err != nil {
+		return errors.Join(err, rt.Close())
+	}
+	log.Info("simulated slice runtime", "disks", rt.DiskDir())
 	return nil
 }

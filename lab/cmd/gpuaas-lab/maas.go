@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/maaslab"
 	"github.com/gpuaas/gpuaas/proto"
@@ -93,7 +94,7 @@ func ensureSecretFile(path string) (string, error) {
 	if _, err := rand.Read(k[:]); err != nil {
 		return "", err
 	}
-	return path, os.WriteFile(path, []byte(hex.EncodeToString(k[:])+"\n"), 0o600)
+	return path, atomicfile.WriteFile(path, []byte(hex.EncodeToString(k[:])+"\n"), 0o600)
 }
 
 // printWorkflows shows each MAAS onboarding's timeline: where the time went.

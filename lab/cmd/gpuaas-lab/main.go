@@ -14,6 +14,11 @@
 // reach the API, and on Ctrl-C stops the agents, then the coordinators.
 // Run again, it restarts the same cluster on the same ports with its state
 // intact; agents keep their credentials and need no new token.
+//
+// Subcommands, for another shell: `gpuaas-lab status` (is the lab of a
+// folder running: its processes, leader, readiness and nodes), `gpuaas-lab
+// stop` (stop it as Ctrl-C would) and `gpuaas-lab doctor` (check every
+// dependency of the lab and say how to fix what is missing).
 package main
 
 import (
@@ -38,6 +43,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/lab"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/labagent"
@@ -79,7 +85,18 @@ func main() {
 	}
 }
 
-func run(args []string, out io.Writer) error {
+func run(args []string, out io.Writer) (err error) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "status":
+			return runStatus(args[1:], out)
+		case "stop":
+			return runStop(args[1:], out)
+		case "doctor":
+			return runDoctor(args[1:], out)
+		}
+		return fmt.Errorf("unknown subcommand %q: use status, stop or doctor (or flags only to run the lab)", args[0])
+	}
 	fs := flag.NewFlagSet("gpuaas-lab", flag.ContinueOnError)
 	dir := fs.String("dir", envOr("GPUAAS_LAB_DIR", ".lab"), "lab folder: data, logs, tokens, agent state")
 	n := fs.Int("coordinators", 3, "coordinator replicas (1, 3 or 5)")
@@ -92,11 +109,25 @@ func run(args []string, out io.Writer) error {
 	hostsDir := fs.String("hosts-dir", "", "where the simulated host roots live (default: /dev/shm/gpuaas-lab-<hash of the lab folder>, or <lab folder>/hosts without /dev/shm)")
 	maasMode := fs.Bool("maas", false, "onboard hosts that are not enrolled yet through a MAAS simulator: the coordinators deploy them, the lab runs the real gpuaas-bootstrap from the user-data MAAS received, which starts and enrolls the agent")
 	maasBatch := fs.Int("maas-batch", 3, "batch_max_parallel of the lab's slice profile (-maas)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: gpuaas-lab [flags]          run the lab (Ctrl-C stops it)\n"+
+			"       gpuaas-lab status [-dir D]  is the lab of a folder running: processes, leader, readiness, nodes\n"+
+			"       gpuaas-lab stop [-dir D]    stop a lab started in another shell\n"+
+			"       gpuaas-lab doctor [-dir D]  check this machine for everything the lab needs\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n != 1 && *n != 3 && *n != 5 {
 		return fmt.Errorf("-coordinators %d: use 1, 3 or 5", *n)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: subcommands (status, stop, doctor) come first", fs.Arg(0))
+	}
+	mode, err := resolveSliceHost(*sliceHostFlag, os.Geteuid(), labhost.Installed)
+	if err != nil {
+		return err
 	}
 	var hosts []string
 	for _, h := range strings.Split(*hostList, ",") {
@@ -115,6 +146,20 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkNotRunning(abs); err != nil {
+		return err
+	}
+	// SIGINT/SIGTERM (Ctrl-C, gpuaas-lab stop) from here on stop the lab
+	// cleanly, during start-up too.
+	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	defer func() {
+		if err != nil && sigCtx.Err() != nil {
+			// Stopped while starting: what failed is the interrupted wait.
+			log.Info("stopped during start-up (signal)", "interrupted", err)
+			err = nil
+		}
+	}()
 	if *fresh {
 		// Remove the host roots the lab generated (only those: -hosts-dir
 		// may name a shared folder), then the folder if that empties it.
@@ -135,6 +180,11 @@ func run(args []string, out io.Writer) error {
 	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return err
 	}
+	rec := newRunRecorder(abs)
+	if err := rec.update(func(ri *runInfo) { ri.SliceHost = &mode }); err != nil {
+		return err
+	}
+	defer rec.remove()
 	bin, err := launch.FindBinary("gpuaas-coordinator")
 	if err != nil {
 		return err
@@ -218,8 +268,16 @@ func run(args []string, out io.Writer) error {
 		}
 		log.Info("started coordinator", "id", c.ID, "http", c.HTTP, "pid", p.Pid(), "log", p.LogPath)
 		procs = append(procs, p)
+		if err := rec.update(func(ri *runInfo) { ri.Coordinators[c.ID] = p.Pid() }); err != nil {
+			launch.StopAll(procs, 10*time.Second, log)
+			return err
+		}
 	}
-	sup := &supervisor{log: log}
+	sup := &supervisor{log: log, started: func(p *launch.Proc) {
+		if err := rec.update(func(ri *runInfo) { ri.Agents[p.Name] = p.Pid() }); err != nil {
+			log.Warn("record the agent's pid", "agent", p.Name, "err", err)
+		}
+	}}
 	// Stop order: agents first (they leave the pool), then coordinators,
 	// then the real slice host's VMs, bridge and loop devices.
 	var sh *labhost.SliceHost
@@ -237,13 +295,14 @@ func run(args []string, out io.Writer) error {
 	if *maasMode {
 		timeout = 4 * time.Minute
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer func() { _ = rec.update(func(ri *runInfo) { ri.Phase = "stopping" }) }()
+	ctx, cancel := context.WithTimeout(sigCtx, timeout)
 	defer cancel()
 	leader, err := waitCluster(ctx, st, toks.Admin, *maasMode)
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
-	if err := writeEnv(abs, st.Coordinators[0].HTTP, toks.Operator); err != nil {
+	if err := writeEnv(abs, st.Coordinators[0].HTTP, toks); err != nil {
 		return err
 	}
 	api, err := fleet.NewAPI(st.Coordinators[0].HTTP, toks.Admin)
@@ -252,14 +311,14 @@ func run(args []string, out io.Writer) error {
 	}
 	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
 	sliceImage := ""
-	realSlice, err := sliceHostMode(*sliceHostFlag)
-	if err != nil {
-		return err
+	i := slices.IndexFunc(st.Hosts, func(h fleet.Host) bool { return h.Name == realSliceHost })
+	if mode.Real && i < 0 {
+		mode.Real, mode.Cause = false, realSliceHost+" is not among -hosts"
 	}
-	if i := slices.IndexFunc(st.Hosts, func(h fleet.Host) bool { return h.Name == realSliceHost }); realSlice && i >= 0 {
+	if mode.Real {
 		// libvirtd's first start (~70 s) and the guest image's first build
 		// (~1 min) do not count against the cluster's start-up bound.
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		sctx, scancel := context.WithTimeout(sigCtx, 10*time.Minute)
 		sh, err = setupSliceHost(sctx, log, abs, st.Hosts[i])
 		if err == nil {
 			sliceImage, err = publishGuestImage(sctx, log, api)
@@ -270,6 +329,7 @@ func run(args []string, out io.Writer) error {
 			return fmt.Errorf("real slice host %s: %w", realSliceHost, err)
 		case err != nil:
 			log.Warn("real slice host unavailable; every host stays simulated (-slice-host=real makes this an error)", "host", realSliceHost, "err", err)
+			mode.setupFailed(err)
 			if sh != nil {
 				_ = sh.Close(context.Background())
 				sh = nil
@@ -301,14 +361,15 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
-	printSummary(out, abs, st, leader, views, *autoApprove)
-	sliceHint(out, sh, sliceImage)
+	if err := rec.update(func(ri *runInfo) { ri.Phase, ri.SliceHost = "up", &mode }); err != nil {
+		return err
+	}
+	printSummary(out, abs, st, leader, views, *autoApprove, mode)
+	sliceHint(out, sh, sliceImage, mode)
 	printWorkflows(out, flows)
 	if *once {
 		return nil
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	exited := make(chan string, len(procs))
 	for _, p := range procs {
 		go func(p *launch.Proc) {
@@ -319,8 +380,8 @@ func run(args []string, out io.Writer) error {
 		}(p)
 	}
 	select {
-	case s := <-sig:
-		log.Info("stopping the lab", "signal", s.String())
+	case <-sigCtx.Done():
+		log.Info("stopping the lab (signal)")
 	case name := <-exited:
 		log.Warn("a coordinator exited; stopping the lab", "id", name, "log", filepath.Join(abs, "logs", name+".log"))
 	}
@@ -427,11 +488,13 @@ func afterEnroll(ctx context.Context, log *slog.Logger, api fleet.API, h fleet.H
 // (Restart=always): an agent that exits is started again after a pause
 // long enough to see its node go unreachable.
 type supervisor struct {
-	log   *slog.Logger
-	mu    sync.Mutex
-	procs []*launch.Proc
-	done  chan struct{}
-	wg    sync.WaitGroup
+	log *slog.Logger
+	// started, when set, is told of every (re)start (run.json).
+	started func(*launch.Proc)
+	mu      sync.Mutex
+	procs   []*launch.Proc
+	done    chan struct{}
+	wg      sync.WaitGroup
 }
 
 const restartPause = 5 * time.Second
@@ -446,6 +509,9 @@ func (s *supervisor) start(p *launch.Proc) error {
 	s.mu.Unlock()
 	if err := p.Start(); err != nil {
 		return err
+	}
+	if s.started != nil {
+		s.started(p)
 	}
 	s.wg.Add(1)
 	go func() {
@@ -469,6 +535,9 @@ func (s *supervisor) start(p *launch.Proc) error {
 				return
 			}
 			s.log.Info("agent restarted", "agent", p.Name, "pid", p.Pid())
+			if s.started != nil {
+				s.started(p)
+			}
 		}
 	}()
 	return nil
@@ -574,7 +643,7 @@ func loadOrPickState(dir string, n int, hostsDir string, hosts []string) (state,
 	all := st
 	all.Hosts = kept
 	b, _ := json.MarshalIndent(all, "", "  ")
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return st, err
 	}
 	st.Hosts = kept[:len(hosts)]
@@ -617,7 +686,7 @@ func loadOrMakeTokens(dir string) (tokens, string, error) {
 		return t, "", err
 	}
 	b, _ := json.MarshalIndent(t, "", "  ")
-	return t, file, os.WriteFile(secrets, append(b, '\n'), 0o600)
+	return t, file, atomicfile.WriteFile(secrets, append(b, '\n'), 0o600)
 }
 
 // waitCluster waits until every coordinator answers /v1/status and one of
@@ -667,12 +736,24 @@ func getJSON(ctx context.Context, url, token string, v any) error {
 	return json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(v)
 }
 
-func writeEnv(dir, addr, token string) error {
-	env := fmt.Sprintf("export GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", addr, token)
-	return os.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o600)
+// writeEnv writes env (the operator token: allocations, reads) and
+// env.admin (the admin token: nodes, slots, images, peers — the commands
+// the README marks admin).
+func writeEnv(dir, addr string, t tokens) error {
+	for _, f := range []struct{ name, token string }{{"env", t.Operator}, {"env.admin", t.Admin}} {
+		env := fmt.Sprintf("export GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", addr, f.token)
+		if err := atomicfile.WriteFile(filepath.Join(dir, f.name), []byte(env), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func printSummary(out io.Writer, dir string, st state, leader string, views []hostView, autoApprove bool) {
+// adminCommands are the gpuaasctl commands of the lab that need the admin
+// token (the route table's RoleAdmin routes), named in the summary.
+const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slot approve|disable|repair|cleanup, alloc force-release, image push|approve|revoke, region/pool set, site onboard|decommission, bundle publish, operator add|remove|transfer"
+
+func printSummary(out io.Writer, dir string, st state, leader string, views []hostView, autoApprove bool, mode sliceMode) {
 	fmt.Fprintf(out, "\ngpuaas lab is up: %d coordinators (Raft leader at %s), %d agents on simulated H200 hosts\n\n", len(st.Coordinators), leader, len(views))
 	for _, c := range st.Coordinators {
 		fmt.Fprintf(out, "  %s  API http://%s  raft %s  gossip %s  log %s\n", c.ID, c.HTTP, c.Raft, c.Gossip, filepath.Join(dir, "logs", c.ID+".log"))
@@ -690,8 +771,11 @@ func printSummary(out io.Writer, dir string, st state, leader string, views []ho
 			case n.Readiness != nil && n.Readiness.SliceReady:
 				ready = "slice-ready"
 			}
-			fmt.Fprintf(out, "  %-7s %-9s %-7s %-32s %d slots  agent pid %d  diag http://%s/v1/diag/readiness\n",
-				n.ID, n.ProfileIntent, n.State, ready, v.node.SlotSummary.Total, v.pid, v.host.Diag)
+			fmt.Fprintf(out, "  %-7s %-9s %-7s %-32s %d slots  %-9s  agent pid %d  diag http://%s/v1/diag/readiness\n",
+				n.ID, n.ProfileIntent, n.State, ready, v.node.SlotSummary.Total, mode.hostMode(n.ID, n.ProfileIntent), v.pid, v.host.Diag)
+			if n.ID == realSliceHost && !mode.Real {
+				fmt.Fprintf(out, "          simulated because: %s\n", mode.Cause)
+			}
 			if n.ProfileIntent == proto.IntentSliceVM && n.Readiness != nil {
 				for _, b := range n.Readiness.Blockers {
 					if len(b) > 110 {
@@ -706,14 +790,18 @@ func printSummary(out io.Writer, dir string, st state, leader string, views []ho
 		}
 		if autoApprove {
 			fmt.Fprintf(out, "\nAuto-approve is ON (the make lab default): the lab approved every complete discovered candidate of the slice hosts (%d new slot(s) this run).\n", total)
-			fmt.Fprintf(out, "Run gpuaas-lab -auto-approve=false -fresh to approve them yourself (bin/gpuaasctl topology show j22u15; bin/gpuaasctl slot approve j22u15 0).\n")
+			fmt.Fprintf(out, "Run gpuaas-lab -auto-approve=false -fresh to approve them yourself (source %s; bin/gpuaasctl topology show j22u15; bin/gpuaasctl slot approve j22u15 0).\n", filepath.Join(dir, "env.admin"))
 		} else {
-			fmt.Fprintf(out, "\nAuto-approve is OFF: slots appear when you approve discovered candidates (bin/gpuaasctl topology show j22u15; bin/gpuaasctl slot approve j22u15 0).\n")
+			fmt.Fprintf(out, "\nAuto-approve is OFF: slots appear when you approve discovered candidates, as admin (source %s; bin/gpuaasctl topology show j22u15; bin/gpuaasctl slot approve j22u15 0).\n", filepath.Join(dir, "env.admin"))
 		}
 	}
+	fmt.Fprintf(out, "\nSlice host: %s\n", mode.describe())
 	fmt.Fprintf(out, "\nTokens (admin / operator / viewer) are in %s.\n", filepath.Join(dir, "tokens.secret.json"))
+	fmt.Fprintf(out, "  source %s         # operator token: allocations and every read\n", filepath.Join(dir, "env"))
+	fmt.Fprintf(out, "  source %s   # admin token, for: %s\n", filepath.Join(dir, "env.admin"), adminCommands)
 	fmt.Fprintf(out, "In another shell:\n\n  source %s\n  bin/gpuaasctl node list\n  bin/gpuaasctl node show j22u11          # readiness evidence and blockers\n  bin/gpuaasctl topology show j22u15      # discovered candidates\n  bin/gpuaasctl slot list --node j22u15\n  bin/gpuaasctl availability\n  bin/gpuaasctl alloc create --gpus 2 --region lab-east\n  bin/gpuaasctl alloc tasks ID            # the agent's lease plan (slice.provision result)\n  bin/gpuaasctl alloc list\n\n", filepath.Join(dir, "env"))
 	fmt.Fprintf(out, "Agent logs and state: %s, %s. Kill an agent (kill -9 PID): its node goes unreachable, the lab restarts it after %s.\n",
 		filepath.Join(dir, "logs", "agent-*.log"), filepath.Join(dir, "agents"), restartPause)
-	fmt.Fprintf(out, "Ctrl-C stops the agents, then the coordinators; `make lab` again restarts it with its state.\n")
+	fmt.Fprintf(out, "Ctrl-C (or bin/gpuaas-lab stop -dir %s from another shell) stops the agents, then the coordinators; `make lab` again restarts it with its state.\n", dir)
+	fmt.Fprintf(out, "bin/gpuaas-lab status -dir %s shows whether it runs; bin/gpuaas-lab doctor checks this machine.\n", dir)
 }

@@ -30,19 +30,67 @@ const (
 	labImageVersion = "v1"
 )
 
-// sliceHostMode decides whether j22u15 boots real VMs: "auto" does when
-// this process is root and libvirt/QEMU/OVS/dnsmasq are installed, "real"
-// requires it, "none" keeps every host simulated.
-func sliceHostMode(mode string) (bool, error) {
-	switch mode {
+// sliceMode is how -slice-host resolved for this run and, when j22u15
+// stays simulated, the real cause. It is printed in the summary and kept
+// in run.json.
+type sliceMode struct {
+	Flag string `json:"flag"` // auto, real or none, as given
+	Real bool   `json:"real"` // j22u15 boots real VMs
+	// Cause says why j22u15 is simulated ("" when Real).
+	Cause string `json:"cause,omitempty"`
+}
+
+// resolveSliceHost decides whether j22u15 tries to boot real VMs: "auto"
+// does when this process is root and libvirt/QEMU/OVS/dnsmasq are
+// installed, "real" requires it (a missing part is then an error), "none"
+// keeps every host simulated. setupFailed later turns a failed attempt
+// into simulated, with the error as the cause.
+func resolveSliceHost(flag string, euid int, installed func() error) (sliceMode, error) {
+	m := sliceMode{Flag: flag}
+	switch flag {
 	case "none":
-		return false, nil
+		m.Cause = "-slice-host none keeps every host simulated"
 	case "real":
-		return true, nil
+		m.Real = true
 	case "auto":
-		return os.Geteuid() == 0 && labhost.Installed() == nil, nil
+		if euid != 0 {
+			m.Cause = "not root: real VMs need root (run make lab as root, or check with gpuaas-lab doctor)"
+			break
+		}
+		if err := installed(); err != nil {
+			m.Cause = err.Error() + " (make deps installs it; gpuaas-lab doctor lists what is missing)"
+			break
+		}
+		m.Real = true
+	default:
+		return m, fmt.Errorf("-slice-host %q: use auto, real or none", flag)
 	}
-	return false, fmt.Errorf("-slice-host %q: use auto, real or none", mode)
+	return m, nil
+}
+
+// setupFailed records that the real slice host could not be set up.
+func (m *sliceMode) setupFailed(err error) {
+	m.Real = false
+	m.Cause = "setting up the real slice host failed: " + err.Error()
+}
+
+// describe is the summary's slice-host line.
+func (m sliceMode) describe() string {
+	if m.Real {
+		return fmt.Sprintf("-slice-host %s: real VMs on %s (root; libvirt, QEMU, OVS and dnsmasq set up; the lab guest images published)", m.Flag, realSliceHost)
+	}
+	return fmt.Sprintf("-slice-host %s: simulated (%s)", m.Flag, m.Cause)
+}
+
+// hostMode is a host's column in the summary: whether it boots real VMs.
+func (m sliceMode) hostMode(host string, intent proto.ProfileIntent) string {
+	switch {
+	case intent == proto.IntentBaremetal:
+		return "simulated"
+	case host == realSliceHost && m.Real:
+		return "real VMs"
+	}
+	return "simulated"
 }
 
 // setupSliceHost binds j22u15's NVMe disks to loop devices, makes sure the
@@ -153,16 +201,17 @@ func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im la
 	return nil
 }
 
-func sliceHint(out io.Writer, sh *labhost.SliceHost, image string) {
+func sliceHint(out io.Writer, sh *labhost.SliceHost, image string, mode sliceMode) {
 	if sh == nil {
-		fmt.Fprintf(out, "Slices: every host is simulated (run as root with libvirt, QEMU, Open vSwitch and dnsmasq installed — make deps — for %s to boot real VMs).\n", realSliceHost)
+		fmt.Fprintf(out, "Slices: every host is simulated: %s.\n", mode.Cause)
+		fmt.Fprintf(out, "  (allocations are planned and leased, no VM boots; gpuaas-lab doctor checks what real VMs on %s need)\n\n", realSliceHost)
 		return
 	}
 	fmt.Fprintf(out, "Slices: %s boots real VMs (libvirt/QEMU TCG, userspace OVS bridge %s, guest subnet %s, NVMe disks on loop devices).\n",
 		realSliceHost, sh.Slice.Bridge, sh.Slice.Gateway)
 	fmt.Fprintf(out, "  ssh-keygen -t ed25519 -N '' -f /tmp/lab-key   # once\n")
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat /tmp/lab-key.pub)\" --wait\n", image)
-	fmt.Fprintf(out, "  ssh -i /tmp/lab-key root@GUEST_IP      # the guest subnet is on this machine\n")
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc ssh ID -i /tmp/lab-key   # or: ssh -i /tmp/lab-key root@GUEST_IP (the guest subnet is on this machine)\n")
 	fmt.Fprintf(out, "  # CUDA developer image (readiness runs nvidia-smi; the lab announces the GPUs over fw_cfg):\n")
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat /tmp/lab-key.pub)\" --wait\n", labCUDAImageName)
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc release ID; bin/gpuaasctl slot list --node %s\n\n", realSliceHost)

@@ -80,15 +80,14 @@ type bridge struct {
 
 // state is runtime.json, with the keys this package edits decoded.
 type state struct {
-	raw        map[string]json.RawMessage
-	Units      map[string]string
-	Addresses  []addr
-	Routes     []route
-	Bridges    []bridge
-	Processes  []string
-	BaseFlows  []string
-	NFTTables  map[string]string
-	keysToSave []string
+	raw       map[string]json.RawMessage
+	Units     map[string]string
+	Addresses []addr
+	Routes    []route
+	Bridges   []bridge
+	Processes []string
+	BaseFlows []string
+	NFTTables map[string]string
 }
 
 var keys = []struct {

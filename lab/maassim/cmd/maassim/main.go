@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/lab/maassim"
 )
 
@@ -149,10 +150,10 @@ func writeDeployed(dir string, d maassim.Deployed) error {
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", d.SystemID, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, d.SystemID+".user-data"), d.UserData, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, d.SystemID+".user-data"), d.UserData, 0o600); err != nil {
 		return fmt.Errorf("write user-data of %s: %w", d.SystemID, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, d.SystemID+".json"), meta, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, d.SystemID+".json"), meta, 0o600); err != nil {
 		return fmt.Errorf("write identity of %s: %w", d.SystemID, err)
 	}
 	return nil

@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"text/tabwriter"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// The SLICE-READY column never shows a stale "yes": readiness is the
+// agent's last report, which says nothing about a node that stopped
+// answering.
+func TestSliceReadyColumn(t *testing.T) {
+	t.Parallel()
+	ready := &proto.Readiness{Active: true, SliceReady: true}
+	blocked := &proto.Readiness{Active: true, SliceReady: false}
+	cases := []struct {
+		state proto.NodeState
+		rd    *proto.Readiness
+		want  string
+	}{
+		{proto.NodeActive, ready, "yes"},
+		{proto.NodeActive, blocked, "no"},
+		{proto.NodeActive, nil, "unknown"},
+		{proto.NodeUnreachable, ready, "no (unreachable)"},
+		{proto.NodeUnreachable, nil, "no (unreachable)"},
+		{proto.NodeDisabled, ready, "no (disabled)"},
+		{proto.NodeRegistered, nil, "no (registered)"},
+	}
+	for _, tc := range cases {
+		n := proto.Node{ID: "j22u15", State: tc.state, Readiness: tc.rd}
+		assert.Equal(t, tc.want, sliceReady(n), "%s", tc.state)
+	}
+
+	var buf bytes.Buffer
+	w := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	nodeRow(w, proto.Node{ID: "j22u15", Region: "lab-east", Pool: "lab-h200", ProfileIntent: proto.IntentSliceVM,
+		State: proto.NodeUnreachable, Readiness: ready})
+	w.Flush()
+	assert.True(t, strings.HasSuffix(strings.TrimSpace(buf.String()), "no (unreachable)"), buf.String())
+
+	buf.Reset()
+	w = tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	nodeDetail(w, proto.NodeDetail{Node: proto.Node{ID: "j22u15", State: proto.NodeUnreachable, Readiness: ready}})
+	w.Flush()
+	assert.Contains(t, buf.String(), "no (node is unreachable; the agent's last report said yes)")
+}

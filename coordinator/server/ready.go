@@ -1,0 +1,66 @@
+package server
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// readiness remembers how far this replica must apply before it serves
+// reads that are not badly stale: the commit index it first learned from a
+// leader after it started (or, as the leader, its last log index when it
+// first saw itself lead). Once reached, the replica stays caught up until
+// it restarts; it is only ready while some leader is known.
+type readiness struct {
+	mu      sync.Mutex
+	started time.Time
+	target  uint64 // 0 until learned
+	learned bool
+	caught  bool
+}
+
+// raftView is the part of *raft.Raft readiness reads (a fake in tests).
+type raftView interface {
+	State() raft.RaftState
+	LeaderWithID() (raft.ServerAddress, raft.ServerID)
+	LastContact() time.Time
+	CommitIndex() uint64
+	LastIndex() uint64
+	AppliedIndex() uint64
+}
+
+// check answers whether r is ready and, when not, why.
+func (rd *readiness) check(r raftView) (bool, string) {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	_, leader := r.LeaderWithID()
+	isLeader := r.State() == raft.Leader
+	if leader == "" && !isLeader {
+		return false, "no leader is known"
+	}
+	applied := r.AppliedIndex()
+	if !rd.learned {
+		switch {
+		case isLeader:
+			rd.target, rd.learned = r.LastIndex(), true
+		case r.LastContact().After(rd.started):
+			rd.target, rd.learned = r.CommitIndex(), true
+		default:
+			return false, fmt.Sprintf("no contact from leader %s since this replica started", leader)
+		}
+	}
+	if !rd.caught && applied < rd.target {
+		return false, fmt.Sprintf("catching up: applied index %d of %d learned from the leader", applied, rd.target)
+	}
+	rd.caught = true
+	return true, ""
+}
+
+// Readiness reports whether this replica is caught up: a leader is known
+// and the replica has applied up to the commit index it learned from the
+// leader after starting. When not ready, reason says why.
+func (s *Server) Readiness() (ready bool, reason string) {
+	return s.ready.check(s.raft)
+}

@@ -1,0 +1,107 @@
+package server
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeRaft is a raftView whose indexes a test sets.
+type fakeRaft struct {
+	state                 raft.RaftState
+	leader                raft.ServerID
+	contact               time.Time
+	commit, last, applied uint64
+}
+
+func (f *fakeRaft) State() raft.RaftState { return f.state }
+func (f *fakeRaft) LeaderWithID() (raft.ServerAddress, raft.ServerID) {
+	return raft.ServerAddress(f.leader), f.leader
+}
+func (f *fakeRaft) LastContact() time.Time { return f.contact }
+func (f *fakeRaft) CommitIndex() uint64    { return f.commit }
+func (f *fakeRaft) LastIndex() uint64      { return f.last }
+func (f *fakeRaft) AppliedIndex() uint64   { return f.applied }
+
+func TestReadinessFollowerCatchesUpToLearnedCommit(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	rd := &readiness{started: start}
+	f := &fakeRaft{state: raft.Follower, applied: 10, commit: 10}
+
+	ok, why := rd.check(f)
+	assert.False(t, ok)
+	assert.Equal(t, "no leader is known", why)
+
+	// A leader is known but has not contacted us since we started: the
+	// commit index we hold may be the one from before the restart.
+	f.leader, f.contact = "c2", start.Add(-time.Second)
+	ok, why = rd.check(f)
+	assert.False(t, ok)
+	assert.Contains(t, why, "no contact from leader c2")
+
+	// The leader tells us commit 500; we have applied 10.
+	f.contact, f.commit = start.Add(time.Second), 500
+	ok, why = rd.check(f)
+	assert.False(t, ok)
+	assert.Equal(t, "catching up: applied index 10 of 500 learned from the leader", why)
+
+	// The leader commits more meanwhile: the target stays what we learned.
+	f.commit, f.applied = 900, 500
+	ok, why = rd.check(f)
+	assert.True(t, ok, why)
+
+	// Caught up once, a replica stays ready while a leader is known...
+	f.applied = 600
+	ok, _ = rd.check(f)
+	assert.True(t, ok)
+	// ...and is not ready without one.
+	f.leader = ""
+	ok, why = rd.check(f)
+	assert.False(t, ok)
+	assert.Equal(t, "no leader is known", why)
+}
+
+func TestReadinessLeaderWaitsForItsLastIndex(t *testing.T) {
+	t.Parallel()
+	rd := &readiness{started: time.Now()}
+	f := &fakeRaft{state: raft.Leader, leader: "c1", last: 42, commit: 41, applied: 41}
+	ok, why := rd.check(f)
+	assert.False(t, ok)
+	assert.Contains(t, why, "applied index 41 of 42")
+	f.commit, f.applied = 42, 42
+	ok, why = rd.check(f)
+	assert.True(t, ok, why)
+}
+
+// A real three-replica cluster: every replica becomes ready, and one that
+// restarts is not ready before the leader has told it the commit index.
+func TestReadinessRealCluster(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 3, func() raft.FSM { return &countFSM{} })
+	leader := waitLeader(t, nodes)
+	applyN(t, leader, 20)
+	for _, n := range nodes {
+		require.Eventually(t, func() bool { ok, _ := n.srv.Readiness(); return ok }, 10*time.Second, 20*time.Millisecond,
+			"replica %s never became ready", n.cfg.NodeID)
+	}
+	var follower *testNode
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
+			break
+		}
+	}
+	follower.stop()
+	applyN(t, leader, 20)
+	want := leader.srv.raft.CommitIndex()
+	cfg := follower.cfg
+	cfg.BootstrapExpect, cfg.Join, cfg.fsm = 0, nil, &countFSM{}
+	again := startNode(t, cfg)
+	require.Eventually(t, func() bool { ok, _ := again.srv.Readiness(); return ok }, 10*time.Second, 20*time.Millisecond)
+	// Ready means the entries committed while it was down are applied.
+	assert.GreaterOrEqual(t, again.srv.raft.AppliedIndex(), want)
+}
