@@ -81,7 +81,7 @@ func (p Problem) Error() string { return fmt.Sprintf("%s (%d): %s", p.Code, p.St
 var Codes = []Code{
 	CodeInvalidArgument, CodeNotFound, CodeConflict, CodeIllegalTransition, CodeNoCapacity,
 	CodeAlreadyExists, CodeUnauthenticated, CodeForbidden, CodeNotLeader, CodeUnavailable,
-	CodeTooLarge, CodeInternal, CodeMethodNotAllowed,
+	CodeTooLarge, CodeInternal, CodeMethodNotAllowed, CodeUnsupportedMediaType, CodeRateLimited,
 }
 
 // Title is the short human summary of a code.
@@ -111,6 +111,10 @@ func (c Code) Title() string {
 		return "Request body too large"
 	case CodeMethodNotAllowed:
 		return "Method not allowed"
+	case CodeUnsupportedMediaType:
+		return "Unsupported media type"
+	case CodeRateLimited:
+		return "Too many requests"
 	default:
 		return "Internal error"
 	}

@@ -26,6 +26,12 @@ const (
 	CodeInternal          Code = "internal"
 	// CodeMethodNotAllowed: the route exists but not for this HTTP method.
 	CodeMethodNotAllowed Code = "method_not_allowed"
+	// CodeUnsupportedMediaType: a request body whose Content-Type is not
+	// the route's (application/json for JSON bodies).
+	CodeUnsupportedMediaType Code = "unsupported_media_type"
+	// CodeRateLimited: too many requests (or failed authentications) from
+	// one address or principal; the Retry-After header says when to retry.
+	CodeRateLimited Code = "rate_limited"
 )
 
 // HTTPStatus maps a code to its HTTP status.
@@ -49,6 +55,10 @@ func (c Code) HTTPStatus() int {
 		return http.StatusRequestEntityTooLarge
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
+	case CodeUnsupportedMediaType:
+		return http.StatusUnsupportedMediaType
+	case CodeRateLimited:
+		return http.StatusTooManyRequests
 	default:
 		return http.StatusInternalServerError
 	}

@@ -150,8 +150,8 @@ func IsSliceResult(raw json.RawMessage) bool {
 	return ok
 }
 
-// DecodeResult decodes a task result strictly: unknown fields and
-// trailing data are refused.
+// DecodeResult decodes a task result strictly: unknown fields, trailing
+// data, duplicate keys and case-mismatched field names are refused.
 func DecodeResult(what string, raw json.RawMessage, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -160,6 +160,9 @@ func DecodeResult(what string, raw json.RawMessage, v any) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Errorf(CodeInvalidArgument, "%s: unexpected data after the JSON object", what)
+	}
+	if err := CheckJSONKeys(raw, v); err != nil {
+		return Errorf(CodeInvalidArgument, "%s: %s", what, err.(*Error).Detail)
 	}
 	return nil
 }

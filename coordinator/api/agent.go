@@ -138,11 +138,17 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 				return
 			}
 			p = Principal{Name: "node:" + id}
+			// The node routes need no role: the credential is the grant.
+			if !a.authorize(w, r, Route{Method: rt.Method, Pattern: rt.Pattern}, p) {
+				return
+			}
 		} else {
+			// Unauthenticated (enroll, bootstrap): the address limits
+			// and the failure lockout apply, no principal's.
 			p = Principal{Name: "bootstrap"}
-		}
-		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
-			*who = p.Name
+			if who, ok := r.Context().Value(principalKey{}).(*string); ok {
+				*who = p.Name
+			}
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
 		a.dispatch(c, "agent")
@@ -253,15 +259,22 @@ func (a *API) enroll(c *call) error {
 	if len(body.Hostname) > 255 {
 		return proto.Errorf(proto.CodeInvalidArgument, "hostname is longer than 255 characters")
 	}
-	if _, err := a.enrollment(); err != nil {
+	tab, err := a.enrollment()
+	if err != nil {
 		return err
 	}
 	n, ok := a.b.Store().Snapshot().Node(body.NodeID)
 	if !ok {
 		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token is not valid for node %s (unknown or forged)", body.NodeID)
 	}
-	cred := enroll.NewSecret("gpn_")
 	now := a.now()
+	// Checked here (on the leader, which minted every token it knows of)
+	// before anything is proposed: a forged, spent or expired token costs
+	// no Raft entry. The FSM checks again at apply.
+	if err := tab.CheckToken(body.NodeID, enroll.Hash(body.BootstrapToken), now); err != nil {
+		return err
+	}
+	cred := enroll.NewSecret("gpn_")
 	_, idx, err := a.b.Apply(c.r.Context(), proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, proto.NodeEnrollRequest{
 		At: now, NodeID: body.NodeID, TokenHash: enroll.Hash(body.BootstrapToken), CredentialHash: enroll.Hash(cred), Hostname: body.Hostname,
 	})

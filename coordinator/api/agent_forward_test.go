@@ -2,12 +2,16 @@ package api
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -89,4 +93,68 @@ func TestAgentCredentialUnknownOnFollowerIsForwarded(t *testing.T) {
 	mu.Lock()
 	assert.Len(t, got, 1, "nothing else reached the leader")
 	mu.Unlock()
+}
+
+// enrollCounting applies enrollment commands to its table (as the
+// server's enrollment FSM does) and counts the enrollments proposed.
+type enrollCounting struct {
+	agentLedger
+	proposed atomic.Int64
+}
+
+func (b *enrollCounting) Apply(ctx context.Context, t proto.MessageType, req any) (any, uint64, error) {
+	switch t &^ proto.IgnoreUnknownTypeFlag {
+	case proto.NodeEnrollType:
+		b.proposed.Add(1)
+		c, err := b.tab.Enroll(req.(proto.NodeEnrollRequest))
+		if err != nil {
+			return nil, 0, err
+		}
+		return &c, 1, nil
+	case proto.BootstrapTokenMintType:
+		return nil, 1, b.tab.Mint(req.(proto.BootstrapTokenMintRequest))
+	}
+	return b.agentLedger.Apply(ctx, t, req)
+}
+
+// TestForgedEnrollsProposeNothing: a forged, spent or expired bootstrap
+// token is refused before anything is proposed (issue 13: 300 failed
+// enrolls grew raft.db by 256 KiB); a good one is proposed once.
+func TestForgedEnrollsProposeNothing(t *testing.T) {
+	t.Parallel()
+	lb := newLedgerBackend()
+	b := &enrollCounting{agentLedger: agentLedger{lb, enroll.New()}}
+	e := newEnvWith(t, b)
+	e.lb = lb
+	e.seedLab()
+	enrollReq := func(tok string) resp {
+		b, err := json.Marshal(proto.EnrollRequest{NodeID: "j22u15", BootstrapToken: tok})
+		require.NoError(t, err)
+		res, err := http.Post(e.url+proto.AgentEnrollPath, "application/json", bytes.NewReader(b))
+		require.NoError(t, err)
+		defer res.Body.Close()
+		out, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return resp{status: res.StatusCode, header: res.Header, body: out}
+	}
+	for i := range 300 {
+		enrollReq(fmt.Sprintf("gpb_forged%d", i)).requireProblem(t, http.StatusUnauthorized, proto.CodeUnauthenticated)
+	}
+	assert.Zero(t, b.proposed.Load(), "forged tokens propose nothing")
+
+	req, err := http.NewRequest(http.MethodPost, e.url+"/v1/nodes/j22u15/bootstrap-tokens", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+e.tok[RoleAdmin])
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var tok proto.BootstrapTokenResponse
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&tok))
+	res.Body.Close()
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	r := enrollReq(tok.Token)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	assert.EqualValues(t, 1, b.proposed.Load())
+	p := enrollReq(tok.Token).requireProblem(t, http.StatusUnauthorized, proto.CodeUnauthenticated)
+	assert.Contains(t, p.Detail, "already used")
+	assert.EqualValues(t, 1, b.proposed.Load(), "a spent token proposes nothing")
 }

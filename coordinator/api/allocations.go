@@ -24,8 +24,16 @@ func (a *API) createAllocation(c *call) error {
 	if err := c.decode(&req, false); err != nil {
 		return err
 	}
-	if req.Owner == "" {
+	// The owner is the authenticated principal; only an admin creates
+	// on another's behalf (and the request log names both).
+	switch {
+	case req.Owner == "" || req.Owner == c.p.Name:
 		req.Owner = c.p.Name
+	case c.p.Role < RoleAdmin:
+		return proto.Errorf(proto.CodeForbidden, "owner %q: token %s (role %s) creates allocations only for itself; creating on another's behalf needs role admin", req.Owner, c.p.Name, c.p.Role)
+	default:
+		c.a.log.Info("allocation created on another's behalf", "owner", req.Owner, "principal", c.p.Name,
+			"request_id", c.w.Header().Get(proto.RequestIDHeader))
 	}
 	if err := req.Validate(a.skus); err != nil {
 		return err
@@ -59,6 +67,10 @@ func (a *API) createAllocation(c *call) error {
 }
 
 func sameRequest(prev *proto.Allocation, req proto.AllocationCreateRequest, key string) error {
+	if prev.Owner != req.Owner {
+		// A key is not a way to read (or adopt) another owner's allocation.
+		return proto.Errorf(proto.CodeConflict, "%s %q was used by another owner; use a new key", proto.IdempotencyKeyHeader, key)
+	}
 	if prev.Shape != req.CapacityShape || prev.SKU != req.SKU || prev.Region != req.Region ||
 		req.CapacityShape == proto.ShapeGPUSlice && prev.GPUCount != req.GPUCount {
 		return proto.Errorf(proto.CodeConflict, "%s %q was used for allocation %s (%s %s x%d in %s); use a new key for a different request",

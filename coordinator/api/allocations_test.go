@@ -347,3 +347,75 @@ func TestTasksPagingAndUsage(t *testing.T) {
 	e.do(RoleViewer, http.MethodGet, "/v1/usage?since="+time.Now().Add(time.Hour).UTC().Format(time.RFC3339), nil).decode(t, &u)
 	assert.Empty(t, u.Items)
 }
+
+// TestAllocationOwnerIsThePrincipal: an operator cannot create an
+// allocation as another owner (issue 13: "owner":"t-admin" was stored as
+// t-admin's); naming itself is fine; an admin may create on another's
+// behalf; an idempotency key is not a way into another owner's
+// allocation.
+func TestAllocationOwnerIsThePrincipal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	withOwner := func(owner string) map[string]any {
+		return map[string]any{"capacity_shape": "gpu_slice", "sku": "h200-sxm-slice", "gpu_count": 1, "region": "us-east", "owner": owner}
+	}
+	before := e.index()
+	p := e.create("own-1", withOwner("t-admin")).requireProblem(t, http.StatusForbidden, proto.CodeForbidden)
+	assert.Contains(t, p.Detail, "needs role admin")
+	assert.Equal(t, before, e.index(), "a refused create changes nothing")
+
+	r := e.create("own-2", withOwner("operator-user"))
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	var mine proto.Allocation
+	r.decode(t, &mine)
+	assert.Equal(t, "operator-user", mine.Owner)
+
+	r = e.do(RoleAdmin, http.MethodPost, "/v1/allocations", withOwner("t-tenant"), proto.IdempotencyKeyHeader, "own-3")
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	var theirs proto.Allocation
+	r.decode(t, &theirs)
+	assert.Equal(t, "t-tenant", theirs.Owner)
+
+	// The operator retrying the admin's key gets a conflict, not the
+	// allocation.
+	e.create("own-3", sliceReq(1)).requireProblem(t, http.StatusConflict, proto.CodeConflict)
+}
+
+// TestStrictRequestBodies: the Content-Type is parsed, not prefix-matched
+// (415), and duplicate keys or field names in another case are refused
+// with a 400 naming the key; nothing is proposed.
+func TestStrictRequestBodies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	good := `{"capacity_shape":"gpu_slice","sku":"h200-sxm-slice","gpu_count":1,"region":"us-east"}`
+	before := e.index()
+	for name, tc := range map[string]struct {
+		ct, body string
+		status   int
+		code     proto.Code
+		detail   string
+	}{
+		"json-evil":      {"application/json-evil", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "not application/json"},
+		"text":           {"text/plain", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "not application/json"},
+		"no type":        {"-", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "needs Content-Type"},
+		"bad charset":    {"application/json; charset=latin1", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "charset=utf-8"},
+		"malformed type": {"application/json;;", good, http.StatusUnsupportedMediaType, proto.CodeUnsupportedMediaType, "Content-Type"},
+		"duplicate key": {"application/json", `{"capacity_shape":"gpu_slice","sku":"h200-sxm-slice","gpu_count":1,"region":"us-east","owner":"operator-user","owner":"t-admin"}`,
+			http.StatusBadRequest, proto.CodeInvalidArgument, `duplicate key "owner"`},
+		"wrong case": {"application/json", `{"capacity_shape":"gpu_slice","sku":"h200-sxm-slice","gpu_count":1,"Region":"us-east"}`,
+			http.StatusBadRequest, proto.CodeInvalidArgument, `key "Region" must be spelled "region"`},
+	} {
+		hdr := []string{proto.IdempotencyKeyHeader, "strict-" + strings.ReplaceAll(name, " ", "-")}
+		if tc.ct != "-" {
+			hdr = append(hdr, "Content-Type", tc.ct)
+		}
+		r := e.doRaw(RoleOperator, http.MethodPost, "/v1/allocations", tc.body, hdr...)
+		p := r.requireProblem(t, tc.status, tc.code)
+		assert.Contains(t, p.Detail, tc.detail, name)
+	}
+	assert.Equal(t, before, e.index(), "nothing proposed")
+	r := e.doRaw(RoleOperator, http.MethodPost, "/v1/allocations", good, proto.IdempotencyKeyHeader, "strict-ok", "Content-Type", "application/json; charset=UTF-8")
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+}

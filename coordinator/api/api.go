@@ -73,6 +73,8 @@ type API struct {
 	routes []Route
 	proxy  *forwarder
 	leases leaseMemo // last lease comparison per node (leasedrift.go)
+	guard  *guard    // rate limits, lockout, body timeout (limits.go); nil: none
+	peers  peerIPs   // the peers' IPs, whose forwarded requests are not limited
 
 	metrics     *metrics.Metrics // the replica's (metrics.go)
 	metricsHTTP http.Handler     // GET /v1/metrics
@@ -172,5 +174,6 @@ func (a *API) routeTable() []Route {
 		{http.MethodPost, "/v1/operator/peers", RoleAdmin, true, a.addPeer},
 		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},
 		{http.MethodPost, "/v1/operator/transfer-leadership", RoleAdmin, true, a.transferLeadership},
+		{http.MethodPost, "/v1/operator/join-tokens", RoleAdmin, true, a.createJoinToken},
 	}
 }

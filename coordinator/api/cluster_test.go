@@ -40,7 +40,7 @@ func startReplicas(t *testing.T, n int) []*replica {
 		require.NoError(t, err)
 		cfg := server.Config{
 			NodeID: fmt.Sprintf("c%d", i+1), DataDir: t.TempDir(), RaftBind: "127.0.0.1:0",
-			HTTPAddr: ln.Addr().String(), BootstrapExpect: n, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			HTTPAddr: ln.Addr().String(), BootstrapExpect: n, ClusterSecret: "api-test-cluster-secret", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		}
 		if first != "" {
 			cfg.Join = []string{first}

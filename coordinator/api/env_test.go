@@ -484,3 +484,25 @@ func (b *ledgerBackend) Place(_ context.Context, req proto.AllocationCreateReque
 	r := resp.(*proto.AllocationPlaceResponse)
 	return r.Allocation, r.Existing, nil
 }
+
+// doRaw sends body as is with the headers in hdr (Content-Type only if
+// hdr sets it) and validates the answer like do.
+func (e *env) doRaw(role Role, method, path, body string, hdr ...string) resp {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
+	require.NoError(e.t, err)
+	if role != 0 {
+		req.Header.Set("Authorization", "Bearer "+e.tok[role])
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(e.t, err)
+	defer res.Body.Close()
+	out, err := io.ReadAll(res.Body)
+	require.NoError(e.t, err)
+	r := resp{status: res.StatusCode, header: res.Header, body: out}
+	e.validate(req, []byte(body), r)
+	return r
+}

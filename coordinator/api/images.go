@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -197,12 +198,12 @@ func (a *API) blobHandler(rt Route) http.Handler {
 			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the bearer token is not known"))
 			return
 		}
-		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
-			*who = p.Name
-		}
-		if p.Role < rt.Role {
-			writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
+		if !a.authorize(w, r, rt, p) {
 			return
+		}
+		if r.Method == http.MethodPut {
+			// An authorised upload streams for as long as it takes.
+			a.clearBodyDeadline(w)
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
 		if err := rt.handle(c); err != nil {
@@ -234,8 +235,10 @@ func (a *API) putImageBlob(c *call) error {
 	if im.State == proto.ImageRevoked {
 		return proto.Errorf(proto.CodeIllegalTransition, "image %s is revoked; publish a new version", im)
 	}
-	if ct := c.r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/octet-stream") {
-		return proto.Errorf(proto.CodeInvalidArgument, "Content-Type %q is not application/octet-stream", ct)
+	if ct := c.r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/octet-stream" {
+			return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q is not application/octet-stream", truncateHeader(ct))
+		}
 	}
 	if cl := c.r.ContentLength; cl >= 0 && cl != im.Size {
 		return proto.Errorf(proto.CodeInvalidArgument, "body is %d bytes; image %s has %d (digest %s)", cl, im, im.Size, im.Digest)

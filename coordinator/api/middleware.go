@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"reflect"
 	"regexp"
@@ -64,6 +65,10 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// Unwrap lets http.ResponseController reach the connection (read
+// deadlines).
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
 // Flush lets the reverse proxy stream.
 func (s *statusWriter) Flush() {
 	if f, ok := s.ResponseWriter.(http.Flusher); ok {
@@ -85,6 +90,13 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w}
 	who := new(string)
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
+	addr := a.clientAddr(r)
+	if wait, ok := a.guard.admitAddr(addr); !ok {
+		a.log.Info("api request refused: rate limited", "request_id", id, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+		writeTooMany(sw, r, wait, fmt.Sprintf("too many requests or failed authentications from %s", addr))
+		return
+	}
+	a.bodyDeadline(sw, r)
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
@@ -100,8 +112,13 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			lvl = slog.LevelWarn
 		}
 		a.log.Log(r.Context(), lvl, "api request", "request_id", id, "method", r.Method, "path", r.URL.Path,
-			"status", sw.status, "bytes", sw.bytes, "principal", *who, "duration_ms", time.Since(start).Milliseconds(),
+			"status", sw.status, "bytes", sw.bytes, "principal", *who, "remote", r.RemoteAddr, "duration_ms", time.Since(start).Milliseconds(),
 			"forwarded", r.Header.Get(proto.ForwardedHeader) != "")
+		if sw.status == http.StatusUnauthorized {
+			if d := a.guard.failed(addr); d > 0 {
+				a.log.Warn("address locked out after failed authentications", "remote", addr, "for", d.String(), "request_id", id)
+			}
+		}
 	}()
 	a.mux.ServeHTTP(sw, r)
 }
@@ -112,6 +129,43 @@ func (a *API) methodNotAllowed(methods []string) http.Handler {
 		w.Header().Set("Allow", allow)
 		writeProblem(w, r, proto.Errorf(proto.CodeMethodNotAllowed, "%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow))
 	})
+}
+
+// authenticateOperator resolves the bearer token of an operator route;
+// on failure it has written the 401 and returns false.
+func (a *API) authenticateOperator(w http.ResponseWriter, r *http.Request) (Principal, bool) {
+	tok, ok := bearer(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas"`)
+		writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "an Authorization: Bearer <token> header is required"))
+		return Principal{}, false
+	}
+	p, ok := a.authenticate(tok)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas", error="invalid_token"`)
+		writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the bearer token is not known"))
+		return Principal{}, false
+	}
+	return p, true
+}
+
+// authorize is the one role check of every route: it records the
+// principal for the request log, applies the per-principal rate limit
+// and compares the role with the route's minimum. On refusal it has
+// written the problem and returns false.
+func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Principal) bool {
+	if who, ok := r.Context().Value(principalKey{}).(*string); ok {
+		*who = p.Name
+	}
+	if wait, ok := a.guard.admitPrincipal(p.Name); !ok {
+		writeTooMany(w, r, wait, fmt.Sprintf("too many requests from %s", p.Name))
+		return false
+	}
+	if p.Role < rt.Role {
+		writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
+		return false
+	}
+	return true
 }
 
 func bearer(r *http.Request) (string, bool) {
@@ -128,23 +182,8 @@ func bearer(r *http.Request) (string, bool) {
 // from a follower and renders the handler's error.
 func (a *API) wrap(rt Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok, ok := bearer(r)
-		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas"`)
-			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "an Authorization: Bearer <token> header is required"))
-			return
-		}
-		p, ok := a.auth.Authenticate(tok)
-		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas", error="invalid_token"`)
-			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the bearer token is not known"))
-			return
-		}
-		if who, ok := r.Context().Value(principalKey{}).(*string); ok {
-			*who = p.Name
-		}
-		if p.Role < rt.Role {
-			writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
+		p, ok := a.authenticateOperator(w, r)
+		if !ok || !a.authorize(w, r, rt, p) {
 			return
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
@@ -196,8 +235,11 @@ func (c *call) reply(status int, v any) error {
 	return nil
 }
 
-// decode parses the buffered body into v: unknown fields and trailing
-// data are refused. An empty body is allowed when optional.
+// decode is the one strict JSON body decoder every handler that takes a
+// body uses: the Content-Type must be application/json (415 otherwise),
+// and unknown fields, trailing data, duplicate keys and field names
+// spelled in another case are refused (400 naming the key). An empty
+// body is allowed when optional.
 func (c *call) decode(v any, optional bool) error {
 	if len(bytes.TrimSpace(c.body)) == 0 {
 		if optional {
@@ -205,10 +247,15 @@ func (c *call) decode(v any, optional bool) error {
 		}
 		return proto.Errorf(proto.CodeInvalidArgument, "a JSON request body is required")
 	}
-	if ct := c.r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return proto.Errorf(proto.CodeInvalidArgument, "Content-Type %q is not application/json", ct)
+	if err := requireJSONContentType(c.r.Header.Get("Content-Type")); err != nil {
+		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(c.body))
+	return decodeStrict(c.body, v)
+}
+
+// decodeStrict decodes one JSON object strictly (see decode).
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return proto.Errorf(proto.CodeInvalidArgument, "request body: %s", describeJSONError(err))
@@ -216,7 +263,38 @@ func (c *call) decode(v any, optional bool) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return proto.Errorf(proto.CodeInvalidArgument, "request body: unexpected data after the JSON object")
 	}
+	if err := proto.CheckJSONKeys(body, v); err != nil {
+		return proto.Errorf(proto.CodeInvalidArgument, "request body: %s", err.(*proto.Error).Detail)
+	}
 	return nil
+}
+
+// requireJSONContentType accepts exactly application/json (any case),
+// with at most a charset=utf-8 parameter.
+func requireJSONContentType(ct string) error {
+	if ct == "" {
+		return proto.Errorf(proto.CodeUnsupportedMediaType, "a request body needs Content-Type: application/json")
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q: %v", truncateHeader(ct), err)
+	}
+	if mt != "application/json" {
+		return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q is not application/json", truncateHeader(ct))
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return proto.Errorf(proto.CodeUnsupportedMediaType, "Content-Type %q: only the parameter charset=utf-8 is accepted", truncateHeader(ct))
+		}
+	}
+	return nil
+}
+
+func truncateHeader(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
 }
 
 func describeJSONError(err error) string {
@@ -309,6 +387,13 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		return nil, true
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, proto.MaxBodyBytes))
+	if err == nil {
+		// The body is in: lift the read deadline (limits.go), which would
+		// otherwise cancel the request while the handler runs. After a
+		// failed read it stays, so the server's drain of the rest fails
+		// fast too and the connection is closed.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	}
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):

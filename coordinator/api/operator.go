@@ -1,11 +1,13 @@
 package api
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -101,4 +103,44 @@ func (a *API) transferLeadership(c *call) error {
 		return err
 	}
 	return c.peers()
+}
+
+// JoinTokenBackend is a Backend that mints server join tokens
+// (*server.Server is one). The route answers 503 without it.
+type JoinTokenBackend interface {
+	MintJoinToken(ctx context.Context, serverID string, ttl time.Duration, by string) (proto.JoinTokenResponse, error)
+}
+
+// createJoinToken mints a single-use join token a new coordinator
+// presents (-join-token-file) to become a voter. Shown once.
+func (a *API) createJoinToken(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	var body proto.JoinTokenCreateBody
+	if err := c.decode(&body, true); err != nil {
+		return err
+	}
+	if body.ServerID != "" {
+		if err := proto.ValidateID("server_id", body.ServerID); err != nil {
+			return err
+		}
+	}
+	ttl := proto.DefaultJoinTokenTTL
+	if body.TTLSeconds != 0 {
+		ttl = time.Duration(body.TTLSeconds) * time.Second
+	}
+	if ttl <= 0 || ttl > proto.MaxJoinTokenTTL {
+		return proto.Errorf(proto.CodeInvalidArgument, "ttl_seconds %d is outside 1..%d", body.TTLSeconds, int(proto.MaxJoinTokenTTL/time.Second))
+	}
+	jb, ok := a.b.(JoinTokenBackend)
+	if !ok {
+		return proto.Errorf(proto.CodeUnavailable, "this coordinator does not mint join tokens")
+	}
+	resp, err := jb.MintJoinToken(c.r.Context(), body.ServerID, ttl, c.p.Name)
+	if err != nil {
+		return err
+	}
+	c.index = a.b.Store().Snapshot().Index()
+	return c.reply(http.StatusCreated, resp)
 }

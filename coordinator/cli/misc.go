@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -172,7 +173,39 @@ func peersTable(w *tabwriter.Writer, l proto.List[api.Peer]) {
 }
 
 func (a *app) operatorCmd() *cobra.Command {
-	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership"}
+	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership, mint join tokens"}
+	var jtServer string
+	var jtTTL time.Duration
+	jt := &cobra.Command{
+		Use:   "join-token [--server-id ID] [--ttl 1h]",
+		Short: "Mint a single-use join token a new coordinator presents with -join-token-file (admin; shown once)",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if jtTTL <= 0 || jtTTL > proto.MaxJoinTokenTTL || jtTTL%time.Second != 0 {
+				return usagef("--ttl %s must be whole seconds within (0, %s]", jtTTL, proto.MaxJoinTokenTTL)
+			}
+			if jtServer != "" {
+				if err := proto.ValidateID("--server-id", jtServer); err != nil {
+					return usageError{err}
+				}
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/operator/join-tokens", nil,
+				proto.JoinTokenCreateBody{ServerID: jtServer, TTLSeconds: int(jtTTL / time.Second)}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, t proto.JoinTokenResponse) {
+				row(w, "Token:", t.Token)
+				if t.ServerID != "" {
+					row(w, "Server:", t.ServerID)
+				}
+				row(w, "Expires:", t.ExpiresAt.Format(time.RFC3339))
+			})
+		},
+	}
+	jt.Flags().StringVar(&jtServer, "server-id", "", "admit only the server with this ID")
+	jt.Flags().DurationVar(&jtTTL, "ttl", proto.DefaultJoinTokenTTL, "lifetime of the token (at most 24h)")
+	c.AddCommand(jt)
 	c.AddCommand(&cobra.Command{
 		Use:   "peers",
 		Short: "List the Raft configuration",

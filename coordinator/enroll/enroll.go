@@ -102,6 +102,25 @@ func (t *Table) prune(now time.Time) {
 	}
 }
 
+// CheckToken tells, without changing anything, whether Enroll would
+// accept the token for nodeID at time at (the same refusals). The API
+// asks it before proposing, so a forged or spent token costs no Raft
+// entry.
+func (t *Table) CheckToken(nodeID, tokenHash string, at time.Time) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	tok, ok := t.tokens[tokenHash]
+	switch {
+	case !ok || tok.NodeID != nodeID:
+		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token is not valid for node %s (unknown or forged)", nodeID)
+	case tok.UsedAt != nil:
+		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token for node %s was already used at %s; mint a new one", nodeID, tok.UsedAt.Format(time.RFC3339))
+	case !at.Before(tok.ExpiresAt):
+		return proto.Errorf(proto.CodeUnauthenticated, "bootstrap token for node %s expired at %s; mint a new one", nodeID, tok.ExpiresAt.Format(time.RFC3339))
+	}
+	return nil
+}
+
 // Enroll spends the bootstrap token and records the credential. A token
 // that is unknown or minted for another node (forged), already used, or
 // expired at req.At is refused with CodeUnauthenticated and a detail that

@@ -126,7 +126,7 @@ func TestAgentDiesWhileLeadershipMoves(t *testing.T) {
 	first := ""
 	for i := range 3 {
 		cfg := Config{NodeID: fmt.Sprintf("c%d", i+1), DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-			BootstrapExpect: 3, Inventory: sliceInventory("j22u15")}
+			BootstrapExpect: 3, ClusterSecret: testClusterSecret, Inventory: sliceInventory("j22u15")}
 		if first != "" {
 			cfg.Join = []string{first}
 		}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -122,7 +123,7 @@ func startCluster(t testing.TB, size int, mk func() raft.FSM) []*testNode {
 			DataDir:         t.TempDir(),
 			RaftBind:        "127.0.0.1:0",
 			HTTPAddr:        "127.0.0.1:0",
-			BootstrapExpect: size,
+			BootstrapExpect: size, ClusterSecret: testClusterSecret,
 		}
 		if mk != nil {
 			cfg.fsm = mk()
@@ -301,16 +302,18 @@ func TestOperatorMembership(t *testing.T) {
 	nodes := startCluster(t, 3, func() raft.FSM { return &countFSM{} })
 	leader := waitLeader(t, nodes)
 
-	// A fresh server with bootstrap-expect 0 joins through a follower and
-	// is added by the leader.
+	// A fresh server with bootstrap-expect 0 joins through a follower with
+	// an admin-issued join token and is added by the leader.
 	var follower *testNode
 	for _, n := range nodes {
 		if n != leader {
 			follower = n
 		}
 	}
+	tok, err := leader.srv.MintJoinToken(context.Background(), "c4", time.Hour, "test-admin")
+	require.NoError(t, err)
 	fourth := startNode(t, Config{NodeID: "c4", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Join: []string{follower.cfg.HTTPAddr}, fsm: &countFSM{}})
+		Join: []string{follower.cfg.HTTPAddr}, JoinToken: tok.Token, fsm: &countFSM{}})
 	require.Eventually(t, func() bool {
 		ids, err := leader.srv.voterIDs()
 		return err == nil && len(ids) == 4
@@ -341,6 +344,8 @@ func TestOperatorMembership(t *testing.T) {
 	require.True(t, errors.As(leader.srv.TransferLeadership(context.Background(), ""), &nl))
 }
 
+const testClusterSecret = "test-cluster-secret-0123456789"
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	base := Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:1", BootstrapExpect: 1}
@@ -352,6 +357,8 @@ func TestConfigValidation(t *testing.T) {
 		"bad join":      func(c *Config) { c.Join = []string{"x"} },
 		"expect range":  func(c *Config) { c.BootstrapExpect = -1 },
 		"nothing to do": func(c *Config) { c.BootstrapExpect = 0 },
+		"no secret":     func(c *Config) { c.BootstrapExpect = 3 },
+		"join no cred":  func(c *Config) { c.BootstrapExpect, c.Join = 0, []string{"127.0.0.1:9"} },
 	} {
 		c := base
 		c.DataDir = t.TempDir()
@@ -363,34 +370,162 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
+// postJoin sends a raw join request to n with token as the bearer and
+// returns the status and body.
+func postJoinRaw(t *testing.T, n *testNode, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+n.cfg.HTTPAddr+JoinPath, strings.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(b)
+}
+
 func TestJoinEndpointAuthAndValidation(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, Config{NodeID: "solo", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		BootstrapExpect: 1, JoinToken: "s3cret", fsm: &countFSM{}})
+		BootstrapExpect: 1, ClusterSecret: "s3cret-s3cret-s3cret", fsm: &countFSM{}})
 	waitLeader(t, []*testNode{n})
 	post := func(token, body string) int {
-		req, err := http.NewRequest(http.MethodPost, "http://"+n.cfg.HTTPAddr+JoinPath, strings.NewReader(body))
-		require.NoError(t, err)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		res, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		res.Body.Close()
-		return res.StatusCode
+		code, _ := postJoinRaw(t, n, token, body)
+		return code
 	}
 	good := `{"self":{"id":"x1","raft_addr":"127.0.0.1:1","http_addr":"127.0.0.1:2"}}`
 	assert.Equal(t, http.StatusUnauthorized, post("", good))
 	assert.Equal(t, http.StatusUnauthorized, post("wrong", good))
-	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{`))
-	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"x1"},"extra":1}`))
-	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"../x","raft_addr":"a:1","http_addr":"b:2"}}`))
-	assert.Equal(t, http.StatusBadRequest, post("s3cret", `{"self":{"id":"x1"}}`))
-	assert.Equal(t, http.StatusOK, post("s3cret", good))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret-s3cret-s3cret", `{`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret-s3cret-s3cret", `{"self":{"id":"x1"},"extra":1}`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret-s3cret-s3cret", `{"self":{"id":"../x","raft_addr":"a:1","http_addr":"b:2"}}`))
+	assert.Equal(t, http.StatusBadRequest, post("s3cret-s3cret-s3cret", `{"self":{"id":"x1"}}`))
+	assert.Equal(t, http.StatusOK, post("s3cret-s3cret-s3cret", good))
+	// The cluster secret never adds a voter.
+	assert.Equal(t, http.StatusForbidden, post("s3cret-s3cret-s3cret", `{"self":{"id":"x1","raft_addr":"127.0.0.1:1","http_addr":"127.0.0.1:2"},"want_voter":true}`))
 	// A plain exchange (no want_voter) changes no membership.
 	ids, err := n.srv.voterIDs()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"solo"}, ids)
+}
+
+// TestJoinAttackRefused: the request of issue 13 that broke a single
+// server for good is refused, changes no membership, and the server
+// keeps accepting writes; a registration naming the leader or an existing
+// voter from another identity is refused too.
+func TestJoinAttackRefused(t *testing.T) {
+	t.Parallel()
+	// The default single server: no cluster secret at all.
+	solo := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, fsm: &countFSM{}})
+	waitLeader(t, []*testNode{solo})
+	attack := `{"self":{"id":"evil","raft_addr":"127.0.0.1:9","http_addr":"127.0.0.1:9"},"want_voter":true}`
+	code, body := postJoinRaw(t, solo, "", attack)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	assert.NotContains(t, body, `"added":true`)
+	code, _ = postJoinRaw(t, solo, "gpj_guessed", attack)
+	assert.Equal(t, http.StatusUnauthorized, code)
+	ids, err := solo.srv.voterIDs()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"c1"}, ids, "no voter added")
+	applyN(t, solo, 3) // quorum kept: writes commit
+
+	// A three-server cluster: the secret holder still cannot add a voter
+	// nor rewrite another server's entry.
+	nodes := startCluster(t, 3, func() raft.FSM { return &countFSM{} })
+	leader := waitLeader(t, nodes)
+	require.Eventually(t, func() bool { return len(leader.srv.fsm.Peers()) == 3 }, 10*time.Second, 20*time.Millisecond)
+	code, _ = postJoinRaw(t, leader, testClusterSecret, attack)
+	assert.Equal(t, http.StatusForbidden, code)
+	var follower *testNode
+	for _, n := range nodes {
+		if n != leader {
+			follower = n
+		}
+	}
+	before := leader.srv.fsm.Peers()
+	for name, self := range map[string]proto.Peer{
+		"leader's entry":   {ID: leader.cfg.NodeID, RaftAddr: leader.srv.RaftAddr(), HTTPAddr: "127.0.0.1:9"},
+		"follower's entry": {ID: follower.cfg.NodeID, RaftAddr: follower.srv.RaftAddr(), HTTPAddr: "127.0.0.1:9"},
+		"other raft addr":  {ID: follower.cfg.NodeID, RaftAddr: "127.0.0.1:9", HTTPAddr: "127.0.0.1:9"},
+	} {
+		b, _ := json.Marshal(map[string]any{"self": self, "register": true})
+		code, body := postJoinRaw(t, leader, testClusterSecret, string(b))
+		assert.Contains(t, []int{http.StatusForbidden, http.StatusConflict}, code, "%s: %s", name, body)
+	}
+	assert.Equal(t, before, leader.srv.fsm.Peers(), "no entry changed")
+	ids, err = leader.srv.voterIDs()
+	require.NoError(t, err)
+	assert.Len(t, ids, 3)
+	applyN(t, leader, 3)
+}
+
+// TestJoinTokenSingleUse: a join token admits one server once, cluster
+// wide; a second use by another identity, an expired or unknown token,
+// and a token bound to another server ID are refused and change nothing.
+func TestJoinTokenSingleUse(t *testing.T) {
+	t.Parallel()
+	solo := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, fsm: &countFSM{}})
+	waitLeader(t, []*testNode{solo})
+	ctx := context.Background()
+	tok, err := solo.srv.MintJoinToken(ctx, "", time.Hour, "test-admin")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(tok.Token, "gpj_"))
+	for _, jt := range solo.srv.JoinTokens() {
+		assert.NotContains(t, jt.Hash, tok.Token, "only the hash is kept")
+	}
+
+	second := startNode(t, Config{NodeID: "c2", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Join: []string{solo.cfg.HTTPAddr}, JoinToken: tok.Token, fsm: &countFSM{}})
+	require.Eventually(t, func() bool {
+		ids, err := solo.srv.voterIDs()
+		return err == nil && len(ids) == 2
+	}, 15*time.Second, 20*time.Millisecond)
+	waitLeader(t, []*testNode{solo, second})
+	p, ok := solo.srv.fsm.Peer("c2")
+	require.True(t, ok)
+	assert.Equal(t, second.cfg.HTTPAddr, p.HTTPAddr)
+
+	// The same token again, for another server: refused.
+	leader := waitLeader(t, []*testNode{solo, second})
+	reuse := `{"self":{"id":"c3","raft_addr":"127.0.0.1:9","http_addr":"127.0.0.1:9"},"want_voter":true}`
+	code, body := postJoinRaw(t, leader, tok.Token, reuse)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	assert.Contains(t, body, "already used by server c2")
+
+	// Bound to another ID, expired, unknown.
+	bound, err := leader.srv.MintJoinToken(ctx, "c9", time.Hour, "test-admin")
+	require.NoError(t, err)
+	code, body = postJoinRaw(t, leader, bound.Token, reuse)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	assert.Contains(t, body, "admits server c9 only")
+	_, err = leader.srv.MintJoinToken(ctx, "", 25*time.Hour, "test-admin")
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(err))
+	short, err := leader.srv.MintJoinToken(ctx, "", time.Second, "test-admin")
+	require.NoError(t, err)
+	time.Sleep(1100 * time.Millisecond)
+	code, body = postJoinRaw(t, leader, short.Token, reuse)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	assert.Contains(t, body, "expired")
+
+	// An unused token whose server ID is already a peer cannot rewrite it.
+	fresh, err := leader.srv.MintJoinToken(ctx, "", time.Hour, "test-admin")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(second.srv.JoinTokens()) == 4 }, 5*time.Second, 20*time.Millisecond)
+	takeover := fmt.Sprintf(`{"self":{"id":"c2","raft_addr":%q,"http_addr":"127.0.0.1:9"},"register":true}`, second.srv.RaftAddr())
+	code, body = postJoinRaw(t, leader, fresh.Token, takeover)
+	assert.Contains(t, []int{http.StatusForbidden, http.StatusConflict}, code, body)
+	p, _ = leader.srv.fsm.Peer("c2")
+	assert.Equal(t, second.cfg.HTTPAddr, p.HTTPAddr)
+
+	ids, err := leader.srv.voterIDs()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"c1", "c2"}, ids)
+	applyN(t, leader, 3)
 }
 
 // batchFSM records what reached it and how.

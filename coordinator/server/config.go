@@ -35,8 +35,14 @@ type Config struct {
 	BootstrapExpect int
 	// Join lists peer HTTP addresses contacted for cluster formation.
 	Join []string
-	// JoinToken, if set, is the bearer token the internal join endpoint
-	// requires and this server presents to its peers.
+	// ClusterSecret is the secret the bootstrap servers share: the
+	// internal join route accepts the formation exchange and a bootstrap
+	// server's registration only with it. It never adds a voter. Required
+	// with BootstrapExpect > 1.
+	ClusterSecret string
+	// JoinToken is an admin-issued, single-use join token (POST
+	// /v1/operator/join-tokens) this server presents to become a voter of
+	// an existing cluster.
 	JoinToken string
 	// Timing is the Raft timing; zero fields take DefaultTiming's values.
 	Timing Timing
@@ -144,6 +150,12 @@ func (c *Config) validate() error {
 	}
 	if c.BootstrapExpect < 0 || c.BootstrapExpect > 9 {
 		return fmt.Errorf("config: bootstrap expect %d out of range 0..9", c.BootstrapExpect)
+	}
+	if c.BootstrapExpect > 1 && c.ClusterSecret == "" {
+		return fmt.Errorf("config: bootstrap expect %d needs a cluster secret: the bootstrap servers authenticate each other with it", c.BootstrapExpect)
+	}
+	if c.BootstrapExpect == 0 && len(c.Join) > 0 && c.ClusterSecret == "" && c.JoinToken == "" {
+		return fmt.Errorf("config: joining an existing cluster needs a join token (gpuaasctl operator join-token) or the cluster secret")
 	}
 	for _, j := range c.Join {
 		if _, _, err := net.SplitHostPort(j); err != nil {

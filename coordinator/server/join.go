@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -50,63 +51,187 @@ const JoinPath = "/v1/internal/join"
 
 // InternalHandler serves the server-to-server routes (the join
 // exchange). The binary mounts it beside the operator API.
+//
+// Every join request needs a bearer: the cluster secret the bootstrap
+// servers share (formation exchange, a bootstrap server registering its
+// own HTTP address once) or an admin-issued join token (become a voter:
+// spent in the Raft log, single-use cluster-wide). Nothing else is
+// accepted, every refusal is logged with the remote address, and a join
+// never changes another server's peers-table entry.
 func (s *Server) InternalHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+JoinPath, s.handleJoin)
 	return mux
 }
 
-func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.JoinToken != "" {
-		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.JoinToken)) != 1 {
-			writeProblem(w, proto.Errorf(proto.CodeUnauthenticated, "join requires the cluster join token"))
-			return
-		}
+// joinAuth is how a join request authenticated.
+type joinAuth int
+
+const (
+	joinAuthNone   joinAuth = iota
+	joinAuthSecret          // the bootstrap servers' cluster secret
+	joinAuthToken           // an admin-issued join token
+)
+
+func (a joinAuth) String() string {
+	switch a {
+	case joinAuthSecret:
+		return "cluster-secret"
+	case joinAuthToken:
+		return "join-token"
 	}
+	return "none"
+}
+
+// authenticateJoin checks the bearer of a join request: the cluster
+// secret, or a join token that admits self now (unused and unexpired, or
+// already spent by exactly this identity). A token is judged on this
+// replica's copy of the table; nothing is proposed.
+func (s *Server) authenticateJoin(r *http.Request, self member) (joinAuth, string, error) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	tok = strings.TrimSpace(tok)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return joinAuthNone, "", proto.Errorf(proto.CodeUnauthenticated, "join requires the cluster secret or a join token as the bearer token")
+	}
+	if s.cfg.ClusterSecret != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.ClusterSecret)) == 1 {
+		return joinAuthSecret, "", nil
+	}
+	hash := enroll.Hash(tok)
+	if err := s.fsm.checkJoinToken(hash, proto.Peer(self), s.cfg.Now().UTC()); err != nil {
+		return joinAuthNone, "", err
+	}
+	return joinAuthToken, hash, nil
+}
+
+func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 	var req joinRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeProblem(w, proto.Errorf(proto.CodeInvalidArgument, "join body: %v", err))
+		s.refuseJoin(w, r, req, joinAuthNone, proto.Errorf(proto.CodeInvalidArgument, "join body: %v", err))
+		return
+	}
+	auth, tokenHash, err := s.authenticateJoin(r, req.Self)
+	if err != nil {
+		s.refuseJoin(w, r, req, auth, err)
 		return
 	}
 	if err := req.Self.validate(); err != nil {
-		writeProblem(w, err)
+		s.refuseJoin(w, r, req, auth, err)
 		return
 	}
 	for _, m := range req.Known {
 		if m.validate() != nil {
-			writeProblem(w, proto.Errorf(proto.CodeInvalidArgument, "join: known member %q is malformed", m.ID))
+			s.refuseJoin(w, r, req, auth, proto.Errorf(proto.CodeInvalidArgument, "join: known member %q is malformed", m.ID))
 			return
 		}
 	}
-	s.learn(append([]member{req.Self}, req.Known...))
+	servers, err := s.configServers()
+	if err != nil {
+		s.refuseJoin(w, r, req, auth, proto.Errorf(proto.CodeUnavailable, "read raft configuration: %v", err))
+		return
+	}
+	formed := len(servers) > 0
+	if !formed && auth == joinAuthSecret {
+		// Formation: what the bootstrap servers learn from each other.
+		// Once formed, the replicated peers table is authoritative and
+		// nothing a request claims is learned.
+		s.learn(append([]member{req.Self}, req.Known...))
+	}
 	resp := joinResponse{Known: s.knownMembers()}
-	voters, err := s.voterIDs()
-	if err == nil && len(voters) > 0 {
+	if formed {
 		resp.Formed = true
-		resp.Voters = voters
+		for id, srv := range servers {
+			if srv.Suffrage == raft.Voter {
+				resp.Voters = append(resp.Voters, id)
+			}
+		}
+		slices.Sort(resp.Voters)
 		resp.LeaderHTTP = s.LeaderHTTPAddr()
 	}
-	if s.IsLeader() && (req.WantVoter || req.Register) {
+	_, inConfig := servers[req.Self.ID]
+	if s.IsLeader() && req.WantVoter && !inConfig {
+		if auth != joinAuthToken {
+			s.refuseJoin(w, r, req, auth, proto.Errorf(proto.CodeForbidden,
+				"adding server %s as a voter needs a join token (gpuaasctl operator join-token) or an admin's POST /v1/operator/peers; the cluster secret only serves bootstrap formation", req.Self.ID))
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
-		if req.WantVoter && !slices.Contains(voters, req.Self.ID) {
-			if err := s.AddVoter(ctx, req.Self.ID, req.Self.RaftAddr, req.Self.HTTPAddr); err != nil {
-				writeProblem(w, err)
-				return
-			}
-			resp.Added = true
-		} else if slices.Contains(voters, req.Self.ID) {
-			if err := s.upsertPeer(ctx, proto.Peer(req.Self)); err != nil {
-				writeProblem(w, err)
-				return
-			}
+		if err := s.joinWithToken(ctx, tokenHash, proto.Peer(req.Self)); err != nil {
+			s.refuseJoin(w, r, req, auth, err)
+			return
+		}
+		s.log.Info("join: added voter", "server", req.Self.ID, "raft_addr", req.Self.RaftAddr, "http_addr", req.Self.HTTPAddr,
+			"auth", auth.String(), "remote", r.RemoteAddr)
+		resp.Added = true
+	} else if s.IsLeader() && req.Register && inConfig {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		if err := s.registerPeer(ctx, proto.Peer(req.Self), string(servers[req.Self.ID].Address)); err != nil {
+			s.refuseJoin(w, r, req, auth, err)
+			return
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(resp)
+}
+
+// refuseJoin logs a refused join request and answers with its problem.
+func (s *Server) refuseJoin(w http.ResponseWriter, r *http.Request, req joinRequest, auth joinAuth, err error) {
+	s.log.Warn("join refused", "server", req.Self.ID, "raft_addr", req.Self.RaftAddr, "http_addr", req.Self.HTTPAddr,
+		"want_voter", req.WantVoter, "register", req.Register, "auth", auth.String(), "remote", r.RemoteAddr, "err", err)
+	writeProblem(w, err)
+}
+
+// configServers returns the servers of the Raft configuration by ID.
+func (s *Server) configServers() (map[string]raft.Server, error) {
+	f := s.raft.GetConfiguration()
+	if err := s.await(f); err != nil {
+		return nil, err
+	}
+	out := map[string]raft.Server{}
+	for _, srv := range f.Configuration().Servers {
+		out[string(srv.ID)] = srv
+	}
+	return out, nil
+}
+
+// joinWithToken spends the join token for p (recording p's peers-table
+// entry in the same command) and adds p as a voter. A retry by the same
+// identity finds the token spent by it and completes the join.
+func (s *Server) joinWithToken(ctx context.Context, hash string, p proto.Peer) error {
+	if _, _, err := s.Apply(ctx, proto.JoinTokenUseType|proto.IgnoreUnknownTypeFlag,
+		proto.JoinTokenUseRequest{At: s.cfg.Now().UTC(), TokenHash: hash, Peer: p}); err != nil {
+		return err
+	}
+	return s.AddVoter(ctx, p.ID, p.RaftAddr, p.HTTPAddr)
+}
+
+// registerPeer records a voter's own HTTP address in the peers table
+// once: the Raft address must be the configuration's, the leader writes
+// its own entry, and an existing entry is never changed through a join
+// (so no one can redirect the writes followers forward, bearer tokens
+// included). An operator removes and re-adds a server whose address
+// changed.
+func (s *Server) registerPeer(ctx context.Context, p proto.Peer, raftAddr string) error {
+	if p.ID == s.cfg.NodeID {
+		return proto.Errorf(proto.CodeForbidden, "server %s is this leader; it records its own entry", p.ID)
+	}
+	if p.RaftAddr != raftAddr {
+		return proto.Errorf(proto.CodeForbidden, "server %s has raft address %s in the raft configuration, not %s", p.ID, raftAddr, p.RaftAddr)
+	}
+	if cur, ok := s.fsm.Peer(p.ID); ok {
+		if cur == p {
+			return nil
+		}
+		return proto.Errorf(proto.CodeConflict, "server %s is already recorded with http address %s; a join never changes another entry (remove and re-add the server)", p.ID, cur.HTTPAddr)
+	}
+	if err := s.upsertPeer(ctx, p); err != nil {
+		return err
+	}
+	s.log.Info("join: recorded voter's http address", "server", p.ID, "raft_addr", p.RaftAddr, "http_addr", p.HTTPAddr)
+	return nil
 }
 
 func (m member) validate() error {
@@ -273,8 +398,10 @@ func (s *Server) postJoin(ctx context.Context, client *http.Client, addr string,
 		return joinResponse{}, fmt.Errorf("join %s: %w", addr, err)
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	if s.cfg.JoinToken != "" {
-		hr.Header.Set("Authorization", "Bearer "+s.cfg.JoinToken)
+	// The join token asks to become a voter; the cluster secret serves
+	// formation and registration.
+	if cred := s.joinCredential(req.WantVoter); cred != "" {
+		hr.Header.Set("Authorization", "Bearer "+cred)
 	}
 	res, err := client.Do(hr)
 	if err != nil {
@@ -332,6 +459,13 @@ func (s *Server) registerLoop() {
 			s.log.Debug("register with leader", "leader", leader, "err", err)
 		}
 	}
+}
+
+func (s *Server) joinCredential(wantVoter bool) string {
+	if s.cfg.JoinToken != "" && (wantVoter || s.cfg.ClusterSecret == "") {
+		return s.cfg.JoinToken
+	}
+	return s.cfg.ClusterSecret
 }
 
 func (s *Server) upsertPeer(ctx context.Context, p proto.Peer) error {

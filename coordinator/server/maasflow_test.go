@@ -47,7 +47,7 @@ func TestOnboardingSurvivesLeaderKill(t *testing.T) {
 	var first string
 	for i := range 3 {
 		cfg := Config{NodeID: fmt.Sprintf("c%d", i+1), DataDir: t.TempDir(), RaftBind: "127.0.0.1:0",
-			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, SiteKey: key,
+			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, ClusterSecret: testClusterSecret, SiteKey: key,
 			MAAS: MAASConfig{PollInterval: 5 * time.Millisecond, RequestTimeout: 2 * time.Second,
 				CommissionExpiry: 20 * time.Second, DeployExpiry: 20 * time.Second, ReleaseExpiry: 20 * time.Second,
 				RetryDelay: 20 * time.Millisecond, Rescan: 50 * time.Millisecond,

@@ -23,22 +23,32 @@ type peerFSM struct {
 
 	mu    sync.RWMutex
 	peers map[string]proto.Peer
+	// joinTokens are the server join tokens by hash (joinfsm.go).
+	joinTokens map[string]*proto.JoinToken
 }
 
 // snapshotMagic opens every server snapshot; the version follows it.
 const snapshotMagic = "GPUAASRV"
 
-const snapshotVersion uint32 = 1
+// snapshotVersion 2 carries the join tokens beside the peers table;
+// version 1 (peers only) is still read.
+const snapshotVersion uint32 = 2
 
 func newPeerFSM(inner raft.FSM) *peerFSM {
-	return &peerFSM{inner: inner, peers: map[string]proto.Peer{}}
+	return &peerFSM{inner: inner, peers: map[string]proto.Peer{}, joinTokens: map[string]*proto.JoinToken{}}
 }
 
 var _ raft.BatchingFSM = (*peerFSM)(nil)
 
 func isPeerCommand(l *raft.Log) bool {
-	return l.Type == raft.LogCommand && len(l.Data) > 0 &&
-		proto.MessageType(l.Data[0])&^proto.IgnoreUnknownTypeFlag == proto.PeerUpsertType
+	if l.Type != raft.LogCommand || len(l.Data) == 0 {
+		return false
+	}
+	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
+	case proto.PeerUpsertType, proto.JoinTokenMintType, proto.JoinTokenUseType:
+		return true
+	}
+	return false
 }
 
 // ApplyBatch implements raft.BatchingFSM: runs of ledger commands go to
@@ -86,7 +96,21 @@ func splitBatch(logs []*raft.Log, own func(*raft.Log) bool, apply func(*raft.Log
 
 // Apply implements raft.FSM.
 func (f *peerFSM) Apply(l *raft.Log) any {
-	if isPeerCommand(l) {
+	if !isPeerCommand(l) {
+		return f.inner.Apply(l)
+	}
+	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
+	case proto.JoinTokenMintType:
+		if err := f.mintJoinToken(decodeCmd[proto.JoinTokenMintRequest](l, "join_token_mint")); err != nil {
+			return err
+		}
+		return nil
+	case proto.JoinTokenUseType:
+		if err := f.useJoinToken(decodeCmd[proto.JoinTokenUseRequest](l, "join_token_use")); err != nil {
+			return err
+		}
+		return nil
+	default:
 		var req proto.PeerUpsertRequest
 		if err := json.Unmarshal(l.Data[1:], &req); err != nil {
 			panic(fmt.Sprintf("apply peer_upsert at index %d: %v", l.Index, err))
@@ -100,7 +124,6 @@ func (f *peerFSM) Apply(l *raft.Log) any {
 		f.mu.Unlock()
 		return nil
 	}
-	return f.inner.Apply(l)
 }
 
 // Peers returns the replicated peers table sorted by ID.
@@ -137,7 +160,7 @@ func (f *peerFSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &peerSnapshot{peers: f.Peers(), inner: inner}, nil
+	return &peerSnapshot{peers: f.Peers(), joinTokens: f.JoinTokens(), inner: inner}, nil
 }
 
 // Restore implements raft.FSM.
@@ -152,9 +175,10 @@ func (f *peerFSM) Restore(rc io.ReadCloser) error {
 		rc.Close()
 		return fmt.Errorf("restore snapshot: bad magic %q", hdr[:len(snapshotMagic)])
 	}
-	if v := binary.BigEndian.Uint32(hdr[len(snapshotMagic):]); v != snapshotVersion {
+	v := binary.BigEndian.Uint32(hdr[len(snapshotMagic):])
+	if v != 1 && v != snapshotVersion {
 		rc.Close()
-		return fmt.Errorf("restore snapshot: version %d, this server reads %d", v, snapshotVersion)
+		return fmt.Errorf("restore snapshot: version %d, this server reads 1..%d", v, snapshotVersion)
 	}
 	n := binary.BigEndian.Uint32(hdr[len(snapshotMagic)+4:])
 	body := make([]byte, n)
@@ -162,11 +186,18 @@ func (f *peerFSM) Restore(rc io.ReadCloser) error {
 		rc.Close()
 		return fmt.Errorf("restore snapshot peers: %w", err)
 	}
-	var peers []proto.Peer
-	if err := json.Unmarshal(body, &peers); err != nil {
+	var hb peerSnapshotBody
+	var err error
+	if v == 1 {
+		err = json.Unmarshal(body, &hb.Peers)
+	} else {
+		err = json.Unmarshal(body, &hb)
+	}
+	if err != nil {
 		rc.Close()
 		return fmt.Errorf("restore snapshot peers: %w", err)
 	}
+	peers := hb.Peers
 	if err := f.inner.Restore(readCloser{br, rc}); err != nil {
 		return err
 	}
@@ -174,10 +205,21 @@ func (f *peerFSM) Restore(rc io.ReadCloser) error {
 	for _, p := range peers {
 		m[p.ID] = p
 	}
+	jt := make(map[string]*proto.JoinToken, len(hb.JoinTokens))
+	for _, t := range hb.JoinTokens {
+		jt[t.Hash] = t
+	}
 	f.mu.Lock()
 	f.peers = m
+	f.joinTokens = jt
 	f.mu.Unlock()
 	return nil
+}
+
+// peerSnapshotBody is the header body of a version 2 snapshot.
+type peerSnapshotBody struct {
+	Peers      []proto.Peer       `json:"peers"`
+	JoinTokens []*proto.JoinToken `json:"join_tokens,omitempty"`
 }
 
 type readCloser struct {
@@ -186,13 +228,14 @@ type readCloser struct {
 }
 
 type peerSnapshot struct {
-	peers []proto.Peer
-	inner raft.FSMSnapshot
+	peers      []proto.Peer
+	joinTokens []*proto.JoinToken
+	inner      raft.FSMSnapshot
 }
 
 // Persist implements raft.FSMSnapshot.
 func (s *peerSnapshot) Persist(sink raft.SnapshotSink) error {
-	body, err := json.Marshal(s.peers)
+	body, err := json.Marshal(peerSnapshotBody{Peers: s.peers, JoinTokens: s.joinTokens})
 	if err != nil {
 		sink.Cancel()
 		return fmt.Errorf("persist snapshot peers: %w", err)

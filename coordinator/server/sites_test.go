@@ -30,7 +30,7 @@ func TestSiteCredentialsNeverReachRaftInClear(t *testing.T) {
 	var first string
 	for i := range 3 {
 		cfg := Config{NodeID: fmt.Sprintf("c%d", i+1), DataDir: t.TempDir(), RaftBind: "127.0.0.1:0",
-			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, SiteKey: key}
+			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, ClusterSecret: testClusterSecret, SiteKey: key}
 		if first != "" {
 			cfg.Join = []string{first}
 		}

@@ -2,11 +2,17 @@
 // server (coordinator/server) and, on the same HTTP listener, the
 // operator API (coordinator/api) and the server-to-server routes.
 //
-// Three on loopback:
+// Three on loopback, sharing a cluster secret for formation:
 //
-//	gpuaas-coordinator -node-id c1 -data-dir d1 -raft-addr 127.0.0.1:7301 -http-addr 127.0.0.1:7300 -bootstrap-expect 3
-//	gpuaas-coordinator -node-id c2 -data-dir d2 -raft-addr 127.0.0.1:7311 -http-addr 127.0.0.1:7310 -bootstrap-expect 3 -join 127.0.0.1:7300
-//	gpuaas-coordinator -node-id c3 -data-dir d3 -raft-addr 127.0.0.1:7321 -http-addr 127.0.0.1:7320 -bootstrap-expect 3 -join 127.0.0.1:7300
+//	head -c 32 /dev/urandom | xxd -p -c 64 > secret; chmod 600 secret
+//	gpuaas-coordinator -node-id c1 -data-dir d1 -raft-addr 127.0.0.1:7301 -http-addr 127.0.0.1:7300 -bootstrap-expect 3 -cluster-secret-file secret
+//	gpuaas-coordinator -node-id c2 -data-dir d2 -raft-addr 127.0.0.1:7311 -http-addr 127.0.0.1:7310 -bootstrap-expect 3 -cluster-secret-file secret -join 127.0.0.1:7300
+//	gpuaas-coordinator -node-id c3 -data-dir d3 -raft-addr 127.0.0.1:7321 -http-addr 127.0.0.1:7320 -bootstrap-expect 3 -cluster-secret-file secret -join 127.0.0.1:7300
+//
+// A fourth server later joins with a single-use token an admin minted:
+//
+//	gpuaasctl -o json operator join-token --server-id c4 | jq -r .token > tok
+//	gpuaas-coordinator -node-id c4 -data-dir d4 -raft-addr 127.0.0.1:7331 -http-addr 127.0.0.1:7330 -bootstrap-expect 0 -join-token-file tok -join 127.0.0.1:7300
 //
 // SIGTERM or SIGINT shuts down gracefully (HTTP drained, Raft stopped,
 // store closed).
@@ -71,13 +77,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	joinToken := ""
-	if o.JoinTokenFile != "" {
-		b, err := os.ReadFile(o.JoinTokenFile)
-		if err != nil {
-			return fmt.Errorf("read join token: %w", err)
-		}
-		joinToken = strings.TrimSpace(string(b))
+	joinToken, err := readSecretFile("join token", o.JoinTokenFile)
+	if err != nil {
+		return err
+	}
+	clusterSecret, err := readSecretFile("cluster secret", o.ClusterSecretFile)
+	if err != nil {
+		return err
 	}
 	var inv *server.Inventory
 	if o.Inventory != "" {
@@ -101,7 +107,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	srv, err := server.New(server.Config{
 		NodeID: o.NodeID, DataDir: o.DataDir, RaftBind: o.RaftAddr, RaftAdvertise: o.RaftAdvertise,
-		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken,
+		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken, ClusterSecret: clusterSecret,
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
@@ -123,12 +129,16 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
 		go srv.WatchAgents(ctx, pool)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/internal/", srv.InternalHandler())
 	a := api.New(srv, auth, log.With("component", "api"))
+	a.SetLimits(limitsFrom(o))
+	mux := http.NewServeMux()
+	mux.Handle("/v1/internal/", a.Protect(srv.InternalHandler()))
 	mux.Handle("/", a)
 	go a.RunTaskDeadlines(ctx, o.TaskStallTimeout)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// No server-wide ReadTimeout/WriteTimeout: long-polls, blob uploads
+	// and downloads stream. The API bounds each request body itself
+	// (-body-timeout); headers and idle keep-alives are bounded here.
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr())
@@ -147,6 +157,33 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		err = nil
 	}
 	return errors.Join(err, herr, serr)
+}
+
+// limitsFrom turns the flags into the API's limits.
+func limitsFrom(o *options) api.Limits {
+	l := api.DefaultLimits
+	l.PerAddress = api.Rate{PerSecond: o.RatePerAddress, Burst: int(2 * o.RatePerAddress)}
+	l.PerPrincipal = api.Rate{PerSecond: o.RatePerPrincipal, Burst: int(2 * o.RatePerPrincipal)}
+	l.LockoutAfter = o.LockoutAfter
+	l.BodyTimeout = o.BodyTimeout
+	return l
+}
+
+// readSecretFile reads a one-line secret ("" when path is empty); an
+// empty or short file is refused.
+func readSecretFile(what, path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", what, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if len(v) < 16 {
+		return "", fmt.Errorf("%s file %s holds %d characters; at least 16 are required", what, path, len(v))
+	}
+	return v, nil
 }
 
 // loadAuth reads the tokens file, or, without one, makes an admin token

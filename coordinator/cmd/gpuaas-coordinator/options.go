@@ -27,6 +27,11 @@ type options struct {
 	BootstrapExpect   int
 	Join              []string
 	JoinTokenFile     string
+	ClusterSecretFile string
+	RatePerAddress    float64
+	RatePerPrincipal  float64
+	LockoutAfter      int
+	BodyTimeout       time.Duration
 	TokensFile        string
 	SiteKeyFile       string
 	Inventory         string
@@ -71,7 +76,12 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 		}
 		return nil
 	})
-	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding the cluster join token (server-to-server routes)")
+	fs.StringVar(&o.ClusterSecretFile, "cluster-secret-file", "", "file holding the secret the bootstrap servers share (the join exchange of cluster formation); required with -bootstrap-expect > 1, the same on every bootstrap server, mode 0600")
+	fs.StringVar(&o.JoinTokenFile, "join-token-file", "", "file holding a single-use join token (gpuaasctl operator join-token) this server presents to become a voter of an existing cluster")
+	fs.Float64Var(&o.RatePerAddress, "rate-per-address", api.DefaultLimits.PerAddress.PerSecond, "API requests per second one client address may make (burst: twice that; loopback exempt; 0: no limit); over it: 429 with Retry-After")
+	fs.Float64Var(&o.RatePerPrincipal, "rate-per-principal", api.DefaultLimits.PerPrincipal.PerSecond, "API requests per second one token or node credential may make (burst: twice that; 0: no limit)")
+	fs.IntVar(&o.LockoutAfter, "lockout-after", api.DefaultLimits.LockoutAfter, "failed authentications from one address within a minute that lock it out (1 s, doubling per lockout up to 5 min; loopback exempt; 0: never)")
+	fs.DurationVar(&o.BodyTimeout, "body-timeout", api.DefaultLimits.BodyTimeout, "time allowed to send a request body (image uploads and bodiless long-polls exempt)")
 	fs.StringVar(&o.TokensFile, "tokens-file", "", "API tokens file (JSON [{name, role, sha256}]); default: a generated admin token in <data-dir>/admin.token")
 	fs.StringVar(&o.SiteKeyFile, "site-key-file", "", "file with the 64-hex-digit AES-256 key sealing MAAS site credentials (the same on every replica, mode 0600)")
 	fs.StringVar(&o.Inventory, "inventory", "", "inventory JSON loaded by the leader into an empty ledger")
@@ -190,6 +200,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.MemoryLimit < 0 {
 		return nil, fmt.Errorf("memory-limit %d: must be >= 0", o.MemoryLimit)
+	}
+	if o.RatePerAddress < 0 || o.RatePerPrincipal < 0 || o.LockoutAfter < 0 || o.BodyTimeout < 0 {
+		return nil, fmt.Errorf("rate-per-address, rate-per-principal, lockout-after and body-timeout must be >= 0")
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		return nil, fmt.Errorf("log-format %q is not one of json, text", o.LogFormat)

@@ -55,8 +55,29 @@ func TestOptionsRefuseBadInput(t *testing.T) {
 		"config not json":    {args: []string{"-config", write("bad.json", "{")}},
 		"config unknown key": {args: []string{"-config", write("unk.json", `{"nodeid":"x"}`)}},
 		"config bad value":   {args: []string{"-config", write("val.json", `{"bootstrap-expect":{"a":1}}`)}},
+		"negative rate":      {args: []string{"-rate-per-address", "-1"}},
+		"negative lockout":   {args: []string{"-lockout-after", "-2"}},
 	} {
 		_, err := parseOptions(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
 		assert.Error(t, err, name)
 	}
+}
+
+func TestReadSecretFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	require.NoError(t, os.WriteFile(short, []byte("abc\n"), 0o600))
+	_, err := readSecretFile("cluster secret", short)
+	assert.ErrorContains(t, err, "at least 16")
+	good := filepath.Join(dir, "good")
+	require.NoError(t, os.WriteFile(good, []byte("  0123456789abcdef0123\n"), 0o600))
+	v, err := readSecretFile("cluster secret", good)
+	require.NoError(t, err)
+	assert.Equal(t, "0123456789abcdef0123", v)
+	v, err = readSecretFile("cluster secret", "")
+	require.NoError(t, err)
+	assert.Empty(t, v)
+	_, err = readSecretFile("cluster secret", filepath.Join(dir, "absent"))
+	assert.Error(t, err)
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,6 +96,8 @@ func TestGpuaasctlAgainstCoordinatorProcesses(t *testing.T) {
 		httpAddrs = append(httpAddrs, proctest.FreeAddr(t))
 		raftAddrs = append(raftAddrs, proctest.FreeAddr(t))
 	}
+	secret := filepath.Join(dir, "cluster.secret")
+	require.NoError(t, os.WriteFile(secret, []byte("gpuaasctl-test-cluster-secret\n"), 0o600))
 	procs := make([]*exec.Cmd, n)
 	for i := range n {
 		var join []string
@@ -107,7 +111,7 @@ func TestGpuaasctlAgainstCoordinatorProcesses(t *testing.T) {
 		require.NoError(t, err)
 		cmd := exec.Command(coordBin, "-node-id", id, "-data-dir", filepath.Join(dir, id), "-raft-addr", raftAddrs[i],
 			"-http-addr", httpAddrs[i], "-bootstrap-expect", fmt.Sprint(n), "-join", strings.Join(join, ","),
-			"-tokens-file", tokens, "-inventory", invPath, "-log-format", "text")
+			"-tokens-file", tokens, "-cluster-secret-file", secret, "-inventory", invPath, "-log-format", "text")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		require.NoError(t, cmd.Start())
 		procs[i] = cmd
@@ -185,4 +189,101 @@ func TestGpuaasctlAgainstCoordinatorProcesses(t *testing.T) {
 	var again proto.Allocation
 	require.NoError(t, json.Unmarshal([]byte(o.stdout), &again))
 	assert.Equal(t, a.ID, again.ID)
+}
+
+// TestJoinTokenAgainstCoordinatorProcesses: against a coordinator started
+// with the defaults (one server, no cluster secret), the unauthenticated
+// join of issue 13 is refused and writes still commit; a join token from
+// "gpuaasctl operator join-token" admits a second server once, and the
+// same token is refused for a third.
+func TestJoinTokenAgainstCoordinatorProcesses(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	coordBin, err := proctest.Build(dir)
+	require.NoError(t, err)
+	c := ctl{bin: buildCtl(t, dir)}
+	gen := c.run(t, "-o", "json", "token", "generate", "--name", "root", "--role", "admin")
+	require.Equal(t, 0, gen.code, gen.stderr)
+	var tok struct {
+		Token string          `json:"token"`
+		Entry json.RawMessage `json:"entry"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(gen.stdout), &tok))
+	tokens := filepath.Join(dir, "tokens.json")
+	require.NoError(t, os.WriteFile(tokens, []byte("["+string(tok.Entry)+"]"), 0o600))
+	c.env = []string{"GPUAAS_TOKEN=" + tok.Token}
+
+	start := func(id string, args ...string) (string, *exec.Cmd) {
+		httpAddr := proctest.FreeAddr(t)
+		logf, err := os.Create(filepath.Join(dir, id+".log"))
+		require.NoError(t, err)
+		cmd := exec.Command(coordBin, append([]string{"-node-id", id, "-data-dir", filepath.Join(dir, id), "-raft-addr", proctest.FreeAddr(t),
+			"-http-addr", httpAddr, "-tokens-file", tokens, "-log-format", "text"}, args...)...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_, _ = cmd.Process.Wait()
+			logf.Close()
+			if t.Failed() {
+				if b, err := os.ReadFile(logf.Name()); err == nil {
+					t.Logf("log of %s:\n%s", id, b)
+				}
+			}
+		})
+		return httpAddr, cmd
+	}
+	c1, _ := start("c1", "-bootstrap-expect", "1")
+	at := func(addr string) []string { return []string{"--addr", addr, "--timeout", "5s"} }
+	require.Eventually(t, func() bool {
+		o := c.run(t, append(at(c1), "-o", "json", "status")...)
+		return o.code == 0 && strings.Contains(o.stdout, `"is_leader": true`)
+	}, 20*time.Second, 100*time.Millisecond)
+
+	join := func(addr, bearer, body string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+server.JoinPath, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	code, body := join(c1, "", `{"self":{"id":"evil","raft_addr":"127.0.0.1:9","http_addr":"127.0.0.1:9"},"want_voter":true}`)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	o := c.run(t, append(at(c1), "region", "set", "us-east")...)
+	require.Equal(t, 0, o.code, "the cluster keeps quorum: %s", o.stderr)
+	o = c.run(t, append(at(c1), "-o", "json", "operator", "peers")...)
+	require.Equal(t, 0, o.code, o.stderr)
+	assert.NotContains(t, o.stdout, "evil")
+
+	o = c.run(t, append(at(c1), "-o", "json", "operator", "join-token", "--server-id", "c2", "--ttl", "10m")...)
+	require.Equal(t, 0, o.code, o.stderr)
+	var jt proto.JoinTokenResponse
+	require.NoError(t, json.Unmarshal([]byte(o.stdout), &jt))
+	require.True(t, strings.HasPrefix(jt.Token, "gpj_"))
+	tokFile := filepath.Join(dir, "join.token")
+	require.NoError(t, os.WriteFile(tokFile, []byte(jt.Token+"\n"), 0o600))
+	c2, _ := start("c2", "-bootstrap-expect", "0", "-join", c1, "-join-token-file", tokFile)
+	require.Eventually(t, func() bool {
+		o := c.run(t, append(at(c1), "-o", "json", "operator", "peers")...)
+		return o.code == 0 && strings.Count(o.stdout, `"voter": true`) == 2 && strings.Contains(o.stdout, c2)
+	}, 30*time.Second, 200*time.Millisecond, "c2 never joined with its token")
+	// Writes through the new server reach the leader.
+	require.Eventually(t, func() bool {
+		return c.run(t, append(at(c2), "region", "set", "us-west")...).code == 0
+	}, 10*time.Second, 100*time.Millisecond)
+
+	// Second use: refused, for another identity and for c2's ID from elsewhere.
+	code, body = join(c1, jt.Token, `{"self":{"id":"c3","raft_addr":"127.0.0.1:9","http_addr":"127.0.0.1:9"},"want_voter":true}`)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	code, body = join(c1, jt.Token, `{"self":{"id":"c2","raft_addr":"127.0.0.1:9","http_addr":"127.0.0.1:9"},"register":true}`)
+	assert.Equal(t, http.StatusUnauthorized, code, body)
+	o = c.run(t, append(at(c1), "-o", "json", "operator", "peers")...)
+	require.Equal(t, 0, o.code, o.stderr)
+	assert.Equal(t, 2, strings.Count(o.stdout, `"voter": true`))
 }

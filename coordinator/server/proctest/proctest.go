@@ -8,7 +8,9 @@ package proctest
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -56,6 +58,8 @@ type Cluster struct {
 	token  string
 	Nodes  []*Node
 	Client *http.Client
+	// SecretFile is the cluster secret the servers share.
+	SecretFile string
 }
 
 // Node is one coordinator process (running or not).
@@ -94,6 +98,11 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	b, err := json.Marshal([]map[string]string{{"name": "proctest", "role": "admin", "sha256": hashToken(c.token)}})
 	require.NoError(tb, err)
 	require.NoError(tb, os.WriteFile(tokens, b, 0o600))
+	// The bootstrap servers authenticate each other's join exchange with
+	// a shared cluster secret.
+	secret := filepath.Join(dir, "cluster.secret")
+	require.NoError(tb, os.WriteFile(secret, []byte(randomHex(32)+"\n"), 0o600))
+	c.SecretFile = secret
 	var invPath string
 	if o.Inventory != nil {
 		invPath = filepath.Join(dir, "inventory.json")
@@ -114,7 +123,7 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 			}
 		}
 		n.args = append([]string{"-node-id", n.ID, "-data-dir", n.DataDir, "-raft-addr", n.RaftAddr, "-http-addr", n.HTTPAddr,
-			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-log-format", "text"}, o.Args...)
+			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-cluster-secret-file", secret, "-log-format", "text"}, o.Args...)
 		if invPath != "" {
 			n.args = append(n.args, "-inventory", invPath)
 		}
@@ -141,6 +150,14 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 		c.StartNode(i)
 	}
 	return c
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic("crypto/rand: " + err.Error())
+	}
+	return hex.EncodeToString(b)
 }
 
 func hashToken(t string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(t))) }

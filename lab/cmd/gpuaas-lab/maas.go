@@ -73,7 +73,18 @@ func withoutNodes(inv []byte) ([]byte, error) {
 // ensureSiteKey keeps the coordinators' site key (sealing the MAAS
 // credentials) in the lab folder, 0600.
 func ensureSiteKey(dir string) (string, error) {
-	path := filepath.Join(dir, "site.key")
+	return ensureSecretFile(filepath.Join(dir, "site.key"))
+}
+
+// ensureClusterSecret makes the secret the lab's coordinators share for
+// cluster formation (-cluster-secret-file), once.
+func ensureClusterSecret(dir string) (string, error) {
+	return ensureSecretFile(filepath.Join(dir, "cluster.secret"))
+}
+
+// ensureSecretFile writes 32 random bytes as hex to path (0600) unless
+// it exists.
+func ensureSecretFile(path string) (string, error) {
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	} else if !errors.Is(err, os.ErrNotExist) {

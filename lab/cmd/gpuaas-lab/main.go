@@ -222,6 +222,10 @@ func run(args []string, out io.Writer) (err error) {
 			return err
 		}
 	}
+	secretPath, err := ensureClusterSecret(abs)
+	if err != nil {
+		return err
+	}
 	var siteKeyArgs []string
 	{ // always: bare metal runs through the MAAS simulator (baremetal.go)
 		keyPath, err := ensureSiteKey(abs)
@@ -252,6 +256,7 @@ func run(args []string, out io.Writer) (err error) {
 				"-gossip-bind", c.Gossip,
 				"-gossip-join", strings.Join(slices.DeleteFunc(slices.Clone(gossips), func(g string) bool { return g == c.Gossip }), ","),
 				"-tokens-file", tokensFile,
+				"-cluster-secret-file", secretPath,
 				"-inventory", invPath,
 				"-log-format", "text",
 			},
