@@ -39,7 +39,7 @@ func newBMCluster(t *testing.T, withSite bool) *bmCluster {
 	var first string
 	for i := range 3 {
 		cfg := Config{NodeID: fmt.Sprintf("c%d", i+1), DataDir: t.TempDir(), RaftBind: "127.0.0.1:0",
-			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, SiteKey: key,
+			HTTPAddr: "127.0.0.1:0", BootstrapExpect: 3, ClusterSecret: testClusterSecret, SiteKey: key,
 			MAAS: MAASConfig{PollInterval: 5 * time.Millisecond, RequestTimeout: 2 * time.Second,
 				DeployExpiry: 20 * time.Second, ReleaseExpiry: 20 * time.Second,
 				RetryDelay: 20 * time.Millisecond, Rescan: 50 * time.Millisecond}}
