@@ -45,8 +45,13 @@ func (rd *readiness) check(r raftView) (bool, string) {
 		switch {
 		case isLeader:
 			rd.target, rd.learned = r.LastIndex(), true
-		case r.LastContact().After(rd.started):
+		case r.LastContact().After(rd.started) && r.CommitIndex() > 0:
+			// A heartbeat is contact too but carries no commit index: a
+			// restarted follower learns it from its first real append
+			// (every cluster has committed at least its configuration).
 			rd.target, rd.learned = r.CommitIndex(), true
+		case r.LastContact().After(rd.started):
+			return false, fmt.Sprintf("leader %s has not told this replica its commit index yet", leader)
 		default:
 			return false, fmt.Sprintf("no contact from leader %s since this replica started", leader)
 		}

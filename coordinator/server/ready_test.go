@@ -43,8 +43,15 @@ func TestReadinessFollowerCatchesUpToLearnedCommit(t *testing.T) {
 	assert.False(t, ok)
 	assert.Contains(t, why, "no contact from leader c2")
 
+	// A heartbeat since the start carries no commit index (a restarted
+	// follower's is 0): not ready on that alone.
+	f.contact, f.commit, f.applied = start.Add(time.Second), 0, 0
+	ok, why = rd.check(f)
+	assert.False(t, ok)
+	assert.Contains(t, why, "leader c2 has not told this replica its commit index yet")
+
 	// The leader tells us commit 500; we have applied 10.
-	f.contact, f.commit = start.Add(time.Second), 500
+	f.commit, f.applied = 500, 10
 	ok, why = rd.check(f)
 	assert.False(t, ok)
 	assert.Equal(t, "catching up: applied index 10 of 500 learned from the leader", why)
