@@ -214,10 +214,9 @@ func (a *API) clientAddr(r *http.Request) string {
 
 // peerIPs caches the IPs of the peers' HTTP addresses for a few seconds.
 type peerIPs struct {
-	mu   sync.Mutex
-	at   time.Time
-	ips  map[string]bool
-	errs int
+	mu  sync.Mutex
+	at  time.Time
+	ips map[string]bool
 }
 
 func (p *peerIPs) has(b Backend, ip net.IP) bool {
