@@ -29,6 +29,10 @@ func buildBinaries(t *testing.T) string {
 	return binDir
 }
 
+// labReady is the last line of gpuaas-lab's summary (its SummaryEnd):
+// seen, the whole summary is there.
+const labReady = "gpuaas lab: ready (Ctrl-C stops it)."
+
 type lab struct {
 	cmd    *exec.Cmd
 	out    *bytes.Buffer
@@ -65,7 +69,7 @@ func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 		// them by the lab folder in their arguments.
 		killByArg(t, dir)
 	})
-	require.Eventually(t, func() bool { return strings.Contains(l.out.String(), "gpuaas lab is up") }, 90*time.Second, 100*time.Millisecond,
+	require.Eventually(t, func() bool { return strings.Contains(l.out.String(), labReady) }, 90*time.Second, 100*time.Millisecond,
 		"lab output:\n%s", l.out)
 	envFile, err := os.ReadFile(filepath.Join(dir, "env"))
 	require.NoError(t, err)

@@ -150,8 +150,11 @@ func TestLabCoordinatorMetrics(t *testing.T) {
 	// unreachable, and the gauges say so.
 	a15.Kill()
 	e.node("j22u15", "unreachable", func(d proto.NodeDetail) bool { return d.Node.State == proto.NodeUnreachable })
-	f = metric(c0, "the agent dead", func(f metricstest.Families) bool {
-		return val(f, "gpuaas_agents", "state", "dead") == dead0+1 && val(f, "gpuaas_agents", "state", "alive") == alive0
+	// c0 may be a follower a moment behind the replica that answered the
+	// node read: the gauges are polled until both moved.
+	f = metric(c0, "the agent dead and its node unreachable", func(f metricstest.Families) bool {
+		return val(f, "gpuaas_agents", "state", "dead") == dead0+1 && val(f, "gpuaas_agents", "state", "alive") == alive0 &&
+			val(f, "gpuaas_nodes", "state", "unreachable") == 1
 	})
 	assert.Equal(t, 1.0, val(f, "gpuaas_nodes", "state", "unreachable"))
 }

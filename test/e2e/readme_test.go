@@ -379,7 +379,7 @@ func TestPrivilegedReadmeFlows(t *testing.T) {
 	// libvirtd; the README promises the lab is up within minutes.
 	up := false
 	for deadline := time.Now().Add(10 * time.Minute); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		if strings.Contains(labOut.String(), "gpuaas lab is up") {
+		if strings.Contains(labOut.String(), labReady) {
 			up = true
 			break
 		}
@@ -390,8 +390,6 @@ func TestPrivilegedReadmeFlows(t *testing.T) {
 		}
 	}
 	require.True(t, up, "gpuaas-lab was not up within 10 minutes:\n%s", labOut.String())
-	// Settle the summary (it is printed after the line above).
-	time.Sleep(500 * time.Millisecond)
 	summary := labOut.String()
 	require.NotContains(t, summary, "real slice host unavailable", "make lab must run real VMs on this machine")
 	require.Regexp(t, `j22u15 +slice_vm +active +slice-ready`, summary)

@@ -22,6 +22,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -52,6 +53,10 @@ import (
 	"github.com/gpuaas/gpuaas/lab/maaslab"
 	"github.com/gpuaas/gpuaas/proto"
 )
+
+// SummaryEnd is the last line of the lab's summary: the lab is up and
+// onboarded, and everything it has to say about it was said.
+const SummaryEnd = "gpuaas lab: ready (Ctrl-C stops it)."
 
 // state is what a lab folder remembers across runs: ports are part of the
 // Raft configuration, so a restarted lab must reuse them.
@@ -376,10 +381,17 @@ func run(args []string, out io.Writer) (err error) {
 	if err := rec.update(func(ri *runInfo) { ri.Phase, ri.SliceHost = "up", &mode }); err != nil {
 		return err
 	}
-	printSummary(out, abs, st, leader, views, *autoApprove, mode)
-	sliceHint(out, sh, sliceImage, mode)
-	printWorkflows(out, flows)
-	printBaremetal(out, abs, bmMAAS)
+	// The summary goes out in one write and ends with SummaryEnd, so a
+	// reader (a person or a test) that sees the end has all of it.
+	var sum bytes.Buffer
+	printSummary(&sum, abs, st, leader, views, *autoApprove, mode)
+	sliceHint(&sum, sh, sliceImage, mode)
+	printWorkflows(&sum, flows)
+	printBaremetal(&sum, abs, bmMAAS)
+	fmt.Fprintf(&sum, "\n%s\n", SummaryEnd)
+	if _, err := out.Write(sum.Bytes()); err != nil {
+		return err
+	}
 	if *once {
 		return nil
 	}
