@@ -51,7 +51,7 @@ type NodeCredentialRevokeRequest struct {
 // table) and never reach the ledger FSM.
 func ServerOnly(t MessageType) bool {
 	switch t &^ IgnoreUnknownTypeFlag {
-	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType, NodeBootstrapReportType:
+	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType, NodeBootstrapReportType, GossipKeyringOpType:
 		return true
 	}
 	return false
