@@ -111,11 +111,13 @@ func TestProveAndVerify(t *testing.T) {
 	require.True(t, Verify(h, st))
 
 	for name, mut := range map[string]func(*Status){
-		"other credential": func(s *Status) { s.Meta.Proof = Prove(CredentialHash("gpn_other"), "j27u15", "j27u15", "10.0.0.5:7946") },
-		"other node":       func(s *Status) { s.Meta.NodeID = "j27u16" },
-		"other name":       func(s *Status) { s.Name = "evil" },
-		"other address":    func(s *Status) { s.Addr = "10.0.0.66:7946" },
-		"no proof":         func(s *Status) { s.Meta.Proof = "" },
+		"other credential": func(s *Status) {
+			s.Meta.Proof = Prove(CredentialHash("gpn_other"), "j27u15", "j27u15", "10.0.0.5:7946")
+		},
+		"other node":    func(s *Status) { s.Meta.NodeID = "j27u16" },
+		"other name":    func(s *Status) { s.Name = "evil" },
+		"other address": func(s *Status) { s.Addr = "10.0.0.66:7946" },
+		"no proof":      func(s *Status) { s.Meta.Proof = "" },
 	} {
 		s := st
 		mut(&s)

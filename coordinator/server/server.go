@@ -31,16 +31,16 @@ type Server struct {
 	raft   *raft.Raft
 	fsm    *peerFSM
 	enroll *enrollFSM // agent enrollment table, between peerFSM and the ledger
-
-	// unprovenLogged rate-limits the log of gossip members that do not
-	// prove their node's credential (noteUnproven).
-	unprovenMu     sync.Mutex
-	unprovenLogged map[string]time.Time
 	ledger *ledger    // nil when cfg.fsm replaced the ledger FSM
 	trans  *raft.NetworkTransport
 	store  *raftboltdb.BoltStore
 
 	raftAddr string
+
+	// unprovenLogged rate-limits the log of gossip members that do not
+	// prove their node's credential (noteUnproven).
+	unprovenMu     sync.Mutex
+	unprovenLogged map[string]time.Time
 
 	notify chan bool
 
