@@ -162,7 +162,10 @@ func (c *coord) gossipPool(t testing.TB) *membership.Pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 2)
 	go func() { c.srv.WatchAgents(ctx, pool); done <- struct{}{} }()
-	go func() { c.srv.SyncGossipKeyring(ctx, pool, base64.StdEncoding.EncodeToString(key), nil); done <- struct{}{} }()
+	go func() {
+		c.srv.SyncGossipKeyring(ctx, pool, base64.StdEncoding.EncodeToString(key), nil)
+		done <- struct{}{}
+	}()
 	t.Cleanup(func() { cancel(); <-done; <-done })
 	require.Eventually(t, func() bool { return c.srv.GossipKeyring().Version > 0 }, 10*time.Second, 20*time.Millisecond, "keyring seeded")
 	return pool
