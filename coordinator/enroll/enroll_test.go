@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"os"
 	"testing"
 	"time"
 
@@ -159,4 +160,25 @@ func TestGossipKeyringOpsAndSnapshot(t *testing.T) {
 	// A snapshot from before gossip keys restores with none.
 	require.NoError(t, back.Restore([]byte(`{"tokens":[],"credentials":[]}`)))
 	require.Equal(t, proto.GossipKeyring{}, back.GossipKeyring())
+}
+
+func TestGossipKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	p := dir + "/gossip.key"
+	require.NoError(t, GenerateGossipKeyFile(p))
+	require.Error(t, GenerateGossipKeyFile(p), "overwrote an existing key file")
+	k, err := LoadGossipKeyFile(p)
+	require.NoError(t, err)
+	_, err = proto.DecodeGossipKey(k)
+	require.NoError(t, err)
+
+	require.NoError(t, os.Chmod(p, 0o644))
+	_, err = LoadGossipKeyFile(p)
+	require.ErrorContains(t, err, "chmod 600")
+	bad := dir + "/bad.key"
+	require.NoError(t, os.WriteFile(bad, []byte("c2hvcnQ=\n"), 0o600))
+	_, err = LoadGossipKeyFile(bad)
+	require.ErrorContains(t, err, "want 32")
+	_, err = LoadGossipKeyFile(dir + "/missing")
+	require.Error(t, err)
 }

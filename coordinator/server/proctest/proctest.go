@@ -25,6 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -94,6 +95,10 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	b, err := json.Marshal([]map[string]string{{"name": "proctest", "role": "admin", "sha256": hashToken(c.token)}})
 	require.NoError(tb, err)
 	require.NoError(tb, os.WriteFile(tokens, b, 0o600))
+	// Every cluster has a gossip key, so a test passing -gossip-bind in
+	// Args forms an (encrypted) agent pool.
+	gossipKey := filepath.Join(dir, "gossip.key")
+	require.NoError(tb, enroll.GenerateGossipKeyFile(gossipKey))
 	var invPath string
 	if o.Inventory != nil {
 		invPath = filepath.Join(dir, "inventory.json")
@@ -114,7 +119,7 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 			}
 		}
 		n.args = append([]string{"-node-id", n.ID, "-data-dir", n.DataDir, "-raft-addr", n.RaftAddr, "-http-addr", n.HTTPAddr,
-			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-log-format", "text"}, o.Args...)
+			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-log-format", "text", "-gossip-key-file", gossipKey}, o.Args...)
 		if invPath != "" {
 			n.args = append(n.args, "-inventory", invPath)
 		}

@@ -231,6 +231,10 @@ func run(args []string, out io.Writer) (err error) {
 		siteKeyArgs = []string{"-site-key-file", keyPath, "-maas-poll-interval", "100ms", "-maas-enroll-poll", "200ms", "-maas-rescan", "500ms"}
 	}
 
+	gossipKey, err := ensureGossipKey(abs)
+	if err != nil {
+		return err
+	}
 	var procs []*launch.Proc
 	var joins, gossips, urls []string
 	for _, c := range st.Coordinators {
@@ -249,6 +253,7 @@ func run(args []string, out io.Writer) (err error) {
 				"-bootstrap-expect", fmt.Sprint(len(st.Coordinators)),
 				"-join", strings.Join(joins, ","),
 				"-gossip-bind", c.Gossip,
+				"-gossip-key-file", gossipKey,
 				"-gossip-join", strings.Join(slices.DeleteFunc(slices.Clone(gossips), func(g string) bool { return g == c.Gossip }), ","),
 				"-tokens-file", tokensFile,
 				"-inventory", invPath,
