@@ -172,7 +172,8 @@ func peersTable(w *tabwriter.Writer, l proto.List[api.Peer]) {
 }
 
 func (a *app) operatorCmd() *cobra.Command {
-	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership"}
+	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership; the gossip keyring"}
+	c.AddCommand(a.gossipKeyCmd())
 	c.AddCommand(&cobra.Command{
 		Use:   "peers",
 		Short: "List the Raft configuration",
