@@ -22,7 +22,6 @@ func (a *app) gossipKeyCmd() *cobra.Command {
 		for _, key := range k.Keys {
 			row(w, key, enroll.Fingerprint(key), yesNo(key == k.Primary))
 		}
-		row(w, "")
 		row(w, "Version:", k.Version)
 	}
 	op := func(o proto.GossipKeyringOp, short string) *cobra.Command {
