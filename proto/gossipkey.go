@@ -40,6 +40,17 @@ type GossipKeyringOpRequest struct {
 	At  time.Time       `json:"at"`
 	Op  GossipKeyringOp `json:"op"`
 	Key string          `json:"key"` // base64 (standard) of GossipKeySize bytes
+	// Force (API only) makes a key primary even though some live pool
+	// members do not hold the current keyring yet.
+	Force bool `json:"force,omitempty"`
+}
+
+// GossipKeyringView answers GET /v1/operator/gossip-keys: the keyring and,
+// when the coordinator is in the pool, how many live members (other
+// coordinators, agents proving their node) advertise each keyring version.
+type GossipKeyringView struct {
+	GossipKeyring
+	Members map[uint64]int `json:"members,omitempty"`
 }
 
 // GossipKeyring is the cluster's gossip keyring: every member decrypts

@@ -82,6 +82,10 @@ func (d *Daemon) setKeyring(k proto.GossipKeyring) error {
 		if err := d.gossip.pool.SetKeyring(keys); err != nil {
 			return err
 		}
+		// Tell the pool: a rotation's `use` waits for every live member.
+		if err := d.gossip.pool.SetKeyringVersion(k.Version); err != nil {
+			return err
+		}
 	}
 	d.log.Info("gossip keyring updated", "version", k.Version, "keys", len(keys))
 	return nil
@@ -143,7 +147,7 @@ func (d *Daemon) joinPool(k proto.GossipKeyring) (*membership.Pool, error) {
 	}
 	credHash := membership.CredentialHash(d.client.Credential())
 	node := d.cfg.NodeID
-	pool, err := membership.Start(membership.Config{Name: node, Meta: membership.Meta{Role: membership.RoleAgent, NodeID: node},
+	pool, err := membership.Start(membership.Config{Name: node, Meta: membership.Meta{Role: membership.RoleAgent, NodeID: node, Keyring: k.Version},
 		BindAddr: host, BindPort: p, Logger: d.log, Keys: keys,
 		Prove: func(addr string) string { return membership.Prove(credHash, node, node, addr) }})
 	if err != nil {

@@ -113,17 +113,34 @@ func TestGossipKeyRotationKeepsAgentInPool(t *testing.T) {
 	next := base64.StdEncoding.EncodeToString(raw)
 	for _, op := range []string{"install", "use", "remove"} {
 		var k proto.GossipKeyring
-		code, body := c.do(http.MethodPost, "/v1/operator/gossip-keys", c.admin, map[string]string{"op": op, "key": map[bool]string{true: old, false: next}[op == "remove"]}, &k)
-		require.Equal(t, http.StatusOK, code, body)
+		req := map[string]string{"op": op, "key": map[bool]string{true: old, false: next}[op == "remove"]}
+		if op == "use" {
+			// Refused (409, naming the agent) until the agent advertises
+			// the keyring that holds the new key.
+			require.Eventually(t, func() bool {
+				code, body := c.do(http.MethodPost, "/v1/operator/gossip-keys", c.admin, req, &k)
+				if code != http.StatusOK {
+					require.Equal(t, http.StatusConflict, code, body)
+					require.Contains(t, body, "j22u15")
+				}
+				return code == http.StatusOK
+			}, 10*time.Second, 100*time.Millisecond)
+		} else {
+			code, body := c.do(http.MethodPost, "/v1/operator/gossip-keys", c.admin, req, &k)
+			require.Equal(t, http.StatusOK, code, body)
+		}
 		require.Eventually(t, func() bool { return agentKeyring().Version == k.Version }, 10*time.Second, 50*time.Millisecond,
 			"the agent takes keyring version %d (%s) with a heartbeat", k.Version, op)
 		time.Sleep(time.Second) // probe rounds under the new keyring
 		require.Equal(t, 2, pool.NumMembers(), "the pool stays formed after %s", op)
 		require.Equal(t, proto.NodeActive, c.node("j22u15").State, "the node stays active after %s", op)
 	}
-	var k proto.GossipKeyring
-	code, body = c.do(http.MethodGet, "/v1/operator/gossip-keys", c.admin, nil, &k)
-	require.Equal(t, http.StatusOK, code, body)
+	var k proto.GossipKeyringView
+	require.Eventually(t, func() bool {
+		code, body = c.do(http.MethodGet, "/v1/operator/gossip-keys", c.admin, nil, &k)
+		require.Equal(t, http.StatusOK, code, body)
+		return k.Members[k.Version] == 1
+	}, 5*time.Second, 50*time.Millisecond, "the agent advertises the last keyring version")
 	require.Equal(t, []string{next}, k.Keys)
 	require.Equal(t, next, k.Primary)
 

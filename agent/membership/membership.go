@@ -46,6 +46,9 @@ type Meta struct {
 	// (Prove): the coordinator acts on an agent member only when it checks
 	// out against the credential hash the ledger holds for NodeID.
 	Proof string `json:"proof,omitempty"`
+	// Keyring is the version of the cluster gossip keyring this member
+	// holds (0: unknown).
+	Keyring uint64 `json:"keyring,omitempty"`
 }
 
 // EventKind is what happened to a member.
@@ -160,8 +163,12 @@ func Tune(c *memberlist.Config, p Profile) error {
 
 // Pool is this process's membership in the gossip pool.
 type Pool struct {
-	ml     *memberlist.Memberlist
-	kr     *memberlist.Keyring // nil: a plaintext pool
+	ml *memberlist.Memberlist
+	kr *memberlist.Keyring // nil: a plaintext pool
+	md *metaDelegate
+
+	metaMu sync.Mutex
+	meta   Meta // this member's metadata (without the encoding)
 	name   string
 	events chan Event
 	log    *slog.Logger
@@ -246,27 +253,44 @@ func Start(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership %s: %w", cfg.Name, err)
 	}
-	p.ml = ml
+	p.ml, p.md, p.meta = ml, md, cfg.Meta
 	if cfg.Prove != nil {
 		// The proof binds the address others see, known only now: gossip
 		// the metadata again with it (before any Join, so no peer waits).
-		m := cfg.Meta
-		m.Proof = cfg.Prove(ml.LocalNode().Address())
-		b, err := json.Marshal(m)
-		if err == nil && len(b) > memberlist.MetaMaxSize {
-			err = fmt.Errorf("metadata is %d bytes, memberlist allows %d", len(b), memberlist.MetaMaxSize)
-		}
-		if err != nil {
+		if err := p.setMeta(func(m *Meta) { m.Proof = cfg.Prove(ml.LocalNode().Address()) }); err != nil {
 			_ = ml.Shutdown()
-			return nil, fmt.Errorf("membership %s: %w", cfg.Name, err)
-		}
-		md.set(b)
-		if err := ml.UpdateNode(time.Second); err != nil {
-			_ = ml.Shutdown()
-			return nil, fmt.Errorf("membership %s: update metadata: %w", cfg.Name, err)
+			return nil, err
 		}
 	}
 	return p, nil
+}
+
+// setMeta changes this member's metadata and gossips it.
+func (p *Pool) setMeta(change func(*Meta)) error {
+	p.metaMu.Lock()
+	defer p.metaMu.Unlock()
+	m := p.meta
+	change(&m)
+	b, err := json.Marshal(m)
+	if err == nil && len(b) > memberlist.MetaMaxSize {
+		err = fmt.Errorf("metadata is %d bytes, memberlist allows %d", len(b), memberlist.MetaMaxSize)
+	}
+	if err != nil {
+		return fmt.Errorf("membership %s: %w", p.name, err)
+	}
+	p.md.set(b)
+	if err := p.ml.UpdateNode(time.Second); err != nil {
+		return fmt.Errorf("membership %s: update metadata: %w", p.name, err)
+	}
+	p.meta = m
+	return nil
+}
+
+// SetKeyringVersion tells the pool which version of the cluster keyring
+// this member holds (Meta.Keyring), so a rotation can wait until every
+// live member has a new key before making it primary.
+func (p *Pool) SetKeyringVersion(v uint64) error {
+	return p.setMeta(func(m *Meta) { m.Keyring = v })
 }
 
 // SetKeyring makes this member's keyring keys (primary first) the way

@@ -2,9 +2,36 @@ package api
 
 import (
 	"net/http"
+	"sort"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
+
+// gossipPool is a backend in the agents' gossip pool (*server.Server).
+type gossipPool interface {
+	GossipKeyringLag(v uint64) (lagging []string, live int, ok bool)
+	GossipKeyringMembers() map[uint64]int
+}
+
+// checkKeyringHeld refuses a `use` while live pool members do not hold
+// keyring version v: they could not read what the others would send.
+func (a *API) checkKeyringHeld(v uint64) error {
+	p, ok := a.b.(gossipPool)
+	if !ok {
+		return nil
+	}
+	lagging, live, in := p.GossipKeyringLag(v)
+	if !in || len(lagging) == 0 {
+		return nil
+	}
+	sort.Strings(lagging)
+	if len(lagging) > 10 {
+		lagging = append(lagging[:10], "…")
+	}
+	return proto.Errorf(proto.CodeConflict, "%d of %d live gossip members do not hold keyring version %d yet (%s); agents take it with their next heartbeat: retry, or force",
+		len(lagging), live, v, strings.Join(lagging, ", "))
+}
 
 // gossipKeyring is the replicated gossip keyring agents are given, nil
 // while the cluster has none.
@@ -35,7 +62,13 @@ func (a *API) listGossipKeys(c *call) error {
 	if k.Keys == nil {
 		k.Keys = []string{}
 	}
-	return c.reply(http.StatusOK, k)
+	view := proto.GossipKeyringView{GossipKeyring: k}
+	if p, ok := a.b.(gossipPool); ok {
+		if _, _, in := p.GossipKeyringLag(0); in {
+			view.Members = p.GossipKeyringMembers()
+		}
+	}
+	return c.reply(http.StatusOK, view)
 }
 
 // gossipKeyOp answers POST /v1/operator/gossip-keys {"op", "key"}: install
@@ -58,9 +91,16 @@ func (a *API) gossipKeyOp(c *call) error {
 	if _, err := proto.DecodeGossipKey(body.Key); err != nil {
 		return err
 	}
-	if _, err := a.enrollment(); err != nil {
+	tab, err := a.enrollment()
+	if err != nil {
 		return err
 	}
+	if body.Op == proto.GossipKeyUse && !body.Force {
+		if err := a.checkKeyringHeld(tab.GossipKeyring().Version); err != nil {
+			return err
+		}
+	}
+	body.Force = false
 	body.At = a.now()
 	resp, idx, err := a.b.Apply(c.r.Context(), proto.GossipKeyringOpType|proto.IgnoreUnknownTypeFlag, body)
 	if err != nil {

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -24,8 +26,9 @@ func (a *app) gossipKeyCmd() *cobra.Command {
 		}
 		row(w, "Version:", k.Version)
 	}
+	var force bool
 	op := func(o proto.GossipKeyringOp, short string) *cobra.Command {
-		return &cobra.Command{
+		c := &cobra.Command{
 			Use:   string(o) + " KEY",
 			Short: short,
 			Args:  exactArgs("KEY"),
@@ -33,13 +36,17 @@ func (a *app) gossipKeyCmd() *cobra.Command {
 				if _, err := proto.DecodeGossipKey(args[0]); err != nil {
 					return usageError{err}
 				}
-				r, err := a.call(cmd, http.MethodPost, "/v1/operator/gossip-keys", nil, proto.GossipKeyringOpRequest{Op: o, Key: args[0]}, nil)
+				r, err := a.call(cmd, http.MethodPost, "/v1/operator/gossip-keys", nil, proto.GossipKeyringOpRequest{Op: o, Key: args[0], Force: force}, nil)
 				if err != nil {
 					return err
 				}
 				return show(a, r, keyring)
 			},
 		}
+		if o == proto.GossipKeyUse {
+			c.Flags().BoolVar(&force, "force", false, "make the key primary even though live members do not hold the current keyring yet")
+		}
+		return c
 	}
 	c.AddCommand(&cobra.Command{
 		Use:   "generate",
@@ -58,11 +65,17 @@ func (a *app) gossipKeyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, keyring)
+			return show(a, r, func(w *tabwriter.Writer, v proto.GossipKeyringView) {
+				keyring(w, v.GossipKeyring)
+				vs := slices.Sorted(maps.Keys(v.Members))
+				for _, ver := range vs {
+					row(w, fmt.Sprintf("Members at version %d:", ver), v.Members[ver])
+				}
+			})
 		},
 	},
 		op(proto.GossipKeyInstall, "Install a key on every member (step 1 of a rotation)"),
-		op(proto.GossipKeyUse, "Make an installed key primary (step 2; wait a heartbeat interval after install)"),
+		op(proto.GossipKeyUse, "Make an installed key primary (step 2; refused until every live member holds the keyring)"),
 		op(proto.GossipKeyRemove, "Remove a key that is not primary (step 3)"),
 	)
 	return c

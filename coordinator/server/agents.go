@@ -41,6 +41,9 @@ const agentReconcileInterval = 250 * time.Millisecond
 //
 // It returns when ctx ends or the events channel closes.
 func (s *Server) WatchAgents(ctx context.Context, pool AgentPool) {
+	s.poolMu.Lock()
+	s.agentPool = pool
+	s.poolMu.Unlock()
 	tick := time.NewTicker(agentReconcileInterval)
 	defer tick.Stop()
 	// acted holds, per member, the status Seq already acted on in this

@@ -68,6 +68,11 @@ func (s *Server) SyncGossipKeyring(ctx context.Context, pool KeyedPool, seed str
 				s.log.Error("gossip: apply the cluster keyring", "version", k.Version, "err", err)
 				break
 			}
+			if v, ok := pool.(interface{ SetKeyringVersion(uint64) error }); ok {
+				if err := v.SetKeyringVersion(k.Version); err != nil {
+					s.log.Warn("gossip: advertise the keyring version", "version", k.Version, "err", err)
+				}
+			}
 			applied = k.Version
 			s.log.Info("gossip: keyring applied", "version", k.Version, "keys", len(k.Keys))
 			if saved != nil {
@@ -109,4 +114,53 @@ func (s *Server) noteUnproven(m membership.Status) {
 	s.unprovenMu.Unlock()
 	s.log.Warn("gossip: ignoring a member that does not prove its node's credential", "member", m.Name, "addr", m.Addr,
 		"claims_node", m.Meta.NodeID, "alive", m.Alive)
+}
+
+// GossipKeyringLag lists the live pool members (coordinators, and agents
+// proving their node) that do not advertise keyring version v yet, and
+// counts the live members; ok is false when this coordinator is not in a
+// pool. A rotation's `use` waits for none lagging: a member without the
+// new primary key could not read what the others send.
+func (s *Server) GossipKeyringLag(v uint64) (lagging []string, live int, ok bool) {
+	s.poolMu.Lock()
+	pool := s.agentPool
+	s.poolMu.Unlock()
+	if pool == nil {
+		return nil, 0, false
+	}
+	for _, m := range pool.Statuses() {
+		if !s.keyringMember(m) {
+			continue
+		}
+		live++
+		if m.Meta.Keyring < v {
+			lagging = append(lagging, m.Name)
+		}
+	}
+	return lagging, live, true
+}
+
+// GossipKeyringMembers counts the live pool members (as GossipKeyringLag
+// counts them) by the keyring version they advertise.
+func (s *Server) GossipKeyringMembers() map[uint64]int {
+	s.poolMu.Lock()
+	pool := s.agentPool
+	s.poolMu.Unlock()
+	out := map[uint64]int{}
+	if pool == nil {
+		return out
+	}
+	for _, m := range pool.Statuses() {
+		if s.keyringMember(m) {
+			out[m.Meta.Keyring]++
+		}
+	}
+	return out
+}
+
+// keyringMember reports whether a member counts in a rotation: alive, and
+// a coordinator or an agent proving its node (an unproven member has no
+// say).
+func (s *Server) keyringMember(m membership.Status) bool {
+	return m.Alive && (m.Meta.Role == membership.RoleCoordinator || m.Meta.Role == membership.RoleAgent && s.memberProven(m))
 }

@@ -172,3 +172,65 @@ func TestGossipKeyringRotation(t *testing.T) {
 	require.Equal(t, 2, pools[0].NumMembers(), "the pool stays formed through the rotation")
 	require.Equal(t, 2, pools[1].NumMembers())
 }
+
+// TestGossipKeyringLag: a rotation's `use` must wait until every live
+// member holds the keyring; members advertise their version in their
+// metadata and only proven agents (and coordinators) count.
+func TestGossipKeyringLag(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	n := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", BootstrapExpect: 1,
+		Logger: quiet, Inventory: sliceInventory("j27u15")})
+	require.Eventually(t, n.srv.IsLeader, 15*time.Second, 20*time.Millisecond)
+	h := enrollNode(t, n.srv, "j27u15")
+	_, _, ok := n.srv.GossipKeyringLag(1)
+	require.False(t, ok, "no pool watched yet")
+
+	key, key64 := gossipKey(t)
+	coord, err := membership.Start(membership.Config{Name: "coordinator-c1", BindAddr: "127.0.0.1", Logger: quiet, Keys: [][]byte{key},
+		Meta: membership.Meta{Role: membership.RoleCoordinator, NodeID: "c1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = coord.Shutdown() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { n.srv.WatchAgents(ctx, coord); done <- struct{}{} }()
+	go func() { n.srv.SyncGossipKeyring(ctx, coord, key64, nil); done <- struct{}{} }()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+	require.Eventually(t, func() bool { return n.srv.GossipKeyring().Version == 1 }, 10*time.Second, 20*time.Millisecond)
+
+	agent, err := membership.Start(membership.Config{Name: "j27u15", BindAddr: "127.0.0.1", Logger: quiet, Keys: [][]byte{key},
+		Meta:  membership.Meta{Role: membership.RoleAgent, NodeID: "j27u15", Keyring: 1},
+		Prove: func(addr string) string { return membership.Prove(h, "j27u15", "j27u15", addr) }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = agent.Shutdown() })
+	_, err = agent.Join([]string{coord.Addr()})
+	require.NoError(t, err)
+	stale, err := membership.Start(membership.Config{Name: "stale", BindAddr: "127.0.0.1", Logger: quiet, Keys: [][]byte{key},
+		Meta: membership.Meta{Role: membership.RoleAgent, NodeID: "j27u15"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = stale.Shutdown() })
+	_, err = stale.Join([]string{coord.Addr()})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return coord.NumMembers() == 3 }, 5*time.Second, 10*time.Millisecond)
+
+	require.Eventually(t, func() bool {
+		lag, live, ok := n.srv.GossipKeyringLag(1)
+		return ok && live == 1 && len(lag) == 0
+	}, 5*time.Second, 10*time.Millisecond, "the proven agent holds version 1; the unproven member has no say")
+
+	next, next64 := gossipKey(t)
+	k, _, err := n.srv.GossipKeyringOp(context.Background(), proto.GossipKeyInstall, next64)
+	require.NoError(t, err)
+	lag, live, _ := n.srv.GossipKeyringLag(k.Version)
+	require.Equal(t, []string{"j27u15"}, lag)
+	require.Equal(t, 1, live)
+	require.Equal(t, map[uint64]int{1: 1}, n.srv.GossipKeyringMembers())
+
+	require.NoError(t, agent.SetKeyring([][]byte{key, next}))
+	require.NoError(t, agent.SetKeyringVersion(k.Version))
+	require.Eventually(t, func() bool {
+		lag, _, _ := n.srv.GossipKeyringLag(k.Version)
+		return len(lag) == 0
+	}, 5*time.Second, 10*time.Millisecond, "the agent advertises the new version")
+	require.Equal(t, map[uint64]int{k.Version: 1}, n.srv.GossipKeyringMembers())
+}

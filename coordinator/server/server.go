@@ -42,6 +42,9 @@ type Server struct {
 	unprovenMu     sync.Mutex
 	unprovenLogged map[string]time.Time
 
+	poolMu    sync.Mutex
+	agentPool AgentPool // the pool WatchAgents watches (GossipKeyringLag)
+
 	notify chan bool
 
 	ctx    context.Context
