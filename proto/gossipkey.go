@@ -40,7 +40,7 @@ type GossipKeyringOpRequest struct {
 	At  time.Time       `json:"at"`
 	Op  GossipKeyringOp `json:"op"`
 	Key string          `json:"key"` // base64 (standard) of GossipKeySize bytes
-	// Force (API only) makes a key primary even though some live pool
+	// Force (API only) applies use or remove even though some live pool
 	// members do not hold the current keyring yet.
 	Force bool `json:"force,omitempty"`
 }

@@ -114,9 +114,10 @@ func TestGossipKeyRotationKeepsAgentInPool(t *testing.T) {
 	for _, op := range []string{"install", "use", "remove"} {
 		var k proto.GossipKeyring
 		req := map[string]string{"op": op, "key": map[bool]string{true: old, false: next}[op == "remove"]}
-		if op == "use" {
+		if op != "install" {
 			// Refused (409, naming the agent) until the agent advertises
-			// the keyring that holds the new key.
+			// the current keyring (use: it holds the new key; remove: it
+			// encrypts with the new primary).
 			require.Eventually(t, func() bool {
 				code, body := c.do(http.MethodPost, "/v1/operator/gossip-keys", c.admin, req, &k)
 				if code != http.StatusOK {

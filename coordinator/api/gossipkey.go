@@ -14,8 +14,8 @@ type gossipPool interface {
 	GossipKeyringMembers() map[uint64]int
 }
 
-// checkKeyringHeld refuses a `use` while live pool members do not hold
-// keyring version v: they could not read what the others would send.
+// checkKeyringHeld refuses a `use` or `remove` while live pool members do
+// not hold keyring version v.
 func (a *API) checkKeyringHeld(v uint64) error {
 	p, ok := a.b.(gossipPool)
 	if !ok {
@@ -74,7 +74,8 @@ func (a *API) listGossipKeys(c *call) error {
 // gossipKeyOp answers POST /v1/operator/gossip-keys {"op", "key"}: install
 // a key, use it as primary, or remove it (Consul's keyring model). Every
 // coordinator applies the new keyring to its pool member within a second;
-// agents take it with their next heartbeat.
+// agents take it with their next heartbeat. use and remove wait (409)
+// until every live member advertises the current keyring, unless forced.
 func (a *API) gossipKeyOp(c *call) error {
 	if _, err := c.query(); err != nil {
 		return err
@@ -95,7 +96,10 @@ func (a *API) gossipKeyOp(c *call) error {
 	if err != nil {
 		return err
 	}
-	if body.Op == proto.GossipKeyUse && !body.Force {
+	if (body.Op == proto.GossipKeyUse || body.Op == proto.GossipKeyRemove) && !body.Force {
+		// use: a member without the new key could not read the others;
+		// remove: a member still encrypting with the old primary would be
+		// cut off. Both wait until every live member holds the keyring.
 		if err := a.checkKeyringHeld(tab.GossipKeyring().Version); err != nil {
 			return err
 		}

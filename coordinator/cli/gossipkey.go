@@ -43,8 +43,8 @@ func (a *app) gossipKeyCmd() *cobra.Command {
 				return show(a, r, keyring)
 			},
 		}
-		if o == proto.GossipKeyUse {
-			c.Flags().BoolVar(&force, "force", false, "make the key primary even though live members do not hold the current keyring yet")
+		if o != proto.GossipKeyInstall {
+			c.Flags().BoolVar(&force, "force", false, "apply even though live members do not hold the current keyring yet")
 		}
 		return c
 	}
@@ -76,7 +76,7 @@ func (a *app) gossipKeyCmd() *cobra.Command {
 	},
 		op(proto.GossipKeyInstall, "Install a key on every member (step 1 of a rotation)"),
 		op(proto.GossipKeyUse, "Make an installed key primary (step 2; refused until every live member holds the keyring)"),
-		op(proto.GossipKeyRemove, "Remove a key that is not primary (step 3)"),
+		op(proto.GossipKeyRemove, "Remove a key that is not primary (step 3; refused until every live member holds the keyring)"),
 	)
 	return c
 }

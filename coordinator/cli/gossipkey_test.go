@@ -36,7 +36,7 @@ func TestCLIGossipKeyRotation(t *testing.T) {
 	assert.Contains(t, r.err, "primary")
 	r = c.run(api.RoleAdmin, "operator", "gossip-key", "use", next).ok(t)
 	assert.Regexp(t, regexp.QuoteMeta(next)+`\s+[0-9a-f]{8}\s+yes`, r.out)
-	c.run(api.RoleAdmin, "operator", "gossip-key", "remove", old).ok(t)
+	c.run(api.RoleAdmin, "operator", "gossip-key", "remove", "--force", old).ok(t)
 	r = c.run(api.RoleAdmin, "operator", "gossip-key", "use", "--force", next).ok(t)
 	r = c.run(api.RoleAdmin, "operator", "gossip-key", "list").ok(t)
 	assert.NotContains(t, r.out, old)
