@@ -56,6 +56,9 @@ type EnrollResponse struct {
 	NodeID     string    `json:"node_id"`
 	Credential string    `json:"credential"`
 	IssuedAt   time.Time `json:"issued_at"`
+	// GossipKeyring is the cluster's gossip keyring (absent while the
+	// cluster has none yet: the first heartbeat then brings it).
+	GossipKeyring *GossipKeyring `json:"gossip_keyring,omitempty"`
 }
 
 // AgentTasksResponse answers GET /v1/agent/tasks: the node's tasks that are
@@ -86,6 +89,9 @@ type HeartbeatRequest struct {
 	// Leases are the host-local leases the agent holds, for the
 	// coordinator's view of drift.
 	Leases []ClaimRef `json:"leases,omitempty"`
+	// GossipKeyringVersion is the version of the gossip keyring the agent
+	// holds (0: none); the answer carries the keyring when it is older.
+	GossipKeyringVersion uint64 `json:"gossip_keyring_version,omitempty"`
 }
 
 // HeartbeatResponse tells the agent how the coordinator sees its node and
@@ -98,6 +104,9 @@ type HeartbeatResponse struct {
 	// Orphaned lists the leases of the request that no live claim backs
 	// (same slot, claim and generation): the agent releases them.
 	Orphaned []ClaimRef `json:"orphaned,omitempty"`
+	// GossipKeyring is the cluster's gossip keyring when the request's
+	// version is older than it (key rotation reaches agents this way).
+	GossipKeyring *GossipKeyring `json:"gossip_keyring,omitempty"`
 }
 
 // AgentSlotsPayload is the part of a slice.provision / slice.release task

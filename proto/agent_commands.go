@@ -52,7 +52,7 @@ type NodeCredentialRevokeRequest struct {
 func ServerOnly(t MessageType) bool {
 	switch t &^ IgnoreUnknownTypeFlag {
 	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType, NodeBootstrapReportType,
-		JoinTokenMintType, JoinTokenUseType:
+		JoinTokenMintType, JoinTokenUseType, GossipKeyringOpType:
 		return true
 	}
 	return false

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpuaas/gpuaas/agent/membership"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
 )
@@ -34,10 +31,7 @@ func TestBenchAgent(t *testing.T) {
 	c := startCoord(t, "j22u15")
 	// A coordinator-side gossip member for the agent to join (fast
 	// failure-detector profile, as in production).
-	pool, err := membership.Start(membership.Config{Name: "coordinator-c1", BindAddr: "127.0.0.1", BindPort: 0,
-		Meta: membership.Meta{Role: membership.RoleCoordinator, NodeID: "c1"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pool.Shutdown() })
+	pool := c.gossipPool(t)
 	base := hostBase(t, "j22u15")
 	state := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())

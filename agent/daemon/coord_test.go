@@ -3,6 +3,8 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/agent/membership"
 	"github.com/gpuaas/gpuaas/coordinator/api"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/proto"
@@ -142,3 +145,28 @@ func (c *coord) node(id string) proto.Node {
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// gossipPool starts the coordinator's member of the agents' pool as the
+// coordinator binary does: encrypted with a fresh cluster key that the
+// leader seeds into the replicated keyring (agents get it at enrollment),
+// following the keyring, and watched by WatchAgents.
+func (c *coord) gossipPool(t testing.TB) *membership.Pool {
+	t.Helper()
+	key := make([]byte, proto.GossipKeySize)
+	_, err := rand.Read(key)
+	require.NoError(t, err)
+	pool, err := membership.Start(membership.Config{Name: "coordinator-c1", BindAddr: "127.0.0.1", BindPort: 0, Keys: [][]byte{key},
+		Meta: membership.Meta{Role: membership.RoleCoordinator, NodeID: "c1"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pool.Shutdown() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { c.srv.WatchAgents(ctx, pool); done <- struct{}{} }()
+	go func() {
+		c.srv.SyncGossipKeyring(ctx, pool, base64.StdEncoding.EncodeToString(key), nil)
+		done <- struct{}{}
+	}()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+	require.Eventually(t, func() bool { return c.srv.GossipKeyring().Version > 0 }, 10*time.Second, 20*time.Millisecond, "keyring seeded")
+	return pool
+}

@@ -14,11 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,7 +29,6 @@ import (
 	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/agent/evidence"
 	"github.com/gpuaas/gpuaas/agent/leases"
-	"github.com/gpuaas/gpuaas/agent/membership"
 	"github.com/gpuaas/gpuaas/agent/nodesched"
 	"github.com/gpuaas/gpuaas/agent/prepare"
 	"github.com/gpuaas/gpuaas/agent/readiness"
@@ -77,6 +74,8 @@ type Daemon struct {
 	rt             SliceRuntime
 	rtClose        func() error
 	sliceReconcile *slice.Reconciliation
+
+	gossip gossip
 }
 
 // New builds a daemon from cfg; it opens the state store but does not
@@ -140,6 +139,10 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("read credential: %w", err)
 	}
 	if d.client, err = client.New(cfg.Coordinators, strings.TrimSpace(string(cred))); err != nil {
+		d.store.Close()
+		return nil, err
+	}
+	if d.gossip.keyring, err = loadKeyring(cfg.StateDir); err != nil {
 		d.store.Close()
 		return nil, err
 	}
@@ -223,14 +226,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.ensureEnrolled(ctx); err != nil {
 		return err
 	}
-	if len(d.cfg.GossipJoin) > 0 {
-		pool, err := d.joinPool()
-		if err != nil {
-			d.log.Warn("gossip pool unavailable; HTTP heartbeats only", "err", err)
-		} else {
-			defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
-		}
-	}
+	defer d.gossipDown()
+	d.gossipUp() // with the keyring kept from enrollment; else after a heartbeat brings it
 	if _, err := d.heartbeat(ctx, true); err != nil {
 		d.log.Warn("first heartbeat failed", "err", err)
 	}
@@ -317,6 +314,11 @@ func (d *Daemon) ensureEnrolled(ctx context.Context) error {
 				return fmt.Errorf("store credential: %w", werr)
 			}
 			d.log.Info("enrolled", "issued_at", resp.IssuedAt)
+			if resp.GossipKeyring != nil {
+				if err := d.setKeyring(*resp.GossipKeyring); err != nil {
+					d.log.Warn("gossip keyring from enrollment", "err", err)
+				}
+			}
 			d.setNode(func(n *readiness.Node) { n.Enrolled, n.CredentialValid, n.CoordinatorReachable = true, true, true })
 			return nil
 		}
@@ -337,27 +339,6 @@ func (d *Daemon) setNode(f func(*readiness.Node)) {
 	d.mu.Lock()
 	f(&d.node)
 	d.mu.Unlock()
-}
-
-func (d *Daemon) joinPool() (*membership.Pool, error) {
-	host, port, err := net.SplitHostPort(d.cfg.GossipBind)
-	if err != nil {
-		return nil, err
-	}
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		return nil, fmt.Errorf("gossip port %q: %w", port, err)
-	}
-	pool, err := membership.Start(membership.Config{Name: d.cfg.NodeID, Meta: membership.Meta{Role: membership.RoleAgent, NodeID: d.cfg.NodeID},
-		BindAddr: host, BindPort: p, Logger: d.log})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := pool.Join(d.cfg.GossipJoin); err != nil {
-		_ = pool.Shutdown()
-		return nil, err
-	}
-	return pool, nil
 }
 
 // discover runs discovery and keeps the report for diagnostics and
@@ -383,7 +364,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if err != nil {
 		return proto.HeartbeatResponse{}, err
 	}
-	req := proto.HeartbeatRequest{}
+	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion()}
 	for _, l := range ls {
 		req.Leases = append(req.Leases, proto.ClaimRef{ClaimID: l.ClaimID, Kind: proto.ClaimSlot, NodeID: d.cfg.NodeID, SlotID: l.SlotID, Generation: l.Generation})
 	}
@@ -392,6 +373,12 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if err != nil {
 		return resp, err
 	}
+	if resp.GossipKeyring != nil {
+		if err := d.setKeyring(*resp.GossipKeyring); err != nil {
+			d.log.Warn("gossip keyring from heartbeat", "err", err)
+		}
+	}
+	d.gossipUp()
 	if reconcile {
 		var claims []nodesched.Claim
 		for _, c := range resp.Claims {

@@ -2,10 +2,20 @@
 // (hashicorp/memberlist, SWIM with Lifeguard). Agents join it so the
 // coordinator learns of a dead host within seconds, at thousands of hosts,
 // without per-node heartbeats through Raft; HTTP heartbeats remain the
-// fallback. Every member carries small metadata: its role and node ID.
+// fallback. Every member carries small metadata: its role, node ID and,
+// for an agent, a proof that it holds its node's enrollment credential.
+//
+// The pool is encrypted and authenticated with memberlist's keyring
+// (AES-256-GCM, GossipVerifyIncoming/Outgoing): a process without a
+// cluster gossip key cannot join, read or inject messages. Keys rotate
+// live with SetKeyring (install a new key everywhere, make it primary,
+// remove the old one).
 package membership
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,6 +42,13 @@ type Meta struct {
 	Role     Role   `json:"role"`
 	NodeID   string `json:"node_id"`
 	HTTPAddr string `json:"http_addr,omitempty"`
+	// Proof is an agent's proof of its node's enrollment credential
+	// (Prove): the coordinator acts on an agent member only when it checks
+	// out against the credential hash the ledger holds for NodeID.
+	Proof string `json:"proof,omitempty"`
+	// Keyring is the version of the cluster gossip keyring this member
+	// holds (0: unknown).
+	Keyring uint64 `json:"keyring,omitempty"`
 }
 
 // EventKind is what happened to a member.
@@ -75,6 +92,14 @@ type Config struct {
 	// Adjust, when set, changes the memberlist configuration after the
 	// profile (the detection benchmark dilates time with it: Dilate).
 	Adjust func(*memberlist.Config)
+	// Keys is the gossip keyring, primary first (each 16, 24 or 32
+	// bytes; the cluster uses 32, AES-256). Without keys the pool is
+	// plaintext: only the in-process scale benchmark and unit tests run
+	// so; the agent and coordinator binaries always pass keys.
+	Keys [][]byte
+	// Prove, when set, computes Meta.Proof from this member's gossip
+	// address once it is bound (agents: ProveFunc).
+	Prove func(addr string) string
 }
 
 // Dilate multiplies every interval and timeout of c by k, so a pool runs
@@ -138,7 +163,12 @@ func Tune(c *memberlist.Config, p Profile) error {
 
 // Pool is this process's membership in the gossip pool.
 type Pool struct {
-	ml     *memberlist.Memberlist
+	ml *memberlist.Memberlist
+	kr *memberlist.Keyring // nil: a plaintext pool
+	md *metaDelegate
+
+	metaMu sync.Mutex
+	meta   Meta // this member's metadata (without the encoding)
 	name   string
 	events chan Event
 	log    *slog.Logger
@@ -206,7 +236,16 @@ func Start(cfg Config) (*Pool, error) {
 		c.BindPort = cfg.BindPort
 		c.AdvertisePort = 0
 	}
-	c.Delegate = metaDelegate(meta)
+	if len(cfg.Keys) > 0 {
+		kr, err := memberlist.NewKeyring(cfg.Keys[1:], cfg.Keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("membership %s: keyring: %w", cfg.Name, err)
+		}
+		c.Keyring, p.kr = kr, kr
+		c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
+	}
+	md := &metaDelegate{b: meta}
+	c.Delegate = md
 	c.Events = &eventDelegate{p: p}
 	c.Logger = log.New(&logWriter{log: p.log, hook: cfg.OnLog}, "", 0)
 
@@ -214,8 +253,123 @@ func Start(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership %s: %w", cfg.Name, err)
 	}
-	p.ml = ml
+	p.ml, p.md, p.meta = ml, md, cfg.Meta
+	if cfg.Prove != nil {
+		// The proof binds the address others see, known only now: gossip
+		// the metadata again with it (before any Join, so no peer waits).
+		if err := p.setMeta(func(m *Meta) { m.Proof = cfg.Prove(ml.LocalNode().Address()) }); err != nil {
+			_ = ml.Shutdown()
+			return nil, err
+		}
+	}
 	return p, nil
+}
+
+// setMeta changes this member's metadata and gossips it.
+func (p *Pool) setMeta(change func(*Meta)) error {
+	p.metaMu.Lock()
+	defer p.metaMu.Unlock()
+	m := p.meta
+	change(&m)
+	b, err := json.Marshal(m)
+	if err == nil && len(b) > memberlist.MetaMaxSize {
+		err = fmt.Errorf("metadata is %d bytes, memberlist allows %d", len(b), memberlist.MetaMaxSize)
+	}
+	if err != nil {
+		return fmt.Errorf("membership %s: %w", p.name, err)
+	}
+	p.md.set(b)
+	if err := p.ml.UpdateNode(time.Second); err != nil {
+		return fmt.Errorf("membership %s: update metadata: %w", p.name, err)
+	}
+	p.meta = m
+	return nil
+}
+
+// SetKeyringVersion tells the pool which version of the cluster keyring
+// this member holds (Meta.Keyring), so a rotation can wait until every
+// live member has a new key before making it primary.
+func (p *Pool) SetKeyringVersion(v uint64) error {
+	return p.setMeta(func(m *Meta) { m.Keyring = v })
+}
+
+// SetKeyring makes this member's keyring keys (primary first) the way
+// Consul rotates: every new key is installed, the first becomes primary,
+// keys no longer listed are removed. A pool started without keys cannot
+// start encrypting (memberlist fixes that at creation).
+func (p *Pool) SetKeyring(keys [][]byte) error {
+	kr := p.kr
+	if kr == nil {
+		return fmt.Errorf("membership %s: the pool was started without a gossip keyring", p.name)
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("membership %s: an empty gossip keyring would stop encryption", p.name)
+	}
+	for _, k := range keys {
+		if err := kr.AddKey(k); err != nil {
+			return fmt.Errorf("membership %s: install gossip key: %w", p.name, err)
+		}
+	}
+	if err := kr.UseKey(keys[0]); err != nil {
+		return fmt.Errorf("membership %s: use gossip key: %w", p.name, err)
+	}
+	for _, have := range kr.GetKeys() {
+		keep := false
+		for _, k := range keys {
+			keep = keep || hmac.Equal(k, have)
+		}
+		if !keep {
+			if err := kr.RemoveKey(have); err != nil {
+				return fmt.Errorf("membership %s: remove gossip key: %w", p.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Keys returns this member's keyring, primary first (nil without one).
+func (p *Pool) Keys() [][]byte {
+	kr := p.kr
+	if kr == nil {
+		return nil
+	}
+	return kr.GetKeys()
+}
+
+// proofContext separates member proofs from any other use of the key.
+const proofContext = "gpuaas gossip member proof v1"
+
+// CredentialHash is the hex SHA-256 of a node credential: what the
+// coordinator's enrollment table stores (coordinator/enroll.Hash) and the
+// key of the member proof.
+func CredentialHash(credential string) string {
+	s := sha256.Sum256([]byte(credential))
+	return hex.EncodeToString(s[:])
+}
+
+// Prove is an agent member's proof of its node's enrollment credential:
+// HMAC-SHA256 keyed by the credential's hash over the node ID, the member
+// name and the member's gossip address. Only the agent (which holds the
+// credential) and the coordinators (which hold its hash) can compute it;
+// binding the address means a copied proof does not make another
+// address's member that node.
+func Prove(credentialHash, nodeID, name, addr string) string {
+	m := hmac.New(sha256.New, []byte(credentialHash))
+	for _, part := range []string{proofContext, nodeID, name, addr} {
+		m.Write([]byte(part))
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// Verify reports whether st carries a valid proof of the credential whose
+// hash is credentialHash for the node it names.
+func Verify(credentialHash string, st Status) bool {
+	if credentialHash == "" || st.Meta.Proof == "" {
+		return false
+	}
+	want := Prove(credentialHash, st.Meta.NodeID, st.Name, st.Addr)
+	return hmac.Equal([]byte(want), []byte(st.Meta.Proof))
 }
 
 // Join contacts existing members (host:port). It succeeds if any answers.
@@ -337,18 +491,31 @@ func (d *eventDelegate) NotifyUpdate(n *memberlist.Node) {
 }
 func (d *eventDelegate) NotifyLeave(n *memberlist.Node) { d.p.emit(EventGone, n) }
 
-type metaDelegate []byte
+// metaDelegate serves this member's metadata (set once more after
+// creation when it carries a proof).
+type metaDelegate struct {
+	mu sync.Mutex
+	b  []byte
+}
 
-func (m metaDelegate) NodeMeta(limit int) []byte {
-	if len(m) > limit {
+func (m *metaDelegate) set(b []byte) {
+	m.mu.Lock()
+	m.b = b
+	m.mu.Unlock()
+}
+
+func (m *metaDelegate) NodeMeta(limit int) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.b) > limit {
 		return nil
 	}
-	return m
+	return m.b
 }
-func (metaDelegate) NotifyMsg([]byte)                {}
-func (metaDelegate) GetBroadcasts(int, int) [][]byte { return nil }
-func (metaDelegate) LocalState(bool) []byte          { return nil }
-func (metaDelegate) MergeRemoteState([]byte, bool)   {}
+func (*metaDelegate) NotifyMsg([]byte)                {}
+func (*metaDelegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (*metaDelegate) LocalState(bool) []byte          { return nil }
+func (*metaDelegate) MergeRemoteState([]byte, bool)   {}
 
 // logWriter routes memberlist's log lines to slog at debug level (warnings
 // and errors at their level) and to an optional hook.

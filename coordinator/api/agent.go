@@ -61,6 +61,8 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodGet, proto.BootstrapPingPath, "open", false},
 		{http.MethodPost, proto.BootstrapReportPath, "bootstrap", true},
 		{http.MethodGet, "/v1/bundles/{digest}/content", "bootstrap", false},
+		{http.MethodGet, "/v1/operator/gossip-keys", "admin", false},
+		{http.MethodPost, "/v1/operator/gossip-keys", "admin", true},
 	}
 }
 
@@ -81,6 +83,8 @@ func (a *API) registerAgentRoutes() {
 		"GET " + proto.BootstrapPingPath:         a.bootstrapPing,
 		"POST " + proto.BootstrapReportPath:      a.bootstrapReport,
 		"GET /v1/bundles/{digest}/content":       a.bundleContent,
+		"GET /v1/operator/gossip-keys":           a.listGossipKeys,
+		"POST /v1/operator/gossip-keys":          a.gossipKeyOp,
 	}
 	for _, r := range AgentRoutes() {
 		h := handlers[r.Method+" "+r.Pattern]
@@ -289,7 +293,11 @@ func (a *API) enroll(c *call) error {
 			c.index = i
 		}
 	}
-	return c.reply(http.StatusCreated, proto.EnrollResponse{NodeID: body.NodeID, Credential: cred, IssuedAt: now})
+	resp := proto.EnrollResponse{NodeID: body.NodeID, Credential: cred, IssuedAt: now}
+	if k := a.gossipKeyring(); k != nil {
+		resp.GossipKeyring = k
+	}
+	return c.reply(http.StatusCreated, resp)
 }
 
 // pendingTasks returns the node's queued and running tasks and the
@@ -489,6 +497,9 @@ func (a *API) agentHeartbeat(c *call) error {
 		return err
 	}
 	resp.Orphaned = orphaned
+	if k := a.gossipKeyring(); k != nil && k.Version != body.GossipKeyringVersion {
+		resp.GossipKeyring = k // key rotation reaches the agent
+	}
 	return c.reply(http.StatusOK, resp)
 }
 

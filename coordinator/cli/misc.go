@@ -173,7 +173,8 @@ func peersTable(w *tabwriter.Writer, l proto.List[api.Peer]) {
 }
 
 func (a *app) operatorCmd() *cobra.Command {
-	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership, mint join tokens"}
+	c := &cobra.Command{Use: "operator", Short: "Raft peer set: list, add or remove a voter, transfer leadership, mint join tokens; the gossip keyring"}
+	c.AddCommand(a.gossipKeyCmd())
 	var jtServer string
 	var jtTTL time.Duration
 	jt := &cobra.Command{

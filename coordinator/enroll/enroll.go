@@ -64,6 +64,7 @@ type Table struct {
 	tokens map[string]*Token      // by hash
 	creds  map[string]*Credential // by node
 	byHash map[string]string      // credential hash -> node
+	gossip proto.GossipKeyring    // the cluster's gossip keyring
 }
 
 // New returns an empty table.
@@ -202,6 +203,8 @@ func (t *Table) Credential(node string) (Credential, bool) {
 type snapshot struct {
 	Tokens      []Token      `json:"tokens"`
 	Credentials []Credential `json:"credentials"`
+	// GossipKeyring is absent in snapshots taken before gossip keys.
+	GossipKeyring *proto.GossipKeyring `json:"gossip_keyring,omitempty"`
 }
 
 // MarshalJSON serializes the table deterministically (sorted).
@@ -217,6 +220,11 @@ func (t *Table) MarshalJSON() ([]byte, error) {
 	}
 	sort.Slice(s.Tokens, func(i, j int) bool { return s.Tokens[i].Hash < s.Tokens[j].Hash })
 	sort.Slice(s.Credentials, func(i, j int) bool { return s.Credentials[i].NodeID < s.Credentials[j].NodeID })
+	if t.gossip.Version > 0 {
+		k := t.gossip
+		k.Keys = append([]string(nil), k.Keys...)
+		s.GossipKeyring = &k
+	}
 	return json.Marshal(s)
 }
 
@@ -236,8 +244,11 @@ func (t *Table) Restore(b []byte) error {
 		fresh.creds[c.NodeID] = &c
 		fresh.byHash[c.Hash] = c.NodeID
 	}
+	if s.GossipKeyring != nil {
+		fresh.gossip = *s.GossipKeyring
+	}
 	t.mu.Lock()
-	t.tokens, t.creds, t.byHash = fresh.tokens, fresh.creds, fresh.byHash
+	t.tokens, t.creds, t.byHash, t.gossip = fresh.tokens, fresh.creds, fresh.byHash, fresh.gossip
 	t.mu.Unlock()
 	return nil
 }

@@ -1,7 +1,10 @@
 package enroll
 
 import (
+	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"os"
 	"testing"
 	"time"
 
@@ -111,4 +114,71 @@ func TestMintValidation(t *testing.T) {
 	assert.Error(t, tb.Mint(proto.BootstrapTokenMintRequest{At: t0, NodeID: "n", TokenHash: Hash("x"), ExpiresAt: t0}))
 	require.NoError(t, tb.Mint(proto.BootstrapTokenMintRequest{At: t0, NodeID: "n", TokenHash: Hash("x"), ExpiresAt: t0.Add(time.Hour)}))
 	assert.Equal(t, proto.CodeAlreadyExists, proto.CodeOf(tb.Mint(proto.BootstrapTokenMintRequest{At: t0, NodeID: "n", TokenHash: Hash("x"), ExpiresAt: t0.Add(time.Hour)})))
+}
+
+func TestGossipKeyringOpsAndSnapshot(t *testing.T) {
+	k1 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, proto.GossipKeySize))
+	k2 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{2}, proto.GossipKeySize))
+	tab := New()
+	op := func(o proto.GossipKeyringOp, k string) (proto.GossipKeyring, error) {
+		return tab.GossipKeyringOp(proto.GossipKeyringOpRequest{Op: o, Key: k})
+	}
+	k, err := op(proto.GossipKeySeed, k1)
+	require.NoError(t, err)
+	require.Equal(t, proto.GossipKeyring{Primary: k1, Keys: []string{k1}, Version: 1}, k)
+	k, err = op(proto.GossipKeySeed, k2) // not empty: no-op
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), k.Version)
+
+	for _, bad := range []struct {
+		op   proto.GossipKeyringOp
+		key  string
+		want string
+	}{
+		{proto.GossipKeyInstall, "not base64!", "not base64"},
+		{proto.GossipKeyInstall, base64.StdEncoding.EncodeToString([]byte("short")), "want 32"},
+		{"rotate", k2, `op "rotate"`},
+		{proto.GossipKeyUse, k2, "not installed"},
+		{proto.GossipKeyRemove, k2, "not installed"},
+		{proto.GossipKeyRemove, k1, "primary"},
+	} {
+		_, err := op(bad.op, bad.key)
+		require.ErrorContains(t, err, bad.want)
+		require.Equal(t, uint64(1), tab.GossipKeyring().Version, "a refused %s changed the keyring", bad.op)
+	}
+	_, err = op(proto.GossipKeyInstall, k2)
+	require.NoError(t, err)
+	k, err = op(proto.GossipKeyUse, k2)
+	require.NoError(t, err)
+	require.Equal(t, proto.GossipKeyring{Primary: k2, Keys: []string{k2, k1}, Version: 3}, k)
+
+	b, err := json.Marshal(tab)
+	require.NoError(t, err)
+	back := New()
+	require.NoError(t, back.Restore(b))
+	require.Equal(t, k, back.GossipKeyring())
+	// A snapshot from before gossip keys restores with none.
+	require.NoError(t, back.Restore([]byte(`{"tokens":[],"credentials":[]}`)))
+	require.Equal(t, proto.GossipKeyring{}, back.GossipKeyring())
+}
+
+func TestGossipKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	p := dir + "/gossip.key"
+	require.NoError(t, GenerateGossipKeyFile(p))
+	require.Error(t, GenerateGossipKeyFile(p), "overwrote an existing key file")
+	k, err := LoadGossipKeyFile(p)
+	require.NoError(t, err)
+	_, err = proto.DecodeGossipKey(k)
+	require.NoError(t, err)
+
+	require.NoError(t, os.Chmod(p, 0o644))
+	_, err = LoadGossipKeyFile(p)
+	require.ErrorContains(t, err, "chmod 600")
+	bad := dir + "/bad.key"
+	require.NoError(t, os.WriteFile(bad, []byte("c2hvcnQ=\n"), 0o600))
+	_, err = LoadGossipKeyFile(bad)
+	require.ErrorContains(t, err, "want 32")
+	_, err = LoadGossipKeyFile(dir + "/missing")
+	require.Error(t, err)
 }

@@ -24,7 +24,9 @@ const agentReconcileInterval = 250 * time.Millisecond
 // WatchAgents turns the gossip pool's view of agents into node states on
 // the leader: an agent gone from the pool makes its active node
 // unreachable; an agent alive again makes its unreachable node active (its
-// next readiness report re-validates it).
+// next readiness report re-validates it). Only a member that proves its
+// node's enrollment credential (Meta.Proof, see membership.Prove) is
+// acted on; any other member naming a node is ignored and logged.
 //
 // Every coordinator is a pool member and sees the same changes, so the
 // leader acts on its OWN view instead of relying on whichever coordinator
@@ -43,6 +45,9 @@ func (s *Server) WatchAgents(ctx context.Context, pool AgentPool) {
 	if v, ok := pool.(metrics.AgentView); ok {
 		s.agentView.Store(&v)
 	}
+	s.poolMu.Lock()
+	s.agentPool = pool
+	s.poolMu.Unlock()
 	tick := time.NewTicker(agentReconcileInterval)
 	defer tick.Stop()
 	// acted holds, per member, the status Seq already acted on in this
@@ -96,6 +101,13 @@ func (s *Server) reconcileAgents(ctx context.Context, statuses []membership.Stat
 	snap := st.Snapshot()
 	for _, m := range statuses {
 		if m.Meta.Role != membership.RoleAgent || m.Meta.NodeID == "" || acted[m.Name] == m.Seq {
+			continue
+		}
+		if !s.memberProven(m) {
+			// Anyone holding the gossip key can name any node: only a
+			// member proving the node's enrollment credential speaks for it.
+			acted[m.Name] = m.Seq
+			s.noteUnproven(m)
 			continue
 		}
 		n, found := snap.Node(m.Meta.NodeID)

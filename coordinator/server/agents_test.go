@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/agent/membership"
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -53,6 +54,23 @@ func (p *fakePool) set(name string, meta membership.Meta, alive bool) {
 	p.events <- membership.Event{Kind: kind, Name: name, Meta: meta}
 }
 
+// enrollNode mints a bootstrap token for node and enrolls it through the
+// replicated enrollment table; it returns the credential's hash (what a
+// member proof is keyed by).
+func enrollNode(t testing.TB, s *Server, node string) string {
+	t.Helper()
+	tok, cred := enroll.NewSecret("gpb_"), enroll.NewSecret("gpn_")
+	now := time.Now().UTC()
+	_, _, err := s.Apply(context.Background(), proto.BootstrapTokenMintType|proto.IgnoreUnknownTypeFlag,
+		proto.BootstrapTokenMintRequest{At: now, NodeID: node, TokenHash: enroll.Hash(tok), ExpiresAt: now.Add(time.Hour)})
+	require.NoError(t, err)
+	_, _, err = s.Apply(context.Background(), proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag,
+		proto.NodeEnrollRequest{At: now, NodeID: node, TokenHash: enroll.Hash(tok), CredentialHash: enroll.Hash(cred)})
+	require.NoError(t, err)
+	require.Equal(t, enroll.Hash(cred), membership.CredentialHash(cred), "the agent and the coordinator hash credentials alike")
+	return enroll.Hash(cred)
+}
+
 func sliceInventory(nodes ...string) *Inventory {
 	inv := &Inventory{Regions: []proto.Region{{Name: "r"}}, Pools: []proto.Pool{{Name: "p", Region: "r"}}}
 	for _, id := range nodes {
@@ -89,7 +107,13 @@ func TestWatchAgentsMarksGoneNodesUnreachable(t *testing.T) {
 	go func() { n.srv.WatchAgents(ctx, pool); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	agent := membership.Meta{Role: membership.RoleAgent, NodeID: "j22u15"}
+	h := enrollNode(t, n.srv, "j22u15")
+	agent := membership.Meta{Role: membership.RoleAgent, NodeID: "j22u15", Proof: membership.Prove(h, "j22u15", "j22u15", "")}
+	// A member naming the node without its credential's proof is ignored.
+	pool.set("evil", membership.Meta{Role: membership.RoleAgent, NodeID: "j22u15"}, false)
+	pool.set("evil2", membership.Meta{Role: membership.RoleAgent, NodeID: "j22u15", Proof: membership.Prove(membership.CredentialHash("guess"), "j22u15", "evil2", "")}, false)
+	time.Sleep(4 * agentReconcileInterval)
+	require.Equal(t, proto.NodeActive, state(), "an unproven member changed the node")
 	// A coordinator leaving is not a node event; an unknown node is ignored.
 	pool.set("coordinator-c2", membership.Meta{Role: membership.RoleCoordinator, NodeID: "c2"}, false)
 	pool.set("ghost", membership.Meta{Role: membership.RoleAgent, NodeID: "ghost"}, false)
@@ -141,9 +165,14 @@ func TestAgentDiesWhileLeadershipMoves(t *testing.T) {
 		require.Eventually(t, func() bool { return nodeState(n.srv, "j22u15") == proto.NodeActive }, 15*time.Second, 20*time.Millisecond)
 	}
 
+	h := enrollNode(t, leader.srv, "j22u15")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	startPool := func(name string, meta membership.Meta, join string) *membership.Pool {
-		p, err := membership.Start(membership.Config{Name: name, Meta: meta, BindAddr: "127.0.0.1", Logger: quiet})
+		var prove func(string) string
+		if meta.Role == membership.RoleAgent {
+			prove = func(addr string) string { return membership.Prove(h, meta.NodeID, name, addr) }
+		}
+		p, err := membership.Start(membership.Config{Name: name, Meta: meta, BindAddr: "127.0.0.1", Logger: quiet, Prove: prove})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Shutdown() })
 		if join != "" {

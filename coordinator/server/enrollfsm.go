@@ -46,7 +46,7 @@ func isEnrollCommand(l *raft.Log) bool {
 		return false
 	}
 	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
-	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType:
+	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType, proto.GossipKeyringOpType:
 		return true
 	}
 	return false
@@ -81,6 +81,12 @@ func (f *enrollFSM) Apply(l *raft.Log) any {
 			return err
 		}
 		return nil
+	case proto.GossipKeyringOpType:
+		k, err := f.table.GossipKeyringOp(decodeCmd[proto.GossipKeyringOpRequest](l, "gossip_keyring_op"))
+		if err != nil {
+			return err
+		}
+		return &k
 	case proto.NodeCredentialRevokeType:
 		if err := f.table.Revoke(decodeCmd[proto.NodeCredentialRevokeRequest](l, "node_credential_revoke")); err != nil {
 			return err

@@ -39,6 +39,14 @@ type Server struct {
 
 	raftAddr string
 
+	// unprovenLogged rate-limits the log of gossip members that do not
+	// prove their node's credential (noteUnproven).
+	unprovenMu     sync.Mutex
+	unprovenLogged map[string]time.Time
+
+	poolMu    sync.Mutex
+	agentPool AgentPool // the pool WatchAgents watches (GossipKeyringLag)
+
 	notify chan bool
 
 	ctx    context.Context

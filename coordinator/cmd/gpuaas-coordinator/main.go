@@ -120,7 +120,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	if o.GossipBind != "" {
-		pool, err := startGossip(o, advertise, log)
+		pool, err := startGossip(ctx, o, srv, advertise, log)
 		if err != nil {
 			srv.Shutdown()
 			ln.Close()

@@ -43,6 +43,7 @@ type options struct {
 	SnapshotThreshold uint64
 	GossipBind        string
 	GossipJoin        []string
+	GossipKeyFile     string
 	GCPercent         int
 	MemoryLimit       int64
 	RetainEnded       time.Duration
@@ -95,6 +96,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 		}
 		return nil
 	})
+	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file with the cluster gossip key (base64 of 32 bytes, mode 0600; `gpuaasctl operator gossip-key generate`); required with -gossip-bind; seeds the replicated keyring, which then wins (rotate with `gpuaasctl operator gossip-key`)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")

@@ -27,6 +27,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -103,6 +104,10 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	secret := filepath.Join(dir, "cluster.secret")
 	require.NoError(tb, os.WriteFile(secret, []byte(randomHex(32)+"\n"), 0o600))
 	c.SecretFile = secret
+	// Every cluster has a gossip key, so a test passing -gossip-bind in
+	// Args forms an (encrypted) agent pool.
+	gossipKey := filepath.Join(dir, "gossip.key")
+	require.NoError(tb, enroll.GenerateGossipKeyFile(gossipKey))
 	var invPath string
 	if o.Inventory != nil {
 		invPath = filepath.Join(dir, "inventory.json")
@@ -123,7 +128,7 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 			}
 		}
 		n.args = append([]string{"-node-id", n.ID, "-data-dir", n.DataDir, "-raft-addr", n.RaftAddr, "-http-addr", n.HTTPAddr,
-			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-cluster-secret-file", secret, "-log-format", "text"}, o.Args...)
+			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-cluster-secret-file", secret, "-log-format", "text", "-gossip-key-file", gossipKey}, o.Args...)
 		if invPath != "" {
 			n.args = append(n.args, "-inventory", invPath)
 		}

@@ -241,6 +241,10 @@ func run(args []string, out io.Writer) (err error) {
 			"-maas-deploy-expiry", labMAASDeployExpiry, "-maas-release-expiry", labMAASReleaseExpiry}
 	}
 
+	gossipKey, err := ensureGossipKey(abs)
+	if err != nil {
+		return err
+	}
 	var procs []*launch.Proc
 	var joins, gossips, urls []string
 	for _, c := range st.Coordinators {
@@ -259,6 +263,7 @@ func run(args []string, out io.Writer) (err error) {
 				"-bootstrap-expect", fmt.Sprint(len(st.Coordinators)),
 				"-join", strings.Join(joins, ","),
 				"-gossip-bind", c.Gossip,
+				"-gossip-key-file", gossipKey,
 				"-gossip-join", strings.Join(slices.DeleteFunc(slices.Clone(gossips), func(g string) bool { return g == c.Gossip }), ","),
 				"-tokens-file", tokensFile,
 				"-cluster-secret-file", secretPath,
