@@ -56,11 +56,31 @@ func baremetalEligible(tx *state.Txn, node *proto.Node, slots []*proto.Slot) err
 // succeeded with a machine (system_id). A node no site onboarded (the
 // lab's inventory) is handed off through its region's site.
 func maasEligible(tx *state.Txn, node *proto.Node) error {
-	for _, si := range tx.Sites() {
-		w, ok := tx.MAASWorkflow(tx.CurrentWorkflowID(proto.OnboardWorkflowID(si.Name, node.ID)))
-		if !ok {
+	type latest struct {
+		w   *proto.MAASWorkflow
+		gen int
+	}
+	bySite := map[string]latest{}
+	var sites []string
+	for _, w := range tx.MAASWorkflows() {
+		if w.Kind != proto.WorkflowOnboard || w.Hostname != node.ID {
 			continue
 		}
+		gen := proto.WorkflowGeneration(proto.OnboardWorkflowID(w.Site, node.ID), w.ID)
+		if gen == 0 {
+			continue
+		}
+		cur, seen := bySite[w.Site]
+		if !seen {
+			sites = append(sites, w.Site)
+		}
+		if gen > cur.gen {
+			bySite[w.Site] = latest{w, gen}
+		}
+	}
+	slices.Sort(sites)
+	for _, site := range sites {
+		w := bySite[site].w
 		switch {
 		case w.State != proto.WorkflowSucceeded:
 			return conflict("allocation_place: node %s is not eligible for baremetal: its MAAS onboarding %s is %s", node.ID, w.ID, w.State)
@@ -198,6 +218,9 @@ func slotDefect(snap *state.Snapshot, s *proto.Slot) string {
 			return fmt.Sprintf("claim %s is not among the claims of allocation %s", c.ID, a.ID)
 		}
 	}
+	if c := liveClaimOn(snap, s); c != nil && c.ID != s.ClaimID {
+		return fmt.Sprintf("live claim %s holds it but the slot names claim %q", c.ID, s.ClaimID)
+	}
 	if s.Status.Live() != (s.ClaimID != "") {
 		return fmt.Sprintf("status %s with claim %q", s.Status, s.ClaimID)
 	}
@@ -222,6 +245,17 @@ func slotDefect(snap *state.Snapshot, s *proto.Slot) string {
 	return ""
 }
 
+// liveClaimOn is a live slot claim naming s (nil when none does),
+// whatever the slot row says.
+func liveClaimOn(snap *state.Snapshot, s *proto.Slot) *proto.Claim {
+	for _, c := range snap.LiveNodeClaims(s.NodeID) {
+		if c.Kind == proto.ClaimSlot && c.SlotID == s.ID {
+			return c
+		}
+	}
+	return nil
+}
+
 func claimTarget(c *proto.Claim) string {
 	if c.Kind == proto.ClaimSlot {
 		return "slot " + c.SlotID + " of node " + c.NodeID
@@ -238,6 +272,12 @@ func claimTarget(c *proto.Claim) string {
 func quarantineRestored(tx *state.Txn, rep *RestoreReport) error {
 	rep.Reasons = map[string]string{}
 	snap := &tx.Snapshot
+	// Judge every slot on the state as restored, before anything changes.
+	slotList := snap.Slots("", "")
+	whys := make([]string, len(slotList))
+	for i, s := range slotList {
+		whys[i] = slotDefect(snap, s)
+	}
 	for _, c := range snap.Claims() {
 		if !c.Live {
 			continue
@@ -252,14 +292,15 @@ func quarantineRestored(tx *state.Txn, rep *RestoreReport) error {
 		}
 		rep.ClaimsEnded++
 	}
-	for _, s := range snap.Slots("", "") {
+	for i, s := range slotList {
 		rep.Slots++
-		why := slotDefect(snap, s)
+		why := whys[i]
 		if why == "" {
 			continue
 		}
 		ns := *s
-		ns.Touched = s.Touched || s.ClaimID != "" || s.Status.Live()
+		// A slot a claim held (or holds) may have been written.
+		ns.Touched = s.Touched || s.ClaimID != "" || s.Status.Live() || liveClaimOn(snap, s) != nil
 		ns.Status, ns.ClaimID, ns.StatusReason = proto.SlotQuarantined, "", truncateReason("restore: "+why)
 		if err := tx.PutSlot(&ns); err != nil {
 			return fmt.Errorf("quarantine slot %s: %w", s.ID, err)
