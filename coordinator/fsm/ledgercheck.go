@@ -108,9 +108,17 @@ func quarantineApproval(tx *state.Txn, req *proto.SlotApproveRequest, refusal er
 	if _, exists := tx.Slot(id); exists {
 		return nil, false
 	}
+	capacity := req.Capacity
+	if topo, ok := tx.Candidates(req.NodeID); ok && capacity == (proto.SlotCapacity{}) {
+		for _, c := range topo.Candidates {
+			if c.Index == req.Index {
+				capacity = c.Capacity // the discovered binding that was refused
+			}
+		}
+	}
 	reason := "inventory: " + detail(refusal)
 	return &proto.Slot{ID: id, NodeID: req.NodeID, Index: req.Index, Status: proto.SlotQuarantined,
-		StatusReason: truncateReason(reason), Capacity: req.Capacity, DrainRequested: node.Draining}, true
+		StatusReason: truncateReason(reason), Capacity: capacity, DrainRequested: node.Draining}, true
 }
 
 func truncateReason(r string) string {

@@ -196,6 +196,23 @@ func TestInventoryQuarantinesOneBadSlot(t *testing.T) {
 			require.NoError(t, fsm.CheckInvariants(h.Snap()))
 		})
 	}
+	t.Run("a discovered candidate with a mounted disk", func(t *testing.T) {
+		t.Parallel()
+		h := fsmtest.New(t)
+		h.Load(fsmtest.Inventory{})
+		quarantineNode(h, node)
+		topo := proto.CandidateTopology{NodeID: node}
+		for i := range 2 {
+			topo.Candidates = append(topo.Candidates, proto.SlotCandidate{Index: i, Capacity: fsmtest.Capacity(node, i), DiskMounted: i == 1})
+		}
+		h.OK(proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: h.At(), Topology: topo})
+		h.OK(proto.SlotApproveType, proto.SlotApproveRequest{At: h.At(), NodeID: node, Index: 0, QuarantineInvalid: true})
+		s := h.OK(proto.SlotApproveType, proto.SlotApproveRequest{At: h.At(), NodeID: node, Index: 1, QuarantineInvalid: true}).(*proto.Slot)
+		assert.Equal(t, proto.SlotQuarantined, s.Status)
+		assert.Contains(t, s.StatusReason, "is mounted or has mounted children")
+		assert.Equal(t, fsmtest.Capacity(node, 1), s.Capacity, "the discovered binding it refused")
+		assert.Equal(t, proto.SlotAvailable, h.Slot(proto.SlotID(node, 0)).Status)
+	})
 	t.Run("refusals that are not the binding's stay refusals", func(t *testing.T) {
 		t.Parallel()
 		h := fsmtest.New(t)
