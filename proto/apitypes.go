@@ -152,6 +152,15 @@ type NodeDetail struct {
 	// Drift lists differences between approved slots and the latest
 	// discovery (TopologyDrift); empty when they agree.
 	Drift []SlotDrift `json:"drift,omitempty"`
+	// Quarantined lists the node's quarantined slots with why (empty when
+	// none is).
+	Quarantined []QuarantinedSlot `json:"quarantined,omitempty"`
+}
+
+// QuarantinedSlot is one slot the ledger quarantined, and why.
+type QuarantinedSlot struct {
+	SlotID string `json:"slot_id"`
+	Reason string `json:"reason"`
 }
 
 // SlotCapacityOverride replaces fields of a candidate's discovered

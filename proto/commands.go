@@ -145,6 +145,11 @@ type SlotApproveRequest struct {
 	NodeID   string       `json:"node_id"`
 	Index    int          `json:"index"`
 	Capacity SlotCapacity `json:"capacity"`
+	// QuarantineInvalid (a bulk inventory load) records a new slot whose
+	// binding the ledger refuses as quarantined, with the refusal as its
+	// reason, instead of refusing the command: one bad slot does not
+	// keep a node's other slots out.
+	QuarantineInvalid bool `json:"quarantine_invalid,omitempty"`
 }
 
 type SlotDisableRequest struct {

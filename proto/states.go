@@ -21,6 +21,11 @@ var slotTransitions = map[SlotStatus][]SlotStatus{
 	SlotCleanupBlocked: {SlotAvailable, SlotDisabled},
 	// Disabled: repair brings it back once complete (and clean).
 	SlotDisabled: {SlotAvailable},
+	// Quarantined: the ledger found it invalid. Repair (after a full
+	// re-check) or re-approval with a valid binding makes it available;
+	// repair of a touched one blocks it for a cleanup (wipe proof) first;
+	// an operator may disable it.
+	SlotQuarantined: {SlotAvailable, SlotCleanupBlocked, SlotDisabled},
 }
 
 // allocTransitions lists, for each allocation state, the states it may
@@ -36,7 +41,7 @@ var allocTransitions = map[AllocState][]AllocState{
 }
 
 // SlotStatuses lists every slot status in a stable order.
-var SlotStatuses = []SlotStatus{SlotAvailable, SlotReserved, SlotAllocated, SlotReleasing, SlotCleanupBlocked, SlotDisabled, SlotDraining}
+var SlotStatuses = []SlotStatus{SlotAvailable, SlotReserved, SlotAllocated, SlotReleasing, SlotCleanupBlocked, SlotDisabled, SlotDraining, SlotQuarantined}
 
 // AllocStates lists every allocation state in a stable order.
 var AllocStates = []AllocState{AllocPending, AllocPlaced, AllocProvisioning, AllocActive, AllocReleasing, AllocReleased, AllocFailed}

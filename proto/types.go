@@ -95,6 +95,11 @@ const (
 	SlotCleanupBlocked SlotStatus = "cleanup_blocked"
 	SlotDisabled       SlotStatus = "disabled"
 	SlotDraining       SlotStatus = "draining"
+	// SlotQuarantined: the ledger found the slot invalid (an inventory
+	// binding it refused, or a restored snapshot failing the invariant
+	// checker); StatusReason says why. Never schedulable; only an
+	// operator's repair or re-approval brings it back.
+	SlotQuarantined SlotStatus = "quarantined"
 )
 
 // FabricPerSlotVF is the only fabric claim mode v1 schedules.
@@ -182,7 +187,8 @@ type Slot struct {
 	// DrainRequested makes the slot go to disabled instead of available
 	// when its claim ends.
 	DrainRequested bool `json:"drain_requested,omitempty"`
-	// StatusReason says why the slot is disabled or cleanup_blocked.
+	// StatusReason says why the slot is disabled, cleanup_blocked or
+	// quarantined.
 	StatusReason string `json:"status_reason,omitempty"`
 	Meta
 }

@@ -29,8 +29,9 @@ type BaremetalPlan struct {
 
 // PlaceBaremetal picks the first node, by ID, of the region (and pool) that
 // is whole and unsliced: profile_intent baremetal, active, not draining,
-// not taken by the batch, no live claim of any kind, and every slot
-// available, unclaimed and untouched. It scans the region's nodes in order
+// not taken by the batch, no live claim of any kind, a known GPU count
+// (discovered, or approved slots), and every slot available, unclaimed and
+// untouched (a quarantined slot keeps the node out). It scans the region's nodes in order
 // and stops at the first fit.
 //
 // Errors: CodeInvalidArgument when the SKU is not a baremetal SKU,
@@ -74,6 +75,12 @@ func PlaceBaremetal(st State, req BaremetalRequest) (BaremetalPlan, error) {
 			continue
 		}
 		slots := st.NodeSlots(id)
+		if max(n.GPUs, len(slots)) == 0 {
+			// Nothing discovered, nothing approved: the apply step
+			// refuses a node whose GPU count is unknown.
+			s.noGPUs++
+			continue
+		}
 		whole := true
 		for _, sl := range slots {
 			if sl.Status != proto.SlotAvailable || sl.ClaimID != "" || sl.Touched {
@@ -116,7 +123,7 @@ type bmStats struct {
 	nodes                                   int
 	otherIntent, otherPool                  int
 	sliced, held, draining, inactive, taken int
-	busySlots                               int
+	busySlots, noGPUs                       int
 	firstBusy                               string
 }
 
@@ -135,6 +142,9 @@ func (s bmStats) noFit(req BaremetalRequest) error {
 	}
 	if s.busySlots > 0 {
 		more = append(more, fmt.Sprintf("%d with slots not free, e.g. %s", s.busySlots, s.firstBusy))
+	}
+	if s.noGPUs > 0 {
+		more = append(more, fmt.Sprintf("%d with no known GPU count (topology not discovered)", s.noGPUs))
 	}
 	if s.taken > 0 {
 		more = append(more, fmt.Sprintf("%d taken by earlier plans of this batch", s.taken))

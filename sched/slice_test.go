@@ -306,11 +306,30 @@ func TestPlaceBaremetal(t *testing.T) {
 
 func TestPlaceBaremetalNodeWithoutSlots(t *testing.T) {
 	t.Parallel()
-	st := build(t, host{schedtest.Node("m1", "r", schedtest.Intent(proto.IntentBaremetal)), nil})
+	st := build(t, host{schedtest.Node("m1", "r", schedtest.Intent(proto.IntentBaremetal), schedtest.GPUs(8)), nil})
 	p, err := sched.PlaceBaremetal(st, sched.BaremetalRequest{SKU: bmSKU(t), Region: "r"})
 	require.NoError(t, err)
 	assert.Equal(t, "m1", p.NodeID)
 	assert.Empty(t, p.Slots)
+
+	// Without slots and without a discovered GPU count the node is not
+	// sold: what it holds is unknown.
+	st = build(t, host{schedtest.Node("m2", "r", schedtest.Intent(proto.IntentBaremetal)), nil})
+	_, err = sched.PlaceBaremetal(st, sched.BaremetalRequest{SKU: bmSKU(t), Region: "r"})
+	require.Error(t, err)
+	assert.Equal(t, proto.CodeNoCapacity, proto.CodeOf(err))
+	assert.Contains(t, err.Error(), "1 with no known GPU count")
+}
+
+// A quarantined slot keeps its baremetal node out.
+func TestPlaceBaremetalQuarantinedSlot(t *testing.T) {
+	t.Parallel()
+	n, slots := schedtest.BaremetalHost("m1", "r")
+	slots[3] = schedtest.Slot("m1", 3, schedtest.Status(proto.SlotQuarantined))
+	st := build(t, host{n, slots})
+	_, err := sched.PlaceBaremetal(st, sched.BaremetalRequest{SKU: bmSKU(t), Region: "r"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "m1-s3 is quarantined")
 }
 
 // TestPlaceSliceConcurrentReaders runs decisions from several goroutines on

@@ -85,7 +85,11 @@ func (a *API) getNode(c *call) error {
 			return nil, err
 		}
 		topo, _ := s.Candidates(n.ID)
-		return proto.NodeDetail{Node: *n, SlotSummary: slotSummary(s, n.ID), Drift: proto.TopologyDrift(s.Slots(n.ID, ""), topo)}, nil
+		d := proto.NodeDetail{Node: *n, SlotSummary: slotSummary(s, n.ID), Drift: proto.TopologyDrift(s.Slots(n.ID, ""), topo)}
+		for _, sl := range s.Slots(n.ID, proto.SlotQuarantined) {
+			d.Quarantined = append(d.Quarantined, proto.QuarantinedSlot{SlotID: sl.ID, Reason: sl.StatusReason})
+		}
+		return d, nil
 	})
 }
 

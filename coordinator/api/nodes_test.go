@@ -265,3 +265,37 @@ func TestNodeShowsDrift(t *testing.T) {
 	}, d.Drift)
 	require.Equal(t, 8, d.SlotSummary.ByStatus[proto.SlotAvailable], "drift is shown, not acted on")
 }
+
+// A quarantined slot shows in `slot list --status quarantined` and in the
+// node's detail with its reason; it is counted, never available.
+func TestQuarantinedSlotIsVisible(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedRegion("us-east", "h200-a")
+	e.seedNode("q1", "us-east", "h200-a", proto.IntentSliceVM, 4, 3)
+	bad := capacity("q1", 3)
+	bad.FabricVFPCIAddress = ""
+	s := e.apply(proto.SlotApproveType, proto.SlotApproveRequest{At: fixtureAt, NodeID: "q1", Index: 3, Capacity: bad, QuarantineInvalid: true}).(*proto.Slot)
+	require.Equal(t, proto.SlotQuarantined, s.Status)
+
+	r := e.do(RoleViewer, http.MethodGet, "/v1/slots?status=quarantined", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var slots proto.List[proto.Slot]
+	r.decode(t, &slots)
+	require.Len(t, slots.Items, 1)
+	assert.Equal(t, "q1-s3", slots.Items[0].ID)
+	assert.Contains(t, slots.Items[0].StatusReason, "missing fabric_vf_pci_address")
+
+	r = e.do(RoleViewer, http.MethodGet, "/v1/nodes/q1", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var d proto.NodeDetail
+	r.decode(t, &d)
+	assert.Equal(t, 1, d.SlotSummary.ByStatus[proto.SlotQuarantined])
+	assert.Equal(t, 3, d.SlotSummary.ByStatus[proto.SlotAvailable])
+	require.Len(t, d.Quarantined, 1)
+	assert.Equal(t, "q1-s3", d.Quarantined[0].SlotID)
+	assert.Equal(t, slots.Items[0].StatusReason, d.Quarantined[0].Reason)
+
+	// Repair refuses while the binding is bad (the operator re-approves).
+	e.do(RoleAdmin, http.MethodPost, "/v1/slots/q1-s3/repair", nil).requireProblem(t, 409, proto.CodeIllegalTransition)
+}

@@ -108,6 +108,9 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	for _, dr := range d.Drift {
 		row(w, "Drift "+dr.SlotID+":", dr.Detail)
 	}
+	for _, q := range d.Quarantined {
+		row(w, "Quarantined "+q.SlotID+":", q.Reason)
+	}
 	if n.Readiness == nil {
 		row(w, "Readiness:", "no evidence reported")
 		return

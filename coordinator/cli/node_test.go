@@ -48,4 +48,14 @@ func TestSliceReadyColumn(t *testing.T) {
 	nodeDetail(w, proto.NodeDetail{Node: proto.Node{ID: "j22u15", State: proto.NodeUnreachable, Readiness: ready}})
 	w.Flush()
 	assert.Contains(t, buf.String(), "no (node is unreachable; the agent's last report said yes)")
+
+	buf.Reset()
+	w = tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	nodeDetail(w, proto.NodeDetail{Node: proto.Node{ID: "j22u15", State: proto.NodeActive},
+		SlotSummary: proto.SlotSummary{Total: 2, ByStatus: map[proto.SlotStatus]int{proto.SlotAvailable: 1, proto.SlotQuarantined: 1}},
+		Quarantined: []proto.QuarantinedSlot{{SlotID: "j22u15-s1", Reason: "restore: claim c9 points to missing allocation a9"}}})
+	w.Flush()
+	assert.Contains(t, buf.String(), "2 (available 1, quarantined 1)")
+	assert.Contains(t, buf.String(), "Quarantined j22u15-s1:")
+	assert.Contains(t, buf.String(), "restore: claim c9 points to missing allocation a9")
 }

@@ -172,7 +172,7 @@ func (a *app) slotDisableCmd() *cobra.Command {
 }
 
 func (a *app) slotRepairCmd() *cobra.Command {
-	return idCmd(a, "repair", "Bring a disabled, complete and clean slot back to available (admin)", http.MethodPost, "/v1/slots/", "/repair", func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
+	return idCmd(a, "repair", "Bring a disabled or quarantined slot back once complete, valid and clean (admin); a quarantined one a claim held goes cleanup_blocked first", http.MethodPost, "/v1/slots/", "/repair", func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
 }
 
 func (a *app) topologyCmd() *cobra.Command {

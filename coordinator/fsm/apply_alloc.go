@@ -206,6 +206,8 @@ func slotPlaceable(s *proto.Slot, expect uint64) error {
 	switch {
 	case s.ModifyIndex != expect:
 		return conflict("allocation_place: slot %s changed (modify index %d, plan saw %d)", s.ID, s.ModifyIndex, expect)
+	case s.Status == proto.SlotQuarantined:
+		return conflict("allocation_place: slot %s is quarantined: %s", s.ID, s.StatusReason)
 	case s.Status != proto.SlotAvailable:
 		return conflict("allocation_place: slot %s is %s, not available", s.ID, s.Status)
 	case s.ClaimID != "":
@@ -226,11 +228,9 @@ func slotPlaceable(s *proto.Slot, expect uint64) error {
 // placeBaremetal takes a whole, unheld baremetal node with one
 // node_exclusive claim; its available slots become reserved under it.
 func placeBaremetal(tx *state.Txn, req *proto.AllocationPlaceRequest, node *proto.Node, a *proto.Allocation) ([]*proto.Claim, []*proto.Slot, error) {
-	if node.ProfileIntent != proto.IntentBaremetal {
-		return nil, nil, conflict("allocation_place: node %s has intent %s, not baremetal", node.ID, node.ProfileIntent)
-	}
-	if held := nodeHeld(tx, node.ID); held != "" {
-		return nil, nil, conflict("allocation_place: node %s is %s", node.ID, held)
+	nodeSlots := tx.NodeSlots(node.ID)
+	if err := baremetalEligible(tx, node, nodeSlots); err != nil {
+		return nil, nil, err
 	}
 	expect := map[string]uint64{}
 	for _, e := range req.Slots {
@@ -239,7 +239,6 @@ func placeBaremetal(tx *state.Txn, req *proto.AllocationPlaceRequest, node *prot
 		}
 		expect[e.SlotID] = e.ModifyIndex
 	}
-	nodeSlots := tx.NodeSlots(node.ID)
 	gen := node.Generation + 1
 	c := &proto.Claim{ID: req.ClaimIDs[0], AllocationID: a.ID, Kind: proto.ClaimNodeExclusive, NodeID: node.ID, Generation: gen, Live: true}
 	var slots []*proto.Slot

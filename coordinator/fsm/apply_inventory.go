@@ -324,93 +324,98 @@ func sameDisk(a, b proto.DiskIdentity) bool {
 func (f *FSM) applySlotApprove(body []byte, index uint64) any {
 	req := decode[proto.SlotApproveRequest](proto.SlotApproveType, body, index)
 	return f.write(index, func(tx *state.Txn) (any, error) {
-		node, ok := tx.Node(req.NodeID)
-		if !ok {
-			return nil, notFound("node", req.NodeID)
-		}
-		if req.Index < 0 || req.Index > 63 {
-			return nil, invalid("node %s: slot index %d is out of range 0..63", req.NodeID, req.Index)
-		}
-		id := proto.SlotID(req.NodeID, req.Index)
-		var cand *proto.SlotCandidate
-		if topo, ok := tx.Candidates(req.NodeID); ok {
-			for i := range topo.Candidates {
-				if topo.Candidates[i].Index == req.Index {
-					cand = &topo.Candidates[i]
-				}
+		s, err := approveSlot(tx, req)
+		if err != nil && req.QuarantineInvalid {
+			if q, ok := quarantineApproval(tx, req, err); ok {
+				return q, tx.PutSlot(q)
 			}
 		}
-		capacity := req.Capacity
-		if capacity == (proto.SlotCapacity{}) {
-			if cand == nil {
-				return nil, proto.Errorf(proto.CodeNotFound, "slot_approve: node %s has no candidate %d and no capacity was given", req.NodeID, req.Index)
-			}
-			capacity = cand.Capacity
-		}
-		if err := validateCapacity(id, capacity); err != nil {
+		if err != nil {
 			return nil, err
-		}
-		if m := capacity.MissingBindings(); len(m) > 0 {
-			return nil, invalid("slot_approve: slot %s is incomplete, missing %s", id, strings.Join(m, ", "))
-		}
-		owned, gateErr := convertibleGate(tx, id, req.NodeID, capacity.NVMe)
-		if cand != nil && sameDisk(cand.Capacity.NVMe, capacity.NVMe) {
-			problems := cand.Problems
-			if owned {
-				problems = withoutSignatureProblems(problems)
-			}
-			switch {
-			case cand.DiskMounted:
-				return nil, invalid("slot_approve: slot %s: disk %s is mounted or has mounted children", id, diskName(capacity.NVMe))
-			case gateErr != nil:
-				return nil, gateErr
-			case len(cand.DiskSignatures) > 0 && !owned:
-				return nil, invalid("slot_approve: slot %s: disk %s carries unexpected signatures (%s); wipe or remap it first", id, diskName(capacity.NVMe), strings.Join(cand.DiskSignatures, ", "))
-			case len(problems) > 0:
-				return nil, invalid("slot_approve: slot %s: candidate has problems: %s", id, strings.Join(problems, "; "))
-			}
-		}
-		if gateErr != nil {
-			return nil, gateErr
-		}
-		for _, o := range tx.NodeSlots(req.NodeID) {
-			if o.ID == id {
-				continue
-			}
-			oc := o.Capacity
-			switch {
-			case oc.FabricVFPCIAddress == capacity.FabricVFPCIAddress:
-				return nil, invalid("slot_approve: slot %s: fabric VF %s is already bound to slot %s", id, capacity.FabricVFPCIAddress, o.ID)
-			case oc.GPUPCIAddress == capacity.GPUPCIAddress:
-				return nil, invalid("slot_approve: slot %s: GPU %s is already bound to slot %s", id, capacity.GPUPCIAddress, o.ID)
-			case sameDisk(oc.NVMe, capacity.NVMe):
-				return nil, invalid("slot_approve: slot %s: disk %s is already bound to slot %s", id, diskName(capacity.NVMe), o.ID)
-			case oc.ManagementMAC == capacity.ManagementMAC:
-				return nil, invalid("slot_approve: slot %s: management MAC %s is already bound to slot %s", id, capacity.ManagementMAC, o.ID)
-			case oc.PrivateIP == capacity.PrivateIP:
-				return nil, invalid("slot_approve: slot %s: private IP %s is already bound to slot %s", id, capacity.PrivateIP, o.ID)
-			}
-		}
-		s := &proto.Slot{ID: id, NodeID: req.NodeID, Index: req.Index, Status: proto.SlotAvailable, Capacity: capacity,
-			DrainRequested: node.Draining}
-		if old, ok := tx.Slot(id); ok {
-			// Re-approval updates the binding of a disabled, clean slot.
-			if err := proto.CheckSlotTransition("slot_approve", id, old.Status, proto.SlotAvailable); err != nil || old.Status != proto.SlotDisabled {
-				return nil, proto.Errorf(proto.CodeAlreadyExists, "slot_approve: slot %s exists in status %s; only a disabled slot can be re-approved", id, old.Status)
-			}
-			if old.Touched {
-				return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_approve: slot %s was touched by a provision and has no wipe proof", id)
-			}
-			c := *old
-			c.Capacity, c.Status, c.StatusReason = capacity, proto.SlotAvailable, ""
-			s = &c
-		}
-		if owned {
-			// Convertible storage: only a wipe proof makes it available.
-			s.Status, s.StatusReason, s.Touched = proto.SlotCleanupBlocked, ConvertibleReason, true
 		}
 		return s, tx.PutSlot(s)
 	})
+}
+
+// approveSlot checks an approval and returns the slot to write.
+func approveSlot(tx *state.Txn, req *proto.SlotApproveRequest) (*proto.Slot, error) {
+	node, ok := tx.Node(req.NodeID)
+	if !ok {
+		return nil, notFound("node", req.NodeID)
+	}
+	if req.Index < 0 || req.Index > 63 {
+		return nil, invalid("node %s: slot index %d is out of range 0..63", req.NodeID, req.Index)
+	}
+	id := proto.SlotID(req.NodeID, req.Index)
+	var cand *proto.SlotCandidate
+	if topo, ok := tx.Candidates(req.NodeID); ok {
+		for i := range topo.Candidates {
+			if topo.Candidates[i].Index == req.Index {
+				cand = &topo.Candidates[i]
+			}
+		}
+	}
+	capacity := req.Capacity
+	if capacity == (proto.SlotCapacity{}) {
+		if cand == nil {
+			return nil, proto.Errorf(proto.CodeNotFound, "slot_approve: node %s has no candidate %d and no capacity was given", req.NodeID, req.Index)
+		}
+		capacity = cand.Capacity
+	}
+	if err := validateCapacity(id, capacity); err != nil {
+		return nil, err
+	}
+	if m := capacity.MissingBindings(); len(m) > 0 {
+		return nil, invalid("slot_approve: slot %s is incomplete, missing %s", id, strings.Join(m, ", "))
+	}
+	owned, gateErr := convertibleGate(tx, id, req.NodeID, capacity.NVMe)
+	if cand != nil && sameDisk(cand.Capacity.NVMe, capacity.NVMe) {
+		problems := cand.Problems
+		if owned {
+			problems = withoutSignatureProblems(problems)
+		}
+		switch {
+		case cand.DiskMounted:
+			return nil, invalid("slot_approve: slot %s: disk %s is mounted or has mounted children", id, diskName(capacity.NVMe))
+		case gateErr != nil:
+			return nil, gateErr
+		case len(cand.DiskSignatures) > 0 && !owned:
+			return nil, invalid("slot_approve: slot %s: disk %s carries unexpected signatures (%s); wipe or remap it first", id, diskName(capacity.NVMe), strings.Join(cand.DiskSignatures, ", "))
+		case len(problems) > 0:
+			return nil, invalid("slot_approve: slot %s: candidate has problems: %s", id, strings.Join(problems, "; "))
+		}
+	}
+	if gateErr != nil {
+		return nil, gateErr
+	}
+	if err := bindingConflict("slot_approve", &tx.Snapshot, req.NodeID, id, capacity); err != nil {
+		return nil, err
+	}
+	s := &proto.Slot{ID: id, NodeID: req.NodeID, Index: req.Index, Status: proto.SlotAvailable, Capacity: capacity,
+		DrainRequested: node.Draining}
+	if old, ok := tx.Slot(id); ok {
+		// Re-approval updates the binding of a disabled or
+		// quarantined, clean slot.
+		if err := proto.CheckSlotTransition("slot_approve", id, old.Status, proto.SlotAvailable); err != nil || old.Status != proto.SlotDisabled && old.Status != proto.SlotQuarantined {
+			return nil, proto.Errorf(proto.CodeAlreadyExists, "slot_approve: slot %s exists in status %s; only a disabled or quarantined slot can be re-approved", id, old.Status)
+		}
+		if old.Touched && old.Status != proto.SlotQuarantined {
+			return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_approve: slot %s was touched by a provision and has no wipe proof", id)
+		}
+		c := *old
+		c.Capacity, c.Status, c.StatusReason = capacity, proto.SlotAvailable, ""
+		if old.Touched {
+			// Out of quarantine through a wipe: a provision may have
+			// written the disk.
+			c.Status, c.StatusReason = proto.SlotCleanupBlocked, touchedQuarantineReason
+		}
+		s = &c
+	}
+	if owned {
+		// Convertible storage: only a wipe proof makes it available.
+		s.Status, s.StatusReason, s.Touched = proto.SlotCleanupBlocked, ConvertibleReason, true
+	}
+	return s, nil
 }
 
 func diskName(d proto.DiskIdentity) string {
@@ -463,6 +468,14 @@ func (f *FSM) applySlotRepair(body []byte, index uint64) any {
 		}
 		if s.ClaimID != "" {
 			return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_repair: slot %s is held by claim %s", s.ID, s.ClaimID)
+		}
+		if s.Status == proto.SlotQuarantined {
+			to, reason, err := repairQuarantined(tx, s)
+			if err != nil {
+				return nil, err
+			}
+			s.Status, s.StatusReason = to, reason
+			return s, tx.PutSlot(s)
 		}
 		if err := proto.CheckSlotTransition("slot_repair", s.ID, s.Status, proto.SlotAvailable); err != nil {
 			return nil, err

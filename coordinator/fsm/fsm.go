@@ -316,14 +316,16 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 }
 
 // Restore replaces the state with a snapshot: it builds a fresh store from
-// the stream and swaps it in; the old store is abandoned (its waiters
+// the stream, checks every object (ReadCheckedSnapshot: invalid slots come
+// back quarantined), logs the counts and swaps it in; the old store is abandoned (its waiters
 // wake with state.ErrAbandoned).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	fresh, err := ReadSnapshot(rc)
+	fresh, rep, err := ReadCheckedSnapshot(rc)
 	if err != nil {
 		return fmt.Errorf("restore fsm: %w", err)
 	}
+	f.logRestore(rep)
 	old := f.store.Swap(fresh)
 	old.Abandon()
 	f.last = state.Changes{}

@@ -145,41 +145,58 @@ func eachObject(snap *state.Snapshot, table string, fn func(any) error) error {
 // ReadSnapshot builds a fresh store from a snapshot stream. A truncated or
 // malformed stream is an error (the returned store is then nil).
 func ReadSnapshot(r io.Reader) (*state.Store, error) {
+	store, _, err := ReadCheckedSnapshot(r)
+	return store, err
+}
+
+// ReadCheckedSnapshot is ReadSnapshot that checks every restored object
+// before the store is published: a slot the ledger invariants reject is
+// restored quarantined with the reason (never schedulable), a live claim
+// of a missing or ended allocation is ended, and the report counts what
+// was restored and quarantined (and any violation left).
+func ReadCheckedSnapshot(r io.Reader) (*state.Store, *RestoreReport, error) {
 	dec := json.NewDecoder(bufio.NewReaderSize(r, 256<<10))
 	var h snapshotHeader
 	if err := dec.Decode(&h); err != nil {
-		return nil, fmt.Errorf("read snapshot header: %w", err)
+		return nil, nil, fmt.Errorf("read snapshot header: %w", err)
 	}
 	if h.Format != snapshotFormat || h.Version != snapshotVersion {
-		return nil, fmt.Errorf("read snapshot header: format %q version %d, want %q version %d", h.Format, h.Version, snapshotFormat, snapshotVersion)
+		return nil, nil, fmt.Errorf("read snapshot header: format %q version %d, want %q version %d", h.Format, h.Version, snapshotFormat, snapshotVersion)
 	}
 	store := state.New()
 	tx := store.BeginRestore()
 	defer tx.Abort()
-	n := 0
+	n, indexRows := 0, 0
 	for {
 		var rec recordIn
 		if err := dec.Decode(&rec); err != nil {
 			if errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("read snapshot: truncated after %d records (no trailer)", n)
+				return nil, nil, fmt.Errorf("read snapshot: truncated after %d records (no trailer)", n)
 			}
-			return nil, fmt.Errorf("read snapshot record %d: %w", n+1, err)
+			return nil, nil, fmt.Errorf("read snapshot record %d: %w", n+1, err)
 		}
 		if rec.T == recordEnd {
 			if rec.N != n {
-				return nil, fmt.Errorf("read snapshot: trailer says %d records, read %d", rec.N, n)
+				return nil, nil, fmt.Errorf("read snapshot: trailer says %d records, read %d", rec.N, n)
 			}
 			break
 		}
 		n++
+		if rec.T == recordIndex {
+			indexRows++
+		}
 		if err := restoreRecord(tx, rec); err != nil {
-			return nil, fmt.Errorf("read snapshot record %d (%s): %w", n, rec.T, err)
+			return nil, nil, fmt.Errorf("read snapshot record %d (%s): %w", n, rec.T, err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("read snapshot: %w", err)
+	rep := &RestoreReport{Objects: n - indexRows}
+	if err := quarantineRestored(tx, rep); err != nil {
+		return nil, nil, fmt.Errorf("read snapshot: check: %w", err)
 	}
-	return store, nil
+	if err := tx.Commit(); err != nil {
+		return nil, nil, fmt.Errorf("read snapshot: %w", err)
+	}
+	return store, rep, nil
 }
 
 func restoreRecord(tx *state.Txn, rec recordIn) error {

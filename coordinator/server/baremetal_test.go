@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
 	"github.com/gpuaas/gpuaas/coordinator/maas"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/lab/maassim"
@@ -63,6 +64,12 @@ func newBMCluster(t *testing.T, withSite bool) *bmCluster {
 	}
 	c.apply(proto.NodeUpsertType, proto.NodeUpsertRequest{At: now, Node: proto.Node{ID: "bm1", Hostname: "bm1", Region: "r1",
 		Pool: "pool-bm", ProfileIntent: proto.IntentBaremetal, State: proto.NodeActive}})
+	// Its discovered topology: the GPU count a baremetal sale needs.
+	topo := proto.CandidateTopology{NodeID: "bm1"}
+	for i := range 8 {
+		topo.Candidates = append(topo.Candidates, proto.SlotCandidate{Index: i, Capacity: fsmtest.Capacity("bm1", i)})
+	}
+	c.apply(proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: now, Topology: topo})
 	if !withSite {
 		return c
 	}

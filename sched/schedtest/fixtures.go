@@ -54,6 +54,9 @@ func NotSliceReady(blockers ...string) NodeOption {
 	}
 }
 
+// GPUs sets the node's discovered GPU count.
+func GPUs(n int) NodeOption { return func(nd *proto.Node) { nd.GPUs = n } }
+
 // Draining marks the node draining.
 func Draining() NodeOption { return func(n *proto.Node) { n.Draining = true } }
 
