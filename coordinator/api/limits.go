@@ -46,7 +46,7 @@ type Rate struct {
 // DefaultLimits are the coordinator binary's defaults.
 var DefaultLimits = Limits{
 	PerAddress:    Rate{PerSecond: 100, Burst: 200},
-	PerPrincipal:  Rate{PerSecond: 1000, Burst: 2000},
+	PerPrincipal:  Rate{PerSecond: 5000, Burst: 10000},
 	LockoutAfter:  10,
 	FailureWindow: time.Minute,
 	LockoutBase:   time.Second,
@@ -198,18 +198,34 @@ func (a *API) clientAddr(r *http.Request) string {
 	if a.guard == nil {
 		return ""
 	}
+	ip := remoteIP(r)
+	if ip == nil || ip.IsLoopback() {
+		return ""
+	}
+	if a.relayedByPeer(r, ip) {
+		return ""
+	}
+	return ip.String()
+}
+
+// remoteIP is the request's remote IP (nil when it has none).
+func remoteIP(r *http.Request) net.IP {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	ip := net.ParseIP(host)
-	if ip == nil || ip.IsLoopback() {
-		return ""
+	return net.ParseIP(host)
+}
+
+// relayedByPeer reports whether r is a request a peer coordinator relays
+// (forwarded to the leader, or a blob fetched between replicas): the
+// replica that took it from the client already limited it. A relay from
+// this machine (every lab and test replica) counts as a peer's.
+func (a *API) relayedByPeer(r *http.Request, ip net.IP) bool {
+	if r.Header.Get(proto.ForwardedHeader) == "" && r.Header.Get(blobPeerHeader) == "" {
+		return false
 	}
-	if (r.Header.Get(proto.ForwardedHeader) != "" || r.Header.Get(blobPeerHeader) != "") && a.peers.has(a.b, ip) {
-		return ""
-	}
-	return ip.String()
+	return ip != nil && (ip.IsLoopback() || a.peers.has(a.b, ip))
 }
 
 // peerIPs caches the IPs of the peers' HTTP addresses for a few seconds.

@@ -157,9 +157,13 @@ func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Prin
 	if who, ok := r.Context().Value(principalKey{}).(*string); ok {
 		*who = p.Name
 	}
-	if wait, ok := a.guard.admitPrincipal(p.Name); !ok {
-		writeTooMany(w, r, wait, fmt.Sprintf("too many requests from %s", p.Name))
-		return false
+	// A request a peer relays was limited by the replica the client
+	// talked to.
+	if a.guard != nil && !a.relayedByPeer(r, remoteIP(r)) {
+		if wait, ok := a.guard.admitPrincipal(p.Name); !ok {
+			writeTooMany(w, r, wait, fmt.Sprintf("too many requests from %s", p.Name))
+			return false
+		}
 	}
 	if p.Role < rt.Role {
 		writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
