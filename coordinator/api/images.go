@@ -377,19 +377,29 @@ func (a *API) replicateBlob(im *proto.Image, auth string) {
 		if err != nil {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-		req, err := http.NewRequestWithContext(ctx, http.MethodHead, base.String()+proto.BlobPath(im.Name, im.Version), nil)
-		if err == nil {
-			req.Header.Set("Authorization", auth)
-			var resp *http.Response
-			if resp, err = client.Do(req); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		// A replica that has not applied the image entry yet answers 404:
+		// asked again shortly, it has (a few tries, backing off).
+		for try, pause := 0, 200*time.Millisecond; ; try, pause = try+1, pause*2 {
+			var status int
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+			req, rerr := http.NewRequestWithContext(ctx, http.MethodHead, base.String()+proto.BlobPath(im.Name, im.Version), nil)
+			err = rerr
+			if err == nil {
+				req.Header.Set("Authorization", auth)
+				var resp *http.Response
+				if resp, err = client.Do(req); err == nil {
+					resp.Body.Close()
+					if status = resp.StatusCode; status != http.StatusOK {
+						err = fmt.Errorf("HTTP %d", resp.StatusCode)
+					}
 				}
 			}
+			cancel()
+			if err == nil || try >= 5 || (status != 0 && status != http.StatusNotFound && status < 500) {
+				break
+			}
+			time.Sleep(pause)
 		}
-		cancel()
 		if err != nil {
 			a.log.Warn("replicate image blob", "image", im.String(), "peer", p.ID, "err", err)
 			continue

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,8 +70,9 @@ func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 		// them by the lab folder in their arguments.
 		killByArg(t, dir)
 	})
-	require.Eventually(t, func() bool { return strings.Contains(l.out.String(), labReady) }, 90*time.Second, 100*time.Millisecond,
-		"lab output:\n%s", l.out)
+	if !waitFor(90*time.Second, func() bool { return strings.Contains(l.out.String(), labReady) }) {
+		t.Fatalf("the lab was not ready within 90 s; lab output:\n%s\n%s", l.out, logTails(dir))
+	}
 	envFile, err := os.ReadFile(filepath.Join(dir, "env"))
 	require.NoError(t, err)
 	sc := bufio.NewScanner(bytes.NewReader(envFile))
@@ -272,4 +274,33 @@ func TestLabOperatorPath(t *testing.T) {
 	require.NoError(t, err, out)
 	require.Contains(t, out, "available")
 	l2.stop(t)
+}
+
+// waitFor polls cond every 100 ms until it holds or d has passed.
+func waitFor(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// logTails returns the last lines of every log of a lab folder (for a
+// failure message).
+func logTails(dir string) string {
+	var b strings.Builder
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, f := range logs {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		fmt.Fprintf(&b, "--- %s (last %d lines)\n%s\n", filepath.Base(f), len(lines), strings.Join(lines, "\n"))
+	}
+	return b.String()
 }
