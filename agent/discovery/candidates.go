@@ -119,10 +119,33 @@ func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.Ca
 		}
 		t.Candidates = append(t.Candidates, c)
 	}
+	t.Hardware = Inventory(r)
 	t.Blockers = blockers(r)
 	t.Prerequisites = r.Prerequisites
 	t.RebootRequired = r.RebootRequired
 	return t
+}
+
+// Inventory lists every GPU, NVMe disk and fabric VF of a report, paired
+// or not, by identity: GPUs and VFs by their own PCI address (a VF with
+// its parent PF), disks by every stable identifier and size. Drift is
+// judged on it (proto.CheckSlotHardware), never on candidate pairing,
+// which shifts when a device disappears.
+func Inventory(r Report) *proto.HardwareInventory {
+	inv := &proto.HardwareInventory{GPUs: []proto.GPUInventory{}, Disks: []proto.DiskInventory{}, VFs: []proto.VFInventory{}}
+	for _, g := range r.GPUs {
+		inv.GPUs = append(inv.GPUs, proto.GPUInventory{PCIAddress: g.Addr, NUMANode: g.NUMANode,
+			LinkSpeed: g.LinkSpeed, MaxLinkSpeed: g.MaxLinkSpeed, LinkWidth: g.LinkWidth, MaxLinkWidth: g.MaxLinkWidth})
+	}
+	for _, d := range r.Disks {
+		inv.Disks = append(inv.Disks, proto.DiskInventory{Disk: d.Identity(), Mounted: len(d.Mounts) > 0})
+	}
+	for _, pf := range r.SRIOV {
+		for _, vf := range pf.VFs {
+			inv.VFs = append(inv.VFs, proto.VFInventory{PCIAddress: vf, PF: pf.Addr})
+		}
+	}
+	return inv
 }
 
 func blockers(r Report) []string {
