@@ -75,6 +75,9 @@ type Readiness struct {
 	Blockers   []string   `json:"blockers,omitempty"`
 	Evidence   []Evidence `json:"evidence,omitempty"`
 	ObservedAt time.Time  `json:"observed_at"`
+	// SlotHardware is each approved slot's hardware state from the
+	// agent's latest scan (empty before the agent knows its slots).
+	SlotHardware []SlotHardware `json:"slot_hardware,omitempty"`
 }
 
 // Evidence is one observed check of a readiness gate.

@@ -70,6 +70,12 @@ type Daemon struct {
 	lastOK    time.Time
 	reconcile *nodesched.Reconciliation
 	diagAddr  string
+	// hardware is the approved slots' latest hardware scan (hardware.go).
+	hardware []readiness.SlotHardware
+	approved []proto.AgentSlot // the node's slots as the coordinator last listed them
+	// reportMu orders readiness reports from the readiness and hardware
+	// loops, so an older evaluation never lands after a newer one.
+	reportMu sync.Mutex
 
 	prepHost      *prepare.Host // host.prepare_slice backends (nil: the real host's)
 	wasSliceReady bool
@@ -237,7 +243,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
+	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -461,6 +467,7 @@ func (d *Daemon) heartbeatLoop(ctx context.Context) error {
 func (d *Daemon) evaluate(ctx context.Context) (proto.Readiness, error) {
 	d.mu.Lock()
 	node := d.node
+	hw := d.hardware
 	var topo *proto.CandidateTopology
 	if d.report != nil {
 		t := d.report.Topology
@@ -468,7 +475,7 @@ func (d *Daemon) evaluate(ctx context.Context) (proto.Readiness, error) {
 	}
 	d.mu.Unlock()
 	r, err := readiness.Evaluate(ctx, d.root, d.src, readiness.Inputs{Node: node,
-		Spec: readiness.Spec{Fabric: d.fabric, OVSBridge: d.cfg.OVSBridge, GuestGateway: d.gw}, Topology: topo, At: time.Now().UTC()})
+		Spec: readiness.Spec{Fabric: d.fabric, OVSBridge: d.cfg.OVSBridge, GuestGateway: d.gw}, Topology: topo, Hardware: hw, At: time.Now().UTC()})
 	if err != nil {
 		return r, err
 	}
@@ -483,22 +490,32 @@ func (d *Daemon) readinessLoop(ctx context.Context) error {
 		if _, err := d.discover(ctx); err != nil {
 			d.log.Error("discovery", "err", err)
 		}
-		r, err := d.evaluate(ctx)
-		if err != nil {
-			d.log.Error("readiness", "err", err)
-		} else {
-			d.noteSliceDrift(r)
-			err := d.client.PutReadiness(ctx, r)
-			d.noteCoordinator(err)
-			if err != nil && ctx.Err() == nil {
-				d.log.Warn("report readiness", "err", err)
-			}
+		if _, err := d.scanHardware(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn("hardware scan", "err", err)
 		}
+		d.reportReadiness(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(time.Duration(d.cfg.ReadinessInterval)):
 		}
+	}
+}
+
+// reportReadiness evaluates readiness and reports it to the coordinator.
+func (d *Daemon) reportReadiness(ctx context.Context) {
+	d.reportMu.Lock()
+	defer d.reportMu.Unlock()
+	r, err := d.evaluate(ctx)
+	if err != nil {
+		d.log.Error("readiness", "err", err)
+		return
+	}
+	d.noteSliceDrift(r)
+	err = d.client.PutReadiness(ctx, r)
+	d.noteCoordinator(err)
+	if err != nil && ctx.Err() == nil {
+		d.log.Warn("report readiness", "err", err)
 	}
 }
 

@@ -174,6 +174,23 @@ func Discover(ctx context.Context, root hostops.Root, opts Options) (Report, err
 	return r, nil
 }
 
+// ScanInventory is the cheap periodic re-scan: the host's GPUs (with
+// their PCIe link), NVMe disks by identity and SR-IOV VFs, without the
+// prerequisites, fabric and hugepage reads of a full discovery.
+func ScanInventory(root hostops.Root) (*proto.HardwareInventory, error) {
+	hw, err := ReadHardware(root)
+	if err != nil {
+		return nil, fmt.Errorf("hardware scan: %w", err)
+	}
+	r := Report{GPUs: hw.GPUs, Disks: hw.Disks}
+	for _, f := range hw.Functions {
+		if f.SRIOV != nil && f.SRIOV.TotalVFs > 0 {
+			r.SRIOV = append(r.SRIOV, PF{Addr: f.Addr, VFs: f.SRIOV.VFs})
+		}
+	}
+	return Inventory(r), nil
+}
+
 // Hardware is the PCI functions, GPUs and NVMe disks of a host.
 type Hardware struct {
 	Functions []pci.Function

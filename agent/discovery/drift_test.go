@@ -1,9 +1,11 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -103,4 +105,24 @@ func TestHardwareDriftOnSimulatedHost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkScanInventory measures the agent's periodic hardware re-scan
+// on the simulated 8-GPU H200 host (goal: well under 50 ms per scan).
+func BenchmarkScanInventory(b *testing.B) {
+	root, _ := hostsimtest.Host(b, "j22u15")
+	r, err := Discover(context.Background(), root, opts(root, "j22u15"))
+	require.NoError(b, err)
+	slots := approve(r)
+	b.ResetTimer()
+	for b.Loop() {
+		inv, err := ScanInventory(root)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if hs := proto.CheckSlotHardware(slots, *inv, time.Time{}); len(hs) != 8 || hs[0].State != proto.HardwareOK {
+			b.Fatalf("scan: %+v", hs)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/scan")
 }

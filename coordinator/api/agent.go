@@ -489,7 +489,8 @@ func (a *API) agentSlots(c *call) error {
 	snap := a.b.Store().Snapshot()
 	out := []proto.AgentSlot{}
 	for _, sl := range snap.NodeSlots(node) {
-		as := proto.AgentSlot{SlotID: sl.ID, Index: sl.Index, NodeID: sl.NodeID, Generation: sl.Generation, Capacity: sl.Capacity}
+		as := proto.AgentSlot{SlotID: sl.ID, Index: sl.Index, NodeID: sl.NodeID, Generation: sl.Generation, Capacity: sl.Capacity,
+			Status: sl.Status, Hardware: sl.Hardware}
 		if cl, ok := snap.LiveClaimForSlot(sl.ID); ok {
 			as.ClaimID, as.Generation = cl.ID, cl.Generation
 		}
