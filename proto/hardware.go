@@ -2,6 +2,7 @@ package proto
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -60,6 +61,10 @@ const (
 	HardwareDegraded = "degraded" // the devices match but run impaired
 	HardwareMissing  = "missing"  // the slot's GPU is gone
 )
+
+// BlockerSlotHardware is the readiness blocker code of a slot whose
+// hardware finding the ledger has not recorded yet.
+const BlockerSlotHardware = "slot_hardware"
 
 // HardwareStates lists the valid SlotHardware states.
 var HardwareStates = []string{HardwareOK, HardwareDrifted, HardwareDegraded, HardwareMissing}
@@ -223,4 +228,72 @@ func InventoryFromCandidates(t *CandidateTopology) HardwareInventory {
 		}
 	}
 	return inv
+}
+
+// SlotHardwareReportType records the hardware state an agent's scan found
+// for the approved slots of its node. A slot in any state but ok is never
+// placed; a later report with ok puts it back (recovery needs no operator
+// when the hardware returns). An allocation running on a slot whose
+// state changes gets a timeline event; it is not stopped.
+const SlotHardwareReportType MessageType = 62
+
+func init() { messageTypeNames[SlotHardwareReportType] = "slot_hardware_report" }
+
+// Bounds of a SlotHardwareReportRequest.
+const (
+	MaxSlotHardwareSlots    = 64
+	MaxSlotHardwareFindings = 16
+	MaxSlotHardwareEvidence = 512 // bytes per evidence line
+)
+
+// SlotHardwareReportRequest is the SlotHardwareReportType command: each
+// listed slot (all of NodeID's) gets its observed state. Slots not listed
+// keep theirs.
+type SlotHardwareReportRequest struct {
+	At     time.Time      `json:"at"`
+	NodeID string         `json:"node_id"`
+	Slots  []SlotHardware `json:"slots"`
+}
+
+// Validate checks a report's shape (not whether the slots exist).
+func (r *SlotHardwareReportRequest) Validate() error {
+	if r.NodeID == "" {
+		return Errorf(CodeInvalidArgument, "slot hardware report: node_id is required")
+	}
+	if len(r.Slots) == 0 || len(r.Slots) > MaxSlotHardwareSlots {
+		return Errorf(CodeInvalidArgument, "slot hardware report for node %s: %d slots; 1 to %d are accepted", r.NodeID, len(r.Slots), MaxSlotHardwareSlots)
+	}
+	seen := map[string]bool{}
+	for _, h := range r.Slots {
+		switch {
+		case h.SlotID == "":
+			return Errorf(CodeInvalidArgument, "slot hardware report for node %s: a slot has no slot_id", r.NodeID)
+		case seen[h.SlotID]:
+			return Errorf(CodeInvalidArgument, "slot hardware report for node %s: slot %s is listed twice", r.NodeID, h.SlotID)
+		case !slices.Contains(HardwareStates, h.State):
+			return Errorf(CodeInvalidArgument, "slot %s: hardware state %q is not one of %s", h.SlotID, truncate(h.State, 32), strings.Join(HardwareStates, ", "))
+		case h.State == HardwareOK && (len(h.What) > 0 || len(h.Evidence) > 0):
+			return Errorf(CodeInvalidArgument, "slot %s: hardware state ok carries findings", h.SlotID)
+		case h.State != HardwareOK && len(h.Evidence) == 0:
+			return Errorf(CodeInvalidArgument, "slot %s: hardware state %s needs evidence", h.SlotID, h.State)
+		case len(h.What) > MaxSlotHardwareFindings || len(h.Evidence) > MaxSlotHardwareFindings:
+			return Errorf(CodeInvalidArgument, "slot %s: %d fields and %d evidence lines; at most %d each are accepted", h.SlotID, len(h.What), len(h.Evidence), MaxSlotHardwareFindings)
+		}
+		for _, e := range h.Evidence {
+			if len(e) > MaxSlotHardwareEvidence {
+				return Errorf(CodeInvalidArgument, "slot %s: an evidence line is %d bytes; at most %d are accepted", h.SlotID, len(e), MaxSlotHardwareEvidence)
+			}
+		}
+		seen[h.SlotID] = true
+	}
+	return nil
+}
+
+// SameFindings reports whether a and b say the same (At aside); nil is
+// "never observed".
+func SameFindings(a, b *SlotHardware) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.State == b.State && slices.Equal(a.What, b.What) && slices.Equal(a.Evidence, b.Evidence)
 }

@@ -59,7 +59,7 @@ const (
 	BlockerOVSGateway           = "ovs_gateway_missing"
 	BlockerTopologyMissing      = "topology_not_discovered"
 	BlockerTopology             = "topology_blocked"
-	BlockerSlotHardware         = "slot_hardware" // an approved slot's hardware drifted, degraded or went missing
+	BlockerSlotHardware         = proto.BlockerSlotHardware // an approved slot's hardware drifted, degraded or went missing
 )
 
 // Node is what the agent knows about its own enrollment.

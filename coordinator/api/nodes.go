@@ -85,7 +85,13 @@ func (a *API) getNode(c *call) error {
 			return nil, err
 		}
 		topo, _ := s.Candidates(n.ID)
-		return proto.NodeDetail{Node: *n, SlotSummary: slotSummary(s, n.ID), Drift: proto.TopologyDrift(s.Slots(n.ID, ""), topo)}, nil
+		d := proto.NodeDetail{Node: *n, SlotSummary: slotSummary(s, n.ID), Drift: proto.TopologyDrift(s.Slots(n.ID, ""), topo)}
+		for _, sl := range s.NodeSlots(n.ID) {
+			if sl.HardwareBlocker() != "" {
+				d.SlotHardware = append(d.SlotHardware, *sl.Hardware)
+			}
+		}
+		return d, nil
 	})
 }
 

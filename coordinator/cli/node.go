@@ -108,6 +108,9 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	for _, dr := range d.Drift {
 		row(w, "Drift "+dr.SlotID+":", dr.Detail)
 	}
+	for _, h := range d.SlotHardware {
+		row(w, "Out of placement "+h.SlotID+":", "hardware "+h.Summary()+" (since "+ts(h.At)+")")
+	}
 	if n.Readiness == nil {
 		row(w, "Readiness:", "no evidence reported")
 		return
