@@ -62,6 +62,7 @@ type Daemon struct {
 	reg      *prometheus.Registry
 	tasksRun *prometheus.CounterVec
 	polls    prometheus.Counter
+	hwScans  prometheus.Histogram
 
 	mu        sync.Mutex
 	report    *discovery.Report
@@ -73,6 +74,7 @@ type Daemon struct {
 	// hardware is the approved slots' latest hardware scan (hardware.go).
 	hardware []readiness.SlotHardware
 	approved []proto.AgentSlot // the node's slots as the coordinator last listed them
+	scans    uint64            // hardware scans done
 	// reportMu orders readiness reports from the readiness and hardware
 	// loops, so an older evaluation never lands after a newer one.
 	reportMu sync.Mutex
@@ -163,7 +165,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	d.reg = prometheus.NewRegistry()
 	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
-	d.reg.MustRegister(d.tasksRun, d.polls,
+	d.hwScans = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gpuaas_agent_hardware_scan_seconds",
+		Help: "Duration of the periodic hardware re-scan (GPUs, disks, VFs compared with the approved slots).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 12)})
+	d.reg.MustRegister(d.tasksRun, d.polls, d.hwScans,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_active", Help: "1 when the node-active gate holds (enrolled, credential valid, coordinator reachable)."},
 			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.Active }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_slice_ready", Help: "1 when the slice-ready convergence gate holds."},

@@ -62,13 +62,16 @@ func (d *Daemon) scanHardware(ctx context.Context) (changed bool, err error) {
 		}
 		slots = known
 	}
+	start := time.Now()
 	inv, err := discovery.ScanInventory(d.root)
 	if err != nil {
 		return false, err
 	}
 	cur := CheckHardware(slots, *inv, time.Now().UTC())
+	d.hwScans.Observe(time.Since(start).Seconds())
 	d.mu.Lock()
 	d.hardware = cur
+	d.scans++
 	d.mu.Unlock()
 	changed = len(prev) != len(cur)
 	for i := 0; !changed && i < len(cur); i++ {
