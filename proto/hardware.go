@@ -101,6 +101,19 @@ func (s *Slot) HardwareBlocker() string {
 	return "hardware " + s.Hardware.Summary()
 }
 
+// PlacementBlocker says why a slot that is otherwise available may not be
+// placed: its hardware (HardwareBlocker), or a provision that found it
+// unhealthy (cleared by an operator's repair). "" when neither.
+func (s *Slot) PlacementBlocker() string {
+	if b := s.HardwareBlocker(); b != "" {
+		return b
+	}
+	if s.HealthState == HealthUnhealthy {
+		return "unhealthy: " + s.HealthDetail
+	}
+	return ""
+}
+
 // SameDisk reports whether two identities name the same disk: every
 // stable identifier recorded in want (serial, WWN, EUI, model, size) must
 // equal got's. A disk whose serial changed, or whose namespace was

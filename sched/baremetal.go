@@ -76,7 +76,7 @@ func PlaceBaremetal(st State, req BaremetalRequest) (BaremetalPlan, error) {
 		slots := st.NodeSlots(id)
 		whole := true
 		for _, sl := range slots {
-			if sl.Status != proto.SlotAvailable || sl.ClaimID != "" || sl.Touched || sl.HardwareBlocker() != "" {
+			if sl.Status != proto.SlotAvailable || sl.ClaimID != "" || sl.Touched || sl.PlacementBlocker() != "" {
 				whole = false
 				if s.firstBusy == "" {
 					s.firstBusy = fmt.Sprintf("%s is %s", sl.ID, slotCondition(sl))
@@ -106,8 +106,8 @@ func slotCondition(s *proto.Slot) string {
 		return string(s.Status)
 	case s.ClaimID != "":
 		return "held by claim " + s.ClaimID
-	case s.HardwareBlocker() != "":
-		return "out of placement: " + s.HardwareBlocker()
+	case s.PlacementBlocker() != "":
+		return "out of placement: " + s.PlacementBlocker()
 	default:
 		return "touched and awaiting a wipe"
 	}

@@ -331,3 +331,30 @@ func TestCheckLease(t *testing.T) {
 		})
 	}
 }
+
+// HardwareProblems attributes device problems to their slots and leaves
+// out what frees up on its own (CPUs, hugepages) or is the node's (the
+// bridge): a retry of the same slot cannot get past a device problem.
+func TestHardwareProblems(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	host.VFs, host.OVSBridges, host.NUMA[0].HugepagesFree = host.VFs[1:], nil, 0
+	host.Disks[1].Mounts = []string{"/"}
+	_, err := sched.PlanBundle(host, slots[0:2], profile(t))
+	require.Error(t, err)
+	got := sched.HardwareProblems(fmt.Errorf("node scheduler: %w", err))
+	require.Equal(t, map[string][]string{
+		"j22u15-s0": {"VF 0000:c1:00.2: fabric vf not present"},
+		"j22u15-s1": {"disk nvme1n1 is mounted at [/]: nvme mounted"},
+	}, got)
+	var se *sched.SlotError
+	require.ErrorAs(t, err, &se)
+	assert.ErrorIs(t, err, sched.ErrVFMissing, "a slot problem still matches its Err value")
+
+	host, slots = hgxHost(t)
+	host.NUMA[0].HugepagesFree = 0
+	_, err = sched.PlanBundle(host, slots[0:1], profile(t))
+	require.Error(t, err)
+	assert.Nil(t, sched.HardwareProblems(err), "hugepages free up: not a hardware problem")
+	assert.Nil(t, sched.HardwareProblems(nil))
+}

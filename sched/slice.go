@@ -300,10 +300,10 @@ func (p *slicePlanner) scan(nodes func(yield func(string) bool)) sliceStats {
 				s.taken++
 			case Schedulable(sl):
 				onNode++
-			case sl.Status == proto.SlotAvailable && sl.ClaimID == "" && sl.HardwareBlocker() != "":
+			case sl.Status == proto.SlotAvailable && sl.ClaimID == "" && sl.PlacementBlocker() != "":
 				s.hardware++
 				if s.firstHardware == "" {
-					s.firstHardware = sl.ID + " " + sl.HardwareBlocker()
+					s.firstHardware = sl.ID + " " + sl.PlacementBlocker()
 				}
 			case sl.Status == proto.SlotAvailable && sl.ClaimID == "":
 				s.incomplete++

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/agent/readiness"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
 )
 
 // Continuous hardware truth: every hardware-scan interval the agent
@@ -107,4 +109,22 @@ func sameHardware(a, b readiness.SlotHardware) bool {
 	return a.Observed.SlotID == b.Observed.SlotID && a.Observed.State == b.Observed.State &&
 		slices.Equal(a.Observed.What, b.Observed.What) && slices.Equal(a.Observed.Evidence, b.Observed.Evidence) &&
 		a.Acknowledged() == b.Acknowledged()
+}
+
+// failedSlots names the slots a failed plan found broken in their own
+// devices (sched.HardwareProblems), health "failed" with the problems as
+// evidence: the coordinator marks them unhealthy so placement does not
+// pick them again. Problems that free up (CPUs, hugepages) name no slot.
+func failedSlots(err error) []proto.SlotReadiness {
+	probs := sched.HardwareProblems(err)
+	var out []proto.SlotReadiness
+	for id, ps := range probs {
+		ev := make([]string, 0, min(len(ps), proto.MaxEvidenceItems))
+		for _, p := range ps[:min(len(ps), proto.MaxEvidenceItems)] {
+			ev = append(ev, proto.Clip("plan: "+p, proto.MaxEvidenceLen))
+		}
+		out = append(out, proto.SlotReadiness{SlotID: id, HealthState: "failed", Evidence: ev})
+	}
+	slices.SortFunc(out, func(a, b proto.SlotReadiness) int { return strings.Compare(a.SlotID, b.SlotID) })
+	return out
 }

@@ -247,3 +247,90 @@ func readAttr(p string) (string, error) {
 	b, err := os.ReadFile(p)
 	return strings.TrimSpace(string(b)), err
 }
+
+// A slot whose devices the scan finds fine but a provision's plan refuses
+// (here: its GPU's IOMMU group gained a device outside any bundle) is
+// marked unhealthy with the plan's evidence when the provision fails;
+// placement never picks it again until an operator repairs it.
+func TestFailedPlanMarksSlotUnhealthy(t *testing.T) {
+	c := startCoord(t, "j22u15")
+	root, _ := hostsimtest.Host(t, "j22u15")
+	startAgent(t, agentConfig(t, c, "j22u15", filepath.Dir(root.Sys), t.TempDir(), c.mint("j22u15", 0)))
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
+	require.Equal(t, http.StatusAccepted, code, body)
+	require.Eventually(t, func() bool {
+		tp, ok := c.srv.Store().Snapshot().Candidates("j22u15")
+		return ok && len(tp.Candidates) == 8
+	}, 15*time.Second, 20*time.Millisecond)
+	topo, _ := c.srv.Store().Snapshot().Candidates("j22u15")
+	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
+	require.Equal(t, http.StatusCreated, code, body)
+	s0 := proto.SlotID("j22u15", 0)
+	slot := func(id string) *proto.Slot {
+		s, ok := c.srv.Store().Snapshot().Slot(id)
+		require.True(t, ok)
+		return s
+	}
+
+	// Break slot 0 where the scan does not look: its GPU's IOMMU group
+	// now holds the fabric PF too.
+	gpu := topo.Candidates[0].Capacity.GPUPCIAddress
+	grp, err := os.Readlink(root.SysPath("bus/pci/devices", gpu, "iommu_group"))
+	require.NoError(t, err)
+	pf := topo.Hardware.VFs[0].PF
+	require.NoError(t, os.Symlink("../../../../bus/pci/devices/"+pf, root.SysPath("kernel/iommu_groups", filepath.Base(grp), "devices", pf)))
+	require.Eventually(t, func() bool {
+		h := slot(s0).Hardware
+		n := c.node("j22u15")
+		return h != nil && h.State == proto.HardwareOK && n.Readiness != nil && n.Readiness.SliceReady
+	}, 15*time.Second, 20*time.Millisecond, "the scan finds the slot's devices present")
+
+	create := func() proto.Allocation {
+		var al proto.Allocation
+		code, body := c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+			CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &al)
+		require.Less(t, code, 300, body)
+		return al
+	}
+	final := func(id string) proto.AllocState {
+		var st proto.AllocState
+		require.Eventually(t, func() bool {
+			a, ok := c.srv.Store().Snapshot().Allocation(id)
+			st = a.State
+			return ok && (a.State == proto.AllocFailed || a.State == proto.AllocActive)
+		}, 20*time.Second, 20*time.Millisecond)
+		return st
+	}
+	bad := create()
+	require.Equal(t, proto.AllocFailed, final(bad.ID))
+	s := slot(s0)
+	assert.Equal(t, proto.SlotAvailable, s.Status, "nothing was written: the slot is free")
+	assert.Equal(t, proto.HealthUnhealthy, s.HealthState)
+	assert.Contains(t, s.HealthDetail, "failed at plan: plan: GPU "+gpu+": group ")
+	assert.Contains(t, s.HealthDetail, "iommu group not viable")
+	assert.False(t, sched.Schedulable(s))
+
+	// The same broken slot is never retried: with the others approved,
+	// every new slice goes elsewhere and comes up.
+	for i := 1; i < 8; i++ {
+		code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
+		require.Equal(t, http.StatusCreated, code, body)
+	}
+	for range 3 {
+		al := create()
+		require.Equal(t, proto.AllocActive, final(al.ID))
+		a, _ := c.srv.Store().Snapshot().Allocation(al.ID)
+		for _, cid := range a.ClaimIDs {
+			cl, _ := c.srv.Store().Snapshot().Claim(cid)
+			require.NotEqual(t, s0, cl.SlotID)
+		}
+	}
+
+	// The operator fixes the host and repairs the slot: placeable again.
+	require.NoError(t, os.Remove(root.SysPath("kernel/iommu_groups", filepath.Base(grp), "devices", pf)))
+	code, body = c.do(http.MethodPost, "/v1/slots/"+s0+"/repair", c.admin, nil, nil)
+	require.Less(t, code, 300, body)
+	s = slot(s0)
+	assert.NotEqual(t, proto.HealthUnhealthy, s.HealthState)
+	assert.True(t, sched.Schedulable(s))
+}

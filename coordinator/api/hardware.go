@@ -53,3 +53,22 @@ func onlyHardwareBlockers(blockers []string) bool {
 	}
 	return len(blockers) > 0
 }
+
+// markUnhealthy records the slots a failed provision found broken in
+// their own devices (health "failed", with evidence) as unhealthy, before
+// the allocation fails and its slots are freed: placement never picks an
+// unhealthy slot again until an operator repairs it (gpuaasctl slot
+// repair), so a broken slot the scan cannot see is not retried.
+func (f *followUp) markUnhealthy(res *proto.SliceProvisionResult) {
+	snap := f.a.b.Store().Snapshot()
+	for _, s := range res.Slots {
+		if h, _ := proto.ReadinessHealth(s.HealthState); h != proto.HealthUnhealthy {
+			continue
+		}
+		detail := proto.Clip("provision "+f.task.ID+" failed at "+res.FailedStage+": "+strings.Join(s.Evidence, "; "), proto.MaxHealthDetail)
+		if cur, ok := snap.Slot(s.SlotID); ok && cur.HealthState == proto.HealthUnhealthy && cur.HealthDetail == detail {
+			continue
+		}
+		f.apply("slot unhealthy", proto.SlotHealthType, proto.SlotHealthRequest{At: now(), SlotID: s.SlotID, HealthState: proto.HealthUnhealthy, HealthDetail: detail})
+	}
+}

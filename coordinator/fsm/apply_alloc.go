@@ -253,8 +253,8 @@ func placeBaremetal(tx *state.Txn, req *proto.AllocationPlaceRequest, node *prot
 			continue // stays disabled, unsold
 		case s.Status != proto.SlotAvailable || s.ClaimID != "" || s.Touched:
 			return nil, nil, conflict("allocation_place: node %s is not whole: slot %s is %s", node.ID, s.ID, s.Status)
-		case s.HardwareBlocker() != "":
-			return nil, nil, conflict("allocation_place: node %s is not whole: slot %s: %s", node.ID, s.ID, s.HardwareBlocker())
+		case s.PlacementBlocker() != "":
+			return nil, nil, conflict("allocation_place: node %s is not whole: slot %s: %s", node.ID, s.ID, s.PlacementBlocker())
 		case !listed:
 			return nil, nil, conflict("allocation_place: slot %s of node %s is not in the plan", s.ID, node.ID)
 		}

@@ -96,3 +96,14 @@ func slotHardwareGate(s *proto.Slot) error {
 	}
 	return nil
 }
+
+// repairHealth clears the unhealthy mark a failed provision left (the
+// operator's slot repair says the host was fixed); it reports whether
+// there was one. The hardware state is the agent's and is not touched.
+func repairHealth(s *proto.Slot) bool {
+	if s.HealthState != proto.HealthUnhealthy {
+		return false
+	}
+	s.HealthState, s.HealthDetail = proto.HealthUnknown, ""
+	return true
+}

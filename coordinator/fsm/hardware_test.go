@@ -115,7 +115,7 @@ func TestSlotHardwareKeepsBrokenSlotsFromPlacement(t *testing.T) {
 	}
 	_, err := sched.PlaceSlice(h.Snap(), sched.SliceRequest{SKU: sku, GPUCount: 1, Region: region})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "1 are out of placement for their hardware ("+broken+" hardware missing")
+	assert.Contains(t, err.Error(), "1 are out of placement for their hardware or health ("+broken+" hardware missing")
 
 	// Recovery: the scan finds the hardware back, the slot is placeable
 	// again, and the running allocation hears it.
