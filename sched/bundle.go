@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -293,7 +294,7 @@ func viable(host HostView, dev HostPCI, inBundle map[string]bool) error {
 			continue
 		}
 		for _, m := range g.Devices {
-			if m.Address == dev.Address || inBundle[m.Address] || m.Class>>8 == pciClassBridge {
+			if m.Address == dev.Address || inBundle[m.Address] || m.Class>>8 == pciClassBridge || companion(dev.Address, m) {
 				continue
 			}
 			return fmt.Errorf("group %d also holds %s (class %06x, driver %q), which is not part of the bundle", g.ID, m.Address, m.Class, m.Driver)
@@ -301,6 +302,16 @@ func viable(host HostView, dev HostPCI, inBundle map[string]bool) error {
 		return nil
 	}
 	return fmt.Errorf("IOMMU group %d not found", dev.IOMMUGroup)
+}
+
+// companion reports whether m is another function of dev's own PCI device
+// (the GPU's audio function, 0000:9a:00.1 beside 0000:9a:00.0) held by
+// vfio-pci: the group stays with the guest's owner, nothing on the host
+// uses it, so it does not make the group unviable.
+func companion(dev string, m GroupDev) bool {
+	d, _, ok1 := strings.Cut(dev, ".")
+	md, _, ok2 := strings.Cut(m.Address, ".")
+	return ok1 && ok2 && d == md && m.Driver == "vfio-pci"
 }
 
 func findPCI(devs []HostPCI, addr string) (HostPCI, bool) {

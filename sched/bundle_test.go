@@ -150,6 +150,14 @@ func TestPlanBundleRefusals(t *testing.T) {
 			detail: `group 10 also holds 0000:19:00.0 (class 020000, driver "mlx5_core")`,
 		},
 		{
+			name: "IOMMU group shares the GPU's audio function on the host driver",
+			mutate: func(h *sched.HostView, _ []proto.Slot) {
+				h.IOMMUGroups[0].Devices = append(h.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:18:00.1", Class: 0x040300, Driver: "snd_hda_intel"})
+			},
+			want:   []error{sched.ErrIOMMU},
+			detail: `also holds 0000:18:00.1 (class 040300, driver "snd_hda_intel")`,
+		},
+		{
 			name:   "IOMMU off",
 			mutate: func(h *sched.HostView, _ []proto.Slot) { h.GPUs[0].IOMMUGroup = -1 },
 			want:   []error{sched.ErrIOMMU},
@@ -357,4 +365,20 @@ func TestHardwareProblems(t *testing.T) {
 	require.Error(t, err)
 	assert.Nil(t, sched.HardwareProblems(err), "hugepages free up: not a hardware problem")
 	assert.Nil(t, sched.HardwareProblems(nil))
+}
+
+// A GPU's own audio function held by vfio-pci shares its group without
+// making it unviable (the host does not use it); another device's
+// function does.
+func TestPlanBundleVFIOCompanion(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	host.IOMMUGroups[0].Devices = append(host.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:18:00.1", Class: 0x040300, Driver: "vfio-pci"})
+	_, err := sched.PlanBundle(host, slots[0:1], profile(t))
+	require.NoError(t, err)
+
+	host, slots = hgxHost(t)
+	host.IOMMUGroups[0].Devices = append(host.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:19:00.1", Class: 0x040300, Driver: "vfio-pci"})
+	_, err = sched.PlanBundle(host, slots[0:1], profile(t))
+	require.ErrorIs(t, err, sched.ErrIOMMU)
 }
