@@ -371,10 +371,17 @@ func (d *Daemon) joinPool() (*membership.Pool, error) {
 }
 
 // discover runs discovery and keeps the report for diagnostics and
-// readiness.
+// readiness. The approved slots last listed by the coordinator keep their
+// pairings in the candidates.
 func (d *Daemon) discover(ctx context.Context) (discovery.Report, error) {
+	d.mu.Lock()
+	var approved []proto.SlotCapacity
+	for _, s := range d.approved {
+		approved = append(approved, s.Capacity)
+	}
+	d.mu.Unlock()
 	r, err := discovery.Discover(ctx, d.root, discovery.Options{NodeID: d.cfg.NodeID, GuestGateway: d.gw,
-		ImageCacheDir: filepath.Join(d.cfg.HostRoot, d.cfg.ImageCacheDir), Evidence: d.src, At: time.Now().UTC()})
+		ImageCacheDir: filepath.Join(d.cfg.HostRoot, d.cfg.ImageCacheDir), Evidence: d.src, At: time.Now().UTC(), Approved: approved})
 	if err != nil {
 		return r, err
 	}
@@ -640,6 +647,11 @@ func idempotent(typ string) bool {
 func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error) {
 	switch t.Type {
 	case proto.TaskTopologyDiscover:
+		if slots, err := d.client.Slots(ctx); err == nil {
+			d.mu.Lock()
+			d.approved = slots
+			d.mu.Unlock()
+		}
 		r, err := d.discover(ctx)
 		if err != nil {
 			return nil, err

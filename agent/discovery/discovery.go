@@ -59,6 +59,11 @@ type Options struct {
 	Evidence evidence.Source
 	// At stamps the topology.
 	At time.Time
+	// Approved are the node's approved slots' bindings: a GPU still
+	// present keeps its approved disk and VF when they are present and
+	// free, so re-discovery after a device disappeared does not re-pair
+	// the others by order.
+	Approved []proto.SlotCapacity
 }
 
 // GPU is one GPU as discovered.

@@ -126,3 +126,39 @@ func BenchmarkScanInventory(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/scan")
 }
+
+// Re-discovery after a GPU unplug keeps the approved pairings of the GPUs
+// still present: no disk or VF shifts to another GPU because one GPU
+// disappeared (it would by order alone).
+func TestCandidatesKeepApprovedPairings(t *testing.T) {
+	t.Parallel()
+	root, _ := hostsimtest.Host(t, "j22u15")
+	before := discover(t, root, "j22u15")
+	var approved []proto.SlotCapacity
+	for _, c := range before.Topology.Candidates {
+		approved = append(approved, c.Capacity)
+	}
+	require.NoError(t, hostsim.UnplugGPU(root, before.GPUs[0].Addr))
+
+	byOrder := discover(t, root, "j22u15")
+	shifted := 0
+	for _, c := range byOrder.Topology.Candidates {
+		i := slices.IndexFunc(approved, func(a proto.SlotCapacity) bool { return a.GPUPCIAddress == c.Capacity.GPUPCIAddress })
+		if approved[i].FabricVFPCIAddress != c.Capacity.FabricVFPCIAddress || !proto.SameDisk(approved[i].NVMe, c.Capacity.NVMe) {
+			shifted++
+		}
+	}
+	require.Positive(t, shifted, "without the approvals, pairing by order shifts after an unplug")
+
+	o := opts(root, "j22u15")
+	o.Approved = approved
+	r, err := Discover(context.Background(), root, o)
+	require.NoError(t, err)
+	require.Len(t, r.Topology.Candidates, 7)
+	for _, c := range r.Topology.Candidates {
+		i := slices.IndexFunc(approved, func(a proto.SlotCapacity) bool { return a.GPUPCIAddress == c.Capacity.GPUPCIAddress })
+		require.GreaterOrEqual(t, i, 0)
+		require.Equal(t, approved[i].FabricVFPCIAddress, c.Capacity.FabricVFPCIAddress, "GPU %s keeps its VF", c.Capacity.GPUPCIAddress)
+		require.True(t, proto.SameDisk(approved[i].NVMe, c.Capacity.NVMe), "GPU %s keeps its disk", c.Capacity.GPUPCIAddress)
+	}
+}
