@@ -126,6 +126,10 @@ type AgentSlot struct {
 	ClaimID    string       `json:"claim_id"`
 	Generation uint64       `json:"generation"`
 	Capacity   SlotCapacity `json:"capacity"`
+	// Status and Hardware are the ledger's view: whether the slot is in
+	// service and the hardware state it recorded last.
+	Status   SlotStatus    `json:"status,omitempty"`
+	Hardware *SlotHardware `json:"hardware,omitempty"`
 }
 
 //go:embed agent-openapi.yaml

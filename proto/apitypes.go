@@ -152,6 +152,9 @@ type NodeDetail struct {
 	// Drift lists differences between approved slots and the latest
 	// discovery (TopologyDrift); empty when they agree.
 	Drift []SlotDrift `json:"drift,omitempty"`
+	// SlotHardware lists the slots out of placement for their hardware
+	// (the agent's last scan found them drifted, degraded or missing).
+	SlotHardware []SlotHardware `json:"slot_hardware,omitempty"`
 	// Quarantined lists the node's quarantined slots with why (empty when
 	// none is).
 	Quarantined []QuarantinedSlot `json:"quarantined,omitempty"`

@@ -75,6 +75,9 @@ type Readiness struct {
 	Blockers   []string   `json:"blockers,omitempty"`
 	Evidence   []Evidence `json:"evidence,omitempty"`
 	ObservedAt time.Time  `json:"observed_at"`
+	// SlotHardware is each approved slot's hardware state from the
+	// agent's latest scan (empty before the agent knows its slots).
+	SlotHardware []SlotHardware `json:"slot_hardware,omitempty"`
 }
 
 // Evidence is one observed check of a readiness gate.
@@ -111,7 +114,10 @@ type DiskIdentity struct {
 	WWN    string `json:"wwn,omitempty"`
 	EUI    string `json:"eui,omitempty"`
 	Model  string `json:"model,omitempty"`
-	Device string `json:"device,omitempty"` // last seen kernel name, advisory
+	// SizeBytes is the namespace size; 0 when not recorded. A resized
+	// namespace is not the approved disk.
+	SizeBytes uint64 `json:"size_bytes,omitempty"`
+	Device    string `json:"device,omitempty"` // last seen kernel name, advisory
 }
 
 // Empty reports whether no stable identity is recorded.
@@ -190,6 +196,9 @@ type Slot struct {
 	// StatusReason says why the slot is disabled, cleanup_blocked or
 	// quarantined.
 	StatusReason string `json:"status_reason,omitempty"`
+	// Hardware is the agent's latest hardware observation of the slot
+	// (nil until one arrives); any state but ok keeps it from placement.
+	Hardware *SlotHardware `json:"hardware,omitempty"`
 	Meta
 }
 
@@ -347,6 +356,9 @@ type CandidateTopology struct {
 	Blockers     []string        `json:"blockers,omitempty"`
 	DiscoveredAt time.Time       `json:"discovered_at"`
 	TopologyPrereqs
+	// Hardware is every device the scan saw, paired or not (nil from an
+	// older agent); drift is judged on it.
+	Hardware *HardwareInventory `json:"hardware,omitempty"`
 	// ConvertibleDisks is kept by the coordinator (an agent's value is
 	// ignored): disks ever seen with host share mounts (proto/storage.go).
 	ConvertibleDisks []ConvertibleDisk `json:"convertible_disks,omitempty"`

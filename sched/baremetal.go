@@ -83,7 +83,7 @@ func PlaceBaremetal(st State, req BaremetalRequest) (BaremetalPlan, error) {
 		}
 		whole := true
 		for _, sl := range slots {
-			if sl.Status != proto.SlotAvailable || sl.ClaimID != "" || sl.Touched {
+			if sl.Status != proto.SlotAvailable || sl.ClaimID != "" || sl.Touched || sl.PlacementBlocker() != "" {
 				whole = false
 				if s.firstBusy == "" {
 					s.firstBusy = fmt.Sprintf("%s is %s", sl.ID, slotCondition(sl))
@@ -113,6 +113,8 @@ func slotCondition(s *proto.Slot) string {
 		return string(s.Status)
 	case s.ClaimID != "":
 		return "held by claim " + s.ClaimID
+	case s.PlacementBlocker() != "":
+		return "out of placement: " + s.PlacementBlocker()
 	default:
 		return "touched and awaiting a wipe"
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -143,6 +144,9 @@ func PlanBundle(host HostView, slots []proto.Slot, profile proto.GPUProfile) (Bu
 	bad := func(err error, format string, args ...any) {
 		problems = append(problems, fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), err))
 	}
+	badSlot := func(slotID string, err error, format string, args ...any) {
+		problems = append(problems, &SlotError{SlotID: slotID, Err: fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), err)})
+	}
 	inBundle := map[string]bool{}
 	for _, s := range ordered {
 		inBundle[s.Capacity.GPUPCIAddress] = true
@@ -163,29 +167,29 @@ func PlanBundle(host HostView, slots []proto.Slot, profile proto.GPUProfile) (Bu
 		gpu, ok := findPCI(host.GPUs, c.GPUPCIAddress)
 		switch {
 		case !ok:
-			bad(ErrGPUMissing, "slot %s: GPU %s", s.ID, c.GPUPCIAddress)
+			badSlot(s.ID, ErrGPUMissing, "GPU %s", c.GPUPCIAddress)
 		default:
 			if gpu.NUMANode != c.NUMANode && gpu.NUMANode >= 0 {
-				bad(ErrTopologyDrift, "slot %s: GPU %s is on NUMA node %d, slot says %d", s.ID, c.GPUPCIAddress, gpu.NUMANode, c.NUMANode)
+				badSlot(s.ID, ErrTopologyDrift, "GPU %s is on NUMA node %d, slot says %d", c.GPUPCIAddress, gpu.NUMANode, c.NUMANode)
 			}
 			if err := viable(host, gpu, inBundle); err != nil {
-				bad(ErrIOMMU, "slot %s: GPU %s: %v", s.ID, gpu.Address, err)
+				badSlot(s.ID, ErrIOMMU, "GPU %s: %v", gpu.Address, err)
 			}
 		}
 		vf, ok := findPCI(host.VFs, c.FabricVFPCIAddress)
 		if !ok {
-			bad(ErrVFMissing, "slot %s: VF %s", s.ID, c.FabricVFPCIAddress)
+			badSlot(s.ID, ErrVFMissing, "VF %s", c.FabricVFPCIAddress)
 		} else if err := viable(host, vf, inBundle); err != nil {
-			bad(ErrIOMMU, "slot %s: VF %s: %v", s.ID, vf.Address, err)
+			badSlot(s.ID, ErrIOMMU, "VF %s: %v", vf.Address, err)
 		}
 		disk, ok := findDisk(host.Disks, c.NVMe)
 		switch {
 		case !ok:
-			bad(ErrDiskIdentity, "slot %s: no disk with %s", s.ID, identityString(c.NVMe))
+			badSlot(s.ID, ErrDiskIdentity, "no disk with %s", identityString(c.NVMe))
 		case len(disk.Mounts) > 0:
-			bad(ErrDiskMounted, "slot %s: disk %s is mounted at %v", s.ID, disk.Device, disk.Mounts)
+			badSlot(s.ID, ErrDiskMounted, "disk %s is mounted at %v", disk.Device, disk.Mounts)
 		case usedDisk[disk.Device]:
-			bad(ErrDiskIdentity, "slot %s: disk %s is already given to another slot of the bundle", s.ID, disk.Device)
+			badSlot(s.ID, ErrDiskIdentity, "disk %s is already given to another slot of the bundle", disk.Device)
 		default:
 			usedDisk[disk.Device] = true
 			d.Disk, d.DiskDevice = disk.Path, disk.Device
@@ -290,7 +294,7 @@ func viable(host HostView, dev HostPCI, inBundle map[string]bool) error {
 			continue
 		}
 		for _, m := range g.Devices {
-			if m.Address == dev.Address || inBundle[m.Address] || m.Class>>8 == pciClassBridge {
+			if m.Address == dev.Address || inBundle[m.Address] || m.Class>>8 == pciClassBridge || companion(dev.Address, m) {
 				continue
 			}
 			return fmt.Errorf("group %d also holds %s (class %06x, driver %q), which is not part of the bundle", g.ID, m.Address, m.Class, m.Driver)
@@ -298,6 +302,16 @@ func viable(host HostView, dev HostPCI, inBundle map[string]bool) error {
 		return nil
 	}
 	return fmt.Errorf("IOMMU group %d not found", dev.IOMMUGroup)
+}
+
+// companion reports whether m is another function of dev's own PCI device
+// (the GPU's audio function, 0000:9a:00.1 beside 0000:9a:00.0) held by
+// vfio-pci: the group stays with the guest's owner, nothing on the host
+// uses it, so it does not make the group unviable.
+func companion(dev string, m GroupDev) bool {
+	d, _, ok1 := strings.Cut(dev, ".")
+	md, _, ok2 := strings.Cut(m.Address, ".")
+	return ok1 && ok2 && d == md && m.Driver == "vfio-pci"
 }
 
 func findPCI(devs []HostPCI, addr string) (HostPCI, bool) {
@@ -336,4 +350,57 @@ func findNUMA(ns []HostNUMA, node int) (HostNUMA, bool) {
 		}
 	}
 	return HostNUMA{}, false
+}
+
+// SlotError is a PlanBundle problem of one slot's devices; it wraps one of
+// the Err* values. Its text keeps the "slot ID: " prefix.
+type SlotError struct {
+	SlotID string
+	Err    error
+}
+
+func (e *SlotError) Error() string { return "slot " + e.SlotID + ": " + e.Err.Error() }
+func (e *SlotError) Unwrap() error { return e.Err }
+
+// hardwareErrs are the problems of a slot's own devices: retrying the
+// same slot cannot succeed until the host is repaired (unlike CPUs or
+// hugepages, which free up).
+var hardwareErrs = []error{ErrGPUMissing, ErrTopologyDrift, ErrIOMMU, ErrDiskIdentity, ErrDiskMounted, ErrVFMissing}
+
+// HardwareProblems lists, per slot, the problems of err (as PlanBundle
+// returns it, wrapped or joined) that are about the slot's own devices.
+func HardwareProblems(err error) map[string][]string {
+	out := map[string][]string{}
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		var se *SlotError
+		if s, ok := e.(*SlotError); ok {
+			se = s
+		}
+		if se != nil {
+			for _, h := range hardwareErrs {
+				if errors.Is(se.Err, h) {
+					out[se.SlotID] = append(out[se.SlotID], se.Err.Error())
+					break
+				}
+			}
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }

@@ -150,6 +150,14 @@ func TestPlanBundleRefusals(t *testing.T) {
 			detail: `group 10 also holds 0000:19:00.0 (class 020000, driver "mlx5_core")`,
 		},
 		{
+			name: "IOMMU group shares the GPU's audio function on the host driver",
+			mutate: func(h *sched.HostView, _ []proto.Slot) {
+				h.IOMMUGroups[0].Devices = append(h.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:18:00.1", Class: 0x040300, Driver: "snd_hda_intel"})
+			},
+			want:   []error{sched.ErrIOMMU},
+			detail: `also holds 0000:18:00.1 (class 040300, driver "snd_hda_intel")`,
+		},
+		{
 			name:   "IOMMU off",
 			mutate: func(h *sched.HostView, _ []proto.Slot) { h.GPUs[0].IOMMUGroup = -1 },
 			want:   []error{sched.ErrIOMMU},
@@ -330,4 +338,47 @@ func TestCheckLease(t *testing.T) {
 			assert.True(t, strings.HasPrefix(err.Error(), "lease"))
 		})
 	}
+}
+
+// HardwareProblems attributes device problems to their slots and leaves
+// out what frees up on its own (CPUs, hugepages) or is the node's (the
+// bridge): a retry of the same slot cannot get past a device problem.
+func TestHardwareProblems(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	host.VFs, host.OVSBridges, host.NUMA[0].HugepagesFree = host.VFs[1:], nil, 0
+	host.Disks[1].Mounts = []string{"/"}
+	_, err := sched.PlanBundle(host, slots[0:2], profile(t))
+	require.Error(t, err)
+	got := sched.HardwareProblems(fmt.Errorf("node scheduler: %w", err))
+	require.Equal(t, map[string][]string{
+		"j22u15-s0": {"VF 0000:c1:00.2: fabric vf not present"},
+		"j22u15-s1": {"disk nvme1n1 is mounted at [/]: nvme mounted"},
+	}, got)
+	var se *sched.SlotError
+	require.ErrorAs(t, err, &se)
+	assert.ErrorIs(t, err, sched.ErrVFMissing, "a slot problem still matches its Err value")
+
+	host, slots = hgxHost(t)
+	host.NUMA[0].HugepagesFree = 0
+	_, err = sched.PlanBundle(host, slots[0:1], profile(t))
+	require.Error(t, err)
+	assert.Nil(t, sched.HardwareProblems(err), "hugepages free up: not a hardware problem")
+	assert.Nil(t, sched.HardwareProblems(nil))
+}
+
+// A GPU's own audio function held by vfio-pci shares its group without
+// making it unviable (the host does not use it); another device's
+// function does.
+func TestPlanBundleVFIOCompanion(t *testing.T) {
+	t.Parallel()
+	host, slots := hgxHost(t)
+	host.IOMMUGroups[0].Devices = append(host.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:18:00.1", Class: 0x040300, Driver: "vfio-pci"})
+	_, err := sched.PlanBundle(host, slots[0:1], profile(t))
+	require.NoError(t, err)
+
+	host, slots = hgxHost(t)
+	host.IOMMUGroups[0].Devices = append(host.IOMMUGroups[0].Devices, sched.GroupDev{Address: "0000:19:00.1", Class: 0x040300, Driver: "vfio-pci"})
+	_, err = sched.PlanBundle(host, slots[0:1], profile(t))
+	require.ErrorIs(t, err, sched.ErrIOMMU)
 }

@@ -24,6 +24,8 @@ type sliceStats struct {
 
 	firstIncomplete string
 	firstMissing    []string
+	hardware        int    // available and unclaimed but its hardware is broken (scan or failed provision)
+	firstHardware   string // "j22u15-s3 hardware missing{gpu_pci_address}: ..."
 
 	maxOnNode int
 	maxNode   string
@@ -56,6 +58,9 @@ func (s sliceStats) noFit(req SliceRequest) error {
 		if s.incomplete > 0 {
 			more = append(more, fmt.Sprintf("%d say available but are incomplete (%s lacks %s)",
 				s.incomplete, s.firstIncomplete, strings.Join(s.firstMissing, ", ")))
+		}
+		if s.hardware > 0 {
+			more = append(more, fmt.Sprintf("%d are out of placement for their hardware or health (%s)", s.hardware, s.firstHardware))
 		}
 		if s.taken > 0 {
 			more = append(more, fmt.Sprintf("%d were taken by earlier plans of this batch", s.taken))

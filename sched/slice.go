@@ -300,6 +300,11 @@ func (p *slicePlanner) scan(nodes func(yield func(string) bool)) sliceStats {
 				s.taken++
 			case Schedulable(sl):
 				onNode++
+			case sl.Status == proto.SlotAvailable && sl.ClaimID == "" && sl.PlacementBlocker() != "":
+				s.hardware++
+				if s.firstHardware == "" {
+					s.firstHardware = sl.ID + " " + sl.PlacementBlocker()
+				}
 			case sl.Status == proto.SlotAvailable && sl.ClaimID == "":
 				s.incomplete++
 				if s.firstIncomplete == "" {

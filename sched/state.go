@@ -47,8 +47,10 @@ type State interface {
 
 // Schedulable reports whether a slot can be given to a new slice claim
 // (ignoring batch-local Taken sets): status available, not held by a claim,
-// and complete. Incomplete slots are never schedulable whatever their status
-// says (DESIGN invariant 4). Stores use it to maintain NodesByAvailable.
+// complete, its hardware not found drifted, degraded or missing by the
+// agent's last scan, and not marked unhealthy by a failed provision. Incomplete slots are never schedulable whatever their
+// status says (DESIGN invariant 4). Stores use it to maintain
+// NodesByAvailable.
 func Schedulable(s *proto.Slot) bool {
-	return s.Status == proto.SlotAvailable && s.ClaimID == "" && len(s.Capacity.MissingBindings()) == 0
+	return s.Status == proto.SlotAvailable && s.ClaimID == "" && len(s.Capacity.MissingBindings()) == 0 && s.PlacementBlocker() == ""
 }

@@ -189,40 +189,44 @@ type Config struct {
 	Failpoints string `json:"failpoints,omitempty"`
 	// Intervals.
 	ReadinessInterval Duration `json:"readiness_interval,omitempty"`
-	HeartbeatInterval Duration `json:"heartbeat_interval,omitempty"`
-	PollWait          Duration `json:"poll_wait,omitempty"`
-	LogLevel          string   `json:"log_level,omitempty"`
+	// HardwareScanInterval is how often the approved slots' hardware is
+	// re-scanned; a change is reported at once.
+	HardwareScanInterval Duration `json:"hardware_scan_interval,omitempty"`
+	HeartbeatInterval    Duration `json:"heartbeat_interval,omitempty"`
+	PollWait             Duration `json:"poll_wait,omitempty"`
+	LogLevel             string   `json:"log_level,omitempty"`
 }
 
 // Defaults returns the built-in configuration.
 func Defaults() Config {
 	return Config{
-		HostRoot:          "/",
-		StateDir:          "/var/lib/gpuaas",
-		Coordinators:      List{"http://127.0.0.1:8080"},
-		DiagAddr:          "127.0.0.1:9460",
-		GossipBind:        "0.0.0.0:7946",
-		GuestGateway:      "10.200.0.1/24",
-		OVSBridge:         "ovsbr0",
-		ImageCacheDir:     "/var/lib/gpuaas/images",
-		ImageCacheBudget:  100 << 30,
-		Evidence:          EvidenceHost,
-		Runtime:           RuntimeNone,
-		LibvirtURI:        "qemu:///system",
-		DomainType:        "kvm",
-		DHCPDir:           "/var/lib/gpuaas/dhcp",
-		NATTable:          "gpuaas",
-		VMDir:             "/var/lib/libvirt/gpuaas",
-		SerialLogDir:      "/var/log/gpuaas/serial",
-		WipePolicy:        "blkdiscard",
-		SSHKey:            "/var/lib/gpuaas/ssh/id_ed25519",
-		LeaseTimeout:      Duration(180 * time.Second),
-		SSHTimeout:        Duration(120 * time.Second),
-		VMShutdownTimeout: Duration(30 * time.Second),
-		ReadinessInterval: Duration(30 * time.Second),
-		HeartbeatInterval: Duration(10 * time.Second),
-		PollWait:          Duration(30 * time.Second),
-		LogLevel:          "info",
+		HostRoot:             "/",
+		StateDir:             "/var/lib/gpuaas",
+		Coordinators:         List{"http://127.0.0.1:8080"},
+		DiagAddr:             "127.0.0.1:9460",
+		GossipBind:           "0.0.0.0:7946",
+		GuestGateway:         "10.200.0.1/24",
+		OVSBridge:            "ovsbr0",
+		ImageCacheDir:        "/var/lib/gpuaas/images",
+		ImageCacheBudget:     100 << 30,
+		Evidence:             EvidenceHost,
+		Runtime:              RuntimeNone,
+		LibvirtURI:           "qemu:///system",
+		DomainType:           "kvm",
+		DHCPDir:              "/var/lib/gpuaas/dhcp",
+		NATTable:             "gpuaas",
+		VMDir:                "/var/lib/libvirt/gpuaas",
+		SerialLogDir:         "/var/log/gpuaas/serial",
+		WipePolicy:           "blkdiscard",
+		SSHKey:               "/var/lib/gpuaas/ssh/id_ed25519",
+		LeaseTimeout:         Duration(180 * time.Second),
+		SSHTimeout:           Duration(120 * time.Second),
+		VMShutdownTimeout:    Duration(30 * time.Second),
+		ReadinessInterval:    Duration(30 * time.Second),
+		HardwareScanInterval: Duration(5 * time.Second),
+		HeartbeatInterval:    Duration(10 * time.Second),
+		PollWait:             Duration(30 * time.Second),
+		LogLevel:             "info",
 	}
 }
 
@@ -278,6 +282,7 @@ func defs() []flagDef {
 		v("vm-shutdown-timeout", "graceful VM shutdown before it is destroyed", func(c *Config) flag.Value { return &c.VMShutdownTimeout }),
 		s("failpoints", "crash-test failpoints, e.g. slice/after-clone=crash", func(c *Config) *string { return &c.Failpoints }),
 		v("readiness-interval", "how often readiness is evaluated and reported", func(c *Config) flag.Value { return &c.ReadinessInterval }),
+		v("hardware-scan-interval", "how often the approved slots' hardware (GPUs, disks, VFs) is re-scanned; a change is reported at once", func(c *Config) flag.Value { return &c.HardwareScanInterval }),
 		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
 		v("poll-wait", "task long-poll wait", func(c *Config) flag.Value { return &c.PollWait }),
 		s("log-level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
@@ -442,7 +447,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"readiness-interval", c.ReadinessInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait}} {
+	}{{"readiness-interval", c.ReadinessInterval}, {"hardware-scan-interval", c.HardwareScanInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait}} {
 		if d.v <= 0 {
 			bad(d.name, "must be positive")
 		}

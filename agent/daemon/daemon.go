@@ -59,6 +59,7 @@ type Daemon struct {
 	reg      *prometheus.Registry
 	tasksRun *prometheus.CounterVec
 	polls    prometheus.Counter
+	hwScans  prometheus.Histogram
 
 	mu        sync.Mutex
 	report    *discovery.Report
@@ -67,6 +68,13 @@ type Daemon struct {
 	lastOK    time.Time
 	reconcile *nodesched.Reconciliation
 	diagAddr  string
+	// hardware is the approved slots' latest hardware scan (hardware.go).
+	hardware []readiness.SlotHardware
+	approved []proto.AgentSlot // the node's slots as the coordinator last listed them
+	scans    uint64            // hardware scans done
+	// reportMu orders readiness reports from the readiness and hardware
+	// loops, so an older evaluation never lands after a newer one.
+	reportMu sync.Mutex
 
 	prepHost      *prepare.Host // host.prepare_slice backends (nil: the real host's)
 	wasSliceReady bool
@@ -160,7 +168,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	d.reg = prometheus.NewRegistry()
 	d.tasksRun = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuaas_agent_tasks_total", Help: "Tasks executed, by type and outcome."}, []string{"type", "outcome"})
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
-	d.reg.MustRegister(d.tasksRun, d.polls,
+	d.hwScans = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gpuaas_agent_hardware_scan_seconds",
+		Help: "Duration of the periodic hardware re-scan (GPUs, disks, VFs compared with the approved slots).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 12)})
+	d.reg.MustRegister(d.tasksRun, d.polls, d.hwScans,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_active", Help: "1 when the node-active gate holds (enrolled, credential valid, coordinator reachable)."},
 			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.Active }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_slice_ready", Help: "1 when the slice-ready convergence gate holds."},
@@ -234,7 +244,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
+	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -342,10 +352,17 @@ func (d *Daemon) setNode(f func(*readiness.Node)) {
 }
 
 // discover runs discovery and keeps the report for diagnostics and
-// readiness.
+// readiness. The approved slots last listed by the coordinator keep their
+// pairings in the candidates.
 func (d *Daemon) discover(ctx context.Context) (discovery.Report, error) {
+	d.mu.Lock()
+	var approved []proto.SlotCapacity
+	for _, s := range d.approved {
+		approved = append(approved, s.Capacity)
+	}
+	d.mu.Unlock()
 	r, err := discovery.Discover(ctx, d.root, discovery.Options{NodeID: d.cfg.NodeID, GuestGateway: d.gw,
-		ImageCacheDir: filepath.Join(d.cfg.HostRoot, d.cfg.ImageCacheDir), Evidence: d.src, At: time.Now().UTC()})
+		ImageCacheDir: filepath.Join(d.cfg.HostRoot, d.cfg.ImageCacheDir), Evidence: d.src, At: time.Now().UTC(), Approved: approved})
 	if err != nil {
 		return r, err
 	}
@@ -448,6 +465,7 @@ func (d *Daemon) heartbeatLoop(ctx context.Context) error {
 func (d *Daemon) evaluate(ctx context.Context) (proto.Readiness, error) {
 	d.mu.Lock()
 	node := d.node
+	hw := d.hardware
 	var topo *proto.CandidateTopology
 	if d.report != nil {
 		t := d.report.Topology
@@ -455,7 +473,7 @@ func (d *Daemon) evaluate(ctx context.Context) (proto.Readiness, error) {
 	}
 	d.mu.Unlock()
 	r, err := readiness.Evaluate(ctx, d.root, d.src, readiness.Inputs{Node: node,
-		Spec: readiness.Spec{Fabric: d.fabric, OVSBridge: d.cfg.OVSBridge, GuestGateway: d.gw}, Topology: topo, At: time.Now().UTC()})
+		Spec: readiness.Spec{Fabric: d.fabric, OVSBridge: d.cfg.OVSBridge, GuestGateway: d.gw}, Topology: topo, Hardware: hw, At: time.Now().UTC()})
 	if err != nil {
 		return r, err
 	}
@@ -470,22 +488,32 @@ func (d *Daemon) readinessLoop(ctx context.Context) error {
 		if _, err := d.discover(ctx); err != nil {
 			d.log.Error("discovery", "err", err)
 		}
-		r, err := d.evaluate(ctx)
-		if err != nil {
-			d.log.Error("readiness", "err", err)
-		} else {
-			d.noteSliceDrift(r)
-			err := d.client.PutReadiness(ctx, r)
-			d.noteCoordinator(err)
-			if err != nil && ctx.Err() == nil {
-				d.log.Warn("report readiness", "err", err)
-			}
+		if _, err := d.scanHardware(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn("hardware scan", "err", err)
 		}
+		d.reportReadiness(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(time.Duration(d.cfg.ReadinessInterval)):
 		}
+	}
+}
+
+// reportReadiness evaluates readiness and reports it to the coordinator.
+func (d *Daemon) reportReadiness(ctx context.Context) {
+	d.reportMu.Lock()
+	defer d.reportMu.Unlock()
+	r, err := d.evaluate(ctx)
+	if err != nil {
+		d.log.Error("readiness", "err", err)
+		return
+	}
+	d.noteSliceDrift(r)
+	err = d.client.PutReadiness(ctx, r)
+	d.noteCoordinator(err)
+	if err != nil && ctx.Err() == nil {
+		d.log.Warn("report readiness", "err", err)
 	}
 }
 
@@ -606,6 +634,11 @@ func idempotent(typ string) bool {
 func (d *Daemon) run(ctx context.Context, t proto.Task) (json.RawMessage, error) {
 	switch t.Type {
 	case proto.TaskTopologyDiscover:
+		if slots, err := d.client.Slots(ctx); err == nil {
+			d.mu.Lock()
+			d.approved = slots
+			d.mu.Unlock()
+		}
 		r, err := d.discover(ctx)
 		if err != nil {
 			return nil, err

@@ -218,7 +218,7 @@ func (d *Daemon) provision(ctx context.Context, t proto.Task) (json.RawMessage, 
 	plan, slots, p, err := d.planTask(ctx, t)
 	if err != nil {
 		rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "failed", Message: err.Error()})
-		b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: p.AllocationID, FailedStage: proto.StagePlan})
+		b, _ := json.Marshal(proto.SliceProvisionResult{AllocationID: p.AllocationID, FailedStage: proto.StagePlan, Slots: failedSlots(err)})
 		return b, err
 	}
 	rep.Event(ctx, proto.StageEvent{Stage: proto.StagePlan, Status: "succeeded"})

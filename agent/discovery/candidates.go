@@ -38,9 +38,11 @@ func locality(g GPU, sw string, numa int) int {
 }
 
 // Candidates builds the candidate topology from a report: one candidate per
-// GPU in address order. Each GPU takes the closest unpaired NVMe disk (same
-// PCIe switch, then same NUMA node, ties in serial order) and the closest
-// unclaimed fabric VF (same NUMA node, ties in PF/VF order). Suggested MAC,
+// GPU in address order. A GPU of an approved slot (opts.Approved) keeps its
+// approved disk and VF while they are present; every other GPU takes the
+// closest unpaired NVMe disk (same PCIe switch, then same NUMA node, ties
+// in serial order) and the closest unclaimed fabric VF (same NUMA node,
+// ties in PF/VF order). Suggested MAC,
 // IP and OVS port are derived from the node ID and index. Deterministic:
 // the same report gives the same map.
 func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.CandidateTopology {
@@ -58,6 +60,21 @@ func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.Ca
 	disks := slices.Clone(r.Disks) // sorted by serial
 	usedDisk := make([]bool, len(disks))
 	usedVF := make([]bool, len(vfs))
+	// Approved pairings first: a present GPU keeps its approved disk
+	// (every identifier equal) and VF (same address) when both sides are
+	// still here, whatever else disappeared.
+	keepDisk, keepVF := map[string]int{}, map[string]int{}
+	for _, a := range opts.Approved {
+		if !slices.ContainsFunc(r.GPUs, func(g GPU) bool { return g.Addr == a.GPUPCIAddress }) {
+			continue
+		}
+		if j := slices.IndexFunc(disks, func(d Disk) bool { return proto.SameDisk(a.NVMe, d.Identity()) }); j >= 0 && !usedDisk[j] {
+			usedDisk[j], keepDisk[a.GPUPCIAddress] = true, j
+		}
+		if j := slices.IndexFunc(vfs, func(v fabricVF) bool { return v.addr == a.FabricVFPCIAddress }); j >= 0 && !usedVF[j] {
+			usedVF[j], keepVF[a.GPUPCIAddress] = true, j
+		}
+	}
 	for i, g := range r.GPUs {
 		c := proto.SlotCandidate{Index: i}
 		c.Capacity = proto.SlotCapacity{
@@ -81,12 +98,15 @@ func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.Ca
 		}
 		best := -1
 		for j, d := range disks {
-			if usedDisk[j] {
+			if _, kept := keepDisk[g.Addr]; kept || usedDisk[j] {
 				continue
 			}
 			if best < 0 || locality(g, d.Switch, d.NUMANode) < locality(g, disks[best].Switch, disks[best].NUMANode) {
 				best = j
 			}
+		}
+		if j, kept := keepDisk[g.Addr]; kept {
+			best = j
 		}
 		if best < 0 {
 			c.Problems = append(c.Problems, "no NVMe disk left to pair with gpu "+g.Addr)
@@ -104,12 +124,15 @@ func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.Ca
 		}
 		bestVF := -1
 		for j, vf := range vfs {
-			if usedVF[j] {
+			if _, kept := keepVF[g.Addr]; kept || usedVF[j] {
 				continue
 			}
 			if bestVF < 0 || (vf.numa == g.NUMANode && vfs[bestVF].numa != g.NUMANode) {
 				bestVF = j
 			}
+		}
+		if j, kept := keepVF[g.Addr]; kept {
+			bestVF = j
 		}
 		if bestVF < 0 {
 			c.Problems = append(c.Problems, "no fabric VF left for gpu "+g.Addr)
@@ -119,10 +142,33 @@ func Candidates(opts Options, r Report, byAddr map[string]pci.Function) proto.Ca
 		}
 		t.Candidates = append(t.Candidates, c)
 	}
+	t.Hardware = Inventory(r)
 	t.Blockers = blockers(r)
 	t.Prerequisites = r.Prerequisites
 	t.RebootRequired = r.RebootRequired
 	return t
+}
+
+// Inventory lists every GPU, NVMe disk and fabric VF of a report, paired
+// or not, by identity: GPUs and VFs by their own PCI address (a VF with
+// its parent PF), disks by every stable identifier and size. Drift is
+// judged on it (proto.CheckSlotHardware), never on candidate pairing,
+// which shifts when a device disappears.
+func Inventory(r Report) *proto.HardwareInventory {
+	inv := &proto.HardwareInventory{GPUs: []proto.GPUInventory{}, Disks: []proto.DiskInventory{}, VFs: []proto.VFInventory{}}
+	for _, g := range r.GPUs {
+		inv.GPUs = append(inv.GPUs, proto.GPUInventory{PCIAddress: g.Addr, NUMANode: g.NUMANode,
+			LinkSpeed: g.LinkSpeed, MaxLinkSpeed: g.MaxLinkSpeed, LinkWidth: g.LinkWidth, MaxLinkWidth: g.MaxLinkWidth})
+	}
+	for _, d := range r.Disks {
+		inv.Disks = append(inv.Disks, proto.DiskInventory{Disk: d.Identity(), Mounted: len(d.Mounts) > 0})
+	}
+	for _, pf := range r.SRIOV {
+		for _, vf := range pf.VFs {
+			inv.VFs = append(inv.VFs, proto.VFInventory{PCIAddress: vf, PF: pf.Addr})
+		}
+	}
+	return inv
 }
 
 func blockers(r Report) []string {

@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,6 +59,11 @@ type Options struct {
 	Evidence evidence.Source
 	// At stamps the topology.
 	At time.Time
+	// Approved are the node's approved slots' bindings: a GPU still
+	// present keeps its approved disk and VF when they are present and
+	// free, so re-discovery after a device disappeared does not re-pair
+	// the others by order.
+	Approved []proto.SlotCapacity
 }
 
 // GPU is one GPU as discovered.
@@ -72,6 +78,11 @@ type GPU struct {
 	IOMMUGroup  int      `json:"iommu_group"`
 	GroupPeers  []string `json:"iommu_group_members,omitempty"`
 	GroupViable string   `json:"iommu_group_viability"` // "viable" or why not
+	// PCIe link as sysfs reports it; empty when not reported.
+	LinkSpeed    string `json:"link_speed,omitempty"`
+	MaxLinkSpeed string `json:"max_link_speed,omitempty"`
+	LinkWidth    string `json:"link_width,omitempty"`
+	MaxLinkWidth string `json:"max_link_width,omitempty"`
 }
 
 // Disk is one NVMe namespace by identity.
@@ -85,6 +96,7 @@ type Disk struct {
 	WWN        string   `json:"wwn,omitempty"`
 	EUI        string   `json:"eui,omitempty"`
 	NGUID      string   `json:"nguid,omitempty"`
+	SizeBytes  uint64   `json:"size_bytes,omitempty"`
 	DevT       string   `json:"dev"`
 	Partitions []string `json:"partitions,omitempty"`
 	Mounts     []string `json:"mounts,omitempty"`     // "nvme7n1p1 on /srv/share (ext4)"
@@ -94,7 +106,7 @@ type Disk struct {
 
 // Identity returns the disk's identity as the contract records it.
 func (d Disk) Identity() proto.DiskIdentity {
-	return proto.DiskIdentity{Serial: d.Serial, WWN: d.WWN, EUI: d.EUI, Model: d.Model, Device: d.Name}
+	return proto.DiskIdentity{Serial: d.Serial, WWN: d.WWN, EUI: d.EUI, Model: d.Model, SizeBytes: d.SizeBytes, Device: d.Name}
 }
 
 // Problems says why the disk cannot be a raw slice disk, if it cannot.
@@ -167,6 +179,23 @@ func Discover(ctx context.Context, root hostops.Root, opts Options) (Report, err
 	return r, nil
 }
 
+// ScanInventory is the cheap periodic re-scan: the host's GPUs (with
+// their PCIe link), NVMe disks by identity and SR-IOV VFs, without the
+// prerequisites, fabric and hugepage reads of a full discovery.
+func ScanInventory(root hostops.Root) (*proto.HardwareInventory, error) {
+	hw, err := ReadHardware(root)
+	if err != nil {
+		return nil, fmt.Errorf("hardware scan: %w", err)
+	}
+	r := Report{GPUs: hw.GPUs, Disks: hw.Disks}
+	for _, f := range hw.Functions {
+		if f.SRIOV != nil && f.SRIOV.TotalVFs > 0 {
+			r.SRIOV = append(r.SRIOV, PF{Addr: f.Addr, VFs: f.SRIOV.VFs})
+		}
+	}
+	return Inventory(r), nil
+}
+
 // Hardware is the PCI functions, GPUs and NVMe disks of a host.
 type Hardware struct {
 	Functions []pci.Function
@@ -219,6 +248,17 @@ func gpus(root hostops.Root, fns []pci.Function) ([]GPU, error) {
 				}
 				g.GroupViable = nv.Error()
 			}
+		}
+		dir := root.SysPath("bus", "pci", "devices", f.Addr)
+		for _, a := range []struct {
+			file string
+			dst  *string
+		}{{"current_link_speed", &g.LinkSpeed}, {"max_link_speed", &g.MaxLinkSpeed}, {"current_link_width", &g.LinkWidth}, {"max_link_width", &g.MaxLinkWidth}} {
+			v, err := optAttr(dir, a.file)
+			if err != nil {
+				return nil, fmt.Errorf("GPU %s: %w", f.Addr, err)
+			}
+			*a.dst = v
 		}
 		out = append(out, g)
 	}
@@ -331,6 +371,17 @@ func readDisk(root hostops.Root, name string, byAddr map[string]pci.Function, mo
 		return Disk{}, fmt.Errorf("disk %s: controller %s is not a PCI function of this host", name, addr)
 	}
 	d.PCIAddr, d.NUMANode, d.Switch = addr, f.NUMANode, f.Switch()
+	size, err := optAttr(dir, "size")
+	if err != nil {
+		return Disk{}, fmt.Errorf("disk %s: %w", name, err)
+	}
+	if size != "" {
+		sectors, err := strconv.ParseUint(size, 10, 64)
+		if err != nil {
+			return Disk{}, fmt.Errorf("disk %s: %s: %q is not a sector count", name, filepath.Join(dir, "size"), size)
+		}
+		d.SizeBytes = sectors * 512
+	}
 	if d.WWN, err = optAttr(dir, "wwid"); err != nil {
 		return Disk{}, fmt.Errorf("disk %s: %w", name, err)
 	}

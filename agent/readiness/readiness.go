@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -58,6 +59,7 @@ const (
 	BlockerOVSGateway           = "ovs_gateway_missing"
 	BlockerTopologyMissing      = "topology_not_discovered"
 	BlockerTopology             = "topology_blocked"
+	BlockerSlotHardware         = proto.BlockerSlotHardware // an approved slot's hardware drifted, degraded or went missing
 )
 
 // Node is what the agent knows about its own enrollment.
@@ -81,7 +83,32 @@ type Inputs struct {
 	Node     Node
 	Spec     Spec
 	Topology *proto.CandidateTopology // latest discovery; nil: none yet
+	// Hardware is each approved slot's latest hardware scan with what the
+	// ledger recorded for it; nil before the agent knows its slots.
+	Hardware []SlotHardware
 	At       time.Time
+}
+
+// SlotHardware is one approved slot's scanned hardware state and the
+// ledger's view of the slot.
+type SlotHardware struct {
+	Observed proto.SlotHardware
+	// Recorded is the hardware state the ledger holds (nil: none yet).
+	Recorded *proto.SlotHardware
+	// Status is the slot's ledger status.
+	Status proto.SlotStatus
+}
+
+// Acknowledged reports whether the ledger already keeps the slot out of
+// placement for what was observed: it recorded the same finding, or the
+// operator disabled the slot. Such a slot no longer blocks the node's
+// other slots.
+func (h SlotHardware) Acknowledged() bool {
+	if h.Status == proto.SlotDisabled {
+		return true
+	}
+	return h.Recorded != nil && h.Recorded.State == h.Observed.State && slices.Equal(h.Recorded.What, h.Observed.What) &&
+		slices.Equal(h.Recorded.Evidence, h.Observed.Evidence)
 }
 
 // Code returns the code part of a blocker ("fabric_route_missing").
@@ -208,7 +235,25 @@ func Evaluate(ctx context.Context, root hostops.Root, src evidence.Source, in In
 	}
 	g.add("slice.topology", tev, code, false)
 
-	r := proto.Readiness{Evidence: g.ev, ObservedAt: in.At}
+	// 7. Approved slots' hardware matches what was approved. A finding
+	// the ledger has not recorded yet blocks the node (nothing may be
+	// placed on it until the slot is out of service); once recorded, the
+	// slot alone is kept from placement and the node serves the others.
+	var hw []proto.SlotHardware
+	for _, h := range in.Hardware {
+		hw = append(hw, h.Observed)
+		ok := h.Observed.State == proto.HardwareOK
+		detail := h.Observed.Summary()
+		if !ok && h.Acknowledged() {
+			detail += " (out of placement in the ledger)"
+		}
+		g.ev = append(g.ev, proto.Evidence{Check: "slot_hardware." + h.Observed.SlotID, OK: ok, Detail: detail})
+		if !ok && !h.Acknowledged() {
+			g.slice = append(g.slice, BlockerSlotHardware+": "+h.Observed.SlotID+" "+detail)
+		}
+	}
+
+	r := proto.Readiness{Evidence: g.ev, ObservedAt: in.At, SlotHardware: hw}
 	r.Active = len(g.node) == 0
 	r.Blockers = append(r.Blockers, g.node...)
 	switch {

@@ -188,3 +188,51 @@ func editRuntime(t *testing.T, root hostops.Root, edit func(map[string]any)) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(p, b, 0o644))
 }
+
+func TestSlotHardwareGate(t *testing.T) {
+	t.Parallel()
+	root, _ := hostsimtest.Host(t, "j22u15")
+	src := evidence.Hostsim{Root: root}
+	rep, err := discovery.Discover(context.Background(), root, discovery.Options{
+		NodeID: "j22u15", GuestGateway: gw, ImageCacheDir: root.VarPath("lib", "gpuaas"), Evidence: src,
+	})
+	require.NoError(t, err)
+	ok := proto.SlotHardware{SlotID: "j22u15-s0", State: proto.HardwareOK}
+	bad := proto.SlotHardware{SlotID: "j22u15-s1", State: proto.HardwareMissing, What: []string{"gpu_pci_address"},
+		Evidence: []string{"GPU 0000:2a:00.0 is no longer discovered"}}
+	in := Inputs{Node: enrolled, Spec: Spec{Fabric: fabricSpec("j22u15"), OVSBridge: "ovsbr0", GuestGateway: gw}, Topology: &rep.Topology,
+		Hardware: []SlotHardware{{Observed: ok}, {Observed: bad, Status: proto.SlotAvailable}}}
+
+	r, err := Evaluate(context.Background(), root, src, in)
+	require.NoError(t, err)
+	assert.False(t, r.SliceReady, "a finding the ledger has not recorded blocks the node")
+	assert.Equal(t, []string{BlockerSlotHardware}, codes(r.Blockers))
+	assert.Equal(t, "slot_hardware: j22u15-s1 missing{gpu_pci_address}: GPU 0000:2a:00.0 is no longer discovered", r.Blockers[0])
+	assert.Equal(t, []proto.SlotHardware{ok, bad}, r.SlotHardware)
+
+	// Recorded by the ledger (the slot is out of placement): the node
+	// serves its other slots again; the evidence still names the slot.
+	rec := bad
+	in.Hardware[1].Recorded = &rec
+	r, err = Evaluate(context.Background(), root, src, in)
+	require.NoError(t, err)
+	assert.True(t, r.SliceReady, "%v", r.Blockers)
+	i := slices.IndexFunc(r.Evidence, func(e proto.Evidence) bool { return e.Check == "slot_hardware.j22u15-s1" })
+	require.GreaterOrEqual(t, i, 0)
+	assert.False(t, r.Evidence[i].OK)
+	assert.Contains(t, r.Evidence[i].Detail, "out of placement in the ledger")
+
+	// A new finding on the same slot blocks again until recorded.
+	worse := bad
+	worse.Evidence = append(slices.Clone(bad.Evidence), "disk serial S1 is no longer discovered")
+	in.Hardware[1].Observed = worse
+	r, err = Evaluate(context.Background(), root, src, in)
+	require.NoError(t, err)
+	assert.False(t, r.SliceReady)
+
+	// An operator-disabled slot does not block either.
+	in.Hardware[1].Recorded, in.Hardware[1].Status = nil, proto.SlotDisabled
+	r, err = Evaluate(context.Background(), root, src, in)
+	require.NoError(t, err)
+	assert.True(t, r.SliceReady, "%v", r.Blockers)
+}

@@ -422,6 +422,9 @@ func (a *API) agentReadiness(c *call) error {
 	if len(body.Evidence) > 256 || len(body.Blockers) > 256 {
 		return proto.Errorf(proto.CodeInvalidArgument, "at most 256 evidence items and 256 blockers are accepted")
 	}
+	if len(body.SlotHardware) > proto.MaxSlotHardwareSlots {
+		return proto.Errorf(proto.CodeInvalidArgument, "readiness lists %d slots' hardware; at most %d are accepted", len(body.SlotHardware), proto.MaxSlotHardwareSlots)
+	}
 	var wasReady bool
 	if n, ok := a.b.Store().Snapshot().Node(c.agentNode()); ok && n.Readiness != nil {
 		wasReady = n.Readiness.SliceReady
@@ -431,7 +434,12 @@ func (a *API) agentReadiness(c *call) error {
 		return err
 	}
 	c.index = idx
-	if wasReady && !body.SliceReady {
+	if i, err := a.recordSlotHardware(c, c.agentNode(), body.SlotHardware); err != nil {
+		return err
+	} else if i > 0 {
+		c.index = i
+	}
+	if wasReady && !body.SliceReady && !onlyHardwareBlockers(body.Blockers) {
 		if i, err := a.requeuePrepareOnDrift(c, c.agentNode(), body.Blockers); err != nil {
 			return err
 		} else if i > 0 {
@@ -513,7 +521,8 @@ func (a *API) agentSlots(c *call) error {
 	snap := a.b.Store().Snapshot()
 	out := []proto.AgentSlot{}
 	for _, sl := range snap.NodeSlots(node) {
-		as := proto.AgentSlot{SlotID: sl.ID, Index: sl.Index, NodeID: sl.NodeID, Generation: sl.Generation, Capacity: sl.Capacity}
+		as := proto.AgentSlot{SlotID: sl.ID, Index: sl.Index, NodeID: sl.NodeID, Generation: sl.Generation, Capacity: sl.Capacity,
+			Status: sl.Status, Hardware: sl.Hardware}
 		if cl, ok := snap.LiveClaimForSlot(sl.ID); ok {
 			as.ClaimID, as.Generation = cl.ID, cl.Generation
 		}

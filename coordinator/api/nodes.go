@@ -89,6 +89,11 @@ func (a *API) getNode(c *call) error {
 		for _, sl := range s.Slots(n.ID, proto.SlotQuarantined) {
 			d.Quarantined = append(d.Quarantined, proto.QuarantinedSlot{SlotID: sl.ID, Reason: sl.StatusReason})
 		}
+		for _, sl := range s.NodeSlots(n.ID) {
+			if sl.HardwareBlocker() != "" {
+				d.SlotHardware = append(d.SlotHardware, *sl.Hardware)
+			}
+		}
 		return d, nil
 	})
 }

@@ -255,6 +255,7 @@ func (f *followUp) toFailedWith(rep *taskReport, errText string) {
 	}
 	req := proto.AllocationTransitionRequest{At: now(), AllocationID: al.ID, To: proto.AllocFailed}
 	if res := rep.provision; res != nil {
+		f.markUnhealthy(res)
 		req.TouchedSlots, req.TouchedExact = res.TouchedSlots, true
 		if res.FailedStage != "" {
 			req.Reason = "stage " + res.FailedStage + " failed: " + errText

@@ -111,6 +111,9 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	for _, q := range d.Quarantined {
 		row(w, "Quarantined "+q.SlotID+":", q.Reason)
 	}
+	for _, h := range d.SlotHardware {
+		row(w, "Out of placement "+h.SlotID+":", "hardware "+h.Summary()+" (since "+ts(h.At)+")")
+	}
 	if n.Readiness == nil {
 		row(w, "Readiness:", "no evidence reported")
 		return

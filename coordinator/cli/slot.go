@@ -28,6 +28,9 @@ func slotRow(w *tabwriter.Writer, s proto.Slot) {
 	if s.StatusReason != "" {
 		health = strings.TrimSpace(health + " " + s.StatusReason)
 	}
+	if b := s.HardwareBlocker(); b != "" {
+		health = strings.TrimSpace(health + " " + b)
+	}
 	row(w, s.ID, s.NodeID, s.Index, s.Status, health, s.Capacity.GPUPCIAddress, s.Capacity.NUMANode, s.Capacity.PCIeSwitch,
 		s.ClaimID, s.Generation, strings.Join(s.Capacity.MissingBindings(), ","))
 }
@@ -76,6 +79,13 @@ func slotDetail(w *tabwriter.Writer, s proto.Slot) {
 	row(w, "Status:", s.Status)
 	row(w, "Status reason:", s.StatusReason)
 	row(w, "Health:", strings.TrimSpace(s.HealthState+" "+s.HealthDetail))
+	if h := s.Hardware; h != nil {
+		hw := h.Summary() + " (scanned " + ts(h.At) + ")"
+		if s.HardwareBlocker() != "" {
+			hw += "; not placed until a scan finds it ok"
+		}
+		row(w, "Hardware:", hw)
+	}
 	row(w, "Claim:", s.ClaimID)
 	row(w, "Generation:", s.Generation)
 	row(w, "Touched:", yesNo(s.Touched))

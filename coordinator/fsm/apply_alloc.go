@@ -222,7 +222,7 @@ func slotPlaceable(s *proto.Slot, expect uint64) error {
 	if m := s.Capacity.MissingBindings(); len(m) > 0 {
 		return conflict("allocation_place: slot %s is incomplete, missing %s", s.ID, strings.Join(m, ", "))
 	}
-	return nil
+	return slotHardwareGate(s)
 }
 
 // placeBaremetal takes a whole, unheld baremetal node with one
@@ -252,6 +252,8 @@ func placeBaremetal(tx *state.Txn, req *proto.AllocationPlaceRequest, node *prot
 			continue // stays disabled, unsold
 		case s.Status != proto.SlotAvailable || s.ClaimID != "" || s.Touched:
 			return nil, nil, conflict("allocation_place: node %s is not whole: slot %s is %s", node.ID, s.ID, s.Status)
+		case s.PlacementBlocker() != "":
+			return nil, nil, conflict("allocation_place: node %s is not whole: slot %s: %s", node.ID, s.ID, s.PlacementBlocker())
 		case !listed:
 			return nil, nil, conflict("allocation_place: slot %s of node %s is not in the plan", s.ID, node.ID)
 		}

@@ -477,6 +477,9 @@ func (f *FSM) applySlotRepair(body []byte, index uint64) any {
 			s.Status, s.StatusReason = to, reason
 			return s, tx.PutSlot(s)
 		}
+		if s.Status == proto.SlotAvailable && repairHealth(s) {
+			return s, tx.PutSlot(s) // an available slot a failed provision marked unhealthy
+		}
 		if err := proto.CheckSlotTransition("slot_repair", s.ID, s.Status, proto.SlotAvailable); err != nil {
 			return nil, err
 		}
@@ -486,6 +489,7 @@ func (f *FSM) applySlotRepair(body []byte, index uint64) any {
 		if s.Touched {
 			return nil, proto.Errorf(proto.CodeIllegalTransition, "slot_repair: slot %s was touched by a provision and has no wipe proof; run `gpuaasctl slot cleanup %s --wait` first", s.ID, s.ID)
 		}
+		repairHealth(s)
 		s.Status, s.StatusReason = proto.SlotAvailable, ""
 		return s, tx.PutSlot(s)
 	})

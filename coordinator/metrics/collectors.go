@@ -18,7 +18,26 @@ type StoreCollector struct {
 	store func() *state.Store // the current store (it changes on restore); nil: no ledger
 	now   func() time.Time
 
-	nodes, tasks, taskAge, workflows, index *prometheus.Desc
+	nodes, tasks, taskAge, workflows, index, slotHealth *prometheus.Desc
+}
+
+// slotHealthStates are the gpuaas_slot_health states: the agent's
+// hardware states, unhealthy (a failed provision marked it) and unknown
+// (never scanned).
+var slotHealthStates = []string{proto.HardwareOK, proto.HardwareDrifted, proto.HardwareDegraded, proto.HardwareMissing, proto.HealthUnhealthy, proto.HealthUnknown}
+
+// slotHealth is the one state a slot counts under: its hardware finding
+// first, then a provision's unhealthy mark.
+func slotHealth(s *proto.Slot) string {
+	switch {
+	case s.Hardware != nil && s.Hardware.State != proto.HardwareOK:
+		return s.Hardware.State
+	case s.HealthState == proto.HealthUnhealthy:
+		return proto.HealthUnhealthy
+	case s.Hardware != nil:
+		return proto.HardwareOK
+	}
+	return proto.HealthUnknown
 }
 
 // openTaskStates are the task states reported: queued (not yet picked up
@@ -40,12 +59,14 @@ func NewStoreCollector(store func() *state.Store, now func() time.Time) *StoreCo
 			"Age of the oldest unfinished task by state, since its last update (0 when none): a task stuck queued or running grows it.", []string{"state"}, nil),
 		workflows: prometheus.NewDesc(Namespace+"_workflows_in_progress", "Running MAAS workflows by kind and current stage.", []string{"kind", "stage"}, nil),
 		index:     prometheus.NewDesc(Namespace+"_ledger_applied_index", "The Raft index of the ledger state this replica has applied.", nil, nil),
+		slotHealth: prometheus.NewDesc(Namespace+"_slot_health",
+			"Approved slots by health: the agent's hardware scan (ok, drifted, degraded, missing), unhealthy (a failed provision found its devices broken) or unknown (not scanned yet). Every state but ok and unknown keeps the slot from placement.", []string{"state"}, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.nodes, c.tasks, c.taskAge, c.workflows, c.index} {
+	for _, d := range []*prometheus.Desc{c.nodes, c.tasks, c.taskAge, c.workflows, c.index, c.slotHealth} {
 		ch <- d
 	}
 }
@@ -65,6 +86,14 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range nodeStates {
 		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(nodes[s]), string(s))
+	}
+
+	health := map[string]int{}
+	for _, s := range snap.Slots("", "") {
+		health[slotHealth(s)]++
+	}
+	for _, s := range slotHealthStates {
+		ch <- prometheus.MustNewConstMetric(c.slotHealth, prometheus.GaugeValue, float64(health[s]), s)
 	}
 
 	count := map[proto.TaskState]int{}

@@ -231,6 +231,19 @@ func TestStoreCollector(t *testing.T) {
 	assert.Equal(t, 0.0, value(t, f, "gpuaas_workflows_in_progress", "kind", "onboard", "stage", "deploy"))
 	assert.Equal(t, 0.0, value(t, f, "gpuaas_workflows_in_progress", "kind", "decommission", "stage", "release"))
 	assert.Equal(t, float64(h.Index), value(t, f, "gpuaas_ledger_applied_index"))
+	assert.Equal(t, 24.0, value(t, f, "gpuaas_slot_health", "state", "unknown"), "no slot scanned yet")
+
+	// Slot health: the agent's findings, a provision's unhealthy mark.
+	h.OK(proto.SlotHardwareReportType, proto.SlotHardwareReportRequest{At: h.At(), NodeID: n0, Slots: []proto.SlotHardware{
+		{SlotID: proto.SlotID(n0, 0), State: proto.HardwareOK},
+		{SlotID: proto.SlotID(n0, 1), State: proto.HardwareMissing, What: []string{"gpu_pci_address"}, Evidence: []string{"GPU gone"}},
+		{SlotID: proto.SlotID(n0, 2), State: proto.HardwareDegraded, What: []string{"pcie_link"}, Evidence: []string{"x8"}},
+	}})
+	h.OK(proto.SlotHealthType, proto.SlotHealthRequest{At: h.At(), SlotID: proto.SlotID(n0, 3), HealthState: proto.HealthUnhealthy, HealthDetail: "plan: iommu"})
+	f = gather(t, reg)
+	for state, want := range map[string]float64{"ok": 1, "missing": 1, "degraded": 1, "drifted": 0, "unhealthy": 1, "unknown": 20} {
+		assert.Equal(t, want, value(t, f, "gpuaas_slot_health", "state", state), state)
+	}
 
 	// No ledger: nothing, and no error.
 	empty := prometheus.NewRegistry()

@@ -211,3 +211,50 @@ func SetDevNumber(root hostops.Root, name, majmin string) error {
 	}
 	return writeFile(p, majmin+"\n")
 }
+
+// SetDiskSerial changes the serial the NVMe controller of namespace name
+// reports (a controller swapped under the same slot, or firmware that
+// rewrote it).
+func SetDiskSerial(root hostops.Root, name, serial string) error {
+	if err := hostops.ValidName(name); err != nil {
+		return fmt.Errorf("set disk serial: %w", err)
+	}
+	p := root.SysPath("class/block", name, "device", "serial")
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("set disk serial of %s: %w", name, err)
+	}
+	return writeFile(p, serial+"\n")
+}
+
+// ResizeDisk sets namespace name's size (nvme ns-rescan after a namespace
+// was deleted and re-created with another size).
+func ResizeDisk(root hostops.Root, name string, bytes uint64) error {
+	if err := hostops.ValidName(name); err != nil {
+		return fmt.Errorf("resize disk: %w", err)
+	}
+	if bytes == 0 || bytes%512 != 0 {
+		return fmt.Errorf("resize disk %s: %d bytes is not a positive multiple of 512", name, bytes)
+	}
+	p := root.SysPath("class/block", name, "size")
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("resize disk %s: %w", name, err)
+	}
+	return writeFile(p, strconv.FormatUint(bytes/512, 10)+"\n")
+}
+
+// SetLink sets the current PCIe link speed ("16.0 GT/s PCIe") and width
+// ("8") of the function at addr, as a link retrained down would; the
+// maximum stays. Setting them to the maximum restores the link.
+func SetLink(root hostops.Root, addr, speed, width string) error {
+	if err := validAddr(addr); err != nil {
+		return fmt.Errorf("set link: %w", err)
+	}
+	dir := root.SysPath("bus/pci/devices", addr)
+	if _, err := os.Stat(filepath.Join(dir, "current_link_speed")); err != nil {
+		return fmt.Errorf("set link of %s: %w", addr, err)
+	}
+	if err := writeFile(filepath.Join(dir, "current_link_speed"), speed+"\n"); err != nil {
+		return fmt.Errorf("set link of %s: %w", addr, err)
+	}
+	return writeFile(filepath.Join(dir, "current_link_width"), width+"\n")
+}

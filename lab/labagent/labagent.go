@@ -59,6 +59,7 @@ func Config(o Options) (config.Config, error) {
 	if o.Fast {
 		c.HeartbeatInterval = config.Duration(200 * time.Millisecond)
 		c.ReadinessInterval = config.Duration(300 * time.Millisecond)
+		c.HardwareScanInterval = config.Duration(300 * time.Millisecond)
 		c.PollWait = config.Duration(2 * time.Second)
 	}
 	if err := c.Validate(); err != nil {
@@ -73,7 +74,7 @@ func Args(c config.Config) []string {
 		"-node-id", c.NodeID, "-host-root", c.HostRoot, "-state-dir", c.StateDir,
 		"-coordinators", c.Coordinators.String(), "-diag-addr", c.DiagAddr, "-evidence", c.Evidence,
 		"-image-cache-dir", c.ImageCacheDir, "-guest-gateway", c.GuestGateway, "-ovs-bridge", c.OVSBridge,
-		"-readiness-interval", c.ReadinessInterval.String(), "-heartbeat-interval", c.HeartbeatInterval.String(),
+		"-readiness-interval", c.ReadinessInterval.String(), "-hardware-scan-interval", c.HardwareScanInterval.String(), "-heartbeat-interval", c.HeartbeatInterval.String(),
 		"-poll-wait", c.PollWait.String(), "-log-level", c.LogLevel,
 	}
 	if c.BootstrapToken != "" {

@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuaas/gpuaas/agent/discovery"
+	"github.com/gpuaas/gpuaas/agent/readiness"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/sched"
+)
+
+// Continuous hardware truth: every hardware-scan interval the agent
+// re-reads its GPUs, NVMe disks and VFs (discovery.ScanInventory, a few
+// milliseconds) and compares them with the node's approved slots as the
+// coordinator lists them. Each slot gets a typed state (ok, drifted,
+// degraded, missing) with evidence, carried in readiness; a change is
+// reported at once, so the ledger takes a broken slot out of placement
+// within one scan interval, and puts it back when a scan proves the
+// hardware matches again.
+
+// hardwareLoop re-scans every HardwareScanInterval and reports readiness
+// when a slot's state changed.
+func (d *Daemon) hardwareLoop(ctx context.Context) error {
+	t := time.NewTicker(time.Duration(d.cfg.HardwareScanInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		changed, err := d.scanHardware(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Warn("hardware scan", "err", err)
+			}
+			continue
+		}
+		if changed {
+			d.reportReadiness(ctx)
+		}
+	}
+}
+
+// scanHardware compares the host's hardware with the approved slots and
+// keeps the result for readiness. changed says whether any slot's state,
+// evidence or ledger view differs from the previous scan. Without an
+// answer from the coordinator the last known slots are compared.
+func (d *Daemon) scanHardware(ctx context.Context) (changed bool, err error) {
+	slots, lerr := d.client.Slots(ctx)
+	d.mu.Lock()
+	prev, known := d.hardware, d.approved
+	if lerr == nil {
+		d.approved = slots
+	}
+	d.mu.Unlock()
+	if lerr != nil {
+		if known == nil {
+			return false, fmt.Errorf("read approved slots: %w", lerr)
+		}
+		slots = known
+	}
+	start := time.Now()
+	inv, err := discovery.ScanInventory(d.root)
+	if err != nil {
+		return false, err
+	}
+	cur := CheckHardware(slots, *inv, time.Now().UTC())
+	d.hwScans.Observe(time.Since(start).Seconds())
+	d.mu.Lock()
+	d.hardware = cur
+	d.scans++
+	d.mu.Unlock()
+	changed = len(prev) != len(cur)
+	for i := 0; !changed && i < len(cur); i++ {
+		changed = !sameHardware(prev[i], cur[i])
+	}
+	if changed {
+		for _, h := range cur {
+			if h.Observed.State != proto.HardwareOK && !h.Acknowledged() {
+				d.log.Warn("slot hardware", "slot", h.Observed.SlotID, "state", h.Observed.Summary())
+			}
+		}
+	}
+	return changed, nil
+}
+
+// CheckHardware compares an inventory with the approved slots (as the
+// coordinator lists them) and pairs each slot's state with the ledger's
+// view of the slot.
+func CheckHardware(slots []proto.AgentSlot, inv proto.HardwareInventory, at time.Time) []readiness.SlotHardware {
+	ps := make([]*proto.Slot, len(slots))
+	for i, s := range slots {
+		ps[i] = &proto.Slot{ID: s.SlotID, NodeID: s.NodeID, Index: s.Index, Capacity: s.Capacity}
+	}
+	obs := proto.CheckSlotHardware(ps, inv, at)
+	out := make([]readiness.SlotHardware, len(obs))
+	for i, o := range obs {
+		out[i] = readiness.SlotHardware{Observed: o, Recorded: slots[i].Hardware, Status: slots[i].Status}
+	}
+	return out
+}
+
+func sameHardware(a, b readiness.SlotHardware) bool {
+	return a.Observed.SlotID == b.Observed.SlotID && a.Observed.State == b.Observed.State &&
+		slices.Equal(a.Observed.What, b.Observed.What) && slices.Equal(a.Observed.Evidence, b.Observed.Evidence) &&
+		a.Acknowledged() == b.Acknowledged()
+}
+
+// failedSlots names the slots a failed plan found broken in their own
+// devices (sched.HardwareProblems), health "failed" with the problems as
+// evidence: the coordinator marks them unhealthy so placement does not
+// pick them again. Problems that free up (CPUs, hugepages) name no slot.
+func failedSlots(err error) []proto.SlotReadiness {
+	probs := sched.HardwareProblems(err)
+	var out []proto.SlotReadiness
+	for id, ps := range probs {
+		ev := make([]string, 0, min(len(ps), proto.MaxEvidenceItems))
+		for _, p := range ps[:min(len(ps), proto.MaxEvidenceItems)] {
+			ev = append(ev, proto.Clip("plan: "+p, proto.MaxEvidenceLen))
+		}
+		out = append(out, proto.SlotReadiness{SlotID: id, HealthState: "failed", Evidence: ev})
+	}
+	slices.SortFunc(out, func(a, b proto.SlotReadiness) int { return strings.Compare(a.SlotID, b.SlotID) })
+	return out
+}
