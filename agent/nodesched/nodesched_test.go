@@ -153,8 +153,13 @@ func TestPlanRefusals(t *testing.T) {
 			s[0].ID = "../etc"
 			return s
 		}, want: "slot ID"},
-		"companion function not in the bundle": {slots: func(f *fixture) []proto.Slot {
-			return f.slots[4:5] // GPU 0000:9a:00.0 shares its IOMMU group with an HDA function
+		"companion function on a host driver": {mutate: func(t *testing.T, f *fixture) {
+			// GPU 0000:9a:00.0 shares its IOMMU group with its HDA
+			// function: on vfio-pci it is harmless (TestPlanCompanionOnVFIO),
+			// on the host's sound driver the group is not viable.
+			require.NoError(t, hostsim.SetDriver(f.root, "0000:9a:00.1", "snd_hda_intel"))
+		}, slots: func(f *fixture) []proto.Slot {
+			return f.slots[4:5]
 		}, want: "9a:00.1"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -174,6 +179,17 @@ func TestPlanRefusals(t *testing.T) {
 			assert.Equal(t, 0, f.leaseCount(t), "no lease taken")
 		})
 	}
+}
+
+// The GPU at 0000:9a:00.0 shares its IOMMU group with its own HDA
+// function, bound to vfio-pci on the simulated host: the group is viable
+// and the slot plans (it failed every plan before).
+func TestPlanCompanionOnVFIO(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	plan, err := f.s.Plan(context.Background(), "alloc-1", f.slots[4:5])
+	require.NoError(t, err)
+	assert.Len(t, plan.Devices, 1)
 }
 
 func TestReconcile(t *testing.T) {
