@@ -188,6 +188,22 @@ func TestClusterAPI(t *testing.T) {
 	// Release through a follower.
 	r = f2.do(RoleOperator, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil)
 	require.Equal(t, http.StatusAccepted, r.status, "body: %s", r.body)
+	// Read-your-writes on the replica that forwarded a write: it answers
+	// the write once it has applied it, so its own local read (no
+	// consistent, no index) already sees it.
+	r = f2.do(RoleViewer, http.MethodGet, "/v1/allocations/"+a.ID, nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	assert.Contains(t, string(r.body), `"releasing"`, "the follower's own read after its forwarded release")
+	for i := range 10 {
+		r = f1.do(RoleOperator, http.MethodPost, "/v1/allocations", sliceReq(1), proto.IdempotencyKeyHeader, fmt.Sprintf("ryw-%d", i))
+		require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+		var x proto.Allocation
+		r.decode(t, &x)
+		r = f1.do(RoleViewer, http.MethodGet, "/v1/allocations/"+x.ID, nil)
+		require.Equal(t, http.StatusOK, r.status, "a follower's read right after its forwarded create: %s", r.body)
+		r = f1.do(RoleOperator, http.MethodPost, "/v1/allocations/"+x.ID+"/release", nil)
+		require.Equal(t, http.StatusAccepted, r.status, "body: %s", r.body)
+	}
 
 	// Operator routes: peers, then hand leadership to a follower.
 	r = f1.do(RoleViewer, http.MethodGet, "/v1/operator/peers", nil)

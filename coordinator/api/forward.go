@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -80,6 +81,14 @@ func (a *API) forward(c *call, cause error) {
 		ModifyResponse: func(resp *http.Response) error {
 			// Keep this replica's request ID: the leader saw the same one.
 			resp.Header.Del(proto.RequestIDHeader)
+			// Read-your-writes on this replica: a write answers only once
+			// this replica has applied it, so the client's next read here
+			// sees it (bounded: a lagging replica answers anyway).
+			if c.r.Method != http.MethodGet && c.r.Method != http.MethodHead && resp.StatusCode < 300 {
+				if n, err := strconv.ParseUint(resp.Header.Get(proto.IndexHeader), 10, 64); err == nil && n > 0 {
+					a.awaitApplied(c.r.Context(), n, forwardedWriteWait)
+				}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -88,4 +97,21 @@ func (a *API) forward(c *call, cause error) {
 		},
 	}
 	rp.ServeHTTP(c.w, c.r)
+}
+
+// forwardedWriteWait bounds how long a follower holds a forwarded write's
+// answer until it has applied the write itself.
+const forwardedWriteWait = 2 * time.Second
+
+// awaitApplied waits until this replica's ledger has applied index n, ctx
+// ends or max passes.
+func (a *API) awaitApplied(ctx context.Context, n uint64, max time.Duration) {
+	st := a.b.Store()
+	if st == nil {
+		return
+	}
+	deadline := time.Now().Add(max)
+	for st.Snapshot().Index() < n && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
 }
