@@ -76,7 +76,7 @@ func printBaremetal(out io.Writer, dir string, ml *maaslab.Lab) {
 		return
 	}
 	fmt.Fprintf(out, "\nBare metal: %s is a machine of the MAAS simulator (%s). An allocation deploys it for you, release erases it:\n\n", baremetalHost, ml.URL)
-	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --shape baremetal --region lab-east --ssh-key \"$(cat ~/.ssh/id_ed25519.pub)\" --wait\n")
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --shape baremetal --region lab-east --ssh-key \"$(cat %s.pub)\" --wait\n", filepath.Join(dir, "tenant-key"))
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc release ID --wait   # MAAS release with erase; then %s is in bin/gpuaasctl availability again\n", baremetalHost)
 	fmt.Fprintf(out, "  (what MAAS deployed: %s)\n", filepath.Join(dir, "logs", "tenant-"+baremetalHost+".user-data"))
 }

@@ -390,7 +390,7 @@ func run(args []string, out io.Writer) (err error) {
 	// reader (a person or a test) that sees the end has all of it.
 	var sum bytes.Buffer
 	printSummary(&sum, abs, st, leader, views, *autoApprove, mode)
-	sliceHint(&sum, sh, sliceImage, mode)
+	sliceHint(&sum, sh, sliceImage, mode, filepath.Join(abs, "tenant-key"))
 	printWorkflows(&sum, flows)
 	printBaremetal(&sum, abs, bmMAAS)
 	fmt.Fprintf(&sum, "\n%s\n", SummaryEnd)

@@ -265,7 +265,7 @@ func TestSummaryIsHonest(t *testing.T) {
 	simulated.setupFailed(errors.New("image lab-guest: catalog refused it"))
 	var out bytes.Buffer
 	printSummary(&out, dir, st, "127.0.0.1:7300", views, true, simulated)
-	sliceHint(&out, nil, "", simulated)
+	sliceHint(&out, nil, "", simulated, "/lab/tenant-key")
 	s := out.String()
 	t.Logf("summary:\n%s", s)
 	assert.Contains(t, s, "source "+filepath.Join(dir, "env")+" ")
