@@ -102,9 +102,9 @@ func throttle(ctx context.Context, rep Reporter, stage string, now func() time.T
 	}
 }
 
-// bootDevice is the plan's device of the lowest slot index: the disk the
+// BootDevice is the plan's device of the lowest slot index: the disk the
 // image is cloned to and whose MAC/IP the vNIC carries.
-func bootDevice(p sched.BundlePlan) (sched.BundleDevice, error) {
+func BootDevice(p sched.BundlePlan) (sched.BundleDevice, error) {
 	if len(p.Devices) == 0 {
 		return sched.BundleDevice{}, errors.New("bundle plan has no devices")
 	}
@@ -114,13 +114,28 @@ func bootDevice(p sched.BundlePlan) (sched.BundleDevice, error) {
 }
 
 func (r *Runtime) validate(req ProvisionRequest) error {
-	if err := proto.ValidateID("allocation ID", req.AllocationID); err != nil {
+	if err := CheckRequest(req, r.opts.Gateway); err != nil {
 		return err
 	}
 	if err := ovs.ValidID("allocation ID", req.AllocationID); err != nil {
 		return err
 	}
-	boot, err := bootDevice(req.Plan)
+	if _, err := ParseDigest(req.Image.Digest); err != nil {
+		return &StageError{Stage: proto.StageImage, Err: fmt.Errorf("image %q is not an approved catalog entry: %w", req.Image.Name, err)}
+	}
+	return nil
+}
+
+// CheckRequest checks what a provision request's plan names, for this
+// runtime and the lab's simulated one alike: the allocation ID, the boot
+// device's MAC and its IP (a guest address of gateway when gateway is
+// valid), and each device's approved slot, disk identity and PCI
+// addresses. The image is the caller's to check.
+func CheckRequest(req ProvisionRequest, gateway netip.Prefix) error {
+	if err := proto.ValidateID("allocation ID", req.AllocationID); err != nil {
+		return err
+	}
+	boot, err := BootDevice(req.Plan)
 	if err != nil {
 		return err
 	}
@@ -129,11 +144,11 @@ func (r *Runtime) validate(req ProvisionRequest) error {
 		return fmt.Errorf("slot %s: MAC %q is not an Ethernet address", boot.SlotID, boot.MAC)
 	}
 	ip, err := netip.ParseAddr(boot.IP)
-	if err != nil || !r.opts.Gateway.Masked().Contains(ip) || ip == r.opts.Gateway.Addr() {
-		return fmt.Errorf("slot %s: IP %q is not a guest address of %s", boot.SlotID, boot.IP, r.opts.Gateway.Masked())
+	if err != nil {
+		return fmt.Errorf("slot %s: IP %q is not an IP address", boot.SlotID, boot.IP)
 	}
-	if _, err := ParseDigest(req.Image.Digest); err != nil {
-		return &StageError{Stage: proto.StageImage, Err: fmt.Errorf("image %q is not an approved catalog entry: %w", req.Image.Name, err)}
+	if gateway.IsValid() && (!gateway.Masked().Contains(ip) || ip == gateway.Addr()) {
+		return fmt.Errorf("slot %s: IP %q is not a guest address of %s", boot.SlotID, boot.IP, gateway.Masked())
 	}
 	for _, d := range req.Plan.Devices {
 		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
@@ -153,6 +168,25 @@ func (r *Runtime) validate(req ProvisionRequest) error {
 		}
 	}
 	return nil
+}
+
+// NewRecord is the journal record a checked provision request starts
+// from: its domain, the boot device's MAC and IP, every slot with its disk
+// identity and the plan's GPU and VF addresses.
+func NewRecord(req ProvisionRequest, domain string) Record {
+	boot, _ := BootDevice(req.Plan)
+	rec := Record{AllocationID: req.AllocationID, Phase: PhaseProvisioning, Domain: domain, MAC: strings.ToLower(boot.MAC), IP: boot.IP,
+		Hostname: hostname(req)}
+	for _, d := range req.Plan.Devices {
+		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
+		rec.Slots = append(rec.Slots, SlotRecord{SlotID: d.SlotID, Identity: IdentityOf(req.Slots[i].Capacity.NVMe), Boot: d.SlotID == boot.SlotID})
+		for _, a := range []string{d.GPU, d.VF} {
+			if a != "" {
+				rec.PCI = append(rec.PCI, a)
+			}
+		}
+	}
+	return rec
 }
 
 // Provision runs a slice.provision task after its plan. The result is
@@ -201,22 +235,11 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 		}
 	}
 
-	boot, _ := bootDevice(req.Plan)
-	rec := Record{AllocationID: req.AllocationID, Phase: PhaseProvisioning, Domain: res.Domain, MAC: strings.ToLower(boot.MAC), IP: boot.IP,
-		Hostname: hostname(req)}
+	rec := NewRecord(req, res.Domain)
 	if prev, ok, _ := r.d.Journal.Get(req.AllocationID); ok {
 		// A re-run keeps the earlier attempt's key (ensureKey replaces it
 		// if it was made for other slot claims).
 		rec.AgentKey = prev.AgentKey
-	}
-	for _, d := range req.Plan.Devices {
-		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
-		rec.Slots = append(rec.Slots, SlotRecord{SlotID: d.SlotID, Identity: IdentityOf(req.Slots[i].Capacity.NVMe), Boot: d.SlotID == boot.SlotID})
-		for _, a := range []string{d.GPU, d.VF} {
-			if a != "" {
-				rec.PCI = append(rec.PCI, a)
-			}
-		}
 	}
 	if err := r.put(&rec); err != nil {
 		return res, err
@@ -260,7 +283,7 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 
 func (r *Runtime) provision(ctx context.Context, req ProvisionRequest, st *stages, res *proto.SliceProvisionResult) error {
 	rec := st.rec
-	boot, _ := bootDevice(req.Plan)
+	boot, _ := BootDevice(req.Plan)
 	var imgPath, imgSHA string
 	devs := map[string]disk.Device{}
 	var seedISO string
@@ -468,7 +491,7 @@ func describeNeeds(hs []sched.HugepageNeed) string {
 
 // DomainXML is the domain of an allocation, as defineStart defines it.
 func (r *Runtime) DomainXML(req ProvisionRequest, devs map[string]disk.Device, seedISO, nvram string) (string, error) {
-	boot, err := bootDevice(req.Plan)
+	boot, err := BootDevice(req.Plan)
 	if err != nil {
 		return "", err
 	}
@@ -550,7 +573,7 @@ func (r *Runtime) defineStart(ctx context.Context, req ProvisionRequest, rec *Re
 	if err := r.d.Switch.BridgeExists(ctx); err != nil {
 		return fmt.Errorf("before define: %w", err)
 	}
-	boot, _ := bootDevice(req.Plan)
+	boot, _ := BootDevice(req.Plan)
 	mac, _ := net.ParseMAC(rec.MAC)
 	ip, _ := netip.ParseAddr(rec.IP)
 	rec.Reserved = true

@@ -44,7 +44,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -247,42 +246,12 @@ func slotRec(rec *slice.Record, id string) *slice.SlotRecord {
 	return nil
 }
 
-func bootDevice(p sched.BundlePlan) (sched.BundleDevice, error) {
-	if len(p.Devices) == 0 {
-		return sched.BundleDevice{}, errors.New("bundle plan has no devices")
-	}
-	devs := slices.Clone(p.Devices)
-	slices.SortFunc(devs, func(a, b sched.BundleDevice) int { return a.Index - b.Index })
-	return devs[0], nil
-}
-
 func (r *Runtime) validate(req slice.ProvisionRequest) error {
-	if err := proto.ValidateID("allocation ID", req.AllocationID); err != nil {
+	if err := slice.CheckRequest(req, r.opts.Gateway); err != nil {
 		return err
 	}
-	boot, err := bootDevice(req.Plan)
-	if err != nil {
-		return err
-	}
-	if mac, err := net.ParseMAC(boot.MAC); err != nil || len(mac) != 6 {
-		return fmt.Errorf("slot %s: MAC %q is not an Ethernet address", boot.SlotID, boot.MAC)
-	}
-	ip, err := netip.ParseAddr(boot.IP)
-	if err != nil {
-		return fmt.Errorf("slot %s: IP %q is not an IP address", boot.SlotID, boot.IP)
-	}
-	if g := r.opts.Gateway; g.IsValid() && (!g.Masked().Contains(ip) || ip == g.Addr()) {
-		return fmt.Errorf("slot %s: IP %q is not a guest address of %s", boot.SlotID, boot.IP, g.Masked())
-	}
-	for _, d := range req.Plan.Devices {
-		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
-		if i < 0 {
-			return fmt.Errorf("plan device of slot %s has no approved slot in the request", d.SlotID)
-		}
-		if err := slice.IdentityOf(req.Slots[i].Capacity.NVMe).Validate(); err != nil {
-			return fmt.Errorf("slot %s: %w", d.SlotID, err)
-		}
-	}
+	// A simulated slice may run without an image; one it names must be
+	// an approved catalog entry.
 	if req.Image.Name != "" || req.Image.Digest != "" {
 		if _, err := slice.ParseDigest(req.Image.Digest); err != nil {
 			return &slice.StageError{Stage: proto.StageImage, Err: fmt.Errorf("image %q is not an approved catalog entry: %w", req.Image.Name, err)}
@@ -335,18 +304,7 @@ func (r *Runtime) Provision(ctx context.Context, req slice.ProvisionRequest, rep
 		}
 	}
 
-	boot, _ := bootDevice(req.Plan)
-	rec := slice.Record{AllocationID: req.AllocationID, Phase: slice.PhaseProvisioning, Domain: res.Domain,
-		MAC: strings.ToLower(boot.MAC), IP: boot.IP, Hostname: req.AllocationID}
-	for _, d := range req.Plan.Devices {
-		i := slices.IndexFunc(req.Slots, func(s proto.Slot) bool { return s.ID == d.SlotID })
-		rec.Slots = append(rec.Slots, slice.SlotRecord{SlotID: d.SlotID, Identity: slice.IdentityOf(req.Slots[i].Capacity.NVMe), Boot: d.SlotID == boot.SlotID})
-		for _, a := range []string{d.GPU, d.VF} {
-			if a != "" {
-				rec.PCI = append(rec.PCI, a)
-			}
-		}
-	}
+	rec := slice.NewRecord(req, res.Domain)
 	if err := r.put(&rec); err != nil {
 		return res, err
 	}
@@ -375,7 +333,7 @@ func (r *Runtime) Provision(ctx context.Context, req slice.ProvisionRequest, rep
 
 func (r *Runtime) provision(ctx context.Context, req slice.ProvisionRequest, st *stages, res *proto.SliceProvisionResult) error {
 	rec := st.rec
-	boot, _ := bootDevice(req.Plan)
+	boot, _ := slice.BootDevice(req.Plan)
 	var imgPath string
 	nss := map[string]namespace{}
 	var evidence []string
