@@ -8,7 +8,7 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
-.PHONY: all deps build lab test test-unit vet check bench clean clean-daemons
+.PHONY: all deps build lab test test-unit vet check bench clean clean-daemons fuzz
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -51,6 +51,18 @@ test: deps check
 	$(MAKE) --no-print-directory clean-daemons || rc=1; \
 	$(GO) run ./test/leakcheck/cmd/leakcheck check -before "$$snap" || rc=1; \
 	exit $$rc
+
+# Go fuzz targets of the parsers that take outside input. make test runs
+# their seeds and kept corpus (testdata/fuzz); make fuzz explores each for
+# FUZZTIME and keeps what fails under testdata/fuzz.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto \
+	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence
+fuzz:
+	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
+		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 test-unit:
 	$(GO) test -count=1 -short ./...
