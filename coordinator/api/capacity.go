@@ -12,9 +12,10 @@ import (
 )
 
 func (a *API) listRegions(c *call) error {
-	o := readOpts{tables: []string{state.TableRegions}, block: true}
-	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
-		return list(s.Regions(), "", c.index), nil
+	o := readOpts{tables: []string{state.TableRegions}, block: true, paging: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, p page) (any, error) {
+		items, next := cut(s.Regions(), func(r *proto.Region) string { return r.Name }, p)
+		return list(items, next, c.index), nil
 	})
 }
 
@@ -41,9 +42,10 @@ func (a *API) putRegion(c *call) error {
 }
 
 func (a *API) listPools(c *call) error {
-	o := readOpts{tables: []string{state.TablePools}, block: true}
-	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
-		return list(s.Pools(), "", c.index), nil
+	o := readOpts{tables: []string{state.TablePools}, block: true, paging: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, p page) (any, error) {
+		items, next := cut(s.Pools(), func(p *proto.Pool) string { return p.Name }, p)
+		return list(items, next, c.index), nil
 	})
 }
 

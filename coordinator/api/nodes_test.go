@@ -299,3 +299,39 @@ func TestQuarantinedSlotIsVisible(t *testing.T) {
 	// Repair refuses while the binding is bad (the operator re-approves).
 	e.do(RoleAdmin, http.MethodPost, "/v1/slots/q1-s3/repair", nil).requireProblem(t, 409, proto.CodeIllegalTransition)
 }
+
+// Regions and pools are paged like every list: ?limit and ?after, the
+// next page's cursor in next, a bad limit refused.
+func TestRegionsAndPoolsPaged(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	for _, name := range []string{"eu-west", "ap-south"} {
+		r := e.do(RoleAdmin, http.MethodPut, "/v1/regions/"+name, map[string]any{})
+		require.Less(t, r.status, 300, "body: %s", r.body)
+	}
+	var all []string
+	after := ""
+	for range 10 {
+		r := e.do(RoleViewer, http.MethodGet, "/v1/regions?limit=1&after="+after, nil)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		var l proto.List[proto.Region]
+		r.decode(t, &l)
+		require.LessOrEqual(t, len(l.Items), 1)
+		for _, x := range l.Items {
+			all = append(all, x.Name)
+		}
+		if l.Next == "" {
+			break
+		}
+		after = l.Next
+	}
+	assert.Equal(t, []string{"ap-south", "eu-west", "us-east"}, all, "every region once, by name")
+	r := e.do(RoleViewer, http.MethodGet, "/v1/pools?limit=1", nil)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var pools proto.List[proto.Pool]
+	r.decode(t, &pools)
+	require.Len(t, pools.Items, 1)
+	e.do(RoleViewer, http.MethodGet, "/v1/regions?limit=0", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+	e.do(RoleViewer, http.MethodGet, "/v1/pools?limit=x", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
+}

@@ -84,23 +84,12 @@ func (a *app) usageCmd() *cobra.Command {
 
 func (a *app) regionCmd() *cobra.Command {
 	c := &cobra.Command{Use: "region", Aliases: []string{"regions"}, Short: "List and set regions"}
-	c.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "List regions",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/regions", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Region]) {
-				row(w, "NAME", "DISABLED")
-				for _, x := range l.Items {
-					row(w, x.Name, yesNo(x.Disabled))
-				}
-			})
-		},
-	})
+	c.AddCommand(pagedList(a, "List regions", "/v1/regions", func(w *tabwriter.Writer, l proto.List[proto.Region]) {
+		row(w, "NAME", "DISABLED")
+		for _, x := range l.Items {
+			row(w, x.Name, yesNo(x.Disabled))
+		}
+	}))
 	var disabled bool
 	set := &cobra.Command{
 		Use:   "set NAME",
@@ -124,23 +113,12 @@ func (a *app) regionCmd() *cobra.Command {
 
 func (a *app) poolCmd() *cobra.Command {
 	c := &cobra.Command{Use: "pool", Aliases: []string{"pools"}, Short: "List and set pools"}
-	c.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "List pools",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/pools", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Pool]) {
-				row(w, "NAME", "REGION")
-				for _, x := range l.Items {
-					row(w, x.Name, x.Region)
-				}
-			})
-		},
-	})
+	c.AddCommand(pagedList(a, "List pools", "/v1/pools", func(w *tabwriter.Writer, l proto.List[proto.Pool]) {
+		row(w, "NAME", "REGION")
+		for _, x := range l.Items {
+			row(w, x.Name, x.Region)
+		}
+	}))
 	var region string
 	set := &cobra.Command{
 		Use:   "set NAME --region REGION",
@@ -327,5 +305,34 @@ func (a *app) tokenCmd() *cobra.Command {
 	gen.Flags().StringVar(&name, "name", "", "token name (shown in logs and as default allocation owner)")
 	gen.Flags().StringVar(&role, "role", "viewer", "role: admin, operator or viewer")
 	c.AddCommand(gen)
+	return c
+}
+
+// pagedList is a "list" command of a paged route: --limit and --after
+// pass through, and the next page's cursor is named.
+func pagedList[T any](a *app, short, path string, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
+	var after string
+	var limit int
+	c := &cobra.Command{
+		Use:   "list",
+		Short: short,
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string]string{"after": after}
+			if limit > 0 {
+				q["limit"] = strconv.Itoa(limit)
+			}
+			r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[T]) {
+				table(w, l)
+				nextHint(a, l.Next)
+			})
+		},
+	}
+	c.Flags().StringVar(&after, "after", "", "page cursor")
+	c.Flags().IntVar(&limit, "limit", 0, "page size")
 	return c
 }
