@@ -90,19 +90,7 @@ func TestAgentSliceRuntimeWiring(t *testing.T) {
 		require.NoError(t, d.Close())
 	})
 
-	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
-	require.Equal(t, http.StatusAccepted, code, body)
-	require.Eventually(t, func() bool {
-		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
-		n := c.node("j22u15")
-		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
-	}, 30*time.Second, 50*time.Millisecond)
-	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
-	require.Equal(t, http.StatusCreated, code, body)
-	var alloc proto.Allocation
-	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
-		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
-	require.Less(t, code, 300, body)
+	alloc := placeOneSlice(t, c)
 
 	task := func(typ string) (proto.Task, bool) {
 		for _, task := range c.srv.Store().Snapshot().Tasks("j22u15", alloc.ID, "", 0) {
@@ -129,7 +117,7 @@ func TestAgentSliceRuntimeWiring(t *testing.T) {
 	assert.False(t, req.Slots[0].Capacity.NVMe.Empty(), "the runtime gets the approved disk identity")
 	assert.Equal(t, req.Slots[0].Capacity.PrivateIP, pres.Access.GuestIP)
 
-	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", c.op, nil, nil)
+	code, body := c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", c.op, nil, nil)
 	require.Less(t, code, 300, body)
 	var rtask proto.Task
 	require.Eventually(t, func() bool { var ok bool; rtask, ok = task(proto.TaskSliceRelease); return ok }, 30*time.Second, 50*time.Millisecond)
@@ -188,19 +176,7 @@ func TestAgentStopDoesNotFailARunningProvision(t *testing.T) {
 	}
 	blocking := &blockingRuntime{entered: make(chan struct{})}
 	_, stop := start(blocking)
-	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
-	require.Equal(t, http.StatusAccepted, code, body)
-	require.Eventually(t, func() bool {
-		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
-		n := c.node("j22u15")
-		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
-	}, 30*time.Second, 50*time.Millisecond)
-	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
-	require.Equal(t, http.StatusCreated, code, body)
-	var alloc proto.Allocation
-	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
-		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
-	require.Less(t, code, 300, body)
+	alloc := placeOneSlice(t, c)
 	select {
 	case <-blocking.entered:
 	case <-time.After(30 * time.Second):
@@ -244,19 +220,7 @@ func TestNoRuntimeRefusesSlices(t *testing.T) {
 	go func() { done <- d.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; _ = d.Close() })
 
-	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
-	require.Equal(t, http.StatusAccepted, code, body)
-	require.Eventually(t, func() bool {
-		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
-		n := c.node("j22u15")
-		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
-	}, 30*time.Second, 50*time.Millisecond)
-	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
-	require.Equal(t, http.StatusCreated, code, body)
-	var alloc proto.Allocation
-	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
-		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
-	require.Less(t, code, 300, body)
+	alloc := placeOneSlice(t, c)
 	var a *proto.Allocation
 	require.Eventually(t, func() bool {
 		var ok bool
@@ -281,4 +245,24 @@ func TestNoRuntimeRefusesSlices(t *testing.T) {
 	require.ErrorContains(t, d2.SetSliceRuntime(&fakeRuntime{}, nil), "already runs a slice runtime")
 	require.NoError(t, d2.rtClose())
 	assert.Equal(t, 1, closed, "the injected runtime closes with the agent")
+}
+
+// placeOneSlice discovers j22u15 through its running agent, waits until
+// it is slice-ready, approves slot 0 and places a 1-GPU slice on it.
+func placeOneSlice(t *testing.T, c *coord) proto.Allocation {
+	t.Helper()
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
+	require.Equal(t, http.StatusAccepted, code, body)
+	require.Eventually(t, func() bool {
+		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
+		n := c.node("j22u15")
+		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
+	}, 30*time.Second, 50*time.Millisecond)
+	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
+	require.Equal(t, http.StatusCreated, code, body)
+	var alloc proto.Allocation
+	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
+	require.Less(t, code, 300, body)
+	return alloc
 }
