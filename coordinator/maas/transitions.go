@@ -101,14 +101,42 @@ type transition struct {
 	// refuse lists statuses from which this op must not be submitted
 	// (the caller must act first), with the reason.
 	refuse map[Status]string
+	// notStarted lists statuses MAAS leaves a machine in when the op was
+	// not started: submitting from them is safe, and one seen on two
+	// polls in a row after a submission means the submission never took
+	// effect (MAAS moves the machine out of it in the same transaction
+	// that accepts the op): the transition ends with NotStartedError at
+	// once, rather than waiting for the expiry, and the caller prepares
+	// and submits the op again.
+	notStarted []Status
+}
+
+// NotStartedError is a transition MAAS shows was never started: after
+// the submission the machine stayed in a status the op leaves at once
+// (a deploy that left the machine Allocated). Nothing is in flight; the
+// caller may prepare the op again and resubmit.
+type NotStartedError struct {
+	Op         string
+	SystemID   string
+	Status     Status
+	StatusName string
+}
+
+func (e *NotStartedError) Error() string {
+	return fmt.Sprintf("%s of %s never started: MAAS still shows %s after the submission (nothing is in flight)", e.Op, e.SystemID, e.StatusName)
 }
 
 var (
 	commissionT = transition{op: "commission", target: node.StatusReady,
 		pending:  []Status{node.StatusCommissioning, node.StatusTesting},
 		failures: []Status{node.StatusFailedCommissioning, node.StatusFailedTesting}}
+	// An Allocated machine has no deploy in flight: MAAS's deploy
+	// handler acquires a Ready machine and starts the deployment
+	// (Deploying) in one transaction, so Allocated is what a machine
+	// shows when a deploy never reached MAAS or died between the two.
 	deployT = transition{op: "deploy", target: node.StatusDeployed,
-		pending:  []Status{node.StatusAllocated, node.StatusDeploying},
+		pending:    []Status{node.StatusDeploying},
+		notStarted: []Status{node.StatusAllocated},
 		failures: []Status{node.StatusFailedDeployment},
 		refuse:   map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
 	releaseT = transition{op: "release", target: node.StatusReady,
@@ -158,6 +186,7 @@ func (c *Client) poll(ctx context.Context, t transition, id string, w Wait, m *M
 	start := time.Now()
 	last := m.Status
 	lastName := m.StatusName
+	notStartedPolls := 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for first := true; ; first = false {
@@ -188,6 +217,14 @@ func (c *Client) poll(ctx context.Context, t transition, id string, w Wait, m *M
 			}
 			if slices.Contains(t.failures, cur.Status) {
 				return cur, &FailedError{Op: t.op, SystemID: id, Status: cur.Status, StatusName: cur.StatusName, ErrorDescription: cur.ErrorDescription}
+			}
+			if slices.Contains(t.notStarted, cur.Status) {
+				notStartedPolls++
+			} else {
+				notStartedPolls = 0
+			}
+			if notStartedPolls >= 2 {
+				return cur, &NotStartedError{Op: t.op, SystemID: id, Status: cur.Status, StatusName: cur.StatusName}
 			}
 		}
 		if time.Since(start) >= w.Expiry {

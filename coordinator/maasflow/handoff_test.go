@@ -3,6 +3,7 @@ package maasflow_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -184,5 +185,78 @@ func TestRenderTenantUserData(t *testing.T) {
 	} {
 		_, err := maasflow.RenderTenantUserData(bad)
 		assert.Error(t, err, "%+v", bad)
+	}
+}
+
+// A deploy MAAS never started (the region acquired the machine and died
+// before starting the deployment, answering 504, so the machine sits
+// Allocated with nothing in flight) is prepared and submitted again
+// within two polls, with the tenant's user-data, not waited on until
+// DeployExpiry; a deploy stage that resumes (a new leader) and finds the
+// machine Allocated deploys it; a deploy that never starts however often
+// it is submitted fails, named, after MaxDeployNotStarted resubmissions.
+func TestHandoffDeployNeverStarted(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		times     int  // fault firings (0: always)
+		allocated bool // the machine is Allocated before the stage runs
+		want      proto.WorkflowState
+	}{
+		{name: "lost once", times: 1, want: proto.WorkflowSucceeded},
+		{name: "found allocated on resume", allocated: true, want: proto.WorkflowSucceeded},
+		{name: "never starts", times: 0, want: proto.WorkflowFailed},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			host := fmt.Sprintf("bmn%d", i)
+			e, sys := bmEnv(t, host, fmt.Sprintf("52:54:00:00:09:%02x", i))
+			if tc.allocated {
+				c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 2 * time.Millisecond})
+				require.NoError(t, err)
+				require.NoError(t, e.sim.InjectFault(sys, maassim.Fault{Kind: maassim.FaultDeployLostAfterAllocate, Times: 1}))
+				_, err = c.Deploy(context.Background(), sys, maas.DeployParams{}, maas.Wait{Expiry: 10 * time.Second})
+				var ns *maas.NotStartedError
+				require.ErrorAs(t, err, &ns, "the client names a deploy that never started")
+				m, _ := e.sim.Machine(sys)
+				require.Equal(t, maassim.StatusAllocated, m.Status)
+			} else {
+				require.NoError(t, e.sim.InjectFault(sys, maassim.Fault{Kind: maassim.FaultDeployLostAfterAllocate, Times: tc.times}))
+			}
+			// An expiry the old "Allocated means deploying" rule would
+			// have waited out: the test ends long before it.
+			e.cfg = func(c *maasflow.Config) { c.DeployExpiry = time.Hour }
+			id := e.handoff(proto.WorkflowHandoff, host, fmt.Sprintf("n%d", i))
+			if tc.allocated {
+				// The release stage is behind it (a previous leader ran it
+				// and submitted the deploy that was lost).
+				w := e.workflow(id)
+				w.Stage, w.SystemID = proto.StageDeploy, sys
+				e.ok(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: time.Now().UTC(), ExpectModifyIndex: w.ModifyIndex, Workflow: *w})
+			}
+			start := time.Now()
+			e.start()
+			got := e.waitState(id, tc.want)
+			assert.Less(t, time.Since(start), 20*time.Second)
+			m, _ := e.sim.Machine(sys)
+			if tc.want == proto.WorkflowFailed {
+				assert.Contains(t, got.LastError, "never started")
+				assert.Contains(t, got.LastError, "Allocated")
+				assert.Equal(t, maassim.StatusAllocated, m.Status)
+				deploys := e.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Op == "deploy" })
+				assert.Len(t, deploys, 1+maasflow.MaxDeployNotStarted, "submitted, then resubmitted MaxDeployNotStarted times")
+				return
+			}
+			assert.Equal(t, maassim.StatusDeployed, m.Status)
+			require.NotNil(t, got.Access)
+			ctypes, _, err := maasflow.TenantParts(m.UserData)
+			require.NoError(t, err, "the resubmitted deploy carries the tenant's user-data")
+			assert.Equal(t, "text/cloud-config", ctypes[0])
+			if !tc.allocated {
+				assert.True(t, slices.ContainsFunc(got.Events, func(ev proto.WorkflowEvent) bool { return ev.Kind == "deploy_not_started" }),
+					"the lost submission is in the workflow's events: %+v", got.Events)
+			}
+		})
 	}
 }
