@@ -137,8 +137,8 @@ var (
 	deployT = transition{op: "deploy", target: node.StatusDeployed,
 		pending:    []Status{node.StatusDeploying},
 		notStarted: []Status{node.StatusAllocated},
-		failures: []Status{node.StatusFailedDeployment},
-		refuse:   map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
+		failures:   []Status{node.StatusFailedDeployment},
+		refuse:     map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
 	releaseT = transition{op: "release", target: node.StatusReady,
 		pending:  []Status{node.StatusReleasing, node.StatusDiskErasing},
 		failures: []Status{node.StatusFailedReleasing, node.StatusFailedDiskErasing}}
