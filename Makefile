@@ -69,7 +69,10 @@ test-unit:
 
 # Benchmarks write test/bench/results/parts/*.json; benchmerge folds them
 # into test/bench/results/latest.{json,md}.
+# The etcd reference (test/bench/etcdref, its own module) runs first, on
+# the same machine in the same run, for placements_vs_etcd_claims_ratio.
 bench: deps build
+	cd test/bench/etcdref && $(GO) run . -out $(CURDIR)/test/bench/results/parts/etcd.json
 	GPUAAS_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestBench' -v ./... 2>&1 | tee test/bench/results/bench.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
 	$(GO) run ./test/bench/cmd/benchmerge
 
