@@ -14,6 +14,86 @@ import (
 // compatibility evaluator decides, for one (app, allocation) pair,
 // whether the app can run there and, if not, every reason why.
 
+// Raft commands of the app catalog (types 90-91; 92-99 are kept for app
+// instances).
+const (
+	AppUpsertType  MessageType = 90
+	AppApproveType MessageType = 91
+)
+
+func init() {
+	messageTypeNames[AppUpsertType] = "app_upsert"
+	messageTypeNames[AppApproveType] = "app_approve"
+}
+
+// AppUpsertRequest creates a pending catalog entry or replaces a pending
+// one; an approved or revoked entry never changes (publish a new
+// version).
+type AppUpsertRequest struct {
+	At  time.Time `json:"at"`
+	App App       `json:"app"`
+}
+
+// AppApproveRequest approves or revokes an app version (global; apps
+// have no site scope).
+type AppApproveRequest struct {
+	At      time.Time `json:"at"`
+	Name    string    `json:"name"`
+	Version string    `json:"version"`
+	Action  AppState  `json:"action"`
+	By      string    `json:"by"`
+	Note    string    `json:"note,omitempty"`
+	// Image, when set, must equal the entry's (the admin approves the
+	// image they checked).
+	Image string `json:"image,omitempty"`
+}
+
+// Validate checks an approve/revoke command.
+func (r *AppApproveRequest) Validate() error {
+	if err := ValidateID("app name", r.Name); err != nil {
+		return err
+	}
+	if !appVersionPattern.MatchString(r.Version) {
+		return Errorf(CodeInvalidArgument, "app %s: version %q is not a valid version", r.Name, r.Version)
+	}
+	if r.Action != ImageApproved && r.Action != ImageRevoked {
+		return Errorf(CodeInvalidArgument, "app %s:%s: action %q is not approved or revoked", r.Name, r.Version, r.Action)
+	}
+	if err := ValidateID("approver", r.By); err != nil {
+		return err
+	}
+	if len(r.Note) > MaxApprovalNote {
+		return Errorf(CodeInvalidArgument, "note is %d characters; at most %d are allowed", len(r.Note), MaxApprovalNote)
+	}
+	if r.Image != "" {
+		if err := ValidateOCIDigestRef(r.Image); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AppBody is the body of PUT /v1/apps/{name}/{version}: the manifest
+// without its name, version and catalog state.
+type AppBody struct {
+	Kind        AppKind         `json:"kind"`
+	Image       string          `json:"image"`
+	Description string          `json:"description,omitempty"`
+	Compat      AppCompat       `json:"compat"`
+	Ports       []AppPort       `json:"ports,omitempty"`
+	HealthCheck *AppHealthCheck `json:"health_check,omitempty"`
+}
+
+// AppApproveBody is the body of POST /v1/apps/{name}/{version}/approve
+// and .../revoke.
+type AppApproveBody struct {
+	Note  string `json:"note,omitempty"`
+	Image string `json:"image,omitempty"`
+}
+
+// String is "name:version".
+func (a *App) String() string { return a.Name + ":" + a.Version }
+
 // AppKind is what an app is.
 type AppKind string
 
@@ -193,6 +273,9 @@ func (a *App) Validate() error {
 	}
 	if !appVersionPattern.MatchString(a.Version) {
 		return Errorf(CodeInvalidArgument, "app %s: version %q must be 1-64 characters of letters, digits, '.', '_', '+' and '-'", a.Name, a.Version)
+	}
+	if a.Version == "targets" {
+		return Errorf(CodeInvalidArgument, "app %s: version \"targets\" is reserved (GET /v1/apps/{name}/targets)", a.Name)
 	}
 	if !a.Kind.Valid() {
 		return Errorf(CodeInvalidArgument, "app %s: kind %q is not one of %s", a.Name, a.Kind, joinKinds(AppKinds))

@@ -17,6 +17,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/coordinator/server"
@@ -89,7 +90,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	a.proxy = newForwarder(log)
 	a.metrics = metricsOf(b)
 	a.metricsHTTP = a.newMetricsHandler()
-	a.routes = append(a.routeTable(), a.imageRoutes()...)
+	a.routes = append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...)
 	allowed := map[string][]string{}
 	for _, rt := range a.routes {
 		if isBlobRoute(rt) {
@@ -105,9 +106,17 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}
 	a.registerAgentRoutes()
-	// The same paths without a method answer 405 with Allow.
+	// The same paths with another method answer 405 with Allow. Each
+	// method is registered on its own (not one method-less pattern), so
+	// a literal segment like /v1/apps/{name}/targets (GET) can sit beside
+	// a wildcard one like /v1/apps/{name}/{version} (PUT, GET).
 	for p, methods := range allowed {
-		a.mux.Handle(p, a.methodNotAllowed(methods))
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+			if slices.Contains(methods, m) || m == http.MethodHead && slices.Contains(methods, http.MethodGet) {
+				continue
+			}
+			a.mux.Handle(m+" "+p, a.methodNotAllowed(methods))
+		}
 	}
 	a.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, proto.Errorf(proto.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))

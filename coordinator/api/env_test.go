@@ -323,7 +323,7 @@ func (e *env) validate(req *http.Request, reqBody []byte, r resp) {
 	probe.URL.Host, probe.URL.Scheme = "", ""
 	_, pattern := e.api.mux.Handler(probe)
 	method, path, ok := strings.Cut(pattern, " ")
-	if !ok {
+	if !ok || r.status == http.StatusMethodNotAllowed {
 		// The 404 catch-all or a 405: not a documented route, but
 		// still a problem body.
 		r.problem(e.t)

@@ -130,7 +130,7 @@ func eachObject(snap *state.Snapshot, table string, fn func(any) error) error {
 			add(o)
 		}
 	default:
-		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) {
+		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) && !eachAppObject(snap, table, add) {
 			return fmt.Errorf("snapshot: no record type for table %q", table)
 		}
 	}
@@ -230,6 +230,9 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 			return err
 		}
 		if err, ok := restoreImageRecord(tx, rec); ok {
+			return err
+		}
+		if err, ok := restoreAppRecord(tx, rec); ok {
 			return err
 		}
 		return fmt.Errorf("unknown record type %q", rec.T)
