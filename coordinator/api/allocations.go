@@ -80,16 +80,27 @@ func sameRequest(prev *proto.Allocation, req proto.AllocationCreateRequest, key 
 }
 
 func (a *API) listAllocations(c *call) error {
-	o := readOpts{tables: []string{state.TableAllocations}, block: true, paging: true, filters: []string{"state", "node", "region"}}
+	o := readOpts{tables: []string{state.TableAllocations}, block: true, paging: true, filters: []string{"state", "node", "region", "owner"}}
 	return c.read(o, func(s *state.Snapshot, q url.Values, p page) (any, error) {
 		f := state.AllocationFilter{AfterID: p.after, Limit: p.limit + 1}
+		var err error
+		if f.Owner, err = idParam(q, "owner"); err != nil {
+			return nil, err
+		}
+		// A tenant lists its own allocations only (another owner named
+		// here lists nothing, as if that owner had none).
+		if own := c.ownerScope(); own != "" {
+			if f.Owner != "" && f.Owner != own {
+				return list[proto.Allocation](nil, "", c.index), nil
+			}
+			f.Owner = own
+		}
 		if v := q.Get("state"); v != "" {
 			f.State = proto.AllocState(v)
 			if !f.State.Valid() {
 				return nil, proto.Errorf(proto.CodeInvalidArgument, "state=%q is not one of %v", v, proto.AllocStates)
 			}
 		}
-		var err error
 		if f.NodeID, err = idParam(q, "node"); err != nil {
 			return nil, err
 		}
@@ -116,7 +127,7 @@ func (c *call) allocation(s *state.Snapshot) (*proto.Allocation, error) {
 	}
 	al, ok := s.Allocation(id)
 	if !ok {
-		return nil, proto.Errorf(proto.CodeNotFound, "allocation %s does not exist", id)
+		return nil, errNoAllocation(id)
 	}
 	return al, nil
 }

@@ -196,10 +196,17 @@ func (a *API) getUsage(c *call) error {
 				return nil, proto.Errorf(proto.CodeInvalidArgument, "since=%q is not an RFC 3339 time such as 2026-11-21T00:00:00Z", v)
 			}
 		}
+		// A tenant sees the usage of its own allocations only.
+		own := c.ownerScope()
 		var out []*proto.UsageRecord
 		for _, u := range s.Usage() {
 			if alloc != "" && u.AllocationID != alloc || !since.IsZero() && u.End != nil && u.End.Before(since) {
 				continue
+			}
+			if own != "" {
+				if al, ok := s.Allocation(u.AllocationID); !ok || al.Owner != own {
+					continue
+				}
 			}
 			out = append(out, u)
 		}
