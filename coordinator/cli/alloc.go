@@ -137,14 +137,14 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 }
 
 func (a *app) allocListCmd() *cobra.Command {
-	var state, node, region, after string
+	var state, node, region, owner, after string
 	var limit int
 	c := &cobra.Command{
 		Use:   "list",
-		Short: "List allocations",
+		Short: "List allocations (a tenant token lists its own only)",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"state": state, "node": node, "region": region, "after": after}
+			q := map[string]string{"state": state, "node": node, "region": region, "owner": owner, "after": after}
 			if limit > 0 {
 				q["limit"] = strconv.Itoa(limit)
 			}
@@ -162,6 +162,7 @@ func (a *app) allocListCmd() *cobra.Command {
 	f.StringVar(&state, "state", "", "only allocations in this state")
 	f.StringVar(&node, "node", "", "only allocations on this node")
 	f.StringVar(&region, "region", "", "only allocations in this region")
+	f.StringVar(&owner, "owner", "", "only allocations of this owner")
 	f.StringVar(&after, "after", "", "page cursor: start after this allocation ID")
 	f.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
 	return c

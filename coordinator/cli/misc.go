@@ -271,7 +271,7 @@ func (a *app) tokenCmd() *cobra.Command {
 	c := &cobra.Command{Use: "token", Short: "Make API tokens and tokens-file entries (offline)"}
 	var name, role string
 	gen := &cobra.Command{
-		Use:   "generate --name NAME --role admin|operator|viewer",
+		Use:   "generate --name NAME --role admin|operator|viewer|tenant",
 		Short: "Generate a token; prints it and the tokens-file entry that holds only its SHA-256",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -303,7 +303,7 @@ func (a *app) tokenCmd() *cobra.Command {
 		},
 	}
 	gen.Flags().StringVar(&name, "name", "", "token name (shown in logs and as default allocation owner)")
-	gen.Flags().StringVar(&role, "role", "viewer", "role: admin, operator or viewer")
+	gen.Flags().StringVar(&role, "role", "viewer", "role: admin, operator, viewer or tenant (its own allocations and the catalog only)")
 	c.AddCommand(gen)
 	return c
 }
