@@ -3,6 +3,8 @@ package api
 import (
 	"net/http"
 	"net/url"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -202,24 +204,39 @@ func (c *call) replyAllocation(status int, id string) error {
 }
 
 func (a *API) getTimeline(c *call) error {
-	o := readOpts{tables: []string{state.TableTimeline, state.TableAllocations}, block: true}
-	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+	o := readOpts{tables: []string{state.TableTimeline, state.TableAllocations}, block: true, paging: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, p page) (any, error) {
 		al, err := c.allocation(s)
 		if err != nil {
 			return nil, err
 		}
-		return list(s.Timeline(al.ID), "", c.index), nil
+		// The cursor is a sequence number: events are in Seq order.
+		var after uint64
+		if p.after != "" {
+			if after, err = strconv.ParseUint(p.after, 10, 64); err != nil {
+				return nil, proto.Errorf(proto.CodeInvalidArgument, "after=%q is not a timeline sequence number (the next of a previous page)", p.after)
+			}
+		}
+		items := s.Timeline(al.ID)
+		items = items[sort.Search(len(items), func(i int) bool { return items[i].Seq > after }):]
+		next := ""
+		if len(items) > p.limit {
+			items = items[:p.limit]
+			next = strconv.FormatUint(items[p.limit-1].Seq, 10)
+		}
+		return list(items, next, c.index), nil
 	})
 }
 
 func (a *API) getClaims(c *call) error {
-	o := readOpts{tables: []string{state.TableClaims, state.TableAllocations}}
-	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+	o := readOpts{tables: []string{state.TableClaims, state.TableAllocations}, paging: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, p page) (any, error) {
 		al, err := c.allocation(s)
 		if err != nil {
 			return nil, err
 		}
-		return list(s.ClaimsByAllocation(al.ID), "", c.index), nil
+		items, next := cut(s.ClaimsByAllocation(al.ID), func(x *proto.Claim) string { return x.ID }, p)
+		return list(items, next, c.index), nil
 	})
 }
 

@@ -323,3 +323,35 @@ func TestContractQueryParameters(t *testing.T) {
 		assert.Contains(t, p.Detail, `unknown query parameter "zzz"`, "%s %s", rt.Method, rt.Pattern)
 	}
 }
+
+// TestContractEveryListIsPaged: every operation answering a list
+// envelope (items, next) takes ?limit and ?after (issue 13: paging on
+// every list).
+func TestContractEveryListIsPaged(t *testing.T) {
+	t.Parallel()
+	doc := loadDoc(t)
+	lists := 0
+	for path, item := range doc.Paths.Map() {
+		op := item.Get
+		if op == nil {
+			continue
+		}
+		ok := op.Responses.Status(http.StatusOK)
+		if ok == nil || ok.Value == nil || ok.Value.Content.Get("application/json") == nil {
+			continue
+		}
+		s := ok.Value.Content.Get("application/json").Schema
+		if s == nil || s.Value == nil || s.Value.Properties["next"] == nil || s.Value.Properties["items"] == nil {
+			continue
+		}
+		lists++
+		var names []string
+		for _, p := range op.Parameters {
+			if p.Value.In == openapi3.ParameterInQuery {
+				names = append(names, p.Value.Name)
+			}
+		}
+		assert.Subset(t, names, []string{"limit", "after"}, "GET %s answers a list but is not paged", path)
+	}
+	assert.Greater(t, lists, 10, "the list operations were found")
+}

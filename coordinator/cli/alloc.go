@@ -220,7 +220,7 @@ func (a *app) allocForceReleaseCmd() *cobra.Command {
 }
 
 func (a *app) allocTimelineCmd() *cobra.Command {
-	return idCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", http.MethodGet, "/v1/allocations/", "/timeline", func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
+	return pagedIDCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", "/v1/allocations/", "/timeline", "sequence number", func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
 		row(w, "SEQ", "AT", "STAGE", "STATUS", "DURATION", "MESSAGE")
 		for _, cells := range timelineRows(l.Items) {
 			row(w, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5])
@@ -229,7 +229,7 @@ func (a *app) allocTimelineCmd() *cobra.Command {
 }
 
 func (a *app) allocClaimsCmd() *cobra.Command {
-	return idCmd(a, "claims", "Show an allocation's resource claims", http.MethodGet, "/v1/allocations/", "/claims", func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
+	return pagedIDCmd(a, "claims", "Show an allocation's resource claims", "/v1/allocations/", "/claims", "claim ID", func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
 		row(w, "ID", "KIND", "NODE", "SLOT", "GENERATION", "LIVE", "ENDED")
 		for _, c := range l.Items {
 			row(w, c.ID, c.Kind, c.NodeID, c.SlotID, c.Generation, yesNo(c.Live), tsp(c.EndedAt))

@@ -18,13 +18,14 @@ import (
 
 func (a *app) availabilityCmd() *cobra.Command {
 	var region, sku string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:     "availability",
 		Aliases: []string{"avail"},
 		Short:   "Free GPUs per region and SKU, and the largest request that fits now",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/availability", map[string]string{"region": region, "sku": sku}, nil, nil)
+			r, err := a.call(cmd, http.MethodGet, "/v1/availability", page(map[string]string{"region": region, "sku": sku}), nil, nil)
 			if err != nil {
 				return err
 			}
@@ -41,9 +42,11 @@ func (a *app) availabilityCmd() *cobra.Command {
 					}
 					row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
 				}
+				nextHint(a, l.Next)
 			})
 		},
 	}
+	page = pageFlags(c, "REGION/SKU")
 	c.Flags().StringVar(&region, "region", "", "only this region")
 	c.Flags().StringVar(&sku, "sku", "", "only this SKU")
 	return c
@@ -185,18 +188,24 @@ func (a *app) operatorCmd() *cobra.Command {
 	jt.Flags().StringVar(&jtServer, "server-id", "", "admit only the server with this ID")
 	jt.Flags().DurationVar(&jtTTL, "ttl", proto.DefaultJoinTokenTTL, "lifetime of the token (at most 24h)")
 	c.AddCommand(jt)
-	c.AddCommand(&cobra.Command{
+	var peersPage func(map[string]string) map[string]string
+	peers := &cobra.Command{
 		Use:   "peers",
 		Short: "List the Raft configuration",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", nil, nil, nil)
+			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", peersPage(nil), nil, nil)
 			if err != nil {
 				return err
 			}
-			return show(a, r, peersTable)
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[api.Peer]) {
+				peersTable(w, l)
+				nextHint(a, l.Next)
+			})
 		},
-	}, &cobra.Command{
+	}
+	peersPage = pageFlags(peers, "server ID")
+	c.AddCommand(peers, &cobra.Command{
 		Use:   "add ID RAFT-ADDR HTTP-ADDR",
 		Short: "Add a voter (admin)",
 		Args:  exactArgs("ID", "RAFT-ADDR", "HTTP-ADDR"),
