@@ -186,7 +186,7 @@ func (a *API) blobHandler(rt Route) http.Handler {
 			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "an Authorization: Bearer <token> header is required"))
 			return
 		}
-		p, ok := a.auth.Authenticate(tok)
+		p, ok := a.authenticate(tok)
 		if !ok && rt.Method == http.MethodGet {
 			if ab, isAgent := a.b.(AgentBackend); isAgent && ab.Enrollment() != nil {
 				if id, known := ab.Enrollment().Authenticate(tok); known {
