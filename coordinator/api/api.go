@@ -180,4 +180,6 @@ func (a *API) routeTable() []Route {
 		{http.MethodDelete, "/v1/operator/tokens/{name}", RoleAdmin, true, a.revokeAPIToken},
 	}
 }
+
+// A coordinator replica keeps the replicated API tokens.
 var _ TokenBackend = (*server.Server)(nil)

@@ -206,5 +206,3 @@ func trunc(s string, n int) string {
 	}
 	return s[:n] + "..."
 }
-
-
