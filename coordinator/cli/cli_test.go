@@ -374,3 +374,36 @@ func TestCLITokenSources(t *testing.T) {
 	assert.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.err, "read token file")
 }
+
+// TestCLITokens: an admin makes a tenant token with token create, the
+// tenant lists its (no) allocations but not nodes, token list shows the
+// record, and after token revoke the token is refused.
+func TestCLITokens(t *testing.T) {
+	t.Parallel()
+	c := startCoordinator(t)
+	r := c.run(api.RoleOperator, "token", "create", "--name", "t-erin", "--role", "tenant")
+	require.Equal(t, ExitError, r.code, r.out)
+	assert.Contains(t, r.err, "needs role admin")
+	assert.Equal(t, ExitUsage, c.run(api.RoleAdmin, "token", "create", "--name", "t-erin", "--role", "root").code)
+
+	r = c.run(api.RoleAdmin, "token", "create", "--name", "t-erin", "--role", "tenant").ok(t)
+	tok := field(t, r.out, "Token")
+	assert.Equal(t, "tenant", field(t, r.out, "Role"))
+	assert.Contains(t, r.err, "shown once")
+	tenant := map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_TOKEN": tok}
+	runEnv(tenant, "alloc", "list").ok(t)
+	r = runEnv(tenant, "node", "list")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "not open to tenant tokens")
+
+	r = c.run(api.RoleViewer, "token", "list").ok(t)
+	assert.Contains(t, r.out, "t-erin")
+	assert.Contains(t, r.out, "admin-user")
+	assert.NotContains(t, r.out, tok)
+
+	r = c.run(api.RoleAdmin, "token", "revoke", "t-erin").ok(t)
+	assert.NotEqual(t, "-", field(t, r.out, "Revoked"))
+	r = runEnv(tenant, "alloc", "list")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "not known")
+}

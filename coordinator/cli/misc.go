@@ -275,9 +275,61 @@ func (a *app) statusCmd() *cobra.Command {
 	}
 }
 
-// tokenCmd makes tokens-file entries; it never talks to the API.
+// tokenCmd makes API tokens: offline tokens-file entries (generate) or
+// replicated tokens through the API (create, list, revoke; admin).
 func (a *app) tokenCmd() *cobra.Command {
-	c := &cobra.Command{Use: "token", Short: "Make API tokens and tokens-file entries (offline)"}
+	c := &cobra.Command{Use: "token", Short: "Make API tokens: tokens-file entries (offline) or replicated ones through the API"}
+	var cname, crole string
+	create := &cobra.Command{
+		Use:   "create --name NAME --role admin|operator|viewer|tenant",
+		Short: "Make a token through the API (admin): its hash is replicated, the token is printed once",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := api.ParseRole(crole); err != nil {
+				return usageError{err}
+			}
+			if err := proto.ValidateID("--name", cname); err != nil {
+				return usageError{err}
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/operator/tokens", nil, proto.APITokenCreateBody{Name: cname, Role: crole}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, t proto.APITokenCreated) {
+				row(w, "Name:", t.Name)
+				row(w, "Role:", t.Role)
+				row(w, "Token:", t.Token)
+				row(w, "Created:", ts(t.CreatedAt))
+				fmt.Fprintln(a.errOut, "the token is shown once: keep it (export GPUAAS_TOKEN=...)")
+			})
+		},
+	}
+	create.Flags().StringVar(&cname, "name", "", "the principal: owner of what the token creates")
+	create.Flags().StringVar(&crole, "role", "tenant", "role: admin, operator, viewer or tenant (its own allocations and the catalog only)")
+	revoke := &cobra.Command{
+		Use:   "revoke NAME",
+		Short: "Revoke the token of NAME made through the API (admin)",
+		Args:  exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodDelete, "/v1/operator/tokens/"+pathEscape(args[0]), nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, t proto.APIToken) {
+				row(w, "Name:", t.Name)
+				row(w, "Role:", t.Role)
+				row(w, "Revoked:", tsp(t.RevokedAt))
+			})
+		},
+	}
+	list := pagedList(a, "List the tokens made through the API (never the tokens file's, never a hash)", "/v1/operator/tokens",
+		func(w *tabwriter.Writer, l proto.List[proto.APIToken]) {
+			row(w, "NAME", "ROLE", "BY", "CREATED", "REVOKED")
+			for _, t := range l.Items {
+				row(w, t.Name, t.Role, t.By, ts(t.CreatedAt), tsp(t.RevokedAt))
+			}
+		})
+	c.AddCommand(create, list, revoke)
 	var name, role string
 	gen := &cobra.Command{
 		Use:   "generate --name NAME --role admin|operator|viewer|tenant",
