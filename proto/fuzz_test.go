@@ -2,6 +2,7 @@ package proto_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/gpuaas/gpuaas/proto"
@@ -36,6 +37,81 @@ func FuzzSliceProvisionResult(f *testing.F) {
 			if err := again.Validate("alloc-1", []string{"n1-s0", "n1-s1"}, ok); err != nil {
 				t.Fatalf("an accepted result is refused once re-encoded: %v (%s)", err, b)
 			}
+		}
+	})
+}
+
+// FuzzImageManifest decodes a catalog entry's body (PUT
+// /v1/images/{name}/{version}: an admin's upload manifest) strictly, as
+// the API does, and validates the entry: never a panic; an accepted entry
+// re-encodes to one that is accepted again, names itself as the image
+// spec name:version, and the reference a provision task carries from it
+// is the same image.
+func FuzzImageManifest(f *testing.F) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	f.Add("lab-guest", "v1", []byte(`{"kind":"slice_base","digest":"`+digest+`","size":67108864,"readiness_check":"base-ssh","marker_sha256":"`+strings.Repeat("0f", 32)+`"}`))
+	f.Add("ubuntu-cuda", "24.04.1", []byte(`{"kind":"slice_cuda","digest":"`+digest+`","size":1,"readiness_check":"cuda"}`))
+	f.Add("lab", "1", []byte(`{"kind":"baremetal_tgz","digest":"`+digest+`","size":9223372036854775807}`))
+	f.Add("lab", "1", []byte(`{"kind":"slice_base","digest":"SHA256:`+strings.Repeat("AB", 32)+`","size":1}`))
+	f.Add("../x", "1", []byte(`{"kind":"slice_base","digest":"`+digest+`","size":1,"kind":"baremetal_tgz"}`))
+	f.Add("lab", "v:1", []byte(`{"Kind":"slice_base"}`))
+	f.Fuzz(func(t *testing.T, name, version string, raw []byte) {
+		var body proto.ImageBody
+		if err := proto.DecodeResult("image body", raw, &body); err != nil {
+			return
+		}
+		im := proto.Image{Name: name, Version: version, Kind: body.Kind, Digest: body.Digest, Size: body.Size,
+			ReadinessCheck: body.ReadinessCheck, MarkerSHA256: body.MarkerSHA256}
+		if im.Validate() != nil {
+			return
+		}
+		b, err := json.Marshal(im)
+		if err != nil {
+			t.Fatalf("encode an accepted entry: %v", err)
+		}
+		var again proto.Image
+		if err := json.Unmarshal(b, &again); err != nil {
+			t.Fatalf("an accepted entry does not decode again: %v (%s)", err, b)
+		}
+		if err := again.Validate(); err != nil {
+			t.Fatalf("an accepted entry is refused once re-encoded: %v (%s)", err, b)
+		}
+		n, v, err := proto.ParseImageSpec(im.String())
+		if err != nil || n != name || v != version {
+			t.Fatalf("entry %s names itself as %q %q (%v)", im.String(), n, v, err)
+		}
+		ref := im.Ref()
+		if ref.Name != name || ref.Version != version || ref.Digest != im.Digest || ref.Size != im.Size ||
+			ref.URL != proto.BlobPath(name, version) || strings.Count(ref.URL, "/") != 5 {
+			t.Fatalf("the task's reference %+v is not entry %s", ref, im.String())
+		}
+	})
+}
+
+// FuzzParseImageSpec: an allocation's image ("name" or "name:version",
+// from a tenant) either parses into valid identifiers that spell it back
+// or is refused with a clear error.
+func FuzzParseImageSpec(f *testing.F) {
+	for _, s := range []string{"lab-guest", "lab-guest:v1", "ubuntu-cuda:24.04.1", ":", "a:", ":b", "a:b:c", "../etc:passwd", "Lab", "a\x00b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		name, version, err := proto.ParseImageSpec(s)
+		if err != nil {
+			if proto.CodeOf(err) != proto.CodeInvalidArgument {
+				t.Fatalf("refusal of %q is %s, not invalid_argument: %v", s, proto.CodeOf(err), err)
+			}
+			return
+		}
+		if proto.ValidateID("name", name) != nil || version != "" && proto.ValidateID("version", version) != nil {
+			t.Fatalf("%q parsed into invalid parts %q %q", s, name, version)
+		}
+		back := name
+		if version != "" || strings.HasSuffix(s, ":") {
+			back += ":" + version
+		}
+		if back != s {
+			t.Fatalf("%q parsed into %q %q, which spell %q", s, name, version, back)
 		}
 	})
 }

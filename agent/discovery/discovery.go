@@ -466,24 +466,38 @@ func udevSignature(root hostops.Root, devt string) (string, error) {
 }
 
 // ParseUdevSignature extracts ID_FS_TYPE (or ID_PART_TABLE_TYPE) from a
-// udev database record.
+// udev database record. A record naming one always yields a signature,
+// even when the name is damaged (a disk holding data is never reported
+// clean), and the signature is short printable text.
 func ParseUdevSignature(s string) string {
 	var fsType, pt string
 	for line := range strings.SplitSeq(s, "\n") {
-		if v, ok := strings.CutPrefix(line, "E:ID_FS_TYPE="); ok {
+		if v, ok := strings.CutPrefix(line, "E:ID_FS_TYPE="); ok && v != "" {
 			fsType = v
 		}
-		if v, ok := strings.CutPrefix(line, "E:ID_PART_TABLE_TYPE="); ok {
+		if v, ok := strings.CutPrefix(line, "E:ID_PART_TABLE_TYPE="); ok && v != "" {
 			pt = v
 		}
 	}
 	if fsType != "" {
-		return fsType
+		return udevValue(fsType)
 	}
 	if pt != "" {
-		return "partition table " + pt
+		return "partition table " + udevValue(pt)
 	}
 	return ""
+}
+
+var udevValueRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
+
+// udevValue is a udev property value as reported: udev's own names
+// (ext4, LVM2_member, crypto_LUKS, gpt) as they are, anything else
+// described by its length, never dropped.
+func udevValue(v string) string {
+	if t := strings.TrimSpace(v); udevValueRe.MatchString(t) {
+		return t
+	}
+	return fmt.Sprintf("unrecognised (%d bytes)", len(v))
 }
 
 // Prerequisite check names.

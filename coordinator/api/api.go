@@ -184,5 +184,11 @@ func (a *API) routeTable() []Route {
 		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},
 		{http.MethodPost, "/v1/operator/transfer-leadership", RoleAdmin, true, a.transferLeadership},
 		{http.MethodPost, "/v1/operator/join-tokens", RoleAdmin, true, a.createJoinToken},
+		{http.MethodGet, "/v1/operator/tokens", RoleViewer, false, a.listAPITokens},
+		{http.MethodPost, "/v1/operator/tokens", RoleAdmin, true, a.createAPIToken},
+		{http.MethodDelete, "/v1/operator/tokens/{name}", RoleAdmin, true, a.revokeAPIToken},
 	}
 }
+
+// A coordinator replica keeps the replicated API tokens.
+var _ TokenBackend = (*server.Server)(nil)

@@ -145,3 +145,23 @@ func TestAppTargetPicker(t *testing.T) {
 	}
 	assert.Equal(t, []string{"infra", "slurm"}, names, "an admin may place a system VM")
 }
+
+// A tenant reads the app catalog and picks among its own allocations
+// only; another owner's allocation is a 404.
+func TestAppRoutesForTenants(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedLab()
+	theirs := e.mustCreate("k1", 1) // the operator's
+	e.publishApp("hello", "1", appBody(proto.AppOCI, proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}}))
+	require.Equal(t, http.StatusOK, e.do(RoleTenant, http.MethodGet, "/v1/apps", nil).status)
+	require.Equal(t, http.StatusOK, e.do(RoleTenant, http.MethodGet, "/v1/apps/hello/1", nil).status)
+	var tg AppTargets
+	e.do(RoleTenant, http.MethodGet, "/v1/apps/hello/targets", nil).decode(t, &tg)
+	assert.Empty(t, tg.Compatible)
+	assert.Empty(t, tg.Incompatible, "the operator's allocation is not the tenant's")
+	e.do(RoleTenant, http.MethodGet, "/v1/apps/hello/targets?owner=operator-user", nil).requireProblem(t, http.StatusForbidden, proto.CodeForbidden)
+	e.do(RoleTenant, http.MethodGet, "/v1/allocations/"+theirs.ID+"/apps/compatible", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
+	e.do(RoleTenant, http.MethodPut, "/v1/apps/hello/2", appBody(proto.AppOCI, proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}})).
+		requireProblem(t, http.StatusForbidden, proto.CodeForbidden)
+}

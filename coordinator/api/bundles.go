@@ -206,10 +206,3 @@ func trunc(s string, n int) string {
 	}
 	return s[:n] + "..."
 }
-
-func (a *API) authenticate(tok string) (Principal, bool) {
-	if a.auth == nil {
-		return Principal{}, false
-	}
-	return a.auth.Authenticate(tok)
-}

@@ -209,18 +209,27 @@ func loadDoc(t testing.TB) *openapi3.T {
 	return docVal
 }
 
+// otherTenant is the env's key (e.tok, e.do) of a second tenant token,
+// named other-tenant; RoleTenant's is named tenant-user.
+const otherTenant Role = 100
+
 // testTokens returns an Authenticator with one token per role and the
 // tokens by role.
 func testTokens(t testing.TB) (*Tokens, map[Role]string) {
 	t.Helper()
 	tok := map[Role]string{}
 	var entries []TokenEntry
-	for _, r := range []Role{RoleViewer, RoleOperator, RoleAdmin} {
+	for _, r := range []Role{RoleTenant, RoleViewer, RoleOperator, RoleAdmin} {
 		s, err := GenerateToken()
 		require.NoError(t, err)
 		tok[r] = s
 		entries = append(entries, TokenEntry{Name: r.String() + "-user", Role: r.String(), SHA256: HashToken(s)})
 	}
+	// A second tenant, to prove tenants do not see each other.
+	s, err := GenerateToken()
+	require.NoError(t, err)
+	tok[otherTenant] = s
+	entries = append(entries, TokenEntry{Name: "other-tenant", Role: "tenant", SHA256: HashToken(s)})
 	a, err := NewTokens(entries)
 	require.NoError(t, err)
 	return a, tok

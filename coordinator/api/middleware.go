@@ -151,8 +151,10 @@ func (a *API) authenticateOperator(w http.ResponseWriter, r *http.Request) (Prin
 
 // authorize is the one role check of every route: it records the
 // principal for the request log, applies the per-principal rate limit
-// and compares the role with the route's minimum. On refusal it has
-// written the problem and returns false.
+// and compares the role with the route's minimum; a tenant's routes and
+// the ownership of the allocation a route names are checked here too
+// (tenant.go). On refusal it has written the problem (or relayed the
+// request to the leader, which decides) and returns false.
 func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Principal) bool {
 	if who, ok := r.Context().Value(principalKey{}).(*string); ok {
 		*who = p.Name
@@ -164,6 +166,9 @@ func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Prin
 			writeTooMany(w, r, wait, fmt.Sprintf("too many requests from %s", p.Name))
 			return false
 		}
+	}
+	if p.Role == RoleTenant {
+		return a.authorizeTenant(w, r, rt, p)
 	}
 	if p.Role < rt.Role {
 		writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))

@@ -146,6 +146,9 @@ var (
 
 // run applies the rule: re-read, maybe submit, poll.
 func (c *Client) run(ctx context.Context, t transition, id string, w Wait, submit func() error) (*Machine, error) {
+	if err := checkSystemID(id); err != nil {
+		return nil, err
+	}
 	if w.Expiry <= 0 {
 		return nil, fmt.Errorf("%s of %s: no expiry given", t.op, id)
 	}
@@ -263,7 +266,7 @@ func (c *Client) Commission(ctx context.Context, id string, p CommissionParams, 
 			params.TestingScripts = "none"
 		}
 		_, err = mc.Machine.Commission(id, params)
-		return classify(err, true)
+		return c.classify(err, true)
 	})
 }
 
@@ -285,7 +288,7 @@ func (c *Client) Deploy(ctx context.Context, id string, p DeployParams, w Wait) 
 		}
 		_, err = mc.Machine.Deploy(id, &entity.MachineDeployParams{UserData: encodeUserData(p.UserData),
 			DistroSeries: p.DistroSeries, EnableHwSync: p.EnableHwSync})
-		return classify(err, true)
+		return c.classify(err, true)
 	})
 }
 
@@ -307,6 +310,6 @@ func (c *Client) Release(ctx context.Context, id string, p ReleaseParams, w Wait
 		}
 		_, err = mc.Machine.Release(id, &entity.MachineReleaseParams{Erase: p.Erase, SecureErase: p.SecureErase,
 			QuickErase: p.QuickErase, Force: p.Force, Comment: p.Comment})
-		return classify(err, true)
+		return c.classify(err, true)
 	})
 }
