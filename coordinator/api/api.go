@@ -175,5 +175,10 @@ func (a *API) routeTable() []Route {
 		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},
 		{http.MethodPost, "/v1/operator/transfer-leadership", RoleAdmin, true, a.transferLeadership},
 		{http.MethodPost, "/v1/operator/join-tokens", RoleAdmin, true, a.createJoinToken},
+
+		{http.MethodGet, "/v1/audit", RoleAdmin, false, a.listAudit},
+		{http.MethodGet, "/v1/audit/export", RoleAdmin, false, a.exportAudit},
+		{http.MethodGet, "/v1/audit/verify", RoleAdmin, false, a.verifyAudit},
+		{http.MethodPost, "/v1/audit/prune", RoleAdmin, true, a.pruneAudit},
 	}
 }
