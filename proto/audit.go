@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -335,6 +336,19 @@ func (r *AuditRecord) ValidateForAppend() error {
 		return Errorf(CodeInvalidArgument, "audit record: at most %d slots", MaxAuditSlots)
 	}
 	return nil
+}
+
+// Sanitize makes every text field valid UTF-8 (invalid bytes become
+// U+FFFD), so the record's JSON decodes back to the same strings and an
+// export re-hashes to the same hash.
+func (r *AuditRecord) Sanitize() {
+	for _, f := range []*string{&r.Actor, &r.Role, &r.TokenID, &r.Remote, &r.RequestID, &r.Method, &r.Route,
+		&r.Path, &r.ObjectKind, &r.ObjectID, &r.Reason, &r.Error} {
+		*f = strings.ToValidUTF8(*f, "\uFFFD")
+	}
+	for i := range r.Slots {
+		r.Slots[i] = strings.ToValidUTF8(r.Slots[i], "\uFFFD")
+	}
 }
 
 // AuditState encodes an object's state for a record: its JSON, or, over

@@ -51,6 +51,7 @@ func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool
 		}
 		r.Reason = proto.TruncateAuditText(r.Reason)
 		r.Error = proto.TruncateAuditText(r.Error)
+		r.Slots = slices.Clone(r.Slots)
 		var after any
 		if req.Attached {
 			after = f.auditObject(&r, prev)
@@ -62,6 +63,7 @@ func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool
 			r.After = proto.AuditState(after)
 			r.Slots = auditSlots(tx, after, r.Slots)
 		}
+		r.Sanitize()
 		head, ok := tx.AuditHead()
 		r.Seq, r.PrevHash = 1, ""
 		if ok {
