@@ -279,7 +279,6 @@ func isHexHash(s string) bool {
 
 func short(h string) string { return truncate(h, 12) }
 
-
 // AuditAppendRequest appends one record. The FSM assigns seq, time (At),
 // index, prev_hash and hash, and fills after (and the slots touched) from
 // the ledger. With Attached the record reports the command just before it

@@ -20,9 +20,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -128,8 +132,9 @@ func auditBody(r *http.Request, body []byte) {
 }
 
 // endAudit appends the record of an answered request unless its command
-// carried it already.
-func (a *API) endAudit(p *audit.Pending, status int) {
+// carried it already. location is the answer's Location header: a created
+// object's id when the record has none yet.
+func (a *API) endAudit(p *audit.Pending, status int, location string) {
 	if p == nil {
 		return
 	}
@@ -138,6 +143,13 @@ func (a *API) endAudit(p *audit.Pending, status int) {
 	}
 	if status == http.StatusUnauthorized || status == http.StatusTooManyRequests {
 		return
+	}
+	if location != "" {
+		p.Update(func(rec *proto.AuditRecord) {
+			if id := path.Base(location); rec.ObjectID == "" && proto.ValidateID("id", id) == nil {
+				rec.ObjectID = id
+			}
+		})
 	}
 	rec, ok := p.Finish(status)
 	if !ok {
@@ -151,16 +163,56 @@ func (a *API) endAudit(p *audit.Pending, status int) {
 	}
 }
 
-// okStatus is the status a route answers when its command commits.
+// okStatus is the status a route answers when its command commits: the
+// highest 2xx proto/openapi.yaml documents for it (a 200 beside a
+// 201/202 answers a repeat, which proposes nothing and is recorded with
+// its own status; a handler that proposes for a repeat says so with
+// okStatusIs). The agent routes' document is not embedded: they are listed.
 func okStatus(method, pattern string) int {
 	switch method + " " + pattern {
-	case "POST /v1/allocations", "POST /v1/nodes/{id}/bootstrap-tokens", "POST " + proto.AgentEnrollPath,
-		"POST /v1/operator/join-tokens":
+	case "POST /v1/nodes/{id}/bootstrap-tokens", "POST " + proto.AgentEnrollPath:
 		return http.StatusCreated
 	case "POST /v1/nodes/{id}/topology/discover", "POST /v1/nodes/{id}/prepare-slice", "POST " + proto.BootstrapReportPath:
 		return http.StatusAccepted
 	}
+	if s, ok := documentedOK()[method+" "+pattern]; ok {
+		return s
+	}
 	return http.StatusOK
+}
+
+// documentedOK maps "METHOD pattern" to its highest documented 2xx.
+var documentedOK = sync.OnceValue(func() map[string]int {
+	out := map[string]int{}
+	var doc struct {
+		Paths map[string]map[string]any `yaml:"paths"`
+	}
+	if err := yaml.Unmarshal(proto.OpenAPI(), &doc); err != nil {
+		return out // the contract tests load the document and fail loudly
+	}
+	for path, item := range doc.Paths {
+		for method, op := range item {
+			m, ok := op.(map[string]any)
+			if !ok {
+				continue
+			}
+			resps, _ := m["responses"].(map[string]any)
+			for code := range resps {
+				if n, err := strconv.Atoi(code); err == nil && n >= 200 && n < 300 {
+					k := strings.ToUpper(method) + " " + path
+					out[k] = max(out[k], n)
+				}
+			}
+		}
+	}
+	return out
+})
+
+// okStatusIs tells the audit record written with the request's command
+// the status the handler will answer when it differs from the route's
+// (a repeat that still proposes: 200 instead of 201).
+func (c *call) okStatusIs(status int) {
+	audit.From(c.r.Context()).SetOKStatus(status)
 }
 
 // auditObject derives the object a route acts on from its pattern and

@@ -284,7 +284,7 @@ func (a *API) Protect(h http.Handler) http.Handler {
 		}
 		pend, r := a.beginAudit(r, id, r.URL.Path)
 		h.ServeHTTP(sw, r)
-		a.endAudit(pend, sw.status)
+		a.endAudit(pend, sw.status, sw.Header().Get("Location"))
 		if sw.status == http.StatusUnauthorized {
 			if d := a.guard.failed(addr); d > 0 {
 				a.log.Warn("address locked out after failed authentications", "remote", addr, "for", d.String(), "path", r.URL.Path)

@@ -121,7 +121,7 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 				a.log.Warn("address locked out after failed authentications", "remote", addr, "for", d.String(), "request_id", id)
 			}
 		}
-		a.endAudit(pend, sw.status)
+		a.endAudit(pend, sw.status, sw.Header().Get("Location"))
 	}()
 	a.mux.ServeHTTP(sw, r)
 }
