@@ -171,8 +171,8 @@ func auditSlots(tx *state.Txn, obj any, slots []string) []string {
 }
 
 // applyAuditPrune drops the records up to ThroughSeq, which must be in
-// the log, carry Hash, and not be the last record (the head stays so the
-// chain goes on); record ThroughSeq becomes the checkpoint.
+// the log and carry Hash; record ThroughSeq becomes the checkpoint the
+// next record links to.
 func (f *FSM) applyAuditPrune(body []byte, index uint64) any {
 	req := decode[proto.AuditPruneRequest](proto.AuditPruneType, body, index)
 	return f.write(index, func(tx *state.Txn) (any, error) {
@@ -182,9 +182,6 @@ func (f *FSM) applyAuditPrune(body []byte, index uint64) any {
 		}
 		if r.Hash != req.Hash {
 			return nil, proto.Errorf(proto.CodeConflict, "audit record %d has hash %s, not %s: prune through a record of your own export", req.ThroughSeq, r.Hash, req.Hash)
-		}
-		if head, _ := tx.AuditHead(); head.Seq == r.Seq {
-			return nil, proto.Errorf(proto.CodeConflict, "audit record %d is the head of the log; it stays", r.Seq)
 		}
 		n := 0
 		for _, old := range tx.AuditRecords(0, 0, nil) {
