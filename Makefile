@@ -56,7 +56,7 @@ test: deps check
 # their seeds and kept corpus (testdata/fuzz); make fuzz explores each for
 # FUZZTIME and keeps what fails under testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto \
+FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto FuzzDecodeAuditLine:./proto \
 	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
