@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -300,4 +301,36 @@ func TestAuditOKStatusMatchesDocument(t *testing.T) {
 			assert.Equal(t, want, okStatus(method, path), "%s %s", method, path)
 		}
 	}
+}
+
+// A write through a follower is recorded once, by the leader, with the
+// client's address (here 127.0.0.2), not the follower's; a client that
+// names an address itself without being a relaying peer is not believed.
+func TestAuditForwardedWriteKeepsClientAddress(t *testing.T) {
+	t.Parallel()
+	leader := newEnv(t)
+	leader.seedLab()
+	f := leader.follower(strings.TrimPrefix(leader.url, "http://"))
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+	req, err := http.NewRequest(http.MethodPost, f.url+"/v1/nodes/j22u15/drain", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+leader.tok[RoleAdmin])
+	res, err := client.Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	recs := leader.auditList("kind=node")
+	require.Len(t, recs, 1)
+	assert.Regexp(t, `^127\.0\.0\.2:\d+$`, recs[0].Remote)
+	assert.Equal(t, "admin-user", recs[0].Actor)
+	assert.Zero(t, f.b.Store().Snapshot().AuditCount(), "the follower proposes nothing")
+
+	// Without the peer's forwarding mark the header is the client's word: ignored.
+	r := leader.do(RoleAdmin, http.MethodPost, "/v1/nodes/j22u15/undrain", nil, proto.ClientAddrHeader, "203.0.113.9:1")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	recs = leader.auditList("kind=node")
+	require.Len(t, recs, 2)
+	assert.NotContains(t, recs[1].Remote, "203.0.113.9")
 }

@@ -199,9 +199,14 @@ func restoreLines(t *testing.T, lines []string) proto.AuditVerifyResult {
 	t.Helper()
 	n := len(lines) - 2
 	lines[len(lines)-1] = fmt.Sprintf(`{"t":"end","n":%d}`, n)
+	data := []byte(strings.Join(lines, "\n") + "\n")
+	_, rep, err := fsm.ReadCheckedSnapshot(bytes.NewReader(data))
+	require.NoError(t, err)
 	f := fsm.New(nil, nil)
-	require.NoError(t, f.Restore(io.NopCloser(bytes.NewReader([]byte(strings.Join(lines, "\n")+"\n")))))
-	return proto.VerifyAuditChain(f.Store().Snapshot().AuditRecords(0, 0, nil))
+	require.NoError(t, f.Restore(io.NopCloser(bytes.NewReader(data))))
+	res := proto.VerifyAuditChain(f.Store().Snapshot().AuditRecords(0, 0, nil))
+	assert.Equal(t, res, rep.Audit, "the restore reports the chain's state")
+	return res
 }
 
 func TestAuditSnapshotKeepsChainAndShowsTampering(t *testing.T) {

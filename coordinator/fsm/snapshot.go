@@ -199,6 +199,9 @@ func ReadCheckedSnapshot(r io.Reader) (*state.Store, *RestoreReport, error) {
 	if err := tx.Commit(); err != nil {
 		return nil, nil, fmt.Errorf("read snapshot: %w", err)
 	}
+	var v proto.AuditVerifier
+	store.Snapshot().AuditEach(v.Add)
+	rep.Audit = v.Result()
 	return store, rep, nil
 }
 
