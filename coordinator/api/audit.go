@@ -276,7 +276,10 @@ func auditBefore(s *state.Snapshot, kind, id string) json.RawMessage {
 	case "pool":
 		v, ok = s.Pool(id)
 	case "site":
-		v, ok = s.Site(id)
+		var site *proto.Site
+		if site, ok = s.Site(id); ok {
+			v = proto.ViewOf(site) // never the sealed credentials
+		}
 	}
 	if !ok {
 		return nil

@@ -102,7 +102,9 @@ func (f *FSM) auditObject(r *proto.AuditRecord, prev any) any {
 			r.Slots = append(r.Slots, v.ID)
 		}
 		return v
-	case *proto.Node, *proto.Region, *proto.Pool, *proto.Image, *proto.Site:
+	case *proto.Site:
+		return proto.ViewOf(v) // never the sealed credentials
+	case *proto.Node, *proto.Region, *proto.Pool, *proto.Image:
 		return v
 	}
 	return nil
@@ -128,7 +130,10 @@ func auditLookup(tx *state.Txn, kind, id string) any {
 	case "pool":
 		v, ok = tx.Pool(id)
 	case "site":
-		v, ok = tx.Site(id)
+		var site *proto.Site
+		if site, ok = tx.Site(id); ok {
+			v = proto.ViewOf(site) // never the sealed credentials
+		}
 	}
 	if !ok {
 		return nil
