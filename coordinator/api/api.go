@@ -187,6 +187,11 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/operator/tokens", RoleViewer, false, a.listAPITokens},
 		{http.MethodPost, "/v1/operator/tokens", RoleAdmin, true, a.createAPIToken},
 		{http.MethodDelete, "/v1/operator/tokens/{name}", RoleAdmin, true, a.revokeAPIToken},
+
+		{http.MethodGet, "/v1/audit", RoleAdmin, false, a.listAudit},
+		{http.MethodGet, "/v1/audit/export", RoleAdmin, false, a.exportAudit},
+		{http.MethodGet, "/v1/audit/verify", RoleAdmin, false, a.verifyAudit},
+		{http.MethodPost, "/v1/audit/prune", RoleAdmin, true, a.pruneAudit},
 	}
 }
 

@@ -270,8 +270,10 @@ func TestRouteRoles(t *testing.T) {
 		if r, ok := want[rt.Method+" "+rt.Pattern]; ok {
 			assert.Equal(t, r, rt.Role, rt.Method+" "+rt.Pattern)
 		}
-		if rt.Method == http.MethodGet {
-			assert.Equal(t, RoleViewer, rt.Role, "every read is open to viewers: %s", rt.Pattern)
+		if rt.Method == http.MethodGet && strings.HasPrefix(rt.Pattern, "/v1/audit") {
+			assert.Equal(t, RoleAdmin, rt.Role, "the audit log is for admins: %s", rt.Pattern)
+		} else if rt.Method == http.MethodGet {
+			assert.Equal(t, RoleViewer, rt.Role, "every read but the audit log is open to viewers: %s", rt.Pattern)
 		}
 	}
 }
@@ -316,7 +318,9 @@ func TestContractQueryParameters(t *testing.T) {
 				q += "&index=1"
 			}
 			r := e.do(RoleAdmin, rt.Method, path+"?"+q, nil)
-			assert.NotContains(t, string(r.body), "unknown query parameter", "%s %s?%s is documented", rt.Method, rt.Pattern, q)
+			if r.status == http.StatusBadRequest { // (an audit list quotes earlier refusals)
+				assert.NotContains(t, string(r.body), "unknown query parameter", "%s %s?%s is documented", rt.Method, rt.Pattern, q)
+			}
 		}
 		r := e.do(RoleAdmin, rt.Method, path+"?zzz=1", nil)
 		p := r.requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/blobs"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -419,6 +420,7 @@ func (a *API) replicateBlob(im *proto.Image, auth string) {
 // its body (an upload of an entry this replica does not know yet, or a
 // download with a credential it does not know yet).
 func (a *API) forwardStream(c *call) {
+	audit.From(c.r.Context()).Skip() // the leader records it
 	addr := a.b.LeaderHTTPAddr()
 	if addr == "" {
 		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica cannot serve the request alone and no leader is known; retry shortly"))

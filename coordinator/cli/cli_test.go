@@ -232,7 +232,7 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 		{"bad filter", api.RoleViewer, []string{"slot", "list", "--status", "broken"}, ExitError, `status="broken"`},
 		{"viewer writes", api.RoleViewer, []string{"node", "drain", "us-east-n0000"}, ExitError, "(forbidden, HTTP 403)"},
 	}
-	before := c.srv.Store().Snapshot().Index()
+	before := ledgerIndex(c.srv.Store().Snapshot())
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := c.run(tc.role, tc.args...)
@@ -241,7 +241,7 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 			assert.Empty(t, r.out)
 		})
 	}
-	assert.Equal(t, before, c.srv.Store().Snapshot().Index(), "refused commands changed the ledger")
+	assert.Equal(t, before, ledgerIndex(c.srv.Store().Snapshot()), "refused commands changed the ledger")
 
 	// Wrong token and an unreachable address.
 	r := runEnv(map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_TOKEN": "wrong"}, "status")

@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 17
+const numTables = 18
 
 func init() {
 	if len(Tables) != numTables {
@@ -51,7 +51,7 @@ var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
 	TableSites, TableSiteProfiles, TableMAASWorkflows, TableBundles,
-	TableImages, TableApps,
+	TableImages, TableApps, TableAudit,
 }
 
 func tableNum(table string) int {
@@ -249,6 +249,7 @@ func schema() *memdb.DBSchema {
 	addImageTables(add)
 	addAppTables(add)
 	addBundleTables(add)
+	addAuditTables(add)
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
 		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))

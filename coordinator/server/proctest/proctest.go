@@ -100,7 +100,7 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token",
 		Client: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
 	tokens := filepath.Join(dir, "tokens.json")
-	entries := []map[string]string{{"name": "proctest", "role": "admin", "sha256": hashToken(c.token)}}
+	entries := []map[string]string{{"name": TokenName, "role": "admin", "sha256": hashToken(c.token)}}
 	c.tokens = map[string]string{}
 	for name, role := range o.Principals {
 		c.tokens[name] = "proctest-" + name + "-" + randomHex(16)
@@ -166,6 +166,18 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	}
 	return c
 }
+
+// TokenFile writes the admin token to a file in the cluster's directory
+// and returns its path (for gpuaasctl's --token-file / GPUAAS_TOKEN_FILE).
+func (c *Cluster) TokenFile() string {
+	c.tb.Helper()
+	p := filepath.Join(c.dir, "admin.token")
+	require.NoError(c.tb, os.WriteFile(p, []byte(c.token+"\n"), 0o600))
+	return p
+}
+
+// TokenName is the principal name of the admin token.
+const TokenName = "proctest"
 
 func randomHex(n int) string {
 	b := make([]byte, n)
