@@ -36,6 +36,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/systemd"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/hostops/gpuhealth"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
@@ -72,6 +73,10 @@ type Daemon struct {
 	hardware []readiness.SlotHardware
 	approved []proto.AgentSlot // the node's slots as the coordinator last listed them
 	scans    uint64            // hardware scans done
+	// gpuHealth judges GPU health on every scan; healthErr is the last
+	// health source error logged.
+	gpuHealth *gpuhealth.Monitor
+	healthErr string
 	// reportMu orders readiness reports from the readiness and hardware
 	// loops, so an older evaluation never lands after a newer one.
 	reportMu sync.Mutex
@@ -100,6 +105,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, root: root, log: log.With("node", cfg.NodeID)}
+	d.gpuHealth = gpuhealth.NewMonitor(root, cfg.NvidiaSMI, time.Duration(cfg.GPUTelemetryInterval))
 	if d.gw, err = netip.ParsePrefix(cfg.GuestGateway); err != nil {
 		return nil, fmt.Errorf("guest gateway: %w", err)
 	}
@@ -197,7 +203,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 }
 
 // Close releases the state store.
-func (d *Daemon) Close() error { return errors.Join(d.rtClose(), d.store.Close()) }
+func (d *Daemon) Close() error {
+	return errors.Join(d.rtClose(), d.store.Close(), d.gpuHealth.Log.Close())
+}
 
 // DiagAddr is the bound diagnostics address once Run started it.
 func (d *Daemon) DiagAddr() string {

@@ -14,8 +14,10 @@ import (
 )
 
 // Continuous hardware truth: every hardware-scan interval the agent
-// re-reads its GPUs, NVMe disks and VFs (discovery.ScanInventory, a few
-// milliseconds) and compares them with the node's approved slots as the
+// re-reads its GPUs, NVMe disks and VFs (discovery.ScanInventoryHealth, a
+// few milliseconds) with each GPU's health faults (hostops/gpuhealth:
+// config space, kernel log Xids, nvidia-smi telemetry at its own slower
+// interval) and compares them with the node's approved slots as the
 // coordinator lists them. Each slot gets a typed state (ok, drifted,
 // degraded, missing) with evidence, carried in readiness; a change is
 // reported at once, so the ledger takes a broken slot out of placement
@@ -65,10 +67,11 @@ func (d *Daemon) scanHardware(ctx context.Context) (changed bool, err error) {
 		slots = known
 	}
 	start := time.Now()
-	inv, err := discovery.ScanInventory(d.root)
+	inv, health, err := discovery.ScanInventoryHealth(ctx, d.root, d.gpuHealth)
 	if err != nil {
 		return false, err
 	}
+	d.noteHealthSource(health)
 	cur := CheckHardware(slots, *inv, time.Now().UTC())
 	d.hwScans.Observe(time.Since(start).Seconds())
 	d.mu.Lock()
@@ -87,6 +90,22 @@ func (d *Daemon) scanHardware(ctx context.Context) (changed bool, err error) {
 		}
 	}
 	return changed, nil
+}
+
+// noteHealthSource logs a GPU health source that could not be read (the
+// kernel log, nvidia-smi), once per distinct error.
+func (d *Daemon) noteHealthSource(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	d.mu.Lock()
+	same := msg == d.healthErr
+	d.healthErr = msg
+	d.mu.Unlock()
+	if !same && err != nil {
+		d.log.Warn("GPU health source", "err", err)
+	}
 }
 
 // CheckHardware compares an inventory with the approved slots (as the
