@@ -214,3 +214,36 @@ func TestSameDisk(t *testing.T) {
 	require.True(t, SameDisk(DiskIdentity{Serial: "S1"}, d), "an identifier the approval did not record is not compared")
 	require.False(t, SameDisk(DiskIdentity{}, DiskIdentity{}), "no identity matches nothing")
 }
+
+func TestNodeBreakerRecordFailure(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	min := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	for _, tc := range []struct {
+		name  string
+		at    []time.Time
+		open  bool
+		kept  int
+		opens int // index of the failure that opens it, -1 none
+	}{
+		{"one", []time.Time{min(0)}, false, 1, -1},
+		{"two", []time.Time{min(0), min(1)}, false, 2, -1},
+		{"three within the window", []time.Time{min(0), min(5), min(14)}, true, 3, 2},
+		{"three across the window", []time.Time{min(0), min(10), min(15)}, false, 2, -1},
+		{"four, the last three within", []time.Time{min(0), min(20), min(21), min(22)}, true, 3, 3},
+		{"more while open keeps the opening", []time.Time{min(0), min(1), min(2), min(3), min(4)}, true, 3, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b NodeBreaker
+			for i, at := range tc.at {
+				require.Equal(t, i == tc.opens, b.RecordFailure(at, fmt.Sprintf("a%d", i), "boom"), "failure %d", i)
+			}
+			require.Equal(t, tc.open, b.Open)
+			require.Len(t, b.Failures, tc.kept)
+			if tc.open {
+				require.Equal(t, tc.at[tc.opens], b.OpenedAt)
+				require.Equal(t, tc.at[tc.opens].Add(BreakerCooldown), b.Until)
+				require.Equal(t, 1, b.Trips)
+			}
+		})
+	}
+}
