@@ -37,6 +37,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
 	"github.com/gpuaas/gpuaas/hostops/gpuhealth"
+	"github.com/gpuaas/gpuaas/hostops/uevent"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
@@ -77,6 +78,10 @@ type Daemon struct {
 	// health source error logged.
 	gpuHealth *gpuhealth.Monitor
 	healthErr string
+	// events are the device events that trigger a scan (hardware.go);
+	// eventScans counts the scans they triggered.
+	events     uevent.Source
+	eventScans uint64
 	// reportMu orders readiness reports from the readiness and hardware
 	// loops, so an older evaluation never lands after a newer one.
 	reportMu sync.Mutex

@@ -8,6 +8,7 @@ package labagent
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/gpuaas/gpuaas/agent/config"
@@ -57,6 +58,9 @@ func Config(o Options) (config.Config, error) {
 	c.Evidence = config.EvidenceHostsim
 	// The simulated host's nvidia-smi (lab/hostsim) answers for its GPUs.
 	c.NvidiaSMI = filepath.Join(o.HostBase, "run", "hostsim", "bin", "nvidia-smi")
+	// This machine's kernel device events say nothing about a simulated
+	// host: the lab agent relies on its periodic scan.
+	c.HardwareEvents = false
 	c.ImageCacheDir = "/var/lib/gpuaas/images"
 	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
 	if o.Fast {
@@ -79,7 +83,7 @@ func Args(c config.Config) []string {
 		"-coordinators", c.Coordinators.String(), "-diag-addr", c.DiagAddr, "-evidence", c.Evidence,
 		"-image-cache-dir", c.ImageCacheDir, "-guest-gateway", c.GuestGateway, "-ovs-bridge", c.OVSBridge,
 		"-readiness-interval", c.ReadinessInterval.String(), "-hardware-scan-interval", c.HardwareScanInterval.String(),
-		"-nvidia-smi", c.NvidiaSMI, "-gpu-telemetry-interval", c.GPUTelemetryInterval.String(), "-heartbeat-interval", c.HeartbeatInterval.String(),
+		"-nvidia-smi", c.NvidiaSMI, "-gpu-telemetry-interval", c.GPUTelemetryInterval.String(), "-hardware-events=" + strconv.FormatBool(bool(c.HardwareEvents)), "-heartbeat-interval", c.HeartbeatInterval.String(),
 		"-poll-wait", c.PollWait.String(), "-log-level", c.LogLevel,
 	}
 	if c.BootstrapToken != "" {
