@@ -57,7 +57,8 @@ test: deps check
 # FUZZTIME and keeps what fails under testdata/fuzz.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto \
-	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence
+	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence \
+	FuzzParseGPUHealth:./hostops/gpuhealth FuzzParse:./hostops/uevent
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
