@@ -2,6 +2,7 @@ package proto
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -64,6 +65,9 @@ func (b *NodeBreaker) RecordFailure(at time.Time, allocID, reason string) bool {
 		}
 	}
 	b.Failures = append(keep, BreakerFailure{At: at, AllocationID: allocID, Reason: Clip(reason, 256)})
+	// Commands carry their proposer's clock: keep time order even when
+	// a new leader's clock is a little behind.
+	slices.SortStableFunc(b.Failures, func(x, y BreakerFailure) int { return x.At.Compare(y.At) })
 	if len(b.Failures) > BreakerThreshold {
 		b.Failures = b.Failures[len(b.Failures)-BreakerThreshold:]
 	}
