@@ -209,6 +209,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 
 // Close releases the state store.
 func (d *Daemon) Close() error {
+	d.gpuHealth.WaitTelemetry()
 	return errors.Join(d.rtClose(), d.store.Close(), d.gpuHealth.Log.Close())
 }
 

@@ -284,7 +284,12 @@ func TestMonitor(t *testing.T) {
 	m.Runner, m.Now = smi, func() time.Time { return now }
 	appendFile(t, root.DevPath("kmsg"), kmsgLine(1, "NVRM: Xid (PCI:0000:ba:00): 95, pid=1, Uncontained"))
 	gpus := []GPU{{"0000:1b:00.0", "nvidia"}, {"0000:9a:00.0", "nvidia"}, {"0000:ba:00.0", "vfio-pci"}}
+	// The first check starts the reading in the background; the next one uses it.
 	fs, err := m.Check(context.Background(), gpus)
+	require.NoError(t, err)
+	assert.Len(t, fs, 1, "only the kernel log so far")
+	m.WaitTelemetry()
+	fs, err = m.Check(context.Background(), gpus)
 	require.NoError(t, err)
 	kinds := func(a string) []string {
 		var k []string
@@ -301,9 +306,13 @@ func TestMonitor(t *testing.T) {
 	// Within the interval the reading is reused; after it nvidia-smi runs again.
 	_, err = m.Check(context.Background(), gpus)
 	require.NoError(t, err)
+	m.WaitTelemetry()
 	assert.Equal(t, 2, smi.calls)
 	now = now.Add(31 * time.Second)
 	smi.query = strings.Replace(smi.query, ", 4,", ", 0,", 1)
+	_, err = m.Check(context.Background(), gpus)
+	require.NoError(t, err)
+	m.WaitTelemetry()
 	fs, err = m.Check(context.Background(), gpus)
 	require.NoError(t, err)
 	assert.Empty(t, fs["0000:1b:00.0"])
@@ -312,12 +321,18 @@ func TestMonitor(t *testing.T) {
 	// A failing nvidia-smi is reported and no stale reading is used.
 	now = now.Add(31 * time.Second)
 	smi.err = errors.New("exit status 6")
+	_, _ = m.Check(context.Background(), gpus)
+	m.WaitTelemetry()
 	fs, err = m.Check(context.Background(), gpus)
 	assert.ErrorContains(t, err, "exit status 6")
 	assert.Empty(t, fs["0000:9a:00.0"])
 
-	// Not installed: asked once, then telemetry stays off.
+	// Not installed: said once, then telemetry stays off.
 	m2 := NewMonitor(root, filepath.Join(base, "no-such-nvidia-smi"), 0)
+	_, err = m2.Check(context.Background(), gpus)
+	assert.NoError(t, err)
+	m2.WaitTelemetry()
+	assert.True(t, m2.TelemetryOff())
 	_, err = m2.Check(context.Background(), gpus)
 	assert.ErrorContains(t, err, "GPU telemetry off")
 	_, err = m2.Check(context.Background(), gpus)
@@ -325,6 +340,9 @@ func TestMonitor(t *testing.T) {
 	// No GPU on the nvidia driver: nvidia-smi is not run.
 	m3 := NewMonitor(root, "nvidia-smi", 0)
 	m3.Runner = &fakeSMI{err: errors.New("must not run")}
+	_, err = m3.Check(context.Background(), []GPU{{"0000:1b:00.0", "vfio-pci"}})
+	assert.NoError(t, err)
+	m3.WaitTelemetry()
 	_, err = m3.Check(context.Background(), []GPU{{"0000:1b:00.0", "vfio-pci"}})
 	assert.NoError(t, err)
 }

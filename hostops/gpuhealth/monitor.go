@@ -44,9 +44,10 @@ type GPU struct {
 }
 
 // Monitor judges GPU health on every Check: config space and the kernel
-// log each time (cheap), nvidia-smi at most every SMIInterval (it takes
-// hundreds of milliseconds on a real host), for GPUs on the nvidia driver
-// only.
+// log each time (cheap), nvidia-smi at most every SMIInterval, for GPUs on
+// the nvidia driver only. nvidia-smi takes from a fraction of a second to
+// seconds on a real host, so it runs in the background: a Check uses the
+// last reading and starts the next one when it is due.
 type Monitor struct {
 	Root hostops.Root
 	Log  *KernelLog
@@ -54,18 +55,24 @@ type Monitor struct {
 	SMI         string
 	Runner      command.Runner
 	SMIInterval time.Duration
-	Now         func() time.Time
+	// SMITimeout bounds one nvidia-smi reading (a hung driver).
+	SMITimeout time.Duration
+	Now        func() time.Time
 
 	mu      sync.Mutex
 	polled  time.Time
 	tel     map[string]Telemetry
+	telErr  error
+	running sync.WaitGroup
+	busy    bool
 	missing bool // SMI is not installed: asked once
 }
 
 // NewMonitor returns a monitor of the host at root that reads the kernel
 // log at root's dev/kmsg and telemetry from smi ("" for none).
 func NewMonitor(root hostops.Root, smi string, interval time.Duration) *Monitor {
-	return &Monitor{Root: root, Log: NewKernelLog(root.DevPath("kmsg")), SMI: smi, Runner: command.Exec{}, SMIInterval: interval, Now: time.Now}
+	return &Monitor{Root: root, Log: NewKernelLog(root.DevPath("kmsg")), SMI: smi, Runner: command.Exec{}, SMIInterval: interval,
+		SMITimeout: time.Minute, Now: time.Now}
 }
 
 // Check returns the faults of the listed GPUs, by address. err reports a
@@ -98,7 +105,7 @@ func (m *Monitor) Check(ctx context.Context, gpus []GPU) (map[string][]Fault, er
 		}
 		nvidia = nvidia || g.Driver == "nvidia"
 	}
-	tel, err := m.telemetry(ctx, nvidia)
+	tel, err := m.telemetry(nvidia)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -110,29 +117,60 @@ func (m *Monitor) Check(ctx context.Context, gpus []GPU) (map[string][]Fault, er
 	return out, errors.Join(errs...)
 }
 
-// telemetry returns the last nvidia-smi reading, refreshed when due.
-func (m *Monitor) telemetry(ctx context.Context, want bool) (map[string]Telemetry, error) {
+// telemetry returns the last nvidia-smi reading and starts the next one
+// when it is due.
+func (m *Monitor) telemetry(want bool) (map[string]Telemetry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.SMI == "" || m.missing || !want {
+	if m.missing { // said once
+		err := m.telErr
+		m.telErr = nil
+		return nil, err
+	}
+	if m.SMI == "" || !want {
 		return nil, nil
 	}
 	now := m.Now()
-	if !m.polled.IsZero() && now.Sub(m.polled) < m.SMIInterval {
-		return m.tel, nil
+	if !m.busy && (m.polled.IsZero() || now.Sub(m.polled) >= m.SMIInterval) {
+		m.polled, m.busy = now, true
+		m.running.Add(1)
+		go m.refresh()
 	}
-	m.polled = now
+	return m.tel, m.telErr
+}
+
+// refresh takes one nvidia-smi reading.
+func (m *Monitor) refresh() {
+	defer m.running.Done()
+	timeout := m.SMITimeout
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	tel, err := m.query(ctx)
-	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-		m.missing, m.tel = true, nil
-		return nil, fmt.Errorf("GPU telemetry off: %w", err)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.busy = false
+	switch {
+	case errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist):
+		m.missing, m.tel, m.telErr = true, nil, fmt.Errorf("GPU telemetry off: %w", err)
+	case err != nil:
+		m.tel, m.telErr = nil, err // stale telemetry would hide a fault or keep a cured one
+	default:
+		m.tel, m.telErr = tel, nil
 	}
-	if err != nil {
-		m.tel = nil // stale telemetry would hide a fault or keep a cured one
-		return nil, err
-	}
-	m.tel = tel
-	return tel, nil
+}
+
+// WaitTelemetry waits for a running nvidia-smi reading to finish.
+func (m *Monitor) WaitTelemetry() { m.running.Wait() }
+
+// TelemetryOff reports whether nvidia-smi was found missing (telemetry
+// is then off for the monitor's life).
+func (m *Monitor) TelemetryOff() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.missing
 }
 
 func (m *Monitor) query(ctx context.Context) (map[string]Telemetry, error) {

@@ -46,10 +46,17 @@ func TestGPUHealthSim(t *testing.T) {
 	m := gpuhealth.NewMonitor(root, smi, 0)
 	t.Cleanup(func() { m.Log.Close() })
 	gs := []gpuhealth.GPU{{Addr: other, Driver: "nvidia"}, {Addr: g, Driver: "nvidia"}}
+	t.Cleanup(m.WaitTelemetry)
 	check := func() map[string][]string {
 		t.Helper()
+		// nvidia-smi runs in the background: the second check sees the
+		// reading the first started.
+		_, err := m.Check(context.Background(), gs)
+		require.NoError(t, err)
+		m.WaitTelemetry()
 		fs, err := m.Check(context.Background(), gs)
 		require.NoError(t, err)
+		m.WaitTelemetry()
 		k := map[string][]string{}
 		for a, f := range fs {
 			for _, x := range f {
