@@ -62,6 +62,7 @@ type Daemon struct {
 	tasksRun *prometheus.CounterVec
 	polls    prometheus.Counter
 	hwScans  prometheus.Histogram
+	hwEvents prometheus.Counter
 
 	mu        sync.Mutex
 	report    *discovery.Report
@@ -181,7 +182,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
 	d.hwScans = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gpuaas_agent_hardware_scan_seconds",
 		Help: "Duration of the periodic hardware re-scan (GPUs, disks, VFs compared with the approved slots).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 12)})
-	d.reg.MustRegister(d.tasksRun, d.polls, d.hwScans,
+	d.hwEvents = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_hardware_event_scans_total",
+		Help: "Hardware scans triggered by kernel device events (debounced), on top of the periodic ones."})
+	d.reg.MustRegister(d.tasksRun, d.polls, d.hwScans, d.hwEvents,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_active", Help: "1 when the node-active gate holds (enrolled, credential valid, coordinator reachable)."},
 			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.Active }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_slice_ready", Help: "1 when the slice-ready convergence gate holds."},

@@ -94,6 +94,7 @@ func (d *Daemon) hardwareLoop(ctx context.Context) error {
 			d.mu.Lock()
 			d.eventScans++
 			d.mu.Unlock()
+			d.hwEvents.Inc()
 		case <-t.C:
 		}
 		changed, err := d.scanHardware(ctx)
