@@ -10,7 +10,9 @@ import (
 // (BreakerThreshold failed plans or provisions within BreakerWindow)
 // stops receiving placements, whatever its slots' own state says, until
 // an operator resets it (gpuaasctl node reset-breaker) or the cool-down
-// (BreakerCooldown) passes and the leader closes it. It lives in the
+// (BreakerCooldown) passes and the leader closes it. After a cool-down
+// the node is on probation (half-open): one more failure reopens it, an
+// allocation that becomes active there ends the probation. It lives in the
 // ledger (Node.Breaker), so every replica and the scheduler agree.
 const (
 	BreakerThreshold = 3
@@ -32,6 +34,10 @@ type NodeBreaker struct {
 	// ("operator" or "cool_down").
 	Trips    int    `json:"trips,omitempty"`
 	ClosedBy string `json:"closed_by,omitempty"`
+	// Probation is set when the cool-down closed the breaker: the next
+	// failure reopens it at once; an allocation that becomes active on
+	// the node (or an operator's reset) ends it.
+	Probation bool `json:"probation,omitempty"`
 }
 
 // BreakerFailure is one failed allocation on the node.
@@ -55,8 +61,9 @@ func (n *Node) BreakerBlocker() string {
 }
 
 // RecordFailure adds a failed allocation at at and opens the breaker when
-// BreakerThreshold failures fall within BreakerWindow. It reports whether
-// the breaker opened now.
+// BreakerThreshold failures fall within BreakerWindow, or at the first
+// failure on probation (after a cool-down). It reports whether the breaker
+// opened now.
 func (b *NodeBreaker) RecordFailure(at time.Time, allocID, reason string) bool {
 	keep := b.Failures[:0]
 	for _, f := range b.Failures {
@@ -71,14 +78,18 @@ func (b *NodeBreaker) RecordFailure(at time.Time, allocID, reason string) bool {
 	if len(b.Failures) > BreakerThreshold {
 		b.Failures = b.Failures[len(b.Failures)-BreakerThreshold:]
 	}
-	if b.Open || len(b.Failures) < BreakerThreshold {
+	if b.Open || (len(b.Failures) < BreakerThreshold && !b.Probation) {
 		return false
 	}
-	b.Open, b.OpenedAt, b.Until = true, at, at.Add(BreakerCooldown)
+	last := b.Failures[len(b.Failures)-1]
+	if b.Probation && len(b.Failures) < BreakerThreshold {
+		b.Reason = fmt.Sprintf("an allocation failed again after the cool-down (%s", last.AllocationID)
+	} else {
+		b.Reason = fmt.Sprintf("%d allocations failed within %v (last %s", len(b.Failures), BreakerWindow, last.AllocationID)
+	}
+	b.Open, b.OpenedAt, b.Until, b.Probation = true, at, at.Add(BreakerCooldown), false
 	b.Trips++
 	b.ClosedBy = ""
-	last := b.Failures[len(b.Failures)-1]
-	b.Reason = fmt.Sprintf("%d allocations failed within %v (last %s", len(b.Failures), BreakerWindow, last.AllocationID)
 	if last.Reason != "" {
 		b.Reason += ": " + last.Reason
 	}

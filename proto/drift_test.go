@@ -219,21 +219,23 @@ func TestNodeBreakerRecordFailure(t *testing.T) {
 	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	min := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
 	for _, tc := range []struct {
-		name  string
-		at    []time.Time
-		open  bool
-		kept  int
-		opens int // index of the failure that opens it, -1 none
+		name      string
+		probation bool
+		at        []time.Time
+		open      bool
+		kept      int
+		opens     int // index of the failure that opens it, -1 none
 	}{
-		{"one", []time.Time{min(0)}, false, 1, -1},
-		{"two", []time.Time{min(0), min(1)}, false, 2, -1},
-		{"three within the window", []time.Time{min(0), min(5), min(14)}, true, 3, 2},
-		{"three across the window", []time.Time{min(0), min(10), min(15)}, false, 2, -1},
-		{"four, the last three within", []time.Time{min(0), min(20), min(21), min(22)}, true, 3, 3},
-		{"more while open keeps the opening", []time.Time{min(0), min(1), min(2), min(3), min(4)}, true, 3, 2},
+		{"on probation one failure reopens", true, []time.Time{min(0)}, true, 1, 0},
+		{"one", false, []time.Time{min(0)}, false, 1, -1},
+		{"two", false, []time.Time{min(0), min(1)}, false, 2, -1},
+		{"three within the window", false, []time.Time{min(0), min(5), min(14)}, true, 3, 2},
+		{"three across the window", false, []time.Time{min(0), min(10), min(15)}, false, 2, -1},
+		{"four, the last three within", false, []time.Time{min(0), min(20), min(21), min(22)}, true, 3, 3},
+		{"more while open keeps the opening", false, []time.Time{min(0), min(1), min(2), min(3), min(4)}, true, 3, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var b NodeBreaker
+			b := NodeBreaker{Probation: tc.probation}
 			for i, at := range tc.at {
 				require.Equal(t, i == tc.opens, b.RecordFailure(at, fmt.Sprintf("a%d", i), "boom"), "failure %d", i)
 			}
@@ -243,6 +245,7 @@ func TestNodeBreakerRecordFailure(t *testing.T) {
 				require.Equal(t, tc.at[tc.opens], b.OpenedAt)
 				require.Equal(t, tc.at[tc.opens].Add(BreakerCooldown), b.Until)
 				require.Equal(t, 1, b.Trips)
+				require.False(t, b.Probation, "opening ends the probation")
 			}
 		})
 	}

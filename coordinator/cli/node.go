@@ -95,6 +95,8 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 		switch {
 		case b.Open:
 			row(w, "Circuit breaker:", "open, out of placement until "+ts(b.Until)+" or `gpuaasctl node reset-breaker "+n.ID+"`: "+b.Reason)
+		case b.Probation:
+			row(w, "Circuit breaker:", "closed after its cool-down, on probation: one more failure reopens it")
 		case len(b.Failures) > 0:
 			row(w, "Circuit breaker:", fmt.Sprintf("closed, %d recent failures (opens at %d within %v)", len(b.Failures), proto.BreakerThreshold, proto.BreakerWindow))
 		}

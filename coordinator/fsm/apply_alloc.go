@@ -514,6 +514,9 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 				}
 			}
 			a.ActivatedAt = &now
+			if err := endProbation(tx, a.NodeID); err != nil {
+				return nil, err
+			}
 			if req.Access != nil {
 				acc := *req.Access
 				a.Access = &acc

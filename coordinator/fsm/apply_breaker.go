@@ -13,8 +13,10 @@ import (
 // failures within BreakerWindow open the breaker, and an open breaker
 // keeps the node from every placement (applyAllocationPlace; the
 // scheduler skips it too). It closes by node_breaker_reset: an operator's
-// reset, or the leader's once the cool-down passed. Failures are counted
-// from the commands' own times, so every replica agrees.
+// reset, or the leader's once the cool-down passed (then the node is on
+// probation until an allocation becomes active on it: one failure reopens
+// it). Failures are counted from the commands' own times, so every replica
+// agrees.
 
 func cloneBreaker(b *proto.NodeBreaker) *proto.NodeBreaker {
 	if b == nil {
@@ -55,11 +57,27 @@ func (f *FSM) applyNodeBreakerReset(body []byte, index uint64) any {
 			return nil, conflict("node_breaker_reset: node %s: the breaker opened at %s is no longer open", n.ID, req.OpenedAt.Format(time.RFC3339))
 		case req.By == proto.BreakerByCooldown && at(req.At).Before(b.Until):
 			return nil, conflict("node_breaker_reset: node %s: the cool-down runs until %s", n.ID, b.Until.Format(time.RFC3339))
-		case b == nil || (!b.Open && len(b.Failures) == 0):
+		case b == nil || (!b.Open && len(b.Failures) == 0 && !b.Probation):
 			return n, nil // nothing to reset
 		}
 		n.Breaker = cloneBreaker(b)
 		n.Breaker.Open, n.Breaker.Failures, n.Breaker.ClosedBy = false, nil, req.By
+		// After a cool-down the node is on probation; an operator's reset
+		// says the node was fixed.
+		n.Breaker.Probation = req.By == proto.BreakerByCooldown
 		return n, tx.PutNode(n)
 	})
+}
+
+// endProbation ends a node's breaker probation: an allocation became
+// active on it.
+func endProbation(tx *state.Txn, nodeID string) error {
+	n, ok := tx.Node(nodeID)
+	if !ok || n.Breaker == nil || !n.Breaker.Probation {
+		return nil
+	}
+	c := *n
+	c.Breaker = cloneBreaker(n.Breaker)
+	c.Breaker.Probation = false
+	return tx.PutNode(&c)
 }

@@ -99,6 +99,27 @@ func TestNodeBreaker(t *testing.T) {
 	h.Refuse(proto.NodeBreakerResetType, proto.NodeBreakerResetRequest{At: h.At(), NodeID: n0, By: proto.BreakerByCooldown, OpenedAt: opened}, proto.CodeConflict)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 
+	// After the cool-down the node is on probation: one failure reopens it.
+	require.True(t, n.Breaker.Probation)
+	failOn(h, "h1", n0, 0)
+	n = node(h, n0)
+	require.True(t, n.BreakerOpen())
+	assert.Equal(t, 3, n.Breaker.Trips)
+	assert.Contains(t, n.Breaker.Reason, "an allocation failed again after the cool-down (h1")
+	// Cooled down again, an allocation that becomes active ends the
+	// probation: a single failure no longer reopens it.
+	h.Now = n.Breaker.Until
+	h.OK(proto.NodeBreakerResetType, proto.NodeBreakerResetRequest{At: h.At(), NodeID: n0, By: proto.BreakerByCooldown, OpenedAt: n.Breaker.OpenedAt})
+	require.True(t, node(h, n0).Breaker.Probation)
+	h.Place(h.SliceRequest("ok1", "k-ok1", n0, proto.SlotID(n0, 5)))
+	h.Transition("ok1", proto.AllocProvisioning, proto.SlotID(n0, 5))
+	h.Transition("ok1", proto.AllocActive)
+	require.False(t, node(h, n0).Breaker.Probation)
+	failOn(h, "h2", n0, 6)
+	n = node(h, n0)
+	require.False(t, n.BreakerOpen())
+	require.NoError(t, fsm.CheckInvariants(h.Snap()))
+
 	// A replica replaying the log agrees.
 	replay := fsm.New(nil, nil)
 	for _, l := range h.Log {

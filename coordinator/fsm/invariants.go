@@ -250,6 +250,8 @@ func checkBreaker(n *proto.Node) error {
 		return fmt.Errorf("node %s: breaker keeps %d failures, at most %d", n.ID, len(b.Failures), proto.BreakerThreshold)
 	case !slices.IsSortedFunc(b.Failures, func(x, y proto.BreakerFailure) int { return x.At.Compare(y.At) }):
 		return fmt.Errorf("node %s: breaker failures out of time order", n.ID)
+	case b.Open && b.Probation:
+		return fmt.Errorf("node %s: breaker open and on probation", n.ID)
 	case b.Open && (b.Trips == 0 || !b.Until.Equal(b.OpenedAt.Add(proto.BreakerCooldown))):
 		return fmt.Errorf("node %s: open breaker with %d trips, opened %s, until %s", n.ID, b.Trips, b.OpenedAt, b.Until)
 	}

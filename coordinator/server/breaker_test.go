@@ -14,7 +14,8 @@ import (
 
 // Three failed slices on the only node open its breaker on every replica;
 // placement then refuses with the reason; the leader's sweep leaves it
-// open during the cool-down and closes it after, and the node places again.
+// open during the cool-down and closes it after (the node on probation),
+// and the node places again.
 func TestBreakerOpensAndCoolsDown(t *testing.T) {
 	t.Parallel()
 	nodes := startCluster(t, 3, nil)
@@ -46,6 +47,7 @@ func TestBreakerOpensAndCoolsDown(t *testing.T) {
 	nd, _ = leader.srv.Store().Snapshot().Node(node)
 	require.False(t, nd.BreakerOpen())
 	assert.Equal(t, proto.BreakerByCooldown, nd.Breaker.ClosedBy)
+	assert.True(t, nd.Breaker.Probation, "on probation after the cool-down")
 	_, _, err = leader.srv.Place(ctx, sliceReq(1), "breaker-after")
 	require.NoError(t, err)
 }
