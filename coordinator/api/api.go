@@ -145,6 +145,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/nodes/{id}", RoleViewer, false, a.getNode},
 		{http.MethodPost, "/v1/nodes/{id}/drain", RoleAdmin, true, a.drainNode(true)},
 		{http.MethodPost, "/v1/nodes/{id}/undrain", RoleAdmin, true, a.drainNode(false)},
+		{http.MethodPost, "/v1/nodes/{id}/breaker/reset", RoleAdmin, true, a.resetBreaker},
 		{http.MethodPut, "/v1/nodes/{id}/intent", RoleAdmin, true, a.setIntent},
 		{http.MethodGet, "/v1/nodes/{id}/topology", RoleViewer, false, a.getTopology},
 		{http.MethodPost, "/v1/nodes/{id}/slots", RoleAdmin, true, a.approveSlot},

@@ -76,7 +76,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
 	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType, proto.NodeLeaseDriftType,
-	proto.SlotHardwareReportType, proto.AuditAppendType, proto.AuditPruneType,
+	proto.SlotHardwareReportType, proto.AuditAppendType, proto.AuditPruneType, proto.NodeBreakerResetType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).

@@ -31,7 +31,7 @@ import (
 func CheckInvariants(snap *state.Snapshot) error {
 	var errs []error
 	for _, n := range snap.Nodes() {
-		errs = append(errs, checkNode(snap, n.ID))
+		errs = append(errs, checkNode(snap, n.ID), checkBreaker(n))
 	}
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		errs = append(errs, checkAllocation(snap, a))
@@ -237,6 +237,27 @@ func (c *Checker) check(ch state.Changes) error {
 		if err := checkAllocation(snap, a); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkBreaker checks a node's circuit breaker: at most BreakerThreshold
+// failures kept, in time order; an open breaker has opened at least once
+// and closes a cool-down after it opened.
+func checkBreaker(n *proto.Node) error {
+	b := n.Breaker
+	if b == nil {
+		return nil
+	}
+	switch {
+	case len(b.Failures) > proto.BreakerThreshold:
+		return fmt.Errorf("node %s: breaker keeps %d failures, at most %d", n.ID, len(b.Failures), proto.BreakerThreshold)
+	case !slices.IsSortedFunc(b.Failures, func(x, y proto.BreakerFailure) int { return x.At.Compare(y.At) }):
+		return fmt.Errorf("node %s: breaker failures out of time order", n.ID)
+	case b.Open && b.Probation:
+		return fmt.Errorf("node %s: breaker open and on probation", n.ID)
+	case b.Open && (b.Trips == 0 || !b.Until.Equal(b.OpenedAt.Add(proto.BreakerCooldown))):
+		return fmt.Errorf("node %s: open breaker with %d trips, opened %s, until %s", n.ID, b.Trips, b.OpenedAt, b.Until)
 	}
 	return nil
 }
