@@ -17,7 +17,7 @@ import (
 
 // Query parameters every read accepts besides its own filters.
 var (
-	readParams     = []string{"consistent"}
+	readParams     = []string{"consistent", "stale", "min_index"}
 	blockingParams = []string{"index", "wait"}
 	pagingParams   = []string{"limit", "after"}
 	errWaitNoIdx   = proto.Errorf(proto.CodeInvalidArgument, "wait is only meaningful with index")
@@ -143,6 +143,9 @@ type readOpts struct {
 	block   bool     // route accepts ?index&wait
 	paging  bool     // route accepts ?limit&after
 	filters []string // route-specific parameters
+	// replica: the route describes this replica itself (status): it is
+	// always answered locally, caught up or not.
+	replica bool
 }
 
 // read parses the common parameters, honours ?consistent and ?index,
@@ -176,11 +179,23 @@ func (c *call) read(o readOpts, fn func(s *state.Snapshot, q url.Values, p page)
 			return err
 		}
 	}
+	fr, err := parseFreshness(q, consistent)
+	if err != nil {
+		return err
+	}
+	if o.replica {
+		fr.stale = true
+	}
 	ctx := c.r.Context()
 	if consistent {
 		if err := c.a.b.Barrier(ctx); err != nil {
 			return err
 		}
+	} else {
+		c.local = true
+	}
+	if err := c.fresh(ctx, fr); err != nil {
+		return err
 	}
 	if bl.index > 0 {
 		if err := c.wait(ctx, bl, o.tables); err != nil {
@@ -200,7 +215,12 @@ func (c *call) read(o readOpts, fn func(s *state.Snapshot, q url.Values, p page)
 // (with up to 1/16 jitter so watchers do not wake together). Timing out
 // is not an error: the caller answers with the current state.
 func (c *call) wait(ctx context.Context, bl blocking, tables []string) error {
-	d := bl.wait + rand.N(bl.wait/16+1)
+	// Jitter never takes the wait past the route's deadline: answer
+	// (with the current state) a little before it.
+	d := min(bl.wait+rand.N(bl.wait/16+1), remaining(ctx)-blockingAnswerMargin)
+	if d <= 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	defer c.a.metrics.LongPoll(metrics.LongPollQuery)()

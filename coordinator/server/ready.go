@@ -69,3 +69,27 @@ func (rd *readiness) check(r raftView) (bool, string) {
 func (s *Server) Readiness() (ready bool, reason string) {
 	return s.ready.check(s.raft)
 }
+
+// CaughtUp reports whether this replica has applied up to the commit
+// index it learned from a leader after starting; once it has, it stays
+// caught up until it restarts, leader or not (its reads are then stale at
+// worst, never older than what it served before). When not, reason says
+// why.
+func (s *Server) CaughtUp() (bool, string) {
+	s.ready.mu.Lock()
+	caught := s.ready.caught
+	s.ready.mu.Unlock()
+	if caught {
+		return true, ""
+	}
+	return s.ready.check(s.raft)
+}
+
+// LastContact is when this replica last heard from a leader: now on the
+// leader, zero when it never has.
+func (s *Server) LastContact() time.Time {
+	if s.raft.State() == raft.Leader {
+		return time.Now()
+	}
+	return s.raft.LastContact()
+}
