@@ -236,10 +236,8 @@ func (a *API) noLeaderError(failed string, lastErr, cause error) error {
 	if d := a.isolatedFor(); d > 0 {
 		fmt.Fprintf(&b, "; last contact with a leader %s ago (this replica may be partitioned from the majority)", d.Round(time.Millisecond))
 	}
-	if cause != nil {
-		if pe := (*proto.Error)(nil); errors.As(cause, &pe) && pe.Code != proto.CodeNotLeader {
-			fmt.Fprintf(&b, "; %s", pe.Detail)
-		}
+	if pe := (*proto.Error)(nil); errors.As(cause, &pe) {
+		fmt.Fprintf(&b, "; %s", pe.Detail)
 	}
 	b.WriteString("; retry shortly")
 	return proto.Errorf(proto.CodeUnavailable, "%s", b.String())
