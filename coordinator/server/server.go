@@ -175,17 +175,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server %s has no raft state: set bootstrap expect or a join address", cfg.NodeID)
 	}
 
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
-	rc.HeartbeatTimeout = cfg.Timing.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.Timing.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.Timing.CommitTimeout
-	rc.MaxAppendEntries = cfg.Timing.MaxAppendEntries
-	rc.BatchApplyCh = true
-	rc.SnapshotThreshold = cfg.Timing.SnapshotThreshold
-	rc.SnapshotInterval = cfg.Timing.SnapshotInterval
-	rc.TrailingLogs = 10240
+	rc := raftConfig(cfg.NodeID, cfg.Timing)
 	rc.NotifyCh = s.notify
 	rc.Logger = hlog
 	logs, err := raft.NewLogCache(1024, store)
@@ -211,6 +201,29 @@ func New(cfg Config) (*Server, error) {
 		go s.formCluster()
 	}
 	return s, nil
+}
+
+// raftConfig is the Raft configuration of server id with timing t. The
+// leader lease is what makes a leader cut off from its majority stop
+// acknowledging: it steps down once it has not heard from a quorum for
+// LeaderLeaseTimeout (checked every lease, so within two), fails its
+// pending applies (ErrLeadershipLost: outcome unknown, clients retry with
+// their Idempotency-Key) and refuses new ones (not leader), while the
+// majority elects a new leader after a heartbeat timeout plus an
+// election (lease_test.go measures both).
+func raftConfig(id string, t Timing) *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(id)
+	rc.HeartbeatTimeout = t.HeartbeatTimeout
+	rc.ElectionTimeout = t.ElectionTimeout
+	rc.LeaderLeaseTimeout = t.LeaderLeaseTimeout
+	rc.CommitTimeout = t.CommitTimeout
+	rc.MaxAppendEntries = t.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = t.SnapshotThreshold
+	rc.SnapshotInterval = t.SnapshotInterval
+	rc.TrailingLogs = 10240
+	return rc
 }
 
 func (s *Server) closeStores() {
