@@ -100,8 +100,13 @@ type ClusterView interface {
 	LastContact() time.Time
 }
 
-// errLeaderMoved abandons an attempt whose leader was replaced.
-var errLeaderMoved = errors.New("raft named a new leader while the request was in flight")
+// errLeaderMoved abandons an attempt whose leader was replaced;
+// errLeaderLost one whose leader this replica lost without learning of
+// another for forwardLeaderWait (this replica is likely cut off).
+var (
+	errLeaderMoved = errors.New("raft named a new leader while the request was in flight")
+	errLeaderLost  = errors.New("this replica lost contact with the leader while the request was in flight and learned of no other")
+)
 
 // attemptResult is what one forwarding attempt came back with.
 type attemptResult struct {
@@ -156,15 +161,20 @@ func (a *API) forward(c *call, cause error) {
 				"the leader at %s did not answer within the request deadline; %s", addr, outcome(c, ar.sent, key)))
 			return
 		}
-		if !ar.sent || safe {
+		// A leader lost for forwardLeaderWait with no successor is not
+		// worth waiting for again.
+		if (!ar.sent || safe) && !errors.Is(ar.err, errLeaderLost) {
 			failed, lastErr = addr, ar.err
 			continue
 		}
 		why := fmt.Sprintf("forwarding to the leader at %s failed: %v", addr, ar.err)
-		if errors.Is(ar.err, errLeaderMoved) {
+		switch {
+		case errors.Is(ar.err, errLeaderMoved):
 			why = fmt.Sprintf("the leader at %s was replaced while the request was in flight (partitioned or failed)", addr)
+		case errors.Is(ar.err, errLeaderLost):
+			why = fmt.Sprintf("no leader reachable: this replica lost contact with the leader at %s while the request was in flight and learned of no other within %s (this replica may be partitioned from the majority)", addr, forwardLeaderWait)
 		}
-		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "%s; %s", why, outcome(c, true, key)))
+		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "%s; %s", why, outcome(c, ar.sent, key)))
 		return
 	}
 }
@@ -197,7 +207,7 @@ func (a *API) awaitLeader(ctx context.Context, failed string, lastErr, cause err
 		if addr != "" && addr != failed {
 			return addr, nil
 		}
-		if ctx.Err() != nil || !time.Now().Before(deadline) || (addr == "" && failed == "" && a.isolatedFor() > forwardLeaderWait) {
+		if ctx.Err() != nil || !time.Now().Before(deadline) || (addr == "" && a.isolatedFor() > forwardLeaderWait) {
 			return "", a.noLeaderError(failed, lastErr, cause)
 		}
 		select {
@@ -253,15 +263,24 @@ func (a *API) attempt(ctx context.Context, c *call, target *url.URL, addr, reqID
 	go func() {
 		t := time.NewTicker(forwardPoll)
 		defer t.Stop()
+		var lost time.Time // when this replica stopped knowing a leader
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				if l := a.b.LeaderHTTPAddr(); l != "" && l != addr {
-					cancel(errLeaderMoved)
-					return
-				}
+			}
+			switch l := a.b.LeaderHTTPAddr(); {
+			case l != "" && l != addr:
+				cancel(errLeaderMoved)
+				return
+			case l == "" && lost.IsZero():
+				lost = time.Now()
+			case l == "" && time.Since(lost) > forwardLeaderWait:
+				cancel(errLeaderLost)
+				return
+			case l != "":
+				lost = time.Time{}
 			}
 		}
 	}()

@@ -183,6 +183,21 @@ func TestForwardUnderPartition(t *testing.T) {
 		t.Logf("unkeyed write, leader replaced: 503 after %s", took)
 	})
 
+	t.Run("leader lost and none elected: 503 naming the partition", func(t *testing.T) {
+		t.Parallel()
+		hole, _ := blackhole(t)
+		f := leader.follower(hole)
+		elect(f.lb, "", 300*time.Millisecond) // a candidate that never wins
+		r, took := timed(func() resp { return f.create("partition-lost-1", sliceReq(1)) })
+		p := r.requireProblem(t, http.StatusServiceUnavailable, proto.CodeUnavailable)
+		assert.Contains(t, p.Detail, "no leader reachable")
+		assert.Contains(t, p.Detail, "partitioned")
+		assert.Equal(t, retryAfterSeconds, r.header.Get("Retry-After"))
+		assert.Less(t, took, 300*time.Millisecond+2*forwardLeaderWait+time.Second)
+		assert.Greater(t, took, forwardLeaderWait)
+		t.Logf("leader lost mid-request: 503 after %s: %s", took, p.Detail)
+	})
+
 	t.Run("a read to a blackholed leader is retried", func(t *testing.T) {
 		t.Parallel()
 		hole, _ := blackhole(t)
