@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -25,9 +26,25 @@ var (
 )
 
 // query checks that only allowed parameters are present, each at most
-// once, and returns them.
+// once, and returns them. Every GET also takes ?min_index (freshness.go):
+// a route that does not handle it itself (read does) has it honoured
+// here, before it reads anything.
 func (c *call) query(allowed ...string) (url.Values, error) {
 	q := c.r.URL.Query()
+	if c.r.Method == http.MethodGet && q.Has("min_index") && !slices.Contains(allowed, "min_index") {
+		if len(q["min_index"]) > 1 {
+			return nil, proto.Errorf(proto.CodeInvalidArgument, "query parameter %q is given %d times", "min_index", len(q["min_index"]))
+		}
+		f, err := parseFreshness(url.Values{"min_index": q["min_index"]}, false)
+		if err != nil {
+			return nil, err
+		}
+		f.stale = true // the catch-up check is read's, for the routes that read the ledger through it
+		if err := c.fresh(c.r.Context(), f); err != nil {
+			return nil, err
+		}
+		q.Del("min_index")
+	}
 	keys := make([]string, 0, len(q))
 	for k := range q {
 		keys = append(keys, k)
