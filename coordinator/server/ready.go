@@ -86,10 +86,15 @@ func (s *Server) CaughtUp() (bool, string) {
 }
 
 // LastContact is when this replica last heard from a leader: now on the
-// leader, zero when it never has.
+// leader, when it stopped leading for a deposed leader that has not heard
+// from a new one, zero when it never has.
 func (s *Server) LastContact() time.Time {
 	if s.raft.State() == raft.Leader {
 		return time.Now()
 	}
-	return s.raft.LastContact()
+	lc := s.raft.LastContact()
+	if led := s.ledUntil.Load(); led > 0 && time.Unix(0, led).After(lc) {
+		return time.Unix(0, led)
+	}
+	return lc
 }

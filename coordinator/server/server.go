@@ -68,6 +68,9 @@ type Server struct {
 	blobsErr  error
 
 	ready readiness // GET /readyz (ready.go)
+	// ledUntil is when this server last stopped leading (unix ns): as
+	// leader it was in contact with a leader, itself (LastContact).
+	ledUntil atomic.Int64
 
 	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
 	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
