@@ -98,3 +98,22 @@ func (s *Server) LastContact() time.Time {
 	}
 	return lc
 }
+
+// trackCatchUp evaluates readiness until this replica has caught up, so
+// that it is known to have, and keeps serving reads, even if it loses its
+// leader before anyone asked (/readyz, a read).
+func (s *Server) trackCatchUp() {
+	defer s.wg.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if ok, _ := s.CaughtUp(); ok {
+			return
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -195,10 +195,11 @@ func New(cfg Config) (*Server, error) {
 	s.planner = newPlanner(s)
 	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
 
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.runApplier()
 	go s.watchLeadership()
 	go s.registerLoop()
+	go s.trackCatchUp()
 	if !hasState {
 		s.wg.Add(1)
 		go s.formCluster()

@@ -167,7 +167,8 @@ func TestPartitionPausedLeader(t *testing.T) {
 	c.Pause(nl)
 	c.Pause(other)
 	first := create(ctx, c, lone, "lone-1")
-	require.Error(t, first.err)
+	require.Error(t, first.err, "lone %s, paused %s and %s: %d after %s (served by %s)", c.Nodes[lone].ID, c.Nodes[nl].ID, c.Nodes[other].ID,
+		first.code, first.took, first.hdr.Get(proto.RequestIDHeader))
 	assert.Equal(t, http.StatusServiceUnavailable, first.code)
 	assert.Equal(t, "1", first.hdr.Get("Retry-After"))
 	assert.Contains(t, first.err.Error(), "no leader reachable")

@@ -7,19 +7,54 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
 
-// Pause sends SIGSTOP to server i: its process and sockets live (the
-// kernel still accepts connections and buffers what peers send) but it
-// answers nothing, as a server whose packets a partition drops does,
-// until Resume.
-func (c *Cluster) Pause(i int) { c.signal(i, syscall.SIGSTOP) }
+// Pause sends SIGSTOP to server i and waits until every thread of it
+// has stopped: its process and sockets live (the kernel still accepts
+// connections and buffers what peers send) but it answers nothing, as a
+// server whose packets a partition drops does, until Resume.
+func (c *Cluster) Pause(i int) {
+	c.tb.Helper()
+	c.signal(i, syscall.SIGSTOP)
+	n := c.Nodes[i]
+	n.mu.Lock()
+	pid := n.cmd.Process.Pid
+	n.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for !stopped(pid) {
+		require.True(c.tb, time.Now().Before(deadline), "%s did not stop within 5s of SIGSTOP", n.ID)
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// stopped reports whether every thread of pid is in the stopped state
+// (Linux /proc).
+func stopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			return false
+		}
+		// pid (comm) state ...: comm may hold spaces, so cut after ')'.
+		_, rest, ok := strings.Cut(string(b), ") ")
+		if !ok || len(rest) == 0 || (rest[0] != 'T' && rest[0] != 't') {
+			return false
+		}
+	}
+	return true
+}
 
 // Resume sends SIGCONT to server i after Pause.
 func (c *Cluster) Resume(i int) { c.signal(i, syscall.SIGCONT) }
