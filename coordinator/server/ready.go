@@ -16,9 +16,16 @@ import (
 type readiness struct {
 	mu      sync.Mutex
 	started time.Time
-	target  uint64 // 0 until learned
-	learned bool
-	caught  bool
+	// settle is how long the leader must have been in contact before
+	// the commit index is taken as learned: a follower's commit index is
+	// capped by the log it holds, so right after a restart it can be an
+	// old entry's (the first append of a backlog) rather than the
+	// leader's; a few heartbeats later the backlog has arrived.
+	settle       time.Duration
+	firstContact time.Time // first contact seen after started
+	target       uint64    // 0 until learned
+	learned      bool
+	caught       bool
 }
 
 // raftView is the part of *raft.Raft readiness reads (a fake in tests).
@@ -45,6 +52,14 @@ func (rd *readiness) check(r raftView) (bool, string) {
 		switch {
 		case isLeader:
 			rd.target, rd.learned = r.LastIndex(), true
+		case r.LastContact().After(rd.started) && rd.firstContact.IsZero():
+			rd.firstContact = r.LastContact()
+			if rd.settle > 0 {
+				return false, fmt.Sprintf("leader %s is sending this replica the log; commit index not settled yet", leader)
+			}
+			return rd.learnLocked(r)
+		case r.LastContact().After(rd.started) && r.LastContact().Sub(rd.firstContact) < rd.settle:
+			return false, fmt.Sprintf("leader %s is sending this replica the log; commit index not settled yet", leader)
 		case r.LastContact().After(rd.started) && r.CommitIndex() > 0:
 			// A heartbeat is contact too but carries no commit index: a
 			// restarted follower learns it from its first real append
@@ -56,6 +71,21 @@ func (rd *readiness) check(r raftView) (bool, string) {
 			return false, fmt.Sprintf("no contact from leader %s since this replica started", leader)
 		}
 	}
+	return rd.caughtLocked(applied)
+}
+
+// learnLocked learns the commit index now, or says why not.
+func (rd *readiness) learnLocked(r raftView) (bool, string) {
+	_, leader := r.LeaderWithID()
+	if r.CommitIndex() == 0 {
+		return false, fmt.Sprintf("leader %s has not told this replica its commit index yet", leader)
+	}
+	rd.target, rd.learned = r.CommitIndex(), true
+	return rd.caughtLocked(r.AppliedIndex())
+}
+
+// caughtLocked compares applied with the learned target.
+func (rd *readiness) caughtLocked(applied uint64) (bool, string) {
 	if !rd.caught && applied < rd.target {
 		return false, fmt.Sprintf("catching up: applied index %d of %d learned from the leader", applied, rd.target)
 	}
@@ -117,3 +147,10 @@ func (s *Server) trackCatchUp() {
 		}
 	}
 }
+
+// readySettle is readiness.settle of a server: three heartbeats
+// (hashicorp/raft sends one every HeartbeatTimeout/10), enough for a
+// backlog of a few MaxAppendEntries batches to arrive. A longer backlog
+// can still make the learned index an early one; the replica then serves
+// reads a little behind until it catches up, as a connected follower does.
+const readySettle = 150 * time.Millisecond

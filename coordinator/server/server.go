@@ -130,7 +130,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("create raft dir %s: %w", raftDir, err)
 	}
 	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16),
-		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now()}}
+		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now(), settle: readySettle}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	inner := cfg.fsm
