@@ -204,3 +204,50 @@ func TestPartitionPausedLeader(t *testing.T) {
 	}
 	t.Logf("healed: the lone server's clients were served again %s after the majority resumed", time.Since(healed).Round(time.Millisecond))
 }
+
+// TestRestartedReplicaNeverGoesBack: a follower that restarts while
+// writes go on never answers 404 for an allocation the cluster had
+// acknowledged before it came back: until it has applied what it learned
+// was committed, it relays reads to the leader (or answers 503).
+func TestRestartedReplicaNeverGoesBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process cluster test; skipped with -short")
+	}
+	c := proctest.Start(t, coordinatorBin, proctest.Options{Inventory: server.SyntheticInventory("us-east", 4, 8)})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := c.Leader(ctx)
+	require.NoError(t, err)
+	waitFreeGPUs(ctx, t, c, 32)
+	f := (l + 1) % 3
+	c.Kill(f)
+	var ids []string
+	for i := range 20 {
+		a := create(ctx, c, l, "restart-"+strconv.Itoa(i))
+		require.NoError(t, a.err)
+		ids = append(ids, a.a.ID)
+	}
+	c.StartNode(f)
+	start := time.Now()
+	answers := map[int]int{}
+	for {
+		var got proto.Allocation
+		code, _, err := c.Request(ctx, f, http.MethodGet, "/v1/allocations/"+ids[len(ids)-1], nil, nil, &got)
+		answers[code]++
+		require.NotEqual(t, http.StatusNotFound, code, "the restarted replica went back in time: %v", err)
+		if code == http.StatusOK {
+			assert.Equal(t, ids[len(ids)-1], got.ID)
+			break
+		}
+		require.NoError(t, ctx.Err())
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("restarted replica answered the last acknowledged allocation %s after start; answers by status (0: not listening yet): %v",
+		time.Since(start).Round(time.Millisecond), answers)
+	// Every other acknowledged allocation is there too.
+	for _, id := range ids {
+		code, _, err := c.Request(ctx, f, http.MethodGet, "/v1/allocations/"+id, nil, nil, nil)
+		require.NoError(t, err, id)
+		assert.Equal(t, http.StatusOK, code)
+	}
+}
