@@ -197,12 +197,12 @@ func (a *app) call(cmd *cobra.Command, method, path string, q map[string]string,
 	if minIndex > 0 {
 		vals["min_index"] = []string{strconv.FormatUint(minIndex, 10)}
 	}
-	r, err := c.Do(ctx, method, path, vals, body, hdr)
+	r, err := a.retryLoop(ctx, method, hdr, func() (*Response, error) { return c.Do(ctx, method, path, vals, body, hdr) })
 	if minIndex > 0 && behindMinIndex(err) {
 		// The cluster never reached it: not this cluster's index.
 		a.rememberWrite(c.Token, 0, true)
 		delete(vals, "min_index")
-		r, err = c.Do(ctx, method, path, vals, body, hdr)
+		r, err = a.retryLoop(ctx, method, hdr, func() (*Response, error) { return c.Do(ctx, method, path, vals, body, hdr) })
 	}
 	if idx := writeIndex(method, r); err == nil && idx > 0 {
 		a.rememberWrite(c.Token, idx, false)

@@ -24,6 +24,7 @@ type Client struct {
 // ProblemError is an API error answer (application/problem+json).
 type ProblemError struct {
 	proto.Problem
+	RetryAfter string // the Retry-After header, "" when absent
 }
 
 func (e *ProblemError) Error() string {
@@ -124,7 +125,7 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body
 	if res.StatusCode >= 300 {
 		var p proto.Problem
 		if strings.HasPrefix(res.Header.Get("Content-Type"), proto.ProblemContentType) && json.Unmarshal(b, &p) == nil && p.Code != "" {
-			return nil, &ProblemError{Problem: p}
+			return nil, &ProblemError{Problem: p, RetryAfter: res.Header.Get("Retry-After")}
 		}
 		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(truncate(b, 300))))
 	}
