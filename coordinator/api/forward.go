@@ -286,7 +286,7 @@ func (a *API) attempt(ctx context.Context, c *call, target *url.URL, addr, reqID
 	}()
 	u := *target
 	u.Path = strings.TrimSuffix(target.Path, "/") + c.r.URL.Path
-	u.RawPath = ""
+	u.RawPath = strings.TrimSuffix(target.EscapedPath(), "/") + c.r.URL.EscapedPath()
 	u.RawQuery = c.r.URL.RawQuery
 	var body io.Reader = http.NoBody
 	if len(c.body) > 0 {
