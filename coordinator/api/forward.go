@@ -70,9 +70,11 @@ func newForwarder(log *slog.Logger) *forwarder {
 		DialContext:         (&net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 15 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
-		// The answer is bounded by the request's context (the route
-		// deadline) and by the leader watch in attempt, not here: a
-		// forwarded blocking query legitimately waits minutes.
+		// A relayed request's answer is bounded by its context (the
+		// route deadline) and by the leader watch in attempt; this is
+		// the backstop of the streams (blob relays and peer copies),
+		// which have no deadline.
+		ResponseHeaderTimeout: proto.MaxBlockingWait + time.Minute,
 	}}
 }
 
