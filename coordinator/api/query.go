@@ -200,7 +200,9 @@ func (c *call) read(o readOpts, fn func(s *state.Snapshot, q url.Values, p page)
 	if err != nil {
 		return err
 	}
-	if o.replica {
+	if o.replica || consistent {
+		// Status describes this replica; a consistent read's barrier
+		// has caught it up already.
 		fr.stale = true
 	}
 	ctx := c.r.Context()
