@@ -406,6 +406,11 @@ func (a *API) run(c *call, kind string, forwarded bool) {
 		a.forward(c, err)
 		return
 	}
+	if proto.CodeOf(err) == proto.CodeNotLeader && !c.rt.Write {
+		// A relayed read (consistent) that reached a deposed leader:
+		// reads change nothing, so the relaying replica may try the next.
+		w.Header().Set(notRunHeader, "not-leader")
+	}
 	if proto.CodeOf(err) == proto.CodeInternal {
 		a.log.Error(kind+" request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)
 	}

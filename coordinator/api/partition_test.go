@@ -220,6 +220,16 @@ func TestForwardUnderPartition(t *testing.T) {
 		assert.Contains(t, g.logs.String(), `"status":503`)
 	})
 
+	t.Run("a consistent read that reached a deposed leader is retried", func(t *testing.T) {
+		t.Parallel()
+		g := leader.follower("")
+		f := leader.follower(strings.TrimPrefix(g.url, "http://"))
+		elect(f.lb, leaderAddr, 300*time.Millisecond)
+		r := f.do(RoleViewer, http.MethodGet, "/v1/nodes?consistent=true", nil)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		assert.Contains(t, string(r.body), "j22u15", "the leader's ledger answered")
+	})
+
 	t.Run("an isolated follower answers 503 at once", func(t *testing.T) {
 		t.Parallel()
 		lb := newLedgerBackend()
