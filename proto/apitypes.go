@@ -19,6 +19,14 @@ const (
 	IndexHeader = "X-Gpuaas-Index"
 	// KnownLeaderHeader says whether the serving replica knew a leader.
 	KnownLeaderHeader = "X-Gpuaas-Known-Leader"
+	// AppliedIndexHeader is on every response: the ledger index the
+	// answering replica had applied when it answered. Pass the index of
+	// your last write as ?min_index= to read your writes on any replica.
+	AppliedIndexHeader = "X-Gpuaas-Applied-Index"
+	// LastContactHeader is on reads served from a replica's own ledger:
+	// milliseconds since it last heard from the leader (0 on the leader),
+	// how stale the answer may be.
+	LastContactHeader = "X-Gpuaas-Last-Contact"
 	// RequestIDHeader names a request in logs and problem responses.
 	RequestIDHeader = "X-Request-Id"
 	// ForwardedHeader marks a request a follower forwarded to the leader;
@@ -28,6 +36,10 @@ const (
 
 // MaxBlockingWait caps the wait of a blocking query.
 const MaxBlockingWait = 5 * time.Minute
+
+// MaxRequestTime bounds every other request (not a blocking query, not
+// a stream): the coordinator answers within it, with 503 if it must.
+const MaxRequestTime = 10 * time.Second
 
 // DefaultBlockingWait is the wait of a blocking query that gives ?index
 // without ?wait.

@@ -347,7 +347,8 @@ func (a *API) agentTasks(c *call) error {
 		}
 	}
 	node := c.agentNode()
-	deadline := time.Now().Add(wait)
+	// Answer a little before the route's deadline (timeouts.go).
+	deadline := time.Now().Add(min(wait, remaining(c.r.Context())-blockingAnswerMargin))
 	for {
 		store := a.b.Store()
 		snap := store.Snapshot()

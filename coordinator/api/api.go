@@ -5,10 +5,13 @@
 // is at least the route's; the route table below is the single source of
 // the routes, their roles and whether they write. The exceptions are the
 // public routes (public.go): /healthz, /readyz and the OpenAPI document. Writes reaching a
-// follower are reverse-proxied to the leader once; reads are served from
-// the local replica (stale) unless ?consistent=true asks for a Raft
-// barrier. Lists are blocking queries (?index=N&wait=30s) and every read
-// returns X-Gpuaas-Index. Errors are application/problem+json bodies with
+// follower are relayed to the leader, again to a new leader only where
+// that is safe (forward.go); reads are served from the local replica
+// (stale) unless ?consistent=true asks for a Raft barrier, and never from
+// a replica that has not caught up since it started or has not applied
+// ?min_index (freshness.go). Every request has a deadline (timeouts.go).
+// Lists are blocking queries (?index=N&wait=30s) and every read returns
+// X-Gpuaas-Index. Errors are application/problem+json bodies with
 // a stable proto.Code. A refused request changes nothing: validation runs
 // before any command is proposed.
 package api

@@ -78,14 +78,16 @@ func TestFollowerWithoutLeader(t *testing.T) {
 	e := newEnv(t)
 	f := e.follower("")
 	p := f.do(RoleAdmin, http.MethodPut, "/v1/regions/us-east", proto.RegionPutBody{}).requireProblem(t, 503, proto.CodeUnavailable)
-	assert.Contains(t, p.Detail, "no leader is known")
+	assert.Contains(t, p.Detail, "no leader reachable")
+	assert.Equal(t, "1", f.do(RoleAdmin, http.MethodPut, "/v1/regions/us-east", proto.RegionPutBody{}).header.Get("Retry-After"))
 	// The leader address is dead: forwarding fails with a problem.
 	srv := httptest.NewServer(http.NotFoundHandler())
 	dead := strings.TrimPrefix(srv.URL, "http://")
 	srv.Close()
 	g := e.follower(dead)
 	p = g.do(RoleAdmin, http.MethodPut, "/v1/regions/us-east", proto.RegionPutBody{}).requireProblem(t, 503, proto.CodeUnavailable)
-	assert.Contains(t, p.Detail, "forwarding to the leader")
+	assert.Contains(t, p.Detail, "the leader at "+dead+" failed")
+	assert.Contains(t, p.Detail, "connection refused")
 	r := g.do(RoleViewer, http.MethodGet, "/v1/status", nil)
 	var st proto.Status
 	r.decode(t, &st)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net"
@@ -277,6 +278,10 @@ func (a *API) Protect(h http.Handler) http.Handler {
 			return
 		}
 		a.bodyDeadline(w, r)
+		// The same deadline as every other request (timeouts.go).
+		ctx, cancel := context.WithTimeout(r.Context(), proto.MaxRequestTime)
+		defer cancel()
+		r = r.WithContext(ctx)
 		sw := &statusWriter{ResponseWriter: w}
 		id := r.Header.Get(proto.RequestIDHeader)
 		if !requestIDPattern.MatchString(id) {

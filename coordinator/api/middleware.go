@@ -31,6 +31,7 @@ type call struct {
 	p     Principal
 	body  []byte
 	index uint64 // set by reads and writes for X-Gpuaas-Index
+	local bool   // a read answered from this replica's ledger
 }
 
 var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -46,20 +47,24 @@ func randomHex(n int) string {
 
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	bytes  int
+	status   int
+	bytes    int
+	onHeader func(http.Header) // runs once, just before the header is sent
 }
 
 func (s *statusWriter) WriteHeader(code int) {
 	if s.status == 0 {
 		s.status = code
+		if s.onHeader != nil {
+			s.onHeader(s.ResponseWriter.Header())
+		}
 	}
 	s.ResponseWriter.WriteHeader(code)
 }
 
 func (s *statusWriter) Write(b []byte) (int, error) {
 	if s.status == 0 {
-		s.status = http.StatusOK
+		s.WriteHeader(http.StatusOK)
 	}
 	n, err := s.ResponseWriter.Write(b)
 	s.bytes += n
@@ -88,7 +93,7 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 		id = randomHex(8)
 	}
 	w.Header().Set(proto.RequestIDHeader, id)
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, onHeader: a.replicaHeaders}
 	who := new(string)
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
 	pend, r := a.beginAudit(r, id, "")
@@ -227,6 +232,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	p.RequestID = w.Header().Get(proto.RequestIDHeader)
 	w.Header().Set("Content-Type", proto.ProblemContentType)
 	w.Header().Set("Cache-Control", "no-store")
+	if p.Status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", retryAfterSeconds)
+	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
 }
@@ -242,6 +250,9 @@ func (c *call) reply(status int, v any) error {
 	h.Set("Cache-Control", "no-store")
 	h.Set(proto.IndexHeader, fmt.Sprint(c.index))
 	h.Set(proto.KnownLeaderHeader, fmt.Sprint(c.a.b.IsLeader() || c.a.b.LeaderHTTPAddr() != ""))
+	if c.local {
+		c.a.staleness(h)
+	}
 	c.w.WriteHeader(status)
 	_, err = c.w.Write(append(b, '\n'))
 	if err != nil {
@@ -376,13 +387,30 @@ func (a *API) dispatch(c *call, kind string) {
 		return
 	}
 	auditBody(r, c.body)
+	cancel := a.withDeadline(c)
+	defer cancel()
 	forwarded := r.Header.Get(proto.ForwardedHeader) != ""
 	// Writes are validated and proposed on the leader only, so a
 	// follower's stale view never refuses (or accepts) a write.
-	if c.rt.Write && !forwarded && !a.b.IsLeader() {
+	if c.rt.Write && !a.b.IsLeader() {
+		if forwarded {
+			// Relayed to a replica that is no longer the leader: refuse
+			// before running anything, marked so the relaying replica
+			// knows a retry elsewhere is safe.
+			w.Header().Set(notRunHeader, "not-leader")
+			writeProblem(w, r, proto.Errorf(proto.CodeNotLeader, "this replica is not the leader (anymore); the request was not run"))
+			return
+		}
 		a.forward(c, nil)
 		return
 	}
+	a.run(c, kind, forwarded)
+}
+
+// run runs the handler of c and renders its error; a not-leader error of
+// a request not yet forwarded forwards it.
+func (a *API) run(c *call, kind string, forwarded bool) {
+	w, r := c.w, c.r
 	err := c.rt.handle(c)
 	if err == nil {
 		return
@@ -390,6 +418,11 @@ func (a *API) dispatch(c *call, kind string) {
 	if proto.CodeOf(err) == proto.CodeNotLeader && !forwarded {
 		a.forward(c, err)
 		return
+	}
+	if proto.CodeOf(err) == proto.CodeNotLeader && !c.rt.Write {
+		// A relayed read (consistent) that reached a deposed leader:
+		// reads change nothing, so the relaying replica may try the next.
+		w.Header().Set(notRunHeader, "not-leader")
 	}
 	if proto.CodeOf(err) == proto.CodeInternal {
 		a.log.Error(kind+" request failed", "request_id", w.Header().Get(proto.RequestIDHeader), "method", r.Method, "path", r.URL.Path, "err", err)

@@ -14,7 +14,7 @@ import (
 )
 
 func (a *API) getStatus(c *call) error {
-	return c.read(readOpts{}, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+	return c.read(readOpts{replica: true}, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
 		return proto.Status{IsLeader: a.b.IsLeader(), LeaderHTTPAddr: a.b.LeaderHTTPAddr(), Index: c.index}, nil
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -17,7 +18,7 @@ import (
 
 // Query parameters every read accepts besides its own filters.
 var (
-	readParams     = []string{"consistent"}
+	readParams     = []string{"consistent", "stale", "min_index"}
 	blockingParams = []string{"index", "wait"}
 	pagingParams   = []string{"limit", "after"}
 	errWaitNoIdx   = proto.Errorf(proto.CodeInvalidArgument, "wait is only meaningful with index")
@@ -25,9 +26,25 @@ var (
 )
 
 // query checks that only allowed parameters are present, each at most
-// once, and returns them.
+// once, and returns them. Every GET also takes ?min_index (freshness.go):
+// a route that does not handle it itself (read does) has it honoured
+// here, before it reads anything.
 func (c *call) query(allowed ...string) (url.Values, error) {
 	q := c.r.URL.Query()
+	if c.r.Method == http.MethodGet && q.Has("min_index") && !slices.Contains(allowed, "min_index") {
+		if len(q["min_index"]) > 1 {
+			return nil, proto.Errorf(proto.CodeInvalidArgument, "query parameter %q is given %d times", "min_index", len(q["min_index"]))
+		}
+		f, err := parseFreshness(url.Values{"min_index": q["min_index"]}, false)
+		if err != nil {
+			return nil, err
+		}
+		f.stale = true // the catch-up check is read's, for the routes that read the ledger through it
+		if err := c.fresh(c.r.Context(), f); err != nil {
+			return nil, err
+		}
+		q.Del("min_index")
+	}
 	keys := make([]string, 0, len(q))
 	for k := range q {
 		keys = append(keys, k)
@@ -144,6 +161,9 @@ type readOpts struct {
 	block   bool     // route accepts ?index&wait
 	paging  bool     // route accepts ?limit&after
 	filters []string // route-specific parameters
+	// replica: the route describes this replica itself (status): it is
+	// always answered locally, caught up or not.
+	replica bool
 }
 
 // read parses the common parameters, honours ?consistent and ?index,
@@ -177,11 +197,25 @@ func (c *call) read(o readOpts, fn func(s *state.Snapshot, q url.Values, p page)
 			return err
 		}
 	}
+	fr, err := parseFreshness(q, consistent)
+	if err != nil {
+		return err
+	}
+	if o.replica || consistent {
+		// Status describes this replica; a consistent read's barrier
+		// has caught it up already.
+		fr.stale = true
+	}
 	ctx := c.r.Context()
 	if consistent {
 		if err := c.a.b.Barrier(ctx); err != nil {
 			return err
 		}
+	} else {
+		c.local = true
+	}
+	if err := c.fresh(ctx, fr); err != nil {
+		return err
 	}
 	if bl.index > 0 {
 		if err := c.wait(ctx, bl, o.tables); err != nil {
@@ -201,7 +235,12 @@ func (c *call) read(o readOpts, fn func(s *state.Snapshot, q url.Values, p page)
 // (with up to 1/16 jitter so watchers do not wake together). Timing out
 // is not an error: the caller answers with the current state.
 func (c *call) wait(ctx context.Context, bl blocking, tables []string) error {
-	d := bl.wait + rand.N(bl.wait/16+1)
+	// Jitter never takes the wait past the route's deadline: answer
+	// (with the current state) a little before it.
+	d := min(bl.wait+rand.N(bl.wait/16+1), remaining(ctx)-blockingAnswerMargin)
+	if d <= 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	defer c.a.metrics.LongPoll(metrics.LongPollQuery)()

@@ -191,7 +191,25 @@ func (a *app) call(cmd *cobra.Command, method, path string, q map[string]string,
 	if method == http.MethodGet && a.consistent {
 		vals["consistent"] = []string{"true"}
 	}
-	return c.Do(ctx, method, path, vals, body, hdr)
+	// Read-your-writes on any replica (ryw.go).
+	minIndex := uint64(0)
+	if method == http.MethodGet && !a.consistent && vals["index"] == nil && vals["min_index"] == nil {
+		minIndex = a.lastWriteIndex(c.Token)
+	}
+	if minIndex > 0 {
+		vals["min_index"] = []string{strconv.FormatUint(minIndex, 10)}
+	}
+	r, err := a.retryLoop(ctx, method, hdr, func() (*Response, error) { return c.Do(ctx, method, path, vals, body, hdr) })
+	if minIndex > 0 && behindMinIndex(err) {
+		// The cluster never reached it: not this cluster's index.
+		a.rememberWrite(c.Token, 0, true)
+		delete(vals, "min_index")
+		r, err = a.retryLoop(ctx, method, hdr, func() (*Response, error) { return c.Do(ctx, method, path, vals, body, hdr) })
+	}
+	if idx := writeIndex(method, r); err == nil && idx > 0 {
+		a.rememberWrite(c.Token, idx, false)
+	}
+	return r, err
 }
 
 // show prints a response: pretty JSON with -o json, else table(v).

@@ -24,6 +24,7 @@ type Client struct {
 // ProblemError is an API error answer (application/problem+json).
 type ProblemError struct {
 	proto.Problem
+	RetryAfter string // the Retry-After header, "" when absent
 }
 
 func (e *ProblemError) Error() string {
@@ -109,7 +110,7 @@ func (c *Client) Stream(ctx context.Context, path string, q url.Values, w io.Wri
 func answerError(method, path string, res *http.Response, b []byte) error {
 	var p proto.Problem
 	if strings.HasPrefix(res.Header.Get("Content-Type"), proto.ProblemContentType) && json.Unmarshal(b, &p) == nil && p.Code != "" {
-		return &ProblemError{Problem: p}
+		return &ProblemError{Problem: p, RetryAfter: res.Header.Get("Retry-After")}
 	}
 	return fmt.Errorf("%s %s: HTTP %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(truncate(b, 300))))
 }

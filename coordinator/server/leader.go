@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 )
 
 // watchLeadership starts the leader-only loops when this server becomes
@@ -17,6 +18,7 @@ func (s *Server) watchLeadership() {
 			if isLeader {
 				s.startLeaderLoops()
 			} else {
+				s.ledUntil.Store(time.Now().UnixNano())
 				s.stopLeaderLoops()
 			}
 		}

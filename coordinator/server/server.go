@@ -69,6 +69,9 @@ type Server struct {
 	blobsErr  error
 
 	ready readiness // GET /readyz (ready.go)
+	// ledUntil is when this server last stopped leading (unix ns): as
+	// leader it was in contact with a leader, itself (LastContact).
+	ledUntil atomic.Int64
 
 	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
 	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
@@ -128,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("create raft dir %s: %w", raftDir, err)
 	}
 	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16),
-		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now()}}
+		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now(), settle: readySettle}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	inner := cfg.fsm
@@ -176,17 +179,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server %s has no raft state: set bootstrap expect or a join address", cfg.NodeID)
 	}
 
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
-	rc.HeartbeatTimeout = cfg.Timing.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.Timing.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.Timing.CommitTimeout
-	rc.MaxAppendEntries = cfg.Timing.MaxAppendEntries
-	rc.BatchApplyCh = true
-	rc.SnapshotThreshold = cfg.Timing.SnapshotThreshold
-	rc.SnapshotInterval = cfg.Timing.SnapshotInterval
-	rc.TrailingLogs = 10240
+	rc := raftConfig(cfg.NodeID, cfg.Timing)
 	rc.NotifyCh = s.notify
 	rc.Logger = hlog
 	logs, err := raft.NewLogCache(1024, store)
@@ -203,15 +196,39 @@ func New(cfg Config) (*Server, error) {
 	s.planner = newPlanner(s)
 	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
 
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.runApplier()
 	go s.watchLeadership()
 	go s.registerLoop()
+	go s.trackCatchUp()
 	if !hasState {
 		s.wg.Add(1)
 		go s.formCluster()
 	}
 	return s, nil
+}
+
+// raftConfig is the Raft configuration of server id with timing t. The
+// leader lease is what makes a leader cut off from its majority stop
+// acknowledging: it steps down once it has not heard from a quorum for
+// LeaderLeaseTimeout (checked every lease, so within two), fails its
+// pending applies (ErrLeadershipLost: outcome unknown, clients retry with
+// their Idempotency-Key) and refuses new ones (not leader), while the
+// majority elects a new leader after a heartbeat timeout plus an
+// election (lease_test.go measures both).
+func raftConfig(id string, t Timing) *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(id)
+	rc.HeartbeatTimeout = t.HeartbeatTimeout
+	rc.ElectionTimeout = t.ElectionTimeout
+	rc.LeaderLeaseTimeout = t.LeaderLeaseTimeout
+	rc.CommitTimeout = t.CommitTimeout
+	rc.MaxAppendEntries = t.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = t.SnapshotThreshold
+	rc.SnapshotInterval = t.SnapshotInterval
+	rc.TrailingLogs = 10240
+	return rc
 }
 
 func (s *Server) closeStores() {

@@ -137,7 +137,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	go a.RunTaskDeadlines(ctx, o.TaskStallTimeout)
 	// No server-wide ReadTimeout/WriteTimeout: long-polls, blob uploads
 	// and downloads stream. The API bounds each request body itself
-	// (-body-timeout); headers and idle keep-alives are bounded here.
+	// (-body-timeout) and each request's time by its route's deadline
+	// (api/timeouts.go); headers and idle keep-alives are bounded here.
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
