@@ -60,7 +60,7 @@ FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./pr
 	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence \
 	FuzzImageManifest:./proto FuzzParseImageSpec:./proto FuzzAllocationCreateBody:./coordinator/api \
 	FuzzMAASResponses:./coordinator/maas FuzzReadFunction:./hostops/pci FuzzValidateDriver:./hostops/pci \
-	FuzzParseUdevSignature:./agent/discovery FuzzParseDiskIDs:./agent/discovery
+	FuzzParseUdevSignature:./agent/discovery FuzzParseDiskIDs:./agent/discovery FuzzImagePath:./agent/slice
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
