@@ -68,9 +68,6 @@ func (c *Cluster) signal(i int, sig syscall.Signal) {
 	require.NoError(c.tb, n.cmd.Process.Signal(sig), "signal %s to %s", sig, n.ID)
 }
 
-// URL is the base URL of server i's API.
-func (c *Cluster) URL(i int) string { return "http://" + c.Nodes[i].HTTPAddr }
-
 // Request is Do with extra request headers, answering the response
 // headers too.
 func (c *Cluster) Request(ctx context.Context, i int, method, path string, hdr http.Header, body, out any) (int, http.Header, error) {

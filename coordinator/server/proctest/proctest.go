@@ -305,6 +305,9 @@ func (c *Cluster) Do(ctx context.Context, i int, method, path, key string, body,
 	return c.do(ctx, i, c.token, method, path, key, body, out)
 }
 
+// URL is the base URL of server i's API.
+func (c *Cluster) URL(i int) string { return "http://" + c.Nodes[i].HTTPAddr }
+
 // DoAs is Do with the token of principal name (one of
 // Options.Principals).
 func (c *Cluster) DoAs(ctx context.Context, name string, i int, method, path, key string, body, out any) (int, error) {
@@ -324,7 +327,7 @@ func (c *Cluster) do(ctx context.Context, i int, token, method, path, key string
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.Nodes[i].HTTPAddr+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.URL(i)+path, rd)
 	if err != nil {
 		return 0, err
 	}
