@@ -155,6 +155,9 @@ func (p *Pending) Finish(status int) (proto.AuditRecord, bool) {
 // Attach builds the audit append that rides right after a command in a
 // command_batch (AuditAppendRequest.Attached).
 func Attach(rec proto.AuditRecord, at time.Time) ([]byte, error) {
+	// The FSM records the state the command finds (exact, and a smaller
+	// log entry than the leader's view sent along).
+	rec.Before = nil
 	return proto.Encode(proto.AuditAppendType, proto.AuditAppendRequest{At: at, Record: rec, Attached: true})
 }
 
