@@ -68,6 +68,17 @@ func (p *Pending) Update(fn func(*proto.AuditRecord)) {
 	}
 }
 
+// Recording reports whether the record will be written: it names a
+// principal and was not skipped.
+func (p *Pending) Recording() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rec.Actor != "" && !p.skip
+}
+
 // SetOKStatus is the HTTP status the request answers when its command
 // commits (what a record written with the command says).
 func (p *Pending) SetOKStatus(status int) {

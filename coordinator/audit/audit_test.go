@@ -69,6 +69,7 @@ func TestPendingLifecycle(t *testing.T) {
 
 	// No principal (unauthenticated): nothing to take or finish.
 	p := New(proto.AuditRecord{Method: "POST", Route: "/v1/x"})
+	assert.False(t, p.Recording())
 	_, ok := p.Take()
 	assert.False(t, ok)
 	_, ok = p.Finish(401)
@@ -77,6 +78,7 @@ func TestPendingLifecycle(t *testing.T) {
 	// A taken record carries the route's success status; Update only
 	// changes an open record.
 	p = New(rec)
+	assert.True(t, p.Recording())
 	p.SetOKStatus(202)
 	p.Update(func(r *proto.AuditRecord) { r.ObjectID = "n1" })
 	got, ok := p.Take()
@@ -90,6 +92,7 @@ func TestPendingLifecycle(t *testing.T) {
 
 	// Nil-safe, and carried by a context.
 	var none *Pending
+	assert.False(t, none.Recording())
 	none.Skip()
 	none.SetError("x")
 	none.Done(true)
