@@ -65,7 +65,7 @@ type AuditRecord struct {
 	ObjectID   string          `json:"object_id,omitempty"`
 	Slots      []string        `json:"slots,omitempty"`  // slots the action touched (a slot's history)
 	Reason     string          `json:"reason,omitempty"` // the request's "reason" field (force-release)
-	Before     json.RawMessage `json:"before,omitempty"` // the object as the leader saw it before
+	Before     json.RawMessage `json:"before,omitempty"` // the object as the command found it (the leader's view for a record appended after the answer)
 	After      json.RawMessage `json:"after,omitempty"`  // the object as the command left it
 
 	Status int    `json:"status"`          // HTTP status of the answer

@@ -68,6 +68,17 @@ func (p *Pending) Update(fn func(*proto.AuditRecord)) {
 	}
 }
 
+// Recording reports whether the record will be written: it names a
+// principal and was not skipped.
+func (p *Pending) Recording() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rec.Actor != "" && !p.skip
+}
+
 // SetOKStatus is the HTTP status the request answers when its command
 // commits (what a record written with the command says).
 func (p *Pending) SetOKStatus(status int) {
@@ -155,6 +166,9 @@ func (p *Pending) Finish(status int) (proto.AuditRecord, bool) {
 // Attach builds the audit append that rides right after a command in a
 // command_batch (AuditAppendRequest.Attached).
 func Attach(rec proto.AuditRecord, at time.Time) ([]byte, error) {
+	// The FSM records the state the command finds (exact, and a smaller
+	// log entry than the leader's view sent along).
+	rec.Before = nil
 	return proto.Encode(proto.AuditAppendType, proto.AuditAppendRequest{At: at, Record: rec, Attached: true})
 }
 

@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -142,4 +145,53 @@ func TestCLIAudit(t *testing.T) {
 	r = c.run(api.RoleAdmin, "audit", "list").ok(t)
 	assert.Regexp(t, regexp.MustCompile(`(?m)^9\s.*/v1/audit/prune`), r.out)
 	assert.Equal(t, ExitUsage, c.run(api.RoleAdmin, "audit", "prune").code)
+}
+
+// Bootstrap-token mints, enrollment (the token named by its id, never
+// itself) and gossip-key operations are recorded; a failed enroll (401)
+// and the node-credential heartbeat are not.
+func TestCLIAuditAgentAndKeyringRequests(t *testing.T) {
+	t.Parallel()
+	c := startCoordinator(t)
+	base, err := ParseAddr(c.addr)
+	require.NoError(t, err)
+	ctx := context.Background()
+	admin := &Client{Base: base, Token: c.tok[api.RoleAdmin]}
+	node := "us-east-n0000"
+	r, err := admin.Do(ctx, http.MethodPost, "/v1/nodes/"+node+"/bootstrap-tokens", nil, map[string]any{}, nil)
+	require.NoError(t, err)
+	tok, err := decode[proto.BootstrapTokenResponse](r)
+	require.NoError(t, err)
+
+	anon := &Client{Base: base}
+	_, err = anon.Do(ctx, http.MethodPost, proto.AgentEnrollPath, nil, proto.EnrollRequest{NodeID: node, BootstrapToken: "gpb_forged", Hostname: node}, nil)
+	require.True(t, IsProblem(err, proto.CodeUnauthenticated), "%v", err)
+	r, err = anon.Do(ctx, http.MethodPost, proto.AgentEnrollPath, nil, proto.EnrollRequest{NodeID: node, BootstrapToken: tok.Token, Hostname: node}, nil)
+	require.NoError(t, err)
+	cred, err := decode[proto.EnrollResponse](r)
+	require.NoError(t, err)
+	agent := &Client{Base: base, Token: cred.Credential}
+	_, err = agent.Do(ctx, http.MethodPost, proto.AgentHeartbeatPath, nil, proto.HeartbeatRequest{}, nil)
+	require.NoError(t, err)
+
+	key := strings.TrimSpace(runEnv(nil, "operator", "gossip-key", "generate").ok(t).out)
+	c.run(api.RoleAdmin, "operator", "gossip-key", "install", key).ok(t)
+
+	out := c.run(api.RoleAdmin, "-o", "json", "audit", "list").ok(t).out
+	var l proto.List[proto.AuditRecord]
+	require.NoError(t, json.Unmarshal([]byte(out), &l))
+	var got []string
+	for _, rec := range l.Items {
+		got = append(got, fmt.Sprintf("%s %s %s %s:%s %d", rec.Actor, rec.Method, rec.Route, rec.ObjectKind, rec.ObjectID, rec.Status))
+	}
+	assert.Equal(t, []string{
+		"admin-user POST /v1/nodes/{id}/bootstrap-tokens node:" + node + " 201",
+		"bootstrap POST " + proto.AgentEnrollPath + " node:" + node + " 201",
+		"admin-user POST /v1/operator/gossip-keys gossip_keyring: 200",
+	}, got)
+	enrollRec := l.Items[1]
+	assert.Len(t, enrollRec.TokenID, 12)
+	assert.NotContains(t, out, tok.Token, "never the bootstrap token")
+	assert.NotContains(t, out, cred.Credential, "never the credential")
+	assert.NotContains(t, out, key, "never the gossip key")
 }

@@ -33,6 +33,29 @@ func isAuditAppend(cmd []byte) bool {
 // the command before it (what an attached record reports).
 func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool) any {
 	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, body, index)
+	return f.applyAuditAppendReq(req, index, prev, inBatch, nil)
+}
+
+// attachedAudit is an attached audit append decoded before the command it
+// reports ran, with the state of its object then (nil: none).
+type attachedAudit struct {
+	req    *proto.AuditAppendRequest
+	before any
+}
+
+// beforeAttached decodes the attached audit append cmd and reads the
+// state of the object it names, before the command in front of it runs
+// (in the batch's transaction: every replica reads the same).
+func (f *FSM) beforeAttached(index uint64, cmd []byte) *attachedAudit {
+	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)
+	a := &attachedAudit{req: req}
+	if req.Attached && len(req.Record.Before) == 0 && f.batch != nil {
+		a.before = auditLookup(f.batch, req.Record.ObjectKind, req.Record.ObjectID)
+	}
+	return a
+}
+
+func (f *FSM) applyAuditAppendReq(req *proto.AuditAppendRequest, index uint64, prev any, inBatch bool, before any) any {
 	if req.Attached {
 		if !inBatch || prev == nil {
 			return invalid("an attached audit record must follow its command in a command_batch")
@@ -52,6 +75,9 @@ func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool
 		r.Reason = proto.TruncateAuditText(r.Reason)
 		r.Error = proto.TruncateAuditText(r.Error)
 		r.Slots = slices.Clone(r.Slots)
+		if before != nil {
+			r.Before = proto.AuditState(before)
+		}
 		var after any
 		if req.Attached {
 			after = f.auditObject(&r, prev)

@@ -100,8 +100,10 @@ func TestAuditAttached(t *testing.T) {
 	ar := br.Responses[1].(*proto.AuditAppendResponse)
 	require.False(t, ar.Skipped)
 	got, _ := h.Snap().AuditRecord(ar.Seq)
-	var after proto.Slot
+	var before, after proto.Slot
+	require.NoError(t, json.Unmarshal(got.Before, &before), "the FSM read the slot before the disable")
 	require.NoError(t, json.Unmarshal(got.After, &after))
+	assert.Equal(t, proto.SlotAvailable, before.Status)
 	assert.Equal(t, proto.SlotDisabled, after.Status)
 	assert.Equal(t, []string{sid}, got.Slots)
 	assert.Equal(t, "riser", got.Reason)

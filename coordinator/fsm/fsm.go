@@ -251,15 +251,22 @@ func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
 		f.batch = f.Store().Begin(index)
 	}
 	out := make([]any, len(cmds))
+	var attached *attachedAudit // the audit record behind the current command
 	for i, c := range cmds {
 		if err := proto.CheckBatchable(c); err != nil {
 			out[i] = proto.Errorf(proto.CodeInvalidArgument, "command %d of batch at index %d: %v", i, index, err)
+			attached = nil
 			continue
 		}
 		if isAuditAppend(c) && i > 0 {
 			// An audit record reports the command before it.
-			out[i] = f.applyBatchedAudit(index, c, out[i-1])
+			out[i] = f.applyBatchedAudit(index, c, out[i-1], attached)
+			attached = nil
 			continue
+		}
+		attached = nil
+		if i+1 < len(cmds) && isAuditAppend(cmds[i+1]) {
+			attached = f.beforeAttached(index, cmds[i+1])
 		}
 		out[i] = f.ApplyCommand(index, c)
 	}
@@ -277,11 +284,15 @@ func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
 }
 
 // applyBatchedAudit applies an audit append of a batch, which sees the
-// response of the command before it.
-func (f *FSM) applyBatchedAudit(index uint64, cmd []byte, prev any) any {
+// response of the command before it (and, decoded before that command
+// ran, its request with the object's state then).
+func (f *FSM) applyBatchedAudit(index uint64, cmd []byte, prev any, a *attachedAudit) any {
 	start := time.Now()
 	f.last = state.Changes{}
-	resp := f.applyAuditAppend(cmd[1:], index, prev, true)
+	if a == nil {
+		a = &attachedAudit{req: decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)}
+	}
+	resp := f.applyAuditAppendReq(a.req, index, prev, true, a.before)
 	if f.obs != nil {
 		f.obs.Applied(proto.AuditAppendType, time.Since(start), resp)
 	}

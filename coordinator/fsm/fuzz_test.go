@@ -30,8 +30,13 @@ func FuzzApplyCommand(f *testing.F) {
 	f.Add(byte(proto.AllocationPlaceType), []byte(`{"at":"2026-01-01T00:00:00Z"}`))
 	f.Add(byte(proto.SlotApproveType), []byte(`{"at":"2026-01-01T00:00:00Z","slot":{"id":"../x"}}`))
 	f.Add(byte(proto.TaskUpdateType), []byte(`null`))
-	f.Add(byte(proto.NodeUpsertType), []byte(`{"node":{"id":"`+string(make([]byte, 300))+`"}}`))
 	types := slices.DeleteFunc(slices.Clone(fsm.LedgerTypes), func(t proto.MessageType) bool { return t == proto.CommandBatchType })
+	// typ picks types[typ % len(types)]: the audit seeds name theirs.
+	at := func(t proto.MessageType) byte { return byte(slices.Index(types, t)) }
+	f.Add(at(proto.AuditAppendType), []byte(`{"at":"2026-01-01T00:00:00Z","record":{"actor":"a","method":"POST","route":"/v1/slots/{id}/disable","object_kind":"slot","object_id":"us-east-n0000-s0","status":200,"before":{"x":[1]}}}`))
+	f.Add(at(proto.AuditAppendType), []byte(`{"at":"2026-01-01T00:00:00Z","attached":true,"record":{"actor":"a","method":"POST","route":"/x"}}`))
+	f.Add(at(proto.AuditPruneType), []byte(`{"at":"2026-01-01T00:00:00Z","through_seq":1,"hash":"00"}`))
+	f.Add(byte(proto.NodeUpsertType), []byte(`{"node":{"id":"`+string(make([]byte, 300))+`"}}`))
 	f.Fuzz(func(t *testing.T, typ byte, body []byte) {
 		if proto.MessageType(typ) == proto.CommandBatchType {
 			_, _ = proto.DecodeBatch(body)

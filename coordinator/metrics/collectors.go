@@ -18,7 +18,7 @@ type StoreCollector struct {
 	store func() *state.Store // the current store (it changes on restore); nil: no ledger
 	now   func() time.Time
 
-	nodes, tasks, taskAge, workflows, index, slotHealth, breakers *prometheus.Desc
+	nodes, tasks, taskAge, workflows, index, slotHealth, breakers, auditRecords, auditSeq *prometheus.Desc
 }
 
 // slotHealthStates are the gpuaas_slot_health states: the agent's
@@ -59,6 +59,9 @@ func NewStoreCollector(store func() *state.Store, now func() time.Time) *StoreCo
 			"Age of the oldest unfinished task by state, since its last update (0 when none): a task stuck queued or running grows it.", []string{"state"}, nil),
 		workflows: prometheus.NewDesc(Namespace+"_workflows_in_progress", "Running MAAS workflows by kind and current stage.", []string{"kind", "stage"}, nil),
 		index:     prometheus.NewDesc(Namespace+"_ledger_applied_index", "The Raft index of the ledger state this replica has applied.", nil, nil),
+		auditRecords: prometheus.NewDesc(Namespace+"_audit_records",
+			"Records the audit log holds (a prune checkpoint included): what export-first retention (gpuaasctl audit prune) keeps in check.", nil, nil),
+		auditSeq: prometheus.NewDesc(Namespace+"_audit_head_seq", "The seq of the audit log's last record (0: empty).", nil, nil),
 		slotHealth: prometheus.NewDesc(Namespace+"_slot_health",
 			"Approved slots by health: the agent's hardware scan (ok, drifted, degraded, missing), unhealthy (a failed provision found its devices broken) or unknown (not scanned yet). Every state but ok and unknown keeps the slot from placement.", []string{"state"}, nil),
 		breakers: prometheus.NewDesc(Namespace+"_nodes_breaker_open",
@@ -68,7 +71,7 @@ func NewStoreCollector(store func() *state.Store, now func() time.Time) *StoreCo
 
 // Describe implements prometheus.Collector.
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.nodes, c.tasks, c.taskAge, c.workflows, c.index, c.slotHealth, c.breakers} {
+	for _, d := range []*prometheus.Desc{c.nodes, c.tasks, c.taskAge, c.workflows, c.index, c.slotHealth, c.breakers, c.auditRecords, c.auditSeq} {
 		ch <- d
 	}
 }
@@ -145,6 +148,15 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.workflows, prometheus.GaugeValue, float64(n), k.kind, string(k.stage))
 	}
 	ch <- prometheus.MustNewConstMetric(c.index, prometheus.GaugeValue, float64(snap.Index()))
+
+	// Seqs run without gaps from the first record: no scan.
+	var records, head float64
+	if last, ok := snap.AuditHead(); ok {
+		first, _ := snap.AuditFirst()
+		records, head = float64(last.Seq-first.Seq+1), float64(last.Seq)
+	}
+	ch <- prometheus.MustNewConstMetric(c.auditRecords, prometheus.GaugeValue, records)
+	ch <- prometheus.MustNewConstMetric(c.auditSeq, prometheus.GaugeValue, head)
 }
 
 // AgentView is what the agents gauge reads from the coordinator's gossip

@@ -234,6 +234,17 @@ func TestStoreCollector(t *testing.T) {
 	assert.Equal(t, float64(h.Index), value(t, f, "gpuaas_ledger_applied_index"))
 	assert.Equal(t, 24.0, value(t, f, "gpuaas_slot_health", "state", "unknown"), "no slot scanned yet")
 	assert.Equal(t, 0.0, value(t, f, "gpuaas_nodes_breaker_open"))
+	assert.Equal(t, 0.0, value(t, f, "gpuaas_audit_records"), "no audit record yet")
+	rec := proto.AuditRecord{Actor: "admin", Method: "POST", Route: "/v1/regions/{name}", Status: 200}
+	var hashes []string
+	for range 3 {
+		r := h.OK(proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Record: rec}).(*proto.AuditAppendResponse)
+		hashes = append(hashes, r.Hash)
+	}
+	h.OK(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: 2, Hash: hashes[1]})
+	f = gather(t, reg)
+	assert.Equal(t, 2.0, value(t, f, "gpuaas_audit_records"), "the checkpoint and record 3")
+	assert.Equal(t, 3.0, value(t, f, "gpuaas_audit_head_seq"))
 
 	// Slot health: the agent's findings, a provision's unhealthy mark.
 	h.OK(proto.SlotHardwareReportType, proto.SlotHardwareReportRequest{At: h.At(), NodeID: n0, Slots: []proto.SlotHardware{

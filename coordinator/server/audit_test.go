@@ -44,6 +44,7 @@ func TestAuditRecordsRideWithCommands(t *testing.T) {
 	head, ok := leader.srv.Store().Snapshot().AuditHead()
 	require.True(t, ok)
 	assert.Equal(t, idx, head.Index, "the record is in the command's entry")
+	assert.Contains(t, string(head.Before), `"status":"available"`, "the state the command found")
 	assert.Contains(t, string(head.After), `"status":"disabled"`)
 	assert.Equal(t, []string{slot}, head.Slots)
 

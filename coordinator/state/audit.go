@@ -64,6 +64,11 @@ func (s *Snapshot) AuditHead() (*proto.AuditRecord, bool) {
 	return o.(*proto.AuditRecord), true
 }
 
+// AuditFirst returns the first record (the checkpoint once pruned).
+func (s *Snapshot) AuditFirst() (*proto.AuditRecord, bool) {
+	return first[proto.AuditRecord](s, TableAudit, idxID)
+}
+
 // AuditCount returns how many records (the checkpoint included) the log holds.
 func (s *Snapshot) AuditCount() int {
 	it, err := s.txn.Get(TableAudit, idxID)
