@@ -22,23 +22,39 @@ import (
 type forwarder struct {
 	log       *slog.Logger
 	transport http.RoundTripper
+	scheme    string // of the peers' API: https, or http without TLS
 }
 
-func newForwarder(log *slog.Logger) *forwarder {
-	return &forwarder{log: log, transport: &http.Transport{
+// peerTLS is a backend that knows how to reach the other coordinators
+// over TLS (*server.Server): the scheme of their API and a client
+// configuration presenting this server's certificate.
+type peerTLS interface {
+	Scheme() string
+	PeerTransport() *http.Transport
+}
+
+func newForwarder(log *slog.Logger, b Backend) *forwarder {
+	t := &http.Transport{
 		Proxy:                 nil, // the leader is dialled directly, never through an environment proxy
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: proto.MaxBlockingWait + time.Minute,
-	}}
+	}
+	f := &forwarder{log: log, transport: t, scheme: "http"}
+	if p, ok := b.(peerTLS); ok {
+		f.scheme = p.Scheme()
+		t.TLSClientConfig = p.PeerTransport().TLSClientConfig
+		t.ForceAttemptHTTP2 = t.TLSClientConfig != nil
+	}
+	return f
 }
 
 // leaderURL turns an advertised address ("host:port" or a URL) into the
 // base URL of the leader's API.
-func leaderURL(addr string) (*url.URL, error) {
+func (f *forwarder) leaderURL(addr string) (*url.URL, error) {
 	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+		addr = f.scheme + "://" + addr
 	}
 	u, err := url.Parse(addr)
 	if err != nil || u.Host == "" {
@@ -55,7 +71,7 @@ func (a *API) forward(c *call, cause error) {
 		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica is not the leader and no leader is known; retry shortly"))
 		return
 	}
-	target, err := leaderURL(addr)
+	target, err := a.proxy.leaderURL(addr)
 	if err != nil {
 		writeProblem(c.w, c.r, err)
 		return

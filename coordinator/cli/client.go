@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -34,13 +36,13 @@ func (e *ProblemError) Error() string {
 	return s
 }
 
-// ParseAddr accepts "host:port" or an http(s) URL.
+// ParseAddr accepts "host:port" (https) or an http(s) URL.
 func ParseAddr(addr string) (*url.URL, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("no API address: set --addr or GPUAAS_ADDR")
 	}
 	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+		addr = "https://" + addr
 	}
 	u, err := url.Parse(addr)
 	if err != nil {
@@ -50,6 +52,33 @@ func ParseAddr(addr string) (*url.URL, error) {
 		return nil, fmt.Errorf("API address %q must be host:port or an http(s) URL", addr)
 	}
 	return u, nil
+}
+
+// HTTPClient is an HTTP client that trusts the CA certificates in caFile
+// (the cluster CA) instead of the system roots.
+func HTTPClient(caFile string) (*http.Client, error) {
+	pool, err := pki.LoadPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: pki.ClientConfig(pool, nil),
+		ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}, nil
+}
+
+// NewClient is a client of the API at addr (host:port or URL) trusting
+// the CA in caFile ("" : the system roots).
+func NewClient(addr, token, caFile string) (*Client, error) {
+	u, err := ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{Base: u, Token: token}
+	if caFile != "" {
+		if c.HTTP, err = HTTPClient(caFile); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // pathEscape escapes one path segment (an ID typed by the operator).

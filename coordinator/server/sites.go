@@ -69,7 +69,7 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 	m := s.cfg.MAAS
 	url := m.CoordinatorURL
 	if url == "" {
-		url = "http://" + s.cfg.HTTPAddr
+		url = s.URL(s.cfg.HTTPAddr)
 	}
 	maasflow.New(maasflow.Config{
 		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url,

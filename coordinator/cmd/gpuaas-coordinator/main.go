@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
@@ -105,7 +106,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
-	srv, err := server.New(server.Config{
+	tlsCfg, err := loadTLS(o, advertise, o.RaftAdvertise, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv, err := server.New(server.Config{TLS: tlsCfg,
 		NodeID: o.NodeID, DataDir: o.DataDir, RaftBind: o.RaftAddr, RaftAdvertise: o.RaftAdvertise,
 		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken, ClusterSecret: clusterSecret,
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
@@ -140,8 +146,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	// (-body-timeout); headers and idle keep-alives are bounded here.
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
-	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr())
+	if tlsCfg != nil {
+		hs.TLSConfig = pki.APIServerConfig(tlsCfg.CA.Pool(), tlsCfg.Cert)
+		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- hs.Serve(ln) }()
+	}
+	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr(), "scheme", srv.Scheme())
 
 	select {
 	case <-ctx.Done():
