@@ -85,6 +85,11 @@ func (a *API) forward(c *call, cause error) {
 			pr.SetURL(target)
 			pr.Out.Host = target.Host
 			pr.Out.Header.Set(proto.ForwardedHeader, "1")
+			// Only this replica says which agent certificate it verified.
+			pr.Out.Header.Del(proto.NodeCertHeader)
+			if v := nodeCertHeader(c.r); v != "" {
+				pr.Out.Header.Set(proto.NodeCertHeader, v)
+			}
 			pr.Out.Header.Set(proto.RequestIDHeader, reqID)
 			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 			pr.Out.ContentLength = int64(len(body))
