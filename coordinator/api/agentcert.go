@@ -167,4 +167,3 @@ func (a *API) agentCertificate(c *call) error {
 	a.log.Info("signed agent certificate", "node", node, "serial", sc.serial, "not_after", sc.notAfter)
 	return c.reply(http.StatusCreated, proto.CertificateResponse{Certificate: sc.pem, NotAfter: sc.notAfter})
 }
-

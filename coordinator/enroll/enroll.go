@@ -61,10 +61,10 @@ type Credential struct {
 // Table holds the tokens and credentials.
 type Table struct {
 	mu     sync.RWMutex
-	tokens map[string]*Token      // by hash
-	creds  map[string]*Credential // by node
-	byHash map[string]string      // credential hash -> node
-	gossip proto.GossipKeyring    // the cluster's gossip keyring
+	tokens map[string]*Token          // by hash
+	creds  map[string]*Credential     // by node
+	byHash map[string]string          // credential hash -> node
+	gossip proto.GossipKeyring        // the cluster's gossip keyring
 	certs  map[string]*proto.NodeCert // agent client certificates by serial, until they expire
 }
 

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/lab/fleet"
-	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/maassim"
 	"github.com/gpuaas/gpuaas/proto"
 )

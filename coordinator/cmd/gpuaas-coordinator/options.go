@@ -47,14 +47,14 @@ type options struct {
 	GossipKeyFile     string
 	GCPercent         int
 	// TLS (on unless InsecureHTTP).
-	InsecureHTTP bool
-	CACert       string
-	CAKey        string
-	TLSSANs      []string
-	NodeCertTTL  time.Duration
-	MemoryLimit       int64
-	RetainEnded       time.Duration
-	TaskStallTimeout  time.Duration
+	InsecureHTTP     bool
+	CACert           string
+	CAKey            string
+	TLSSANs          []string
+	NodeCertTTL      time.Duration
+	MemoryLimit      int64
+	RetainEnded      time.Duration
+	TaskStallTimeout time.Duration
 	// MAAS workflow tuning (coordinator/maasflow defaults when zero).
 	MAASCoordinatorURL string
 	MAASPollInterval   time.Duration
