@@ -65,12 +65,14 @@ func (c *Client) UseTLS(pool *x509.CertPool) {
 	t.ForceAttemptHTTP2 = true
 }
 
-// SetCertificate sets the node's client certificate; connections opened
-// from now on present it.
+// SetCertificate sets the node's client certificate. Idle connections
+// (opened with the previous one, or none) are closed: the next requests
+// open connections that present it.
 func (c *Client) SetCertificate(cert *tls.Certificate) {
 	c.mu.Lock()
 	c.cert = cert
 	c.mu.Unlock()
+	c.http.CloseIdleConnections()
 }
 
 // Certificate returns the node's client certificate (nil: none).
