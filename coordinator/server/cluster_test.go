@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -100,7 +101,12 @@ func startNode(t testing.TB, cfg Config) *testNode {
 	}
 	cfg.RaftBind = srv.RaftAddr()
 	hs := &http.Server{Handler: srv.InternalHandler()}
-	go hs.Serve(ln)
+	if cfg.TLS != nil {
+		hs.TLSConfig = pki.APIServerConfig(cfg.TLS.CA.Pool(), cfg.TLS.Cert)
+		go hs.ServeTLS(ln, "", "")
+	} else {
+		go hs.Serve(ln)
+	}
 	n := &testNode{cfg: cfg, srv: srv, http: hs}
 	t.Cleanup(n.stop)
 	return n
