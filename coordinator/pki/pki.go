@@ -12,7 +12,9 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -194,6 +196,15 @@ func LoadOrCreate(dir string, create bool, now time.Time) (ca *CA, created bool,
 		return nil, false, err
 	}
 	return ca, true, nil
+}
+
+// Keep writes the CA into dir (as LoadOrCreate reads it) unless one is
+// there already.
+func (ca *CA) Keep(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, CAKeyFile)); err == nil {
+		return nil
+	}
+	return ca.WriteFiles(filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile))
 }
 
 // Pool is a certificate pool holding the CA.
@@ -446,3 +457,50 @@ func newSerial() (*big.Int, error) {
 
 // SerialHex is a certificate serial as the revocation list keeps it.
 func SerialHex(c *x509.Certificate) string { return c.SerialNumber.Text(16) }
+
+// DeriveCA derives the cluster CA's key from the secret the bootstrap
+// servers share (-cluster-secret-file): servers forming a cluster
+// together each derive the same key, so certificates any of them issues
+// chain to the CA certificate of every other (same subject, same key).
+// The secret is then as sensitive as the CA key.
+func DeriveCA(secret string, now time.Time) (*CA, error) {
+	if len(secret) < 16 {
+		return nil, errors.New("derive CA: the cluster secret is shorter than 16 characters")
+	}
+	var key *ecdsa.PrivateKey
+	for i := byte(0); key == nil; i++ {
+		raw, err := hkdf.Key(sha256.New, []byte(secret), []byte("gpuaas cluster CA v1"), "ecdsa-p256-"+string(rune('a'+i%26)), 32)
+		if err != nil {
+			return nil, fmt.Errorf("derive CA key: %w", err)
+		}
+		key, _ = ecdsa.ParseRawPrivateKey(elliptic.P256(), raw) // out of range (about 2^-32): next candidate
+		if i == 255 {
+			return nil, errors.New("derive CA key: no candidate in range")
+		}
+	}
+	pub, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return nil, fmt.Errorf("derive CA: %w", err)
+	}
+	sum := sha256.Sum256(pub)
+	tmpl := &x509.Certificate{
+		SerialNumber:          new(big.Int).SetBytes(sum[:16]),
+		Subject:               pkix.Name{CommonName: "gpuaas cluster CA", Organization: []string{"gpuaas"}},
+		SubjectKeyId:          sum[:20],
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              now.Add(CATTL),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("create CA certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse CA certificate: %w", err)
+	}
+	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), Key: key}, nil
+}

@@ -214,3 +214,25 @@ func TestPeerTLS(t *testing.T) {
 		require.ErrorContains(t, cerr, "unknown authority")
 	})
 }
+
+// TestDeriveCA: servers sharing the cluster secret derive one CA: a
+// certificate issued from one server's copy verifies against another's;
+// another secret is another CA.
+func TestDeriveCA(t *testing.T) {
+	a, err := DeriveCA("the-shared-cluster-secret", t0)
+	require.NoError(t, err)
+	b, err := DeriveCA("the-shared-cluster-secret", t0.Add(time.Minute))
+	require.NoError(t, err)
+	c, err := DeriveCA("another-cluster-secret!!", t0)
+	require.NoError(t, err)
+	require.True(t, a.Key.Equal(b.Key))
+	require.False(t, a.Key.Equal(c.Key))
+	cert, err := b.IssueServer("c2", []string{"127.0.0.1"}, t0, ServerTTL)
+	require.NoError(t, err)
+	_, _, err = Verify(a.Pool(), cert.Leaf, t0.Add(time.Hour), x509.ExtKeyUsageServerAuth)
+	require.NoError(t, err, "c2's certificate chains to c1's copy of the CA")
+	_, _, err = Verify(c.Pool(), cert.Leaf, t0.Add(time.Hour), x509.ExtKeyUsageServerAuth)
+	require.ErrorContains(t, err, "unknown authority")
+	_, err = DeriveCA("short", t0)
+	require.ErrorContains(t, err, "shorter than 16")
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
@@ -104,7 +105,13 @@ type placeRun struct {
 }
 
 func benchPlacementsOn(t *testing.T, voters int) placeRun {
-	nodes := startCluster(t, voters, nil)
+	return benchPlacementsCA(t, voters, nil)
+}
+
+// benchPlacementsCA is benchPlacementsOn with Raft over mutual TLS from
+// ca (nil: plain TCP).
+func benchPlacementsCA(t *testing.T, voters int, ca *pki.CA) placeRun {
+	nodes := startClusterCA(t, voters, nil, ca)
 	leader := waitLeader(t, nodes)
 	ctx := context.Background()
 	start := time.Now()

@@ -121,6 +121,12 @@ func (n *testNode) stop() {
 // joining the first, with FSMs from mk (nil: the ledger).
 func startCluster(t testing.TB, size int, mk func() raft.FSM) []*testNode {
 	t.Helper()
+	return startClusterCA(t, size, mk, nil)
+}
+
+// startClusterCA is startCluster with TLS from ca (nil: plain).
+func startClusterCA(t testing.TB, size int, mk func() raft.FSM, ca *pki.CA) []*testNode {
+	t.Helper()
 	var nodes []*testNode
 	var first string
 	for i := range size {
@@ -133,6 +139,9 @@ func startCluster(t testing.TB, size int, mk func() raft.FSM) []*testNode {
 		}
 		if mk != nil {
 			cfg.fsm = mk()
+		}
+		if ca != nil {
+			cfg.TLS = testTLS(t, ca, cfg.NodeID)
 		}
 		if first != "" {
 			cfg.Join = []string{first}

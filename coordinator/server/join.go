@@ -61,6 +61,7 @@ const JoinPath = "/v1/internal/join"
 func (s *Server) InternalHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+JoinPath, s.handleJoin)
+	mux.HandleFunc("POST "+CAPath, s.handleCA)
 	return mux
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -107,4 +108,45 @@ func TestConfigRefusesACertificateOfAnotherCA(t *testing.T) {
 	bad.CA = ca
 	_, err = New(Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:1", BootstrapExpect: 1, TLS: bad})
 	require.ErrorContains(t, err, "unknown authority")
+}
+
+// TestCAHandOver: a server joining with the cluster secret or a join token
+// for its ID gets the cluster CA; a wrong credential or a token for
+// another server gets nothing.
+func TestCAHandOver(t *testing.T) {
+	t.Parallel()
+	ca, err := pki.NewCA("handover CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	n := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, ClusterSecret: testClusterSecret, fsm: &countFSM{}, TLS: testTLS(t, ca, "c1")})
+	waitLeader(t, []*testNode{n})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tok := enroll.NewSecret("gpj_")
+	_, _, err = n.srv.Apply(ctx, proto.JoinTokenMintType|proto.IgnoreUnknownTypeFlag, proto.JoinTokenMintRequest{At: time.Now().UTC(),
+		TokenHash: enroll.Hash(tok), ServerID: "c4", ExpiresAt: time.Now().UTC().Add(time.Hour)})
+	require.NoError(t, err)
+	addrs := []string{n.cfg.HTTPAddr}
+
+	tests := []struct {
+		name, server, cred, wantErr string
+	}{
+		{name: "cluster secret", server: "c2", cred: testClusterSecret},
+		{name: "join token for this server", server: "c4", cred: tok},
+		{name: "join token for another server", server: "c5", cred: tok, wantErr: "proof matches no join token"},
+		{name: "wrong secret", server: "c2", cred: "not-the-cluster-secret", wantErr: "proof matches no join token"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := FetchCA(ctx, addrs, tc.server, tc.cred, testLogger(t))
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				require.Equal(t, proto.CodeUnauthenticated, proto.CodeOf(err))
+				return
+			}
+			require.NoError(t, err)
+			require.True(t, got.Cert.Equal(ca.Cert))
+			require.True(t, got.Key.Equal(ca.Key))
+		})
+	}
 }

@@ -106,7 +106,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
-	tlsCfg, err := loadTLS(o, advertise, o.RaftAdvertise, log)
+	tlsCfg, err := loadTLS(ctx, o, clusterSecret, joinToken, advertise, o.RaftAdvertise, log)
 	if err != nil {
 		ln.Close()
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,10 +15,12 @@ import (
 
 // loadTLS finds the cluster CA and issues this server's certificate for
 // every address it is reached at. The CA is -ca-cert/-ca-key, or the one
-// kept in <data-dir>/tls; a server that bootstraps a cluster alone (no
-// -join, -bootstrap-expect 1) creates it there on first start. Servers of
-// a larger cluster are given the same CA files.
-func loadTLS(o *options, httpAdvertise, raftAdvertise string, log *slog.Logger) (*server.TLSConfig, error) {
+// kept in <data-dir>/tls. On first start a server that bootstraps alone
+// (-bootstrap-expect 1, no -join) creates one there; servers that form a
+// cluster together (-bootstrap-expect > 1) derive the same one from their
+// shared cluster secret; a server joining with a join token gets it from
+// the cluster during the join (fetchCA).
+func loadTLS(ctx context.Context, o *options, clusterSecret, joinToken, httpAdvertise, raftAdvertise string, log *slog.Logger) (*server.TLSConfig, error) {
 	if o.InsecureHTTP {
 		log.Warn("-insecure-http: the API, Raft and the peer calls are plain text")
 		return nil, nil
@@ -34,14 +37,26 @@ func loadTLS(o *options, httpAdvertise, raftAdvertise string, log *slog.Logger) 
 		create := o.BootstrapExpect <= 1 && len(o.Join) == 0
 		var created bool
 		ca, created, err = pki.LoadOrCreate(dir, create, now)
-		if err != nil {
-			if !create {
-				return nil, fmt.Errorf("%w: a server that joins others needs the cluster CA: give -ca-cert and -ca-key (the first server keeps them in its <data-dir>/tls)", err)
-			}
-			return nil, err
-		}
-		if created {
+		switch {
+		case err == nil && created:
 			log.Info("created the cluster CA", "cert", filepath.Join(dir, pki.CACertFile), "key", filepath.Join(dir, pki.CAKeyFile))
+		case err == nil:
+		case create:
+			return nil, err
+		case o.BootstrapExpect > 1 && clusterSecret != "":
+			if ca, err = pki.DeriveCA(clusterSecret, now); err != nil {
+				return nil, err
+			}
+			log.Info("derived the cluster CA from the cluster secret", "cert", filepath.Join(dir, pki.CACertFile))
+		case joinToken != "" || clusterSecret != "":
+			if ca, err = fetchCA(ctx, o, joinToken, clusterSecret, log); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("%w: give -ca-cert and -ca-key (the first server keeps them in its <data-dir>/tls)", err)
+		}
+		if err := ca.Keep(dir); err != nil {
+			return nil, err
 		}
 	}
 	hosts := []string{"127.0.0.1", "::1", "localhost"}
@@ -59,4 +74,15 @@ func loadTLS(o *options, httpAdvertise, raftAdvertise string, log *slog.Logger) 
 		return nil, err
 	}
 	return &server.TLSConfig{CA: ca, Cert: cert, NodeCertTTL: o.NodeCertTTL}, nil
+}
+
+// fetchCA gets the cluster CA from the join addresses (2 minutes at most).
+func fetchCA(ctx context.Context, o *options, joinToken, clusterSecret string, log *slog.Logger) (*pki.CA, error) {
+	cred := joinToken
+	if cred == "" {
+		cred = clusterSecret
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return server.FetchCA(ctx, o.Join, o.NodeID, cred, log)
 }
