@@ -14,6 +14,13 @@
 //	gpuaasctl -o json operator join-token --server-id c4 | jq -r .token > tok
 //	gpuaas-coordinator -node-id c4 -data-dir d4 -raft-addr 127.0.0.1:7331 -http-addr 127.0.0.1:7330 -bootstrap-expect 0 -join-token-file tok -join 127.0.0.1:7300
 //
+// Everything is TLS unless -insecure-http: the API is HTTPS, Raft and the
+// peer calls mutual TLS. The cluster CA is -ca-cert/-ca-key or kept in
+// <data-dir>/tls: created by a server bootstrapping alone, derived from the
+// cluster secret by servers forming a cluster together (above), fetched
+// during the join by a server with a join token (c4). gpuaasctl trusts it
+// with --ca-file d1/tls/ca.pem.
+//
 // SIGTERM or SIGINT shuts down gracefully (HTTP drained, Raft stopped,
 // store closed).
 package main
