@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -203,4 +204,71 @@ func TestPlainHTTPToTheTLSPortIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	res.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, res.StatusCode)
+}
+
+// TestAgentCertOfForwardedRequests: a follower forwarding an agent's
+// request authenticates with its coordinator certificate and names the
+// agent's certificate in a header; the leader believes the header only
+// on a forwarded request from a coordinator certificate.
+func TestAgentCertOfForwardedRequests(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	ca, err := pki.NewCA("forward CA", now, time.Hour)
+	require.NoError(t, err)
+	srv, err := ca.IssueServer("c2", []string{"127.0.0.1"}, now, time.Hour)
+	require.NoError(t, err)
+	_, csr, err := pki.NewNodeKey("j22u15")
+	require.NoError(t, err)
+	_, node, err := ca.SignNodeCSR(csr, "j22u15", now, time.Hour)
+	require.NoError(t, err)
+	tab := enroll.New()
+	require.NoError(t, tab.Mint(proto.BootstrapTokenMintRequest{At: now, NodeID: "j22u11", TokenHash: enroll.Hash("t"), ExpiresAt: now.Add(time.Hour)}))
+	_, err = tab.Enroll(proto.NodeEnrollRequest{At: now, NodeID: "j22u11", TokenHash: enroll.Hash("t"), CredentialHash: enroll.Hash("c")})
+	require.NoError(t, err)
+	require.NoError(t, tab.IssueCert(proto.NodeCertIssueRequest{At: now, NodeID: "j22u11", Serial: "abc", NotAfter: now.Add(time.Hour)}))
+	_, err = tab.RevokeCerts(proto.NodeCertRevokeRequest{At: now, NodeID: "j22u11", Serial: "abc"})
+	require.NoError(t, err)
+
+	req := func(leaf *x509.Certificate, hdr ...string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, "/v1/agent/slots", nil)
+		if leaf != nil {
+			r.TLS = &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf, ca.Cert}}}
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Header.Set(hdr[i], hdr[i+1])
+		}
+		return r
+	}
+	tests := []struct {
+		name        string
+		r           *http.Request
+		wantNode    string
+		wantPresent bool
+		wantCode    proto.Code
+	}{
+		{name: "no TLS", r: req(nil)},
+		{name: "the agent's own certificate", r: req(node), wantNode: "j22u15", wantPresent: true},
+		{name: "a node certificate's header is ignored", r: req(node, proto.NodeCertHeader, "j22u11 01"), wantNode: "j22u15", wantPresent: true},
+		{name: "forwarded by a coordinator", r: req(srv.Leaf, proto.ForwardedHeader, "1", proto.NodeCertHeader, "j22u15 0a"), wantNode: "j22u15", wantPresent: true},
+		{name: "forwarded without an agent certificate", r: req(srv.Leaf, proto.ForwardedHeader, "1")},
+		{name: "coordinator certificate not forwarding", r: req(srv.Leaf, proto.NodeCertHeader, "j22u15 0a"), wantCode: proto.CodeForbidden},
+		{name: "malformed header", r: req(srv.Leaf, proto.ForwardedHeader, "1", proto.NodeCertHeader, "j22u15"), wantCode: proto.CodeInvalidArgument},
+		{name: "revoked serial in the header", r: req(srv.Leaf, proto.ForwardedHeader, "1", proto.NodeCertHeader, "j22u11 abc"), wantCode: proto.CodeUnauthenticated},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, present, err := agentCert(tc.r, tab)
+			if tc.wantCode != "" {
+				require.Error(t, err)
+				assert.Equal(t, tc.wantCode, proto.CodeOf(err))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantPresent, present)
+			assert.Equal(t, tc.wantNode, got)
+		})
+	}
+	// The header a follower sends names the agent's verified certificate.
+	assert.Equal(t, "j22u15 "+pki.SerialHex(node), nodeCertHeader(req(node)))
+	assert.Empty(t, nodeCertHeader(req(srv.Leaf)))
 }
