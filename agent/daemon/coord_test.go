@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,6 +41,21 @@ type coord struct {
 	ca     *pki.CA
 	caFile string
 	hc     *http.Client
+	// agents are clients presenting a node's certificate, by the node
+	// credential do sends (the test's own agents: enroll).
+	mu     sync.Mutex
+	agents map[string]*http.Client
+}
+
+// nodeCert makes do present cert with credential cred (mutual TLS on the
+// agent routes).
+func (c *coord) nodeCert(cred string, cert *tls.Certificate) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.agents == nil {
+		c.agents = map[string]*http.Client{}
+	}
+	c.agents[cred] = &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(c.ca.Pool(), cert)}}
 }
 
 // backend adapts *server.Server to api.Backend (as the coordinator binary
@@ -134,7 +151,13 @@ func (c *coord) do(method, path, token string, in, out any) (int, string) {
 	if method == http.MethodPost && path == "/v1/allocations" {
 		req.Header.Set("Idempotency-Key", "k-"+time.Now().Format("150405.000000000"))
 	}
-	resp, err := c.hc.Do(req)
+	hc := c.hc
+	c.mu.Lock()
+	if a, ok := c.agents[token]; ok {
+		hc = a
+	}
+	c.mu.Unlock()
+	resp, err := hc.Do(req)
 	require.NoError(c.t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

@@ -404,6 +404,7 @@ func TestCLITokenSources(t *testing.T) {
 	r = runEnv(map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_CA_FILE": otherFile}, "--token-file", file, "status")
 	assert.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.err, "certificate signed by unknown authority")
+	assert.Contains(t, r.err, "GPUAAS_CA_FILE", "the error says how to trust the CA")
 	runEnv(map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_CA_FILE": otherFile}, "--ca-file", c.caFile, "--token-file", file, "status").ok(t)
 	runEnv(map[string]string{"GPUAAS_TOKEN_FILE": file, "GPUAAS_ADDR": c.addr}, "status").ok(t)
 	// --token beats the environment.

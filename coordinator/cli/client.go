@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,6 +65,19 @@ func HTTPClient(caFile string) (*http.Client, error) {
 	}
 	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: pki.ClientConfig(pool, nil),
 		ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}, nil
+}
+
+// tlsHint says what to do about the TLS errors a user meets first.
+func tlsHint(err error) string {
+	var ua x509.UnknownAuthorityError
+	var cv *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &ua) || (errors.As(err, &cv) && strings.Contains(cv.Error(), "unknown authority")):
+		return " (trust the cluster CA: --ca-file or GPUAAS_CA_FILE, e.g. .lab/ca.pem or <data-dir>/tls/ca.pem)"
+	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return " (this coordinator runs -insecure-http: use an http:// address)"
+	}
+	return ""
 }
 
 // NewClient is a client of the API at addr (host:port or URL) trusting
@@ -143,7 +158,7 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body
 	}
 	res, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+		return nil, fmt.Errorf("%s %s: %w%s", method, u.Redacted(), err, tlsHint(err))
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
