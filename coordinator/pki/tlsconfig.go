@@ -87,10 +87,8 @@ func PeerClientConfig(pool *x509.CertPool, cert tls.Certificate) *tls.Config {
 }
 
 func requireRole(c *x509.Certificate, want string) error {
-	role, id, ok := Identity(c)
-	if !ok || role != want {
+	if role, _, ok := Identity(c); !ok || role != want {
 		return fmt.Errorf("certificate %q is not a %s certificate of the cluster CA", c.Subject.CommonName, want)
 	}
-	_ = id
 	return nil
 }
