@@ -49,6 +49,9 @@ type EnrollRequest struct {
 	NodeID         string `json:"node_id"`
 	BootstrapToken string `json:"bootstrap_token"`
 	Hostname       string `json:"hostname"`
+	// CSR (PEM) asks for a client certificate of the cluster CA; required
+	// when the coordinator serves TLS.
+	CSR string `json:"csr,omitempty"`
 }
 
 // EnrollResponse carries the node credential once.
@@ -59,6 +62,11 @@ type EnrollResponse struct {
 	// GossipKeyring is the cluster's gossip keyring (absent while the
 	// cluster has none yet: the first heartbeat then brings it).
 	GossipKeyring *GossipKeyring `json:"gossip_keyring,omitempty"`
+	// Certificate is the client certificate signed from the CSR (PEM),
+	// valid until CertificateNotAfter; renew it at two thirds of its
+	// lifetime (POST /v1/agent/certificate).
+	Certificate         string    `json:"certificate,omitempty"`
+	CertificateNotAfter time.Time `json:"certificate_not_after,omitzero"`
 }
 
 // AgentTasksResponse answers GET /v1/agent/tasks: the node's tasks that are

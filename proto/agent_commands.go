@@ -52,7 +52,8 @@ type NodeCredentialRevokeRequest struct {
 func ServerOnly(t MessageType) bool {
 	switch t &^ IgnoreUnknownTypeFlag {
 	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType, NodeBootstrapReportType,
-		JoinTokenMintType, JoinTokenUseType, GossipKeyringOpType, APITokenCreateType, APITokenRevokeType:
+		JoinTokenMintType, JoinTokenUseType, GossipKeyringOpType, APITokenCreateType, APITokenRevokeType,
+		NodeCertIssueType, NodeCertRevokeType:
 		return true
 	}
 	return false

@@ -491,6 +491,11 @@ func (b *Bootstrap) InstallAgentConfig() (string, error) {
 	}
 	cfg := map[string]any{"node_id": b.cfg.Inputs.NodeID, "coordinators": []string{b.cfg.Inputs.CoordinatorURL},
 		"state_dir": b.cfg.StateDir, "bootstrap_token_file": tokPath}
+	if _, err := os.Stat(b.etc(CAFile)); err == nil && strings.HasPrefix(b.cfg.Inputs.CoordinatorURL, "https://") {
+		// The site CA the user-data carried (the cluster CA): the agent
+		// checks the coordinators against it.
+		cfg["ca_file"] = b.etc(CAFile)
+	}
 	body, _ := json.MarshalIndent(cfg, "", "  ")
 	path := b.etc(AgentConfig)
 	if err := atomicfile.WriteFile(path, append(body, '\n'), 0o644); err != nil {

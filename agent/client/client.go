@@ -9,6 +9,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,7 +32,8 @@ type Client struct {
 
 	mu         sync.Mutex
 	credential string
-	next       int // index of the coordinator to try first
+	cert       *tls.Certificate // the node's client certificate (mutual TLS)
+	next       int              // index of the coordinator to try first
 }
 
 // New returns a client for the coordinator base URLs.
@@ -45,6 +48,38 @@ func New(urls []string, credential string) (*Client, error) {
 	}
 	return &Client{urls: append([]string(nil), urls...), credential: credential,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second}}}, nil
+}
+
+// UseTLS makes the client check the coordinators' certificates against
+// pool (the cluster CA) and present the node's client certificate
+// (SetCertificate) when a coordinator asks for one.
+func (c *Client) UseTLS(pool *x509.CertPool) {
+	t := c.http.Transport.(*http.Transport)
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if cert := c.Certificate(); cert != nil {
+				return cert, nil
+			}
+			return &tls.Certificate{}, nil // none yet: enrollment and renewal need none
+		}}
+	t.ForceAttemptHTTP2 = true
+}
+
+// SetCertificate sets the node's client certificate. Idle connections
+// (opened with the previous one, or none) are closed: the next requests
+// open connections that present it.
+func (c *Client) SetCertificate(cert *tls.Certificate) {
+	c.mu.Lock()
+	c.cert = cert
+	c.mu.Unlock()
+	c.http.CloseIdleConnections()
+}
+
+// Certificate returns the node's client certificate (nil: none).
+func (c *Client) Certificate() *tls.Certificate {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cert
 }
 
 // SetCredential sets the node credential used by the node routes.
@@ -148,8 +183,21 @@ func decode(resp *http.Response, out any) error {
 
 // Enroll exchanges a bootstrap token for the node credential and keeps it.
 func (c *Client) Enroll(ctx context.Context, nodeID, token, hostname string) (proto.EnrollResponse, error) {
+	return c.EnrollCSR(ctx, nodeID, token, hostname, "")
+}
+
+// RenewCertificate asks for a new client certificate from a CSR.
+func (c *Client) RenewCertificate(ctx context.Context, csrPEM string) (proto.CertificateResponse, error) {
+	var r proto.CertificateResponse
+	err := c.do(ctx, http.MethodPost, proto.AgentCertificatePath, true, proto.CertificateRequest{CSR: csrPEM}, &r)
+	return r, err
+}
+
+// EnrollCSR is Enroll that also asks for a client certificate from a
+// CSR (PEM; "" for none).
+func (c *Client) EnrollCSR(ctx context.Context, nodeID, token, hostname, csrPEM string) (proto.EnrollResponse, error) {
 	var r proto.EnrollResponse
-	err := c.do(ctx, http.MethodPost, proto.AgentEnrollPath, false, proto.EnrollRequest{NodeID: nodeID, BootstrapToken: token, Hostname: hostname}, &r)
+	err := c.do(ctx, http.MethodPost, proto.AgentEnrollPath, false, proto.EnrollRequest{NodeID: nodeID, BootstrapToken: token, Hostname: hostname, CSR: csrPEM}, &r)
 	if err != nil {
 		return r, fmt.Errorf("enroll %s: %w", nodeID, err)
 	}

@@ -115,6 +115,9 @@ type Config struct {
 	StateDir string `json:"state_dir,omitempty"`
 	// Coordinators are the coordinator HTTP base URLs.
 	Coordinators List `json:"coordinators,omitempty"`
+	// CAFile is the cluster CA (PEM) the coordinators' certificates are
+	// checked against (https coordinators; empty: the system roots).
+	CAFile string `json:"ca_file,omitempty"`
 	// BootstrapToken (or BootstrapTokenFile) is the one-time enrollment
 	// token; unused once a credential is stored.
 	BootstrapToken     string `json:"bootstrap_token,omitempty"`
@@ -260,6 +263,7 @@ func defs() []flagDef {
 		s("host-root", "base of the host trees (/ on a real host)", func(c *Config) *string { return &c.HostRoot }),
 		s("state-dir", "state directory (credential, leases, task journal)", func(c *Config) *string { return &c.StateDir }),
 		v("coordinators", "coordinator base URLs, comma-separated", func(c *Config) flag.Value { return &c.Coordinators }),
+		s("ca-file", "cluster CA certificate (PEM) the https coordinators are checked against", func(c *Config) *string { return &c.CAFile }),
 		s("bootstrap-token", "one-time enrollment token", func(c *Config) *string { return &c.BootstrapToken }),
 		s("bootstrap-token-file", "file holding the enrollment token", func(c *Config) *string { return &c.BootstrapTokenFile }),
 		s("diag-addr", "diagnostics listen address", func(c *Config) *string { return &c.DiagAddr }),

@@ -37,7 +37,7 @@ func TestBenchAgent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin,
-		"-node-id", "j22u15", "-host-root", base, "-state-dir", state, "-coordinators", c.url,
+		"-node-id", "j22u15", "-host-root", base, "-state-dir", state, "-coordinators", c.url, "-ca-file", c.caFile,
 		"-bootstrap-token", c.mint("j22u15", 0), "-diag-addr", "127.0.0.1:0", "-evidence", "hostsim",
 		"-image-cache-dir", "/var/lib/gpuaas/images", "-gossip-bind", "127.0.0.1:0", "-gossip-join", pool.Addr(), "-log-level", "warn",
 		"-fabric-interface", "ibp26s0", "-fabric-address", "172.16.22.15/16", "-fabric-route-to", "172.16.0.0/12", "-fabric-route-via", "172.16.0.1")

@@ -4,13 +4,18 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +23,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/membership"
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -27,9 +33,29 @@ import (
 type coord struct {
 	t     testing.TB
 	srv   *server.Server
-	url   string
+	url   string // https://; agents trust caFile
 	admin string
 	op    string
+	// ca is the cluster CA the coordinator serves TLS from; caFile its
+	// certificate, hc a client trusting it.
+	ca     *pki.CA
+	caFile string
+	hc     *http.Client
+	// agents are clients presenting a node's certificate, by the node
+	// credential do sends (the test's own agents: enroll).
+	mu     sync.Mutex
+	agents map[string]*http.Client
+}
+
+// nodeCert makes do present cert with credential cred (mutual TLS on the
+// agent routes).
+func (c *coord) nodeCert(cred string, cert *tls.Certificate) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.agents == nil {
+		c.agents = map[string]*http.Client{}
+	}
+	c.agents[cred] = &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(c.ca.Pool(), cert)}}
 }
 
 // backend adapts *server.Server to api.Backend (as the coordinator binary
@@ -67,8 +93,14 @@ func startCoord(t testing.TB, nodes ...string) *coord {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ca, err := pki.NewCA("daemon test CA", time.Now(), 24*time.Hour)
+	require.NoError(t, err)
+	cert, err := ca.IssueServer("c1", []string{"127.0.0.1"}, time.Now(), time.Hour)
+	require.NoError(t, err)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	require.NoError(t, os.WriteFile(caFile, ca.CertPEM, 0o644))
 	srv, err := server.New(server.Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: ln.Addr().String(),
-		BootstrapExpect: 1, Inventory: inv, Logger: quiet})
+		BootstrapExpect: 1, Inventory: inv, Logger: quiet, TLS: &server.TLSConfig{CA: ca, Cert: cert}})
 	if err != nil {
 		ln.Close()
 		require.NoError(t, err)
@@ -76,13 +108,15 @@ func startCoord(t testing.TB, nodes ...string) *coord {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
 	mux.Handle("/", api.New(backend{srv}, auth, quiet))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go hs.Serve(ln)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: pki.APIServerConfig(ca.Pool(), cert),
+		ErrorLog: log.New(io.Discard, "", 0)}
+	go hs.ServeTLS(ln, "", "")
 	t.Cleanup(func() {
 		hs.Close()
 		srv.Shutdown()
 	})
-	c := &coord{t: t, srv: srv, url: "http://" + ln.Addr().String(), admin: admin, op: op}
+	c := &coord{t: t, srv: srv, url: "https://" + ln.Addr().String(), admin: admin, op: op, ca: ca, caFile: caFile,
+		hc: &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(ca.Pool(), nil)}}}
 	require.Eventually(t, func() bool {
 		if !srv.IsLeader() {
 			return false
@@ -117,7 +151,13 @@ func (c *coord) do(method, path, token string, in, out any) (int, string) {
 	if method == http.MethodPost && path == "/v1/allocations" {
 		req.Header.Set("Idempotency-Key", "k-"+time.Now().Format("150405.000000000"))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc := c.hc
+	c.mu.Lock()
+	if a, ok := c.agents[token]; ok {
+		hc = a
+	}
+	c.mu.Unlock()
+	resp, err := hc.Do(req)
 	require.NoError(c.t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

@@ -10,6 +10,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -53,6 +54,7 @@ type Daemon struct {
 	src    evidence.Source
 	store  *leases.Store
 	client *client.Client
+	caPool *x509.CertPool // the cluster CA (nil: the system roots)
 	sched  *nodesched.Scheduler
 	log    *slog.Logger
 	gw     netip.Prefix
@@ -162,6 +164,10 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		d.store.Close()
 		return nil, err
 	}
+	if err := d.setupTLS(); err != nil {
+		d.store.Close()
+		return nil, err
+	}
 	if d.gossip.keyring, err = loadKeyring(cfg.StateDir); err != nil {
 		d.store.Close()
 		return nil, err
@@ -255,13 +261,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer d.gossipDown()
 	d.gossipUp() // with the keyring kept from enrollment; else after a heartbeat brings it
+	if err := d.renewCert(ctx, time.Now()); err != nil {
+		d.log.Warn("node certificate", "err", err)
+	}
 	if _, err := d.heartbeat(ctx, true); err != nil {
 		d.log.Warn("first heartbeat failed", "err", err)
 	}
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
+	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -331,11 +340,19 @@ func (d *Daemon) ensureEnrolled(ctx context.Context) error {
 		return fmt.Errorf("agent %s is not enrolled and has no bootstrap token (-bootstrap-token or -bootstrap-token-file)", d.cfg.NodeID)
 	}
 	host, _ := os.ReadFile(d.root.EtcPath("hostname"))
-	var err error
+	key, csr, err := d.newCSR()
+	if err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		var resp proto.EnrollResponse
-		resp, err = d.client.Enroll(ctx, d.cfg.NodeID, d.cfg.BootstrapToken, strings.TrimSpace(string(host)))
+		resp, err = d.client.EnrollCSR(ctx, d.cfg.NodeID, d.cfg.BootstrapToken, strings.TrimSpace(string(host)), csr)
 		if err == nil {
+			if resp.Certificate != "" {
+				if err := d.storeCert(key, resp.Certificate); err != nil {
+					return err
+				}
+			}
 			p := filepath.Join(d.cfg.StateDir, CredentialFile)
 			if werr := atomicfile.WriteFile(p, []byte(resp.Credential+"\n"), 0o600); werr != nil {
 				return fmt.Errorf("store credential: %w", werr)

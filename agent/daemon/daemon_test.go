@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 	"github.com/gpuaas/gpuaas/lab/labagent"
 	"github.com/gpuaas/gpuaas/lab/simslice"
@@ -26,7 +27,7 @@ import (
 // with test intervals and no gossip.
 func agentConfig(t *testing.T, c *coord, host, base, stateDir, token string) config.Config {
 	t.Helper()
-	cfg, err := labagent.Config(labagent.Options{Host: host, HostBase: base, StateDir: stateDir, Coordinators: []string{c.url}, Token: token, Fast: true})
+	cfg, err := labagent.Config(labagent.Options{Host: host, HostBase: base, StateDir: stateDir, Coordinators: []string{c.url}, CAFile: c.caFile, Token: token, Fast: true})
 	require.NoError(t, err)
 	return cfg
 }
@@ -264,4 +265,46 @@ func TestAgentEndToEnd(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, proto.SlotCleanupBlocked, sl.Status, "a force-released, provisioned slot waits for a cleanup")
 	}
+}
+
+// TestAgentCertificateRenewalAndRevocation: the agent enrolls with a CSR
+// and keeps its client certificate; past two thirds of its lifetime it
+// renews it (a new serial, the node routes keep working with it); when
+// the node's credential is revoked, its certificates are revoked too.
+func TestAgentCertificateRenewalAndRevocation(t *testing.T) {
+	c := startCoord(t, "j22u15")
+	base := hostBase(t, "j22u15")
+	state := t.TempDir()
+	r := startAgent(t, agentConfig(t, c, "j22u15", base, state, c.mint("j22u15", 0)))
+	require.Eventually(t, func() bool { return r.d.client.Certificate() != nil }, 10*time.Second, 50*time.Millisecond,
+		"enrolled with a client certificate")
+	first := r.d.client.Certificate()
+	_, id, ok := pki.Identity(first.Leaf)
+	require.True(t, ok)
+	assert.Equal(t, "j22u15", id)
+	fi, err := os.Stat(filepath.Join(state, KeyFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+	// Before two thirds of its lifetime nothing happens; after, a renewal.
+	ctx := context.Background()
+	require.NoError(t, r.d.renewCert(ctx, renewAt(first).Add(-time.Minute)))
+	assert.Same(t, first, r.d.client.Certificate())
+	require.NoError(t, r.d.renewCert(ctx, renewAt(first).Add(time.Minute)))
+	second := r.d.client.Certificate()
+	require.NotEqual(t, pki.SerialHex(first.Leaf), pki.SerialHex(second.Leaf))
+	stored, err := os.ReadFile(filepath.Join(state, CertFile))
+	require.NoError(t, err)
+	onDisk, err := pki.ParseCertPEM(stored)
+	require.NoError(t, err)
+	assert.Equal(t, pki.SerialHex(second.Leaf), pki.SerialHex(onDisk))
+	_, err = r.d.client.Slots(ctx)
+	require.NoError(t, err, "the node routes accept the renewed certificate")
+
+	// Revoking the credential revokes both serials.
+	code, body := c.do(http.MethodDelete, "/v1/nodes/j22u15/credential", c.admin, nil, nil)
+	require.Less(t, code, 300, body)
+	tab := c.srv.Enrollment()
+	assert.True(t, tab.CertRevoked(pki.SerialHex(first.Leaf)))
+	assert.True(t, tab.CertRevoked(pki.SerialHex(second.Leaf)))
 }

@@ -41,7 +41,7 @@ func TestKilledAgentMakesNodeUnreachable(t *testing.T) {
 	base, state := hostBase(t, "j22u15"), t.TempDir()
 	token := c.mint("j22u15", 0)
 	start := func() *exec.Cmd {
-		cmd := exec.Command(bin, "-node-id", "j22u15", "-host-root", base, "-state-dir", state, "-coordinators", c.url,
+		cmd := exec.Command(bin, "-node-id", "j22u15", "-host-root", base, "-state-dir", state, "-coordinators", c.url, "-ca-file", c.caFile,
 			"-bootstrap-token", token, "-diag-addr", "127.0.0.1:0", "-evidence", "hostsim", "-image-cache-dir", "/var/lib/gpuaas/images",
 			"-gossip-bind", "127.0.0.1:0", "-gossip-join", pool.Addr(), "-heartbeat-interval", "500ms", "-log-level", "warn")
 		cmd.Stderr = os.Stderr
@@ -89,7 +89,7 @@ func TestGossipKeyRotationKeepsAgentInPool(t *testing.T) {
 	require.Contains(t, body, "primary")
 
 	state := t.TempDir()
-	cmd := exec.Command(bin, "-node-id", "j22u15", "-host-root", hostBase(t, "j22u15"), "-state-dir", state, "-coordinators", c.url,
+	cmd := exec.Command(bin, "-node-id", "j22u15", "-host-root", hostBase(t, "j22u15"), "-state-dir", state, "-coordinators", c.url, "-ca-file", c.caFile,
 		"-bootstrap-token", c.mint("j22u15", 0), "-diag-addr", "127.0.0.1:0", "-evidence", "hostsim", "-image-cache-dir", "/var/lib/gpuaas/images",
 		"-gossip-bind", "127.0.0.1:0", "-gossip-join", pool.Addr(), "-heartbeat-interval", "500ms", "-log-level", "warn")
 	cmd.Stderr = os.Stderr

@@ -43,7 +43,7 @@ func TestAgentBinaryNotifiesSystemd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-node-id", "j22u15", "-host-root", base, "-state-dir", t.TempDir(),
-		"-coordinators", c.url, "-bootstrap-token", c.mint("j22u15", 0), "-diag-addr", "127.0.0.1:0", "-evidence", "hostsim",
+		"-coordinators", c.url, "-ca-file", c.caFile, "-bootstrap-token", c.mint("j22u15", 0), "-diag-addr", "127.0.0.1:0", "-evidence", "hostsim",
 		"-image-cache-dir", "/var/lib/gpuaas/images", "-log-level", "warn")
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC="+strconv.Itoa(400000))
 	cmd.Stderr = os.Stderr

@@ -11,13 +11,23 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
+// enroll enrolls node as an agent does, with a CSR; c.do then presents
+// the signed certificate with the returned credential.
 func enroll(t *testing.T, c *coord, node, token string) (int, string, proto.EnrollResponse) {
 	t.Helper()
+	key, csr, err := pki.NewNodeKey(node)
+	require.NoError(t, err)
 	var r proto.EnrollResponse
-	code, body := c.do(http.MethodPost, proto.AgentEnrollPath, "", proto.EnrollRequest{NodeID: node, BootstrapToken: token, Hostname: node}, &r)
+	code, body := c.do(http.MethodPost, proto.AgentEnrollPath, "", proto.EnrollRequest{NodeID: node, BootstrapToken: token, Hostname: node, CSR: string(csr)}, &r)
+	if code == http.StatusCreated {
+		cert, err := pki.KeyPair([]byte(r.Certificate), key)
+		require.NoError(t, err)
+		c.nodeCert(r.Credential, &cert)
+	}
 	return code, body, r
 }
 

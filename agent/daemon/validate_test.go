@@ -33,7 +33,7 @@ func TestNodeValidateTask(t *testing.T) {
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+c.admin)
 		req.Header.Set("Content-Type", "application/octet-stream")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := c.hc.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Less(t, resp.StatusCode, 300)

@@ -58,6 +58,7 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodPut, proto.AgentTopologyPath, "node", true},
 		{http.MethodPost, proto.AgentHeartbeatPath, "node", true},
 		{http.MethodGet, "/v1/agent/slots", "node", false},
+		{http.MethodPost, proto.AgentCertificatePath, "node", true},
 		{http.MethodPost, "/v1/nodes/{id}/prepare-slice", "admin", true},
 		{http.MethodGet, proto.BootstrapPingPath, "open", false},
 		{http.MethodPost, proto.BootstrapReportPath, "bootstrap", true},
@@ -80,6 +81,7 @@ func (a *API) registerAgentRoutes() {
 		"PUT " + proto.AgentTopologyPath:         a.agentTopology,
 		"POST " + proto.AgentHeartbeatPath:       a.agentHeartbeat,
 		"GET /v1/agent/slots":                    a.agentSlots,
+		"POST " + proto.AgentCertificatePath:     a.agentCertificate,
 		"POST /v1/nodes/{id}/prepare-slice":      a.queuePrepareSlice,
 		"GET " + proto.BootstrapPingPath:         a.bootstrapPing,
 		"POST " + proto.BootstrapReportPath:      a.bootstrapReport,
@@ -140,6 +142,10 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 			if !ok {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent", error="invalid_token"`)
 				writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "the node credential is not known (revoked, or never issued); enroll again with a new bootstrap token"))
+				return
+			}
+			if err := a.checkAgentCert(r, tab, rt, id); err != nil {
+				writeProblem(w, r, err)
 				return
 			}
 			p = Principal{Name: "node:" + id}
@@ -281,6 +287,12 @@ func (a *API) enroll(c *call) error {
 	if err := tab.CheckToken(body.NodeID, enroll.Hash(body.BootstrapToken), now); err != nil {
 		return err
 	}
+	var cert signedCert
+	if body.CSR != "" {
+		if cert, err = a.signNodeCert(body.NodeID, body.CSR); err != nil {
+			return err
+		}
+	}
 	// The audit record names the bootstrap token the body carried.
 	audit.From(c.r.Context()).Update(func(r *proto.AuditRecord) {
 		r.TokenID = enroll.Hash(body.BootstrapToken)[:12]
@@ -304,6 +316,12 @@ func (a *API) enroll(c *call) error {
 	resp := proto.EnrollResponse{NodeID: body.NodeID, Credential: cred, IssuedAt: now}
 	if k := a.gossipKeyring(); k != nil {
 		resp.GossipKeyring = k
+	}
+	if cert.pem != "" {
+		if err := cert.record(a, c); err != nil {
+			return err
+		}
+		resp.Certificate, resp.CertificateNotAfter = cert.pem, cert.notAfter
 	}
 	return c.reply(http.StatusCreated, resp)
 }

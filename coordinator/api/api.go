@@ -90,7 +90,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 		log = slog.Default()
 	}
 	a := &API{b: b, auth: auth, log: log, skus: proto.DefaultSKUs(), mux: http.NewServeMux()}
-	a.proxy = newForwarder(log)
+	a.proxy = newForwarder(log, b)
 	a.metrics = metricsOf(b)
 	a.metricsHTTP = a.newMetricsHandler()
 	a.routes = append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...)

@@ -62,11 +62,20 @@ const (
 // forwarder holds the transport forwarded requests use.
 type forwarder struct {
 	log       *slog.Logger
-	transport *http.Transport
+	transport http.RoundTripper
+	scheme    string // of the peers' API: https, or http without TLS
 }
 
-func newForwarder(log *slog.Logger) *forwarder {
-	return &forwarder{log: log, transport: &http.Transport{
+// peerTLS is a backend that knows how to reach the other coordinators
+// over TLS (*server.Server): the scheme of their API and a client
+// configuration presenting this server's certificate.
+type peerTLS interface {
+	Scheme() string
+	PeerTransport() *http.Transport
+}
+
+func newForwarder(log *slog.Logger, b Backend) *forwarder {
+	t := &http.Transport{
 		Proxy:               nil, // the leader is dialled directly, never through an environment proxy
 		DialContext:         (&net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 15 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,
@@ -76,14 +85,21 @@ func newForwarder(log *slog.Logger) *forwarder {
 		// the backstop of the streams (blob relays and peer copies),
 		// which have no deadline.
 		ResponseHeaderTimeout: proto.MaxBlockingWait + time.Minute,
-	}}
+	}
+	f := &forwarder{log: log, transport: t, scheme: "http"}
+	if p, ok := b.(peerTLS); ok {
+		f.scheme = p.Scheme()
+		t.TLSClientConfig = p.PeerTransport().TLSClientConfig
+		t.ForceAttemptHTTP2 = t.TLSClientConfig != nil
+	}
+	return f
 }
 
 // leaderURL turns an advertised address ("host:port" or a URL) into the
 // base URL of the leader's API.
-func leaderURL(addr string) (*url.URL, error) {
+func (f *forwarder) leaderURL(addr string) (*url.URL, error) {
 	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+		addr = f.scheme + "://" + addr
 	}
 	u, err := url.Parse(addr)
 	if err != nil || u.Host == "" {
@@ -142,7 +158,7 @@ func (a *API) forward(c *call, cause error) {
 			a.run(c, "api", true)
 			return
 		}
-		target, err := leaderURL(addr)
+		target, err := a.proxy.leaderURL(addr)
 		if err != nil {
 			writeProblem(c.w, c.r, err)
 			return
@@ -309,6 +325,11 @@ func (a *API) attempt(ctx context.Context, c *call, target *url.URL, addr, reqID
 		req.Header[k] = append([]string(nil), vs...)
 	}
 	req.Header.Set(proto.ForwardedHeader, "1")
+	// Only this replica says which agent certificate it verified.
+	req.Header.Del(proto.NodeCertHeader)
+	if v := nodeCertHeader(c.r); v != "" {
+		req.Header.Set(proto.NodeCertHeader, v)
+	}
 	req.Header.Set(proto.RequestIDHeader, reqID)
 	req.Header.Set(proto.ClientAddrHeader, a.auditRemote(c.r))
 	req.Host = target.Host

@@ -327,7 +327,7 @@ func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error
 			if p.ID == self || p.HTTPAddr == "" {
 				continue
 			}
-			base, err := leaderURL(p.HTTPAddr)
+			base, err := a.proxy.leaderURL(p.HTTPAddr)
 			if err != nil {
 				reasons = append(reasons, p.ID+": "+err.Error())
 				continue
@@ -381,7 +381,7 @@ func (a *API) replicateBlob(im *proto.Image, auth string) {
 		if p.ID == self || p.HTTPAddr == "" {
 			continue
 		}
-		base, err := leaderURL(p.HTTPAddr)
+		base, err := a.proxy.leaderURL(p.HTTPAddr)
 		if err != nil {
 			continue
 		}
@@ -426,7 +426,7 @@ func (a *API) forwardStream(c *call) {
 		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica cannot serve the request alone and no leader is known; retry shortly"))
 		return
 	}
-	target, err := leaderURL(addr)
+	target, err := a.proxy.leaderURL(addr)
 	if err != nil {
 		writeProblem(c.w, c.r, err)
 		return

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -156,21 +157,26 @@ func TestCLIAuditAgentAndKeyringRequests(t *testing.T) {
 	base, err := ParseAddr(c.addr)
 	require.NoError(t, err)
 	ctx := context.Background()
-	admin := &Client{Base: base, Token: c.tok[api.RoleAdmin]}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(c.ca.Pool(), nil)}}
+	admin := &Client{Base: base, Token: c.tok[api.RoleAdmin], HTTP: hc}
 	node := "us-east-n0000"
 	r, err := admin.Do(ctx, http.MethodPost, "/v1/nodes/"+node+"/bootstrap-tokens", nil, map[string]any{}, nil)
 	require.NoError(t, err)
 	tok, err := decode[proto.BootstrapTokenResponse](r)
 	require.NoError(t, err)
 
-	anon := &Client{Base: base}
+	anon := &Client{Base: base, HTTP: hc}
 	_, err = anon.Do(ctx, http.MethodPost, proto.AgentEnrollPath, nil, proto.EnrollRequest{NodeID: node, BootstrapToken: "gpb_forged", Hostname: node}, nil)
 	require.True(t, IsProblem(err, proto.CodeUnauthenticated), "%v", err)
-	r, err = anon.Do(ctx, http.MethodPost, proto.AgentEnrollPath, nil, proto.EnrollRequest{NodeID: node, BootstrapToken: tok.Token, Hostname: node}, nil)
+	nodeKey, csr, err := pki.NewNodeKey(node)
+	require.NoError(t, err)
+	r, err = anon.Do(ctx, http.MethodPost, proto.AgentEnrollPath, nil, proto.EnrollRequest{NodeID: node, BootstrapToken: tok.Token, Hostname: node, CSR: string(csr)}, nil)
 	require.NoError(t, err)
 	cred, err := decode[proto.EnrollResponse](r)
 	require.NoError(t, err)
-	agent := &Client{Base: base, Token: cred.Credential}
+	nodeCert, err := pki.KeyPair([]byte(cred.Certificate), nodeKey)
+	require.NoError(t, err)
+	agent := &Client{Base: base, Token: cred.Credential, HTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(c.ca.Pool(), &nodeCert)}}}
 	_, err = agent.Do(ctx, http.MethodPost, proto.AgentHeartbeatPath, nil, proto.HeartbeatRequest{}, nil)
 	require.NoError(t, err)
 

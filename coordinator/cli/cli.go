@@ -6,8 +6,10 @@
 // exits non-zero.
 //
 // The API address comes from --addr or GPUAAS_ADDR (default
-// http://127.0.0.1:7300, the coordinator's default listener); the bearer
-// token from --token, --token-file, GPUAAS_TOKEN or GPUAAS_TOKEN_FILE.
+// https://127.0.0.1:7300, the coordinator's default listener; a bare
+// host:port means https); the cluster CA it trusts from --ca-file or
+// GPUAAS_CA_FILE (the lab writes .lab/ca.pem); the bearer token from
+// --token, --token-file, GPUAAS_TOKEN or GPUAAS_TOKEN_FILE.
 package cli
 
 import (
@@ -29,7 +31,7 @@ import (
 )
 
 // DefaultAddr is the coordinator's default API listener.
-const DefaultAddr = "http://127.0.0.1:7300"
+const DefaultAddr = "https://127.0.0.1:7300"
 
 // Exit codes.
 const (
@@ -56,6 +58,7 @@ type app struct {
 	http        *http.Client
 
 	addr, token, tokenFile, output string
+	caFile                         string
 	timeout                        time.Duration
 	consistent                     bool
 }
@@ -117,6 +120,7 @@ func (a *app) root() *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.addr, "addr", "", "coordinator API address (env GPUAAS_ADDR; default "+DefaultAddr+")")
 	pf.StringVar(&a.token, "token", "", "bearer token (env GPUAAS_TOKEN)")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM file of the cluster CA the API's certificate is checked against (env GPUAAS_CA_FILE; the lab's is .lab/ca.pem; default: the system roots)")
 	pf.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token (env GPUAAS_TOKEN_FILE)")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "timeout of each API call")
@@ -146,7 +150,19 @@ func (a *app) client() (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Base: base, Token: tok, HTTP: a.http}, nil
+	hc := a.http
+	if hc == nil {
+		caFile := a.caFile
+		if caFile == "" {
+			caFile = a.env("GPUAAS_CA_FILE")
+		}
+		if caFile != "" {
+			if hc, err = HTTPClient(caFile); err != nil {
+				return nil, usageError{err}
+			}
+		}
+	}
+	return &Client{Base: base, Token: tok, HTTP: hc}, nil
 }
 
 func (a *app) resolveToken() (string, error) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -28,9 +30,12 @@ import (
 // bbolt log) serving the operator API, with a token per role.
 type coord struct {
 	t    testing.TB
-	addr string
+	addr string // host:port of the TLS API
 	srv  *server.Server
 	tok  map[api.Role]string
+	// ca is the cluster CA; caFile its certificate.
+	ca     *pki.CA
+	caFile string
 }
 
 func startCoordinator(t testing.TB) *coord {
@@ -48,8 +53,11 @@ func startCoordinator(t testing.TB) *coord {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ca, caFile := testCA(t)
+	cert, err := ca.IssueServer("c1", []string{"127.0.0.1"}, time.Now(), pki.ServerTTL)
+	require.NoError(t, err)
 	srv, err := server.New(server.Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0",
-		HTTPAddr: ln.Addr().String(), BootstrapExpect: 1, Logger: log})
+		HTTPAddr: ln.Addr().String(), BootstrapExpect: 1, Logger: log, TLS: &server.TLSConfig{CA: ca, Cert: cert}})
 	if err != nil {
 		ln.Close()
 		require.NoError(t, err)
@@ -57,8 +65,8 @@ func startCoordinator(t testing.TB) *coord {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
 	mux.Handle("/", api.New(srv, auth, log))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go hs.Serve(ln)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: pki.APIServerConfig(ca.Pool(), cert)}
+	go hs.ServeTLS(ln, "", "")
 	t.Cleanup(func() {
 		hs.Close()
 		done := make(chan struct{})
@@ -76,7 +84,33 @@ func startCoordinator(t testing.TB) *coord {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	require.NoError(t, srv.LoadInventory(ctx, server.SyntheticInventory("us-east", 2, 8)))
-	return &coord{t: t, addr: ln.Addr().String(), srv: srv, tok: tok}
+	return &coord{t: t, addr: ln.Addr().String(), srv: srv, tok: tok, ca: ca, caFile: caFile}
+}
+
+var (
+	testCAOnce sync.Once
+	testCAVal  *pki.CA
+	testCAPath string
+)
+
+// testCA is the cluster CA of every test coordinator of this package and
+// the file gpuaasctl trusts (GPUAAS_CA_FILE, set by runEnv).
+func testCA(t testing.TB) (*pki.CA, string) {
+	testCAOnce.Do(func() {
+		ca, err := pki.NewCA("cli test CA", time.Now(), 24*time.Hour)
+		if err != nil {
+			panic(err)
+		}
+		dir, err := os.MkdirTemp("", "gpuaas-cli-ca")
+		if err != nil {
+			panic(err)
+		}
+		testCAVal, testCAPath = ca, filepath.Join(dir, "ca.pem")
+		if err := os.WriteFile(testCAPath, ca.CertPEM, 0o644); err != nil {
+			panic(err)
+		}
+	})
+	return testCAVal, testCAPath
 }
 
 type result struct {
@@ -94,9 +128,17 @@ func (c *coord) run(role api.Role, args ...string) result {
 	return runEnv(env, args...)
 }
 
+// runEnv runs gpuaasctl with env; GPUAAS_CA_FILE is the test CA unless
+// env sets it.
 func runEnv(env map[string]string, args ...string) result {
 	var out, errOut bytes.Buffer
-	code := Run(context.Background(), args, &out, &errOut, func(k string) string { return env[k] })
+	_, caFile := testCA(nil)
+	code := Run(context.Background(), args, &out, &errOut, func(k string) string {
+		if v, ok := env[k]; ok || k != "GPUAAS_CA_FILE" {
+			return v
+		}
+		return caFile
+	})
 	return result{out: out.String(), err: errOut.String(), code: code}
 }
 
@@ -365,7 +407,18 @@ func TestCLITokenSources(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "token")
 	require.NoError(t, os.WriteFile(file, []byte(c.tok[api.RoleViewer]+"\n"), 0o600))
-	runEnv(nil, "--addr", "http://"+c.addr, "--token-file", file, "status").ok(t)
+	runEnv(nil, "--addr", "https://"+c.addr, "--token-file", file, "status").ok(t)
+	// --ca-file beats the environment; a CA that did not sign the
+	// coordinator's certificate is refused.
+	other, err := pki.NewCA("another CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	otherFile := filepath.Join(dir, "other-ca.pem")
+	require.NoError(t, os.WriteFile(otherFile, other.CertPEM, 0o644))
+	r = runEnv(map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_CA_FILE": otherFile}, "--token-file", file, "status")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "certificate signed by unknown authority")
+	assert.Contains(t, r.err, "GPUAAS_CA_FILE", "the error says how to trust the CA")
+	runEnv(map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_CA_FILE": otherFile}, "--ca-file", c.caFile, "--token-file", file, "status").ok(t)
 	runEnv(map[string]string{"GPUAAS_TOKEN_FILE": file, "GPUAAS_ADDR": c.addr}, "status").ok(t)
 	// --token beats the environment.
 	r = runEnv(map[string]string{"GPUAAS_TOKEN": "wrong", "GPUAAS_ADDR": c.addr}, "--token", c.tok[api.RoleViewer], "status").ok(t)

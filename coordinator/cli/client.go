@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +12,9 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -35,13 +39,13 @@ func (e *ProblemError) Error() string {
 	return s
 }
 
-// ParseAddr accepts "host:port" or an http(s) URL.
+// ParseAddr accepts "host:port" (https) or an http(s) URL.
 func ParseAddr(addr string) (*url.URL, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("no API address: set --addr or GPUAAS_ADDR")
 	}
 	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+		addr = "https://" + addr
 	}
 	u, err := url.Parse(addr)
 	if err != nil {
@@ -51,6 +55,46 @@ func ParseAddr(addr string) (*url.URL, error) {
 		return nil, fmt.Errorf("API address %q must be host:port or an http(s) URL", addr)
 	}
 	return u, nil
+}
+
+// HTTPClient is an HTTP client that trusts the CA certificates in caFile
+// (the cluster CA) instead of the system roots.
+func HTTPClient(caFile string) (*http.Client, error) {
+	pool, err := pki.LoadPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: pki.ClientConfig(pool, nil),
+		ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}, nil
+}
+
+// tlsHint says what to do about the TLS errors a user meets first.
+func tlsHint(err error) string {
+	var ua x509.UnknownAuthorityError
+	var cv *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &ua) || (errors.As(err, &cv) && strings.Contains(cv.Error(), "unknown authority")):
+		return " (trust the cluster CA: --ca-file or GPUAAS_CA_FILE, e.g. .lab/ca.pem or <data-dir>/tls/ca.pem)"
+	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return " (this coordinator runs -insecure-http: use an http:// address)"
+	}
+	return ""
+}
+
+// NewClient is a client of the API at addr (host:port or URL) trusting
+// the CA in caFile ("" : the system roots).
+func NewClient(addr, token, caFile string) (*Client, error) {
+	u, err := ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{Base: u, Token: token}
+	if caFile != "" {
+		if c.HTTP, err = HTTPClient(caFile); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // pathEscape escapes one path segment (an ID typed by the operator).
@@ -159,7 +203,7 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 	}
 	res, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+		return nil, fmt.Errorf("%s %s: %w%s", method, u.Redacted(), err, tlsHint(err))
 	}
 	return res, nil
 }

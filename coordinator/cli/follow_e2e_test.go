@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/client"
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -27,19 +28,29 @@ type testAgent struct {
 
 func (c *coord) enrollAgent(ctx context.Context, node string) *testAgent {
 	c.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+c.addr+"/v1/nodes/"+node+"/bootstrap-tokens", nil)
+	req, err := http.NewRequest(http.MethodPost, "https://"+c.addr+"/v1/nodes/"+node+"/bootstrap-tokens", nil)
 	require.NoError(c.t, err)
 	req.Header.Set("Authorization", "Bearer "+c.tok[api.RoleAdmin])
-	res, err := http.DefaultClient.Do(req)
+	hc, err := HTTPClient(c.caFile)
+	require.NoError(c.t, err)
+	res, err := hc.Do(req)
 	require.NoError(c.t, err)
 	defer res.Body.Close()
 	require.Equal(c.t, http.StatusCreated, res.StatusCode)
 	var tok proto.BootstrapTokenResponse
 	require.NoError(c.t, json.NewDecoder(res.Body).Decode(&tok))
-	cl, err := client.New([]string{"http://" + c.addr}, "")
+	// The agent's side of mutual TLS: a CSR at enrollment, the signed
+	// certificate presented on every node route.
+	cl, err := client.New([]string{"https://" + c.addr}, "")
 	require.NoError(c.t, err)
-	_, err = cl.Enroll(ctx, node, tok.Token, node)
+	cl.UseTLS(c.ca.Pool())
+	key, csr, err := pki.NewNodeKey(node)
 	require.NoError(c.t, err)
+	resp, err := cl.EnrollCSR(ctx, node, tok.Token, node, string(csr))
+	require.NoError(c.t, err)
+	cert, err := pki.KeyPair([]byte(resp.Certificate), key)
+	require.NoError(c.t, err)
+	cl.SetCertificate(&cert)
 	return &testAgent{t: c.t, node: node, cl: cl, ctx: ctx}
 }
 
@@ -52,6 +63,7 @@ func nextTask(t testing.TB, agents []*testAgent, typ string, skip map[string]boo
 		for _, ag := range agents {
 			r, err := ag.cl.Tasks(ag.ctx, 0, 0)
 			if err != nil {
+				t.Logf("tasks of %s: %v", ag.node, err)
 				continue
 			}
 			for _, tk := range r.Tasks {

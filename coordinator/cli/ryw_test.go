@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 )
 
 // TestReadYourWritesIndex: a write remembers its X-Gpuaas-Index in the
@@ -26,9 +27,10 @@ func TestReadYourWritesIndex(t *testing.T) {
 	c := startCoordinator(t)
 	var mu sync.Mutex
 	var queries []string
-	target, err := url.Parse("http://" + c.addr)
+	target, err := url.Parse("https://" + c.addr)
 	require.NoError(t, err)
 	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{TLSClientConfig: pki.ClientConfig(c.ca.Pool(), nil)}
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		queries = append(queries, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery)

@@ -129,7 +129,7 @@ func TestCLIAllocSSHExecsSSH(t *testing.T) {
 		require.NoError(t, err)
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), runArgsEnv+"="+string(raw), "PATH="+bin, "FAKE_SSH_LOG="+logf,
-			"GPUAAS_ADDR="+c.addr, "GPUAAS_TOKEN="+c.tok[api.RoleViewer])
+			"GPUAAS_ADDR="+c.addr, "GPUAAS_CA_FILE="+c.caFile, "GPUAAS_TOKEN="+c.tok[api.RoleViewer])
 		out, err := cmd.CombinedOutput()
 		pid = cmd.Process.Pid
 		code := 0

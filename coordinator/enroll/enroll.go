@@ -61,15 +61,16 @@ type Credential struct {
 // Table holds the tokens and credentials.
 type Table struct {
 	mu     sync.RWMutex
-	tokens map[string]*Token      // by hash
-	creds  map[string]*Credential // by node
-	byHash map[string]string      // credential hash -> node
-	gossip proto.GossipKeyring    // the cluster's gossip keyring
+	tokens map[string]*Token          // by hash
+	creds  map[string]*Credential     // by node
+	byHash map[string]string          // credential hash -> node
+	gossip proto.GossipKeyring        // the cluster's gossip keyring
+	certs  map[string]*proto.NodeCert // agent client certificates by serial, until they expire
 }
 
 // New returns an empty table.
 func New() *Table {
-	return &Table{tokens: map[string]*Token{}, creds: map[string]*Credential{}, byHash: map[string]string{}}
+	return &Table{tokens: map[string]*Token{}, creds: map[string]*Credential{}, byHash: map[string]string{}, certs: map[string]*proto.NodeCert{}}
 }
 
 // Mint records a bootstrap token.
@@ -168,6 +169,8 @@ func (t *Table) Revoke(req proto.NodeCredentialRevokeRequest) error {
 	}
 	delete(t.byHash, c.Hash)
 	delete(t.creds, req.NodeID)
+	// The node's client certificates go with its credential.
+	t.revokeCertsLocked(req.NodeID, "", req.At)
 	return nil
 }
 
@@ -205,6 +208,8 @@ type snapshot struct {
 	Credentials []Credential `json:"credentials"`
 	// GossipKeyring is absent in snapshots taken before gossip keys.
 	GossipKeyring *proto.GossipKeyring `json:"gossip_keyring,omitempty"`
+	// Certs is absent in snapshots taken before agent certificates.
+	Certs []proto.NodeCert `json:"certs,omitempty"`
 }
 
 // MarshalJSON serializes the table deterministically (sorted).
@@ -220,6 +225,10 @@ func (t *Table) MarshalJSON() ([]byte, error) {
 	}
 	sort.Slice(s.Tokens, func(i, j int) bool { return s.Tokens[i].Hash < s.Tokens[j].Hash })
 	sort.Slice(s.Credentials, func(i, j int) bool { return s.Credentials[i].NodeID < s.Credentials[j].NodeID })
+	for _, c := range t.certs {
+		s.Certs = append(s.Certs, *c)
+	}
+	sort.Slice(s.Certs, func(i, j int) bool { return s.Certs[i].Serial < s.Certs[j].Serial })
 	if t.gossip.Version > 0 {
 		k := t.gossip
 		k.Keys = append([]string(nil), k.Keys...)
@@ -247,8 +256,12 @@ func (t *Table) Restore(b []byte) error {
 	if s.GossipKeyring != nil {
 		fresh.gossip = *s.GossipKeyring
 	}
+	for i := range s.Certs {
+		c := s.Certs[i]
+		fresh.certs[c.Serial] = &c
+	}
 	t.mu.Lock()
-	t.tokens, t.creds, t.byHash, t.gossip = fresh.tokens, fresh.creds, fresh.byHash, fresh.gossip
+	t.tokens, t.creds, t.byHash, t.gossip, t.certs = fresh.tokens, fresh.creds, fresh.byHash, fresh.gossip, fresh.certs
 	t.mu.Unlock()
 	return nil
 }

@@ -101,7 +101,9 @@ func (r *Runner) release(ctx context.Context, mc *maas.Client, w *proto.MAASWork
 	return err
 }
 
-// detach disables the ledger node: GPUaaS stops using it.
+// detach disables the ledger node: GPUaaS stops using it, and the
+// node's agent client certificates are revoked (the replicated
+// revocation list).
 func (r *Runner) detach(ctx context.Context, w *proto.MAASWorkflow, mode proto.ReleaseMode) error {
 	if _, ok := r.cfg.Ledger.Store().Snapshot().Node(w.Hostname); !ok {
 		return nil
@@ -111,5 +113,13 @@ func (r *Runner) detach(ctx context.Context, w *proto.MAASWorkflow, mode proto.R
 	if err != nil && proto.CodeOf(err) != proto.CodeUnavailable && proto.CodeOf(err) != proto.CodeInternal {
 		return permanent{fmt.Errorf("detach node %s: %w", w.Hostname, err)}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	_, _, err = r.cfg.Ledger.Apply(ctx, proto.NodeCertRevokeType|proto.IgnoreUnknownTypeFlag, proto.NodeCertRevokeRequest{At: r.now(),
+		NodeID: w.Hostname, Reason: "decommissioned (" + string(mode) + ")"})
+	if c := proto.CodeOf(err); err != nil && (c == proto.CodeUnavailable || c == proto.CodeInternal) {
+		return err
+	}
+	return nil
 }

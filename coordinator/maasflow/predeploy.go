@@ -108,7 +108,7 @@ func (r *Runner) predeploy(ctx context.Context, mc *maas.Client, w *proto.MAASWo
 	out = append(out, res(proto.CheckBundleFetchable, err, detail))
 
 	// 3. The CA bundle is real and final.
-	caDetail, err := checkCABundle(in.site.CABundle, in.ud.CoordinatorURL, now)
+	caDetail, err := checkCABundle(r.caBundle(in.site), in.ud.CoordinatorURL, now)
 	out = append(out, res(proto.CheckCABundleFinal, err, caDetail))
 
 	// 4. The token in the user-data is the one the enrollment table holds
@@ -124,6 +124,15 @@ func (r *Runner) predeploy(ctx context.Context, mc *maas.Client, w *proto.MAASWo
 	return out, img
 }
 
+// caBundle is the CA bundle nodes of site trust: the site's own, else
+// the cluster CA.
+func (r *Runner) caBundle(site *proto.Site) string {
+	if site.CABundle != "" {
+		return site.CABundle
+	}
+	return r.cfg.ClusterCA
+}
+
 // bootstrapHTTPClient is the client the checks fetch with: the site's CA
 // bundle is its trust root for an https coordinator URL.
 func (r *Runner) bootstrapHTTPClient(site *proto.Site) (*http.Client, error) {
@@ -131,9 +140,9 @@ func (r *Runner) bootstrapHTTPClient(site *proto.Site) (*http.Client, error) {
 		return r.cfg.HTTPClient, nil
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if site.CABundle != "" {
+	if b := r.caBundle(site); b != "" {
 		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(site.CABundle)) {
+		if !pool.AppendCertsFromPEM([]byte(b)) {
 			return nil, fmt.Errorf("site %s ca_bundle holds no usable certificate", site.Name)
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}

@@ -55,7 +55,10 @@ type Config struct {
 	// CoordinatorURL is where bootstrapped nodes reach the coordinator
 	// (written into the cloud-init user-data).
 	CoordinatorURL string
-	DistroSeries   string // default "noble"
+	// ClusterCA (PEM) is the CA bundle of a site that has no ca_bundle of
+	// its own: the coordinators' TLS certificates are the cluster CA's.
+	ClusterCA    string
+	DistroSeries string // default "noble"
 	// Expiries of the long MAAS transitions (defaults: commission 60m,
 	// deploy 90m, release 60m).
 	CommissionExpiry, DeployExpiry, ReleaseExpiry time.Duration

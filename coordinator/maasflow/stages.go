@@ -329,7 +329,7 @@ func (r *Runner) userData(ctx context.Context, w *proto.MAASWorkflow, site *prot
 	}
 	ud := UserData{CoordinatorURL: r.cfg.CoordinatorURL, NodeID: w.Hostname, Token: tok,
 		SiteBundleRef: p.SiteBootstrapBundleRef, ValidationBundleRef: p.PostDeployValidationBundleRef,
-		FabricMode: p.FabricMode, CABundle: site.CABundle, WorkflowID: w.ID}
+		FabricMode: p.FabricMode, CABundle: r.caBundle(site), WorkflowID: w.ID}
 	b, err := RenderUserData(ud)
 	if err != nil {
 		return predeployInput{}, permanent{err}

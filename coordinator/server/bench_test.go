@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/audit"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
@@ -121,7 +122,13 @@ func benchAudit(route, kind, id string, status int, before any) *audit.Pending {
 }
 
 func benchPlacementsOn(t *testing.T, voters int, audited bool) placeRun {
-	nodes := startCluster(t, voters, nil)
+	return benchPlacementsCA(t, voters, audited, nil)
+}
+
+// benchPlacementsCA is benchPlacementsOn with Raft over mutual TLS from
+// ca (nil: plain TCP).
+func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA) placeRun {
+	nodes := startClusterCA(t, voters, nil, ca)
 	leader := waitLeader(t, nodes)
 	ctx := context.Background()
 	start := time.Now()

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -100,7 +101,12 @@ func startNode(t testing.TB, cfg Config) *testNode {
 	}
 	cfg.RaftBind = srv.RaftAddr()
 	hs := &http.Server{Handler: srv.InternalHandler()}
-	go hs.Serve(ln)
+	if cfg.TLS != nil {
+		hs.TLSConfig = pki.APIServerConfig(cfg.TLS.CA.Pool(), cfg.TLS.Cert)
+		go hs.ServeTLS(ln, "", "")
+	} else {
+		go hs.Serve(ln)
+	}
 	n := &testNode{cfg: cfg, srv: srv, http: hs}
 	t.Cleanup(n.stop)
 	return n
@@ -115,6 +121,12 @@ func (n *testNode) stop() {
 // joining the first, with FSMs from mk (nil: the ledger).
 func startCluster(t testing.TB, size int, mk func() raft.FSM) []*testNode {
 	t.Helper()
+	return startClusterCA(t, size, mk, nil)
+}
+
+// startClusterCA is startCluster with TLS from ca (nil: plain).
+func startClusterCA(t testing.TB, size int, mk func() raft.FSM, ca *pki.CA) []*testNode {
+	t.Helper()
 	var nodes []*testNode
 	var first string
 	for i := range size {
@@ -127,6 +139,9 @@ func startCluster(t testing.TB, size int, mk func() raft.FSM) []*testNode {
 		}
 		if mk != nil {
 			cfg.fsm = mk()
+		}
+		if ca != nil {
+			cfg.TLS = testTLS(t, ca, cfg.NodeID)
 		}
 		if first != "" {
 			cfg.Join = []string{first}

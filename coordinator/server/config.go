@@ -44,6 +44,10 @@ type Config struct {
 	// /v1/operator/join-tokens) this server presents to become a voter of
 	// an existing cluster.
 	JoinToken string
+	// TLS secures Raft (mutual TLS between peers), the join exchange and
+	// forwarding, and gives the CA that signs agent certificates. nil:
+	// everything plain (-insecure-http, for tests marked so).
+	TLS *TLSConfig
 	// Timing is the Raft timing; zero fields take DefaultTiming's values.
 	Timing Timing
 	// ApplyTimeout bounds one raft.Apply (enqueue + commit + apply).
@@ -156,6 +160,11 @@ func (c *Config) validate() error {
 	}
 	if c.BootstrapExpect == 0 && len(c.Join) > 0 && c.ClusterSecret == "" && c.JoinToken == "" {
 		return fmt.Errorf("config: joining an existing cluster needs a join token (gpuaasctl operator join-token) or the cluster secret")
+	}
+	if c.TLS != nil {
+		if err := c.TLS.validate(); err != nil {
+			return err
+		}
 	}
 	for _, j := range c.Join {
 		if _, _, err := net.SplitHostPort(j); err != nil {

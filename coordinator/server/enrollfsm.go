@@ -46,7 +46,8 @@ func isEnrollCommand(l *raft.Log) bool {
 		return false
 	}
 	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
-	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType, proto.GossipKeyringOpType:
+	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType, proto.GossipKeyringOpType,
+		proto.NodeCertIssueType, proto.NodeCertRevokeType:
 		return true
 	}
 	return false
@@ -87,6 +88,17 @@ func (f *enrollFSM) Apply(l *raft.Log) any {
 			return err
 		}
 		return &k
+	case proto.NodeCertIssueType:
+		if err := f.table.IssueCert(decodeCmd[proto.NodeCertIssueRequest](l, "node_cert_issue")); err != nil {
+			return err
+		}
+		return nil
+	case proto.NodeCertRevokeType:
+		n, err := f.table.RevokeCerts(decodeCmd[proto.NodeCertRevokeRequest](l, "node_cert_revoke"))
+		if err != nil {
+			return err
+		}
+		return n
 	case proto.NodeCredentialRevokeType:
 		if err := f.table.Revoke(decodeCmd[proto.NodeCredentialRevokeRequest](l, "node_credential_revoke")); err != nil {
 			return err

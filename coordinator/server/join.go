@@ -62,6 +62,7 @@ const JoinPath = "/v1/internal/join"
 func (s *Server) InternalHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+JoinPath, s.handleJoin)
+	mux.HandleFunc("POST "+CAPath, s.handleCA)
 	return mux
 }
 
@@ -320,7 +321,7 @@ func (s *Server) voterIDs() ([]string, error) {
 func (s *Server) formCluster() {
 	defer s.wg.Done()
 	s.learn([]member{s.self()})
-	client := &http.Client{Timeout: 2 * time.Second}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: s.PeerTransport()}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -409,7 +410,7 @@ func (s *Server) postJoin(ctx context.Context, client *http.Client, addr string,
 	if err != nil {
 		return joinResponse{}, err
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+JoinPath, bytes.NewReader(body))
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL(addr)+JoinPath, bytes.NewReader(body))
 	if err != nil {
 		return joinResponse{}, fmt.Errorf("join %s: %w", addr, err)
 	}
@@ -442,7 +443,7 @@ func (s *Server) postJoin(ctx context.Context, client *http.Client, addr string,
 // current: the leader writes its own entry, a follower asks the leader.
 func (s *Server) registerLoop() {
 	defer s.wg.Done()
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: s.PeerTransport()}
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	me := proto.Peer(s.self())

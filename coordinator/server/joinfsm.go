@@ -149,3 +149,22 @@ func (s *Server) MintJoinToken(ctx context.Context, serverID string, ttl time.Du
 
 // JoinTokens lists the replicated join token records (hashes only).
 func (s *Server) JoinTokens() []*proto.JoinToken { return s.fsm.JoinTokens() }
+
+// joinTokenHashesFor lists the hashes of the join tokens that could admit
+// server id at time at (unexpired and unused, or spent by id), for a
+// proof keyed by the token's hash (the CA hand-over, tls.go).
+func (f *peerFSM) joinTokenHashesFor(id string, at time.Time) []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []string
+	for h, t := range f.joinTokens {
+		switch {
+		case t.ServerID != "" && t.ServerID != id:
+		case t.UsedBy != nil && t.UsedBy.ID != id:
+		case t.UsedBy == nil && !at.Before(t.ExpiresAt):
+		default:
+			out = append(out, h)
+		}
+	}
+	return out
+}

@@ -161,7 +161,15 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("resolve raft advertise %s: %w", cfg.RaftAdvertise, err)
 		}
 	}
-	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 4, 10*time.Second, hlog)
+	var trans *raft.NetworkTransport
+	if cfg.TLS != nil {
+		var stream *tlsStreamLayer
+		if stream, err = newTLSStreamLayer(cfg.RaftBind, adv, cfg.TLS); err == nil {
+			trans = raft.NewNetworkTransportWithLogger(stream, 4, 10*time.Second, hlog)
+		}
+	} else {
+		trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 4, 10*time.Second, hlog)
+	}
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftBind, err)

@@ -69,10 +69,14 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 	m := s.cfg.MAAS
 	url := m.CoordinatorURL
 	if url == "" {
-		url = "http://" + s.cfg.HTTPAddr
+		url = s.URL(s.cfg.HTTPAddr)
+	}
+	var clusterCA string
+	if s.cfg.TLS != nil {
+		clusterCA = string(s.cfg.TLS.CA.CertPEM)
 	}
 	maasflow.New(maasflow.Config{
-		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url,
+		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url, ClusterCA: clusterCA,
 		CommissionExpiry: m.CommissionExpiry, DeployExpiry: m.DeployExpiry, ReleaseExpiry: m.ReleaseExpiry,
 		RetryDelay: m.RetryDelay, Rescan: m.Rescan, HWSyncPoll: m.HWSyncPoll, HWSyncExpiry: m.HWSyncExpiry,
 		Now: s.cfg.Now, Logger: s.log, EnrollPoll: m.EnrollPoll,

@@ -91,6 +91,7 @@ func Enrolled(h Host) bool {
 type Agents struct {
 	Bin          string   // gpuaas-agent
 	Coordinators []string // coordinator base URLs
+	CAFile       string   // cluster CA the https coordinators are checked against
 	GossipJoin   []string // coordinators' memberlist addresses
 	LogDir       string
 	// Fast uses the test intervals (labagent.Options.Fast).
@@ -108,7 +109,7 @@ func (a Agents) Proc(h Host, token string) (*launch.Proc, error) {
 		return nil, fmt.Errorf("agent %s state dir: %w", h.Name, err)
 	}
 	o := labagent.Options{Host: h.Name, HostBase: h.Root, StateDir: h.StateDir, Coordinators: a.Coordinators,
-		GossipJoin: a.GossipJoin, Fast: a.Fast}
+		CAFile: a.CAFile, GossipJoin: a.GossipJoin, Fast: a.Fast}
 	if token != "" {
 		o.TokenFile = filepath.Join(h.StateDir, TokenFile)
 		if err := atomicfile.WriteFile(o.TokenFile, []byte(token+"\n"), 0o600); err != nil {
@@ -154,12 +155,13 @@ type API struct {
 }
 
 // NewAPI returns an API client for base (host:port or URL) with token.
-func NewAPI(base, token string) (API, error) {
-	u, err := cli.ParseAddr(base)
+// caFile is the cluster CA ("" : the system roots, or a plain http base).
+func NewAPI(base, token, caFile string) (API, error) {
+	c, err := cli.NewClient(base, token, caFile)
 	if err != nil {
 		return API{}, err
 	}
-	return API{C: &cli.Client{Base: u, Token: token}}, nil
+	return API{C: c}, nil
 }
 
 func (a API) call(ctx context.Context, method, path string, q url.Values, body, out any) error {

@@ -34,6 +34,7 @@ type Options struct {
 	HostBase     string   // base of the generated host tree
 	StateDir     string   // agent state directory
 	Coordinators []string // coordinator base URLs
+	CAFile       string   // cluster CA the https coordinators are checked against
 	Token        string   // bootstrap token (unused once enrolled)
 	TokenFile    string   // file holding the bootstrap token (instead of Token)
 	GossipJoin   []string // memberlist peers
@@ -51,6 +52,7 @@ func Config(o Options) (config.Config, error) {
 	c := config.Defaults()
 	c.NodeID, c.HostRoot, c.StateDir = o.Host, o.HostBase, o.StateDir
 	c.Coordinators = append(config.List(nil), o.Coordinators...)
+	c.CAFile = o.CAFile
 	c.BootstrapToken, c.BootstrapTokenFile = o.Token, o.TokenFile
 	c.DiagAddr = "127.0.0.1:0"
 	c.GossipBind = "127.0.0.1:0"
@@ -85,6 +87,9 @@ func Args(c config.Config) []string {
 		"-readiness-interval", c.ReadinessInterval.String(), "-hardware-scan-interval", c.HardwareScanInterval.String(),
 		"-nvidia-smi", c.NvidiaSMI, "-gpu-telemetry-interval", c.GPUTelemetryInterval.String(), "-hardware-events=" + strconv.FormatBool(bool(c.HardwareEvents)), "-heartbeat-interval", c.HeartbeatInterval.String(),
 		"-poll-wait", c.PollWait.String(), "-log-level", c.LogLevel,
+	}
+	if c.CAFile != "" {
+		a = append(a, "-ca-file", c.CAFile)
 	}
 	if c.BootstrapToken != "" {
 		a = append(a, "-bootstrap-token", c.BootstrapToken)

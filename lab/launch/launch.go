@@ -23,8 +23,41 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
+
+// The lab serves TLS: its coordinators are given the cluster CA kept in
+// the lab folder, and everything that calls them (gpuaasctl, the agents,
+// the launcher, the tests) trusts it. Get the lab's URLs and clients here,
+// never by writing a scheme.
+
+// CAFile is the cluster CA certificate of the lab in labDir (the key is
+// ca.key beside it, mode 0600).
+func CAFile(labDir string) string { return filepath.Join(labDir, "ca.pem") }
+
+// CAKeyFile is the cluster CA's private key in labDir.
+func CAKeyFile(labDir string) string { return filepath.Join(labDir, "ca.key") }
+
+// APIURL is the base URL of a lab coordinator's API at addr.
+func APIURL(addr string) string { return "https://" + addr }
+
+// HTTPClient is an HTTP client trusting the CA of the lab in labDir.
+func HTTPClient(labDir string) (*http.Client, error) {
+	pool, err := pki.LoadPool(CAFile(labDir))
+	if err != nil {
+		return nil, fmt.Errorf("lab CA: %w", err)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(pool, nil), ForceAttemptHTTP2: true,
+		MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}, nil
+}
+
+// EnsureCA loads the lab's cluster CA from labDir, creating it on the
+// first run.
+func EnsureCA(labDir string) (*pki.CA, error) {
+	ca, _, err := pki.LoadOrCreate(labDir, true, time.Now())
+	return ca, err
+}
 
 // Proc is one child process with its log file.
 type Proc struct {
@@ -217,13 +250,18 @@ func WriteTokensFile(path string, toks []Token) error {
 
 // WaitHTTP polls url until it answers 200 with a bearer token or ctx ends.
 func WaitHTTP(ctx context.Context, url, token string) error {
+	return WaitHTTPWith(ctx, http.DefaultClient, url, token)
+}
+
+// WaitHTTPWith is WaitHTTP with a client (one trusting the lab's CA).
+func WaitHTTPWith(ctx context.Context, hc *http.Client, url, token string) error {
 	var last error
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := hc.Do(req)
 		if err == nil {
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()

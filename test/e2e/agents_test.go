@@ -44,6 +44,7 @@ type agentsEnv struct {
 	op     fleet.API // operator
 	agents fleet.Agents
 	hosts  string // tmpfs dir of the host roots
+	labDir string // the lab folder (its CA: launch.CAFile)
 	state  string // dir of the agents' state dirs
 }
 
@@ -62,20 +63,20 @@ func newAgentsEnv(t *testing.T) *agentsEnv {
 	require.NoError(t, json.Unmarshal(b, &toks))
 	var urls, gossip []string
 	for _, c := range lf.Coordinators {
-		urls = append(urls, "http://"+c.HTTP)
+		urls = append(urls, launch.APIURL(c.HTTP))
 		gossip = append(gossip, c.Gossip)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	admin, err := fleet.NewAPI(lf.Coordinators[0].HTTP, toks.Admin)
+	admin, err := fleet.NewAPI(launch.APIURL(lf.Coordinators[0].HTTP), toks.Admin, launch.CAFile(dir))
 	require.NoError(t, err)
 	// The operator talks to another replica: writes are forwarded.
-	op, err := fleet.NewAPI(lf.Coordinators[len(lf.Coordinators)-1].HTTP, toks.Operator)
+	op, err := fleet.NewAPI(launch.APIURL(lf.Coordinators[len(lf.Coordinators)-1].HTTP), toks.Operator, launch.CAFile(dir))
 	require.NoError(t, err)
 	admin.Poll, op.Poll = 50*time.Millisecond, 50*time.Millisecond
 	return &agentsEnv{t: t, ctx: ctx, api: admin, op: op,
-		agents: fleet.Agents{Bin: filepath.Join(bin, "gpuaas-lab-agent"), Coordinators: urls, GossipJoin: gossip, LogDir: filepath.Join(dir, "logs"), Fast: true},
-		hosts:  hostsimtest.Dir(t), state: t.TempDir()}
+		agents: fleet.Agents{Bin: filepath.Join(bin, "gpuaas-lab-agent"), Coordinators: urls, CAFile: launch.CAFile(dir), GossipJoin: gossip, LogDir: filepath.Join(dir, "logs"), Fast: true},
+		hosts:  hostsimtest.Dir(t), state: t.TempDir(), labDir: dir}
 }
 
 // host generates a lab host's root and picks its agent's ports.

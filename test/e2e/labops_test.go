@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/lab/launch"
+
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 )
 
@@ -84,8 +86,10 @@ func TestLabOperatorTools(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, addr)
+	hc, err := launch.HTTPClient(l.dir) // the lab's API is HTTPS: trust its CA
+	require.NoError(t, err)
 	get := func(path string) (int, string) {
-		res, err := http.Get(addr + path)
+		res, err := hc.Get(addr + path)
 		require.NoError(t, err)
 		defer res.Body.Close()
 		body, err := io.ReadAll(res.Body)

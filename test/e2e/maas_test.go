@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/lab/maassim"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -46,7 +47,7 @@ func TestLabMAASBatchOnboarding(t *testing.T) {
 	b, err = os.ReadFile(filepath.Join(dir, "lab.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &lf))
-	api, err := fleet.NewAPI(lf.Coordinators[1].HTTP, toks.Admin)
+	api, err := fleet.NewAPI(launch.APIURL(lf.Coordinators[1].HTTP), toks.Admin, launch.CAFile(dir))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

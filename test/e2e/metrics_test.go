@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/metrics/metricstest"
 	"github.com/gpuaas/gpuaas/lab/fleet"
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -20,7 +21,11 @@ func scrape(t *testing.T, ctx context.Context, a fleet.API) (metricstest.Familie
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.C.Base.String()+"/v1/metrics", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+a.C.Token)
-	res, err := http.DefaultClient.Do(req)
+	hc := a.C.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	res, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +52,7 @@ func TestLabCoordinatorMetrics(t *testing.T) {
 	e := newAgentsEnv(t)
 	var coords []fleet.API
 	for _, u := range e.agents.Coordinators {
-		a, err := fleet.NewAPI(u, e.api.C.Token)
+		a, err := fleet.NewAPI(u, e.api.C.Token, launch.CAFile(e.labDir))
 		require.NoError(t, err)
 		coords = append(coords, a)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 	"github.com/gpuaas/gpuaas/lab/labagent"
 	"github.com/gpuaas/gpuaas/lab/labhost"
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/libvirttest"
 	"github.com/gpuaas/gpuaas/test/testenv"
@@ -72,12 +73,12 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 	b, err = os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &toks))
-	api, err := fleet.NewAPI(lf.Coordinators[0].HTTP, toks.Admin)
+	api, err := fleet.NewAPI(launch.APIURL(lf.Coordinators[0].HTTP), toks.Admin, launch.CAFile(dir))
 	require.NoError(t, err)
 	api.Poll = 100 * time.Millisecond
 	var urls, gossip []string
 	for _, c := range lf.Coordinators {
-		urls, gossip = append(urls, "http://"+c.HTTP), append(gossip, c.Gossip)
+		urls, gossip = append(urls, launch.APIURL(c.HTTP)), append(gossip, c.Gossip)
 	}
 
 	// The real slice host: j22u15's tree with its NVMe disks on loop
@@ -99,7 +100,7 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 		}
 	})
 
-	agents := fleet.Agents{Bin: filepath.Join(bin, "gpuaas-agent"), Coordinators: urls, GossipJoin: gossip,
+	agents := fleet.Agents{Bin: filepath.Join(bin, "gpuaas-agent"), Coordinators: urls, CAFile: launch.CAFile(dir), GossipJoin: gossip,
 		LogDir: filepath.Join(dir, "logs"), Fast: true, Slices: map[string]labagent.Slice{"j22u15": sh.Slice}}
 	token, err := api.MintToken(ctx, "j22u15", time.Hour)
 	require.NoError(t, err)

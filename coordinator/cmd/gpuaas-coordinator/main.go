@@ -14,6 +14,13 @@
 //	gpuaasctl -o json operator join-token --server-id c4 | jq -r .token > tok
 //	gpuaas-coordinator -node-id c4 -data-dir d4 -raft-addr 127.0.0.1:7331 -http-addr 127.0.0.1:7330 -bootstrap-expect 0 -join-token-file tok -join 127.0.0.1:7300
 //
+// Everything is TLS unless -insecure-http: the API is HTTPS, Raft and the
+// peer calls mutual TLS. The cluster CA is -ca-cert/-ca-key or kept in
+// <data-dir>/tls: created by a server bootstrapping alone, derived from the
+// cluster secret by servers forming a cluster together (above), fetched
+// during the join by a server with a join token (c4). gpuaasctl trusts it
+// with --ca-file d1/tls/ca.pem.
+//
 // SIGTERM or SIGINT shuts down gracefully (HTTP drained, Raft stopped,
 // store closed).
 package main
@@ -35,6 +42,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
@@ -105,7 +113,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
-	srv, err := server.New(server.Config{
+	tlsCfg, err := loadTLS(ctx, o, clusterSecret, joinToken, advertise, o.RaftAdvertise, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv, err := server.New(server.Config{TLS: tlsCfg,
 		NodeID: o.NodeID, DataDir: o.DataDir, RaftBind: o.RaftAddr, RaftAdvertise: o.RaftAdvertise,
 		HTTPAddr: advertise, BootstrapExpect: o.BootstrapExpect, Join: o.Join, JoinToken: joinToken, ClusterSecret: clusterSecret,
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
@@ -141,8 +154,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	// (api/timeouts.go); headers and idle keep-alives are bounded here.
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
-	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr())
+	if tlsCfg != nil {
+		hs.TLSConfig = pki.APIServerConfig(tlsCfg.CA.Pool(), tlsCfg.Cert)
+		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- hs.Serve(ln) }()
+	}
+	log.Info("coordinator serving", "node", o.NodeID, "http_addr", ln.Addr().String(), "raft_addr", srv.RaftAddr(), "scheme", srv.Scheme())
 
 	select {
 	case <-ctx.Done():

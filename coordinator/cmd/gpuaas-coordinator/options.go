@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 )
 
@@ -45,9 +46,15 @@ type options struct {
 	GossipJoin        []string
 	GossipKeyFile     string
 	GCPercent         int
-	MemoryLimit       int64
-	RetainEnded       time.Duration
-	TaskStallTimeout  time.Duration
+	// TLS (on unless InsecureHTTP).
+	InsecureHTTP     bool
+	CACert           string
+	CAKey            string
+	TLSSANs          []string
+	NodeCertTTL      time.Duration
+	MemoryLimit      int64
+	RetainEnded      time.Duration
+	TaskStallTimeout time.Duration
 	// MAAS workflow tuning (coordinator/maasflow defaults when zero).
 	MAASCoordinatorURL string
 	MAASPollInterval   time.Duration
@@ -97,6 +104,19 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 		return nil
 	})
 	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file with the cluster gossip key (base64 of 32 bytes, mode 0600; `gpuaasctl operator gossip-key generate`); required with -gossip-bind; seeds the replicated keyring, which then wins (rotate with `gpuaasctl operator gossip-key`)")
+	fs.BoolVar(&o.InsecureHTTP, "insecure-http", false, "serve the API, Raft and the peer calls without TLS (tests marked insecure only; never in production)")
+	fs.StringVar(&o.CACert, "ca-cert", "", "cluster CA certificate (PEM); with -ca-key. Default: <data-dir>/tls/ca.pem, created by a server that bootstraps alone")
+	fs.StringVar(&o.CAKey, "ca-key", "", "cluster CA private key (PEM, mode 0600); with -ca-cert")
+	fs.Func("tls-san", "extra host names or IP addresses for this server's certificate, comma-separated (loopback, the host name and the listen and advertise hosts are always in it)", func(v string) error {
+		o.TLSSANs = nil
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				o.TLSSANs = append(o.TLSSANs, p)
+			}
+		}
+		return nil
+	})
+	fs.DurationVar(&o.NodeCertTTL, "node-cert-ttl", pki.DefaultNodeTTL, "lifetime of the agent client certificates this server signs (agents renew at two thirds of it)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")
@@ -205,6 +225,15 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.RatePerAddress < 0 || o.RatePerPrincipal < 0 || o.LockoutAfter < 0 || o.BodyTimeout < 0 {
 		return nil, fmt.Errorf("rate-per-address, rate-per-principal, lockout-after and body-timeout must be >= 0")
+	}
+	if (o.CACert == "") != (o.CAKey == "") {
+		return nil, fmt.Errorf("ca-cert and ca-key go together")
+	}
+	if o.InsecureHTTP && (o.CACert != "" || len(o.TLSSANs) > 0) {
+		return nil, fmt.Errorf("insecure-http serves no TLS: drop ca-cert, ca-key and tls-san")
+	}
+	if o.NodeCertTTL <= 0 || o.NodeCertTTL > pki.MaxNodeTTL {
+		return nil, fmt.Errorf("node-cert-ttl %v is outside (0, %v]", o.NodeCertTTL, pki.MaxNodeTTL)
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		return nil, fmt.Errorf("log-format %q is not one of json, text", o.LogFormat)

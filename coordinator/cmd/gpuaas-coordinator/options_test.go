@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -57,6 +59,12 @@ func TestOptionsRefuseBadInput(t *testing.T) {
 		"config bad value":   {args: []string{"-config", write("val.json", `{"bootstrap-expect":{"a":1}}`)}},
 		"negative rate":      {args: []string{"-rate-per-address", "-1"}},
 		"negative lockout":   {args: []string{"-lockout-after", "-2"}},
+		"ca cert alone":      {args: []string{"-ca-cert", "ca.pem"}},
+		"ca key alone":       {env: map[string]string{"GPUAAS_CA_KEY": "ca.key"}},
+		"insecure with a CA": {args: []string{"-insecure-http", "-ca-cert", "ca.pem", "-ca-key", "ca.key"}},
+		"insecure with SANs": {args: []string{"-insecure-http", "-tls-san", "coord.example"}},
+		"node cert ttl zero": {args: []string{"-node-cert-ttl", "0s"}},
+		"node cert ttl long": {args: []string{"-node-cert-ttl", "2000h"}},
 	} {
 		_, err := parseOptions(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
 		assert.Error(t, err, name)
@@ -80,4 +88,52 @@ func TestReadSecretFile(t *testing.T) {
 	assert.Empty(t, v)
 	_, err = readSecretFile("cluster secret", filepath.Join(dir, "absent"))
 	assert.Error(t, err)
+}
+
+// TestLoadTLS: where a server's CA comes from on its first start.
+func TestLoadTLS(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+	opts := func(args ...string) *options {
+		o, err := parseOptions(append([]string{"-data-dir", t.TempDir()}, args...), func(string) string { return "" }, io.Discard)
+		require.NoError(t, err)
+		return o
+	}
+
+	// Alone: creates one, and a restart reuses it.
+	o := opts("-bootstrap-expect", "1", "-http-addr", "127.0.0.1:0", "-tls-san", "coord.example,10.1.2.3")
+	a, err := loadTLS(ctx, o, "", "", "10.9.8.7:7300", "", quiet)
+	require.NoError(t, err)
+	assert.Contains(t, a.Cert.Leaf.DNSNames, "coord.example")
+	var ips []string
+	for _, ip := range a.Cert.Leaf.IPAddresses {
+		ips = append(ips, ip.String())
+	}
+	assert.Subset(t, ips, []string{"127.0.0.1", "10.1.2.3", "10.9.8.7"})
+	again, err := loadTLS(ctx, o, "", "", "10.9.8.7:7300", "", quiet)
+	require.NoError(t, err)
+	assert.True(t, again.CA.Cert.Equal(a.CA.Cert))
+
+	// Servers forming a cluster derive the same CA from their secret.
+	const secret = "a-shared-cluster-secret"
+	b1, err := loadTLS(ctx, opts("-bootstrap-expect", "3", "-node-id", "c1", "-join", "127.0.0.1:1"), secret, "", "", "", quiet)
+	require.NoError(t, err)
+	b2, err := loadTLS(ctx, opts("-bootstrap-expect", "3", "-node-id", "c2", "-join", "127.0.0.1:1"), secret, "", "", "", quiet)
+	require.NoError(t, err)
+	assert.True(t, b1.CA.Key.Equal(b2.CA.Key))
+
+	// Given files win; a joiner with neither files nor a credential is told what to do.
+	dir := t.TempDir()
+	require.NoError(t, a.CA.WriteFiles(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca.key")))
+	g, err := loadTLS(ctx, opts("-bootstrap-expect", "0", "-join", "127.0.0.1:1", "-ca-cert", filepath.Join(dir, "ca.pem"), "-ca-key", filepath.Join(dir, "ca.key")), "", "", "", "", quiet)
+	require.NoError(t, err)
+	assert.True(t, g.CA.Cert.Equal(a.CA.Cert))
+	_, err = loadTLS(ctx, opts("-bootstrap-expect", "0", "-join", "127.0.0.1:1"), "", "", "", "", quiet)
+	require.ErrorContains(t, err, "give -ca-cert and -ca-key")
+
+	// -insecure-http: no TLS at all.
+	n, err := loadTLS(ctx, opts("-insecure-http"), "", "", "", "", quiet)
+	require.NoError(t, err)
+	assert.Nil(t, n)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
 	"github.com/gpuaas/gpuaas/proto"
@@ -32,7 +33,7 @@ func TestAuditAgainstCoordinatorProcesses(t *testing.T) {
 	coordBin, err := proctest.Build(dir)
 	require.NoError(t, err)
 	cl := proctest.Start(t, coordBin, proctest.Options{Size: 3, Inventory: server.SyntheticInventory("us-east", 2, 8)})
-	c := ctl{bin: buildCtl(t, dir), env: []string{"GPUAAS_TOKEN_FILE=" + cl.TokenFile()}}
+	c := ctl{bin: buildCtl(t, dir), env: []string{"GPUAAS_TOKEN_FILE=" + cl.TokenFile(), "GPUAAS_CA_FILE=" + cl.CAFile}}
 	at := func(i int) []string { return []string{"--addr", cl.Nodes[i].HTTPAddr, "--timeout", "10s"} }
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -58,7 +59,7 @@ func TestAuditAgainstCoordinatorProcesses(t *testing.T) {
 
 	// The drain comes from another loopback address, through the follower.
 	other := *cl
-	other.Client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	other.Client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(cl.CA.Pool(), nil),
 		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
 	code, err := other.Do(ctx, follower, http.MethodPost, "/v1/nodes/us-east-n0001/drain", "", nil, nil)
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
@@ -127,7 +128,9 @@ func TestGpuaasctlAgainstCoordinatorProcesses(t *testing.T) {
 			}
 		})
 	}
-	c.env = []string{"GPUAAS_TOKEN_FILE=" + tokenFile}
+	// The servers derive one CA from the cluster secret; any server's copy
+	// is the CA gpuaasctl trusts.
+	c.env = []string{"GPUAAS_TOKEN_FILE=" + tokenFile, "GPUAAS_CA_FILE=" + filepath.Join(dir, "c1", "tls", "ca.pem")}
 	at := func(i int) []string { return []string{"--addr", httpAddrs[i], "--timeout", "5s"} }
 
 	// Wait until every server names the leader and the inventory is in.
@@ -235,6 +238,9 @@ func TestJoinTokenAgainstCoordinatorProcesses(t *testing.T) {
 		return httpAddr, cmd
 	}
 	c1, _ := start("c1", "-bootstrap-expect", "1")
+	// c1 creates the cluster CA in its data dir; c2 gets it when it joins.
+	caFile := filepath.Join(dir, "c1", "tls", "ca.pem")
+	c.env = append(c.env, "GPUAAS_CA_FILE="+caFile)
 	at := func(addr string) []string { return []string{"--addr", addr, "--timeout", "5s"} }
 	require.Eventually(t, func() bool {
 		o := c.run(t, append(at(c1), "-o", "json", "status")...)
@@ -242,13 +248,15 @@ func TestJoinTokenAgainstCoordinatorProcesses(t *testing.T) {
 	}, 20*time.Second, 100*time.Millisecond)
 
 	join := func(addr, bearer, body string) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, "http://"+addr+server.JoinPath, strings.NewReader(body))
+		req, err := http.NewRequest(http.MethodPost, "https://"+addr+server.JoinPath, strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
 		if bearer != "" {
 			req.Header.Set("Authorization", "Bearer "+bearer)
 		}
-		res, err := http.DefaultClient.Do(req)
+		hc, err := cli.HTTPClient(caFile)
+		require.NoError(t, err)
+		res, err := hc.Do(req)
 		require.NoError(t, err)
 		defer res.Body.Close()
 		b, _ := io.ReadAll(res.Body)
@@ -274,6 +282,12 @@ func TestJoinTokenAgainstCoordinatorProcesses(t *testing.T) {
 		o := c.run(t, append(at(c1), "-o", "json", "operator", "peers")...)
 		return o.code == 0 && strings.Count(o.stdout, `"voter": true`) == 2 && strings.Contains(o.stdout, c2)
 	}, 30*time.Second, 200*time.Millisecond, "c2 never joined with its token")
+	// c2 got the cluster CA during its join (it was given no CA files).
+	got, err := os.ReadFile(filepath.Join(dir, "c2", "tls", "ca.pem"))
+	require.NoError(t, err)
+	want, err := os.ReadFile(caFile)
+	require.NoError(t, err)
+	assert.Equal(t, string(want), string(got))
 	// Writes through the new server reach the leader.
 	require.Eventually(t, func() bool {
 		return c.run(t, append(at(c2), "region", "set", "us-west")...).code == 0

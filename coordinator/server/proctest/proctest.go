@@ -3,6 +3,11 @@
 // by bootstrap-expect, kill -9 / stop / restart them, find the leader and
 // call the operator API with an admin token. Data, logs and the token
 // file live in the test's temp dir; every process is killed on cleanup.
+//
+// Clusters serve TLS by default: Start creates a cluster CA (CAFile) that
+// every server is given and Client trusts. Options.InsecureHTTP starts
+// them with -insecure-http instead, for tests marked as plain-HTTP ones
+// (the TLS cost benchmark). Get URLs with URL, never by writing a scheme.
 package proctest
 
 import (
@@ -28,6 +33,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/enroll"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -52,6 +58,9 @@ type Options struct {
 	// Principals are extra tokens besides the admin's: name → role
 	// ("tenant", "viewer", ...); DoAs sends as one of them.
 	Principals map[string]string
+	// InsecureHTTP runs the servers with -insecure-http (no TLS anywhere);
+	// only for tests that say why they need plain HTTP.
+	InsecureHTTP bool
 }
 
 // Cluster is a set of coordinator processes.
@@ -65,7 +74,16 @@ type Cluster struct {
 	Client *http.Client
 	// SecretFile is the cluster secret the servers share.
 	SecretFile string
+	// CAFile is the cluster CA certificate ("" with InsecureHTTP); CA is
+	// the CA itself (to issue test certificates).
+	CAFile string
+	CA     *pki.CA
+	scheme string
 }
+
+// URL is the base URL of server i's API (https://host:port, or http://
+// with InsecureHTTP).
+func (c *Cluster) URL(i int) string { return c.scheme + "://" + c.Nodes[i].HTTPAddr }
 
 // Node is one coordinator process (running or not).
 type Node struct {
@@ -97,8 +115,22 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 		o.Size = 3
 	}
 	dir := tb.TempDir()
-	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token",
-		Client: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
+	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token", scheme: "http"}
+	tr := &http.Transport{MaxIdleConnsPerHost: 128}
+	var tlsArgs []string
+	if o.InsecureHTTP {
+		tlsArgs = []string{"-insecure-http"}
+	} else {
+		ca, err := pki.NewCA("proctest CA", time.Now(), 24*time.Hour)
+		require.NoError(tb, err)
+		c.CA, c.CAFile, c.scheme = ca, filepath.Join(dir, "ca.pem"), "https"
+		keyFile := filepath.Join(dir, "ca.key")
+		require.NoError(tb, ca.WriteFiles(c.CAFile, keyFile))
+		tlsArgs = []string{"-ca-cert", c.CAFile, "-ca-key", keyFile}
+		tr.TLSClientConfig = pki.ClientConfig(ca.Pool(), nil)
+		tr.ForceAttemptHTTP2 = true
+	}
+	c.Client = &http.Client{Timeout: 15 * time.Second, Transport: tr}
 	tokens := filepath.Join(dir, "tokens.json")
 	entries := []map[string]string{{"name": TokenName, "role": "admin", "sha256": hashToken(c.token)}}
 	c.tokens = map[string]string{}
@@ -138,7 +170,7 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 			}
 		}
 		n.args = append([]string{"-node-id", n.ID, "-data-dir", n.DataDir, "-raft-addr", n.RaftAddr, "-http-addr", n.HTTPAddr,
-			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-cluster-secret-file", secret, "-log-format", "text", "-gossip-key-file", gossipKey}, o.Args...)
+			"-bootstrap-expect", fmt.Sprint(o.Size), "-join", strings.Join(join, ","), "-tokens-file", tokens, "-cluster-secret-file", secret, "-log-format", "text", "-gossip-key-file", gossipKey}, append(tlsArgs, o.Args...)...)
 		if invPath != "" {
 			n.args = append(n.args, "-inventory", invPath)
 		}
@@ -304,9 +336,6 @@ func (c *Cluster) Leader(ctx context.Context) (int, error) {
 func (c *Cluster) Do(ctx context.Context, i int, method, path, key string, body, out any) (int, error) {
 	return c.do(ctx, i, c.token, method, path, key, body, out)
 }
-
-// URL is the base URL of server i's API.
-func (c *Cluster) URL(i int) string { return "http://" + c.Nodes[i].HTTPAddr }
 
 // DoAs is Do with the token of principal name (one of
 // Options.Principals).

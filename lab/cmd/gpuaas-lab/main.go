@@ -252,12 +252,20 @@ func run(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	// The cluster CA: every coordinator is given it, gpuaasctl
+	// (GPUAAS_CA_FILE in env), the agents and this launcher trust it.
+	if _, err := launch.EnsureCA(abs); err != nil {
+		return err
+	}
+	if labHTTP, err = launch.HTTPClient(abs); err != nil {
+		return err
+	}
 	var procs []*launch.Proc
 	var joins, gossips, urls []string
 	for _, c := range st.Coordinators {
 		joins = append(joins, c.HTTP)
 		gossips = append(gossips, c.Gossip)
-		urls = append(urls, "http://"+c.HTTP)
+		urls = append(urls, launch.APIURL(c.HTTP))
 	}
 	for _, c := range st.Coordinators {
 		p := &launch.Proc{
@@ -274,6 +282,8 @@ func run(args []string, out io.Writer) (err error) {
 				"-gossip-join", strings.Join(slices.DeleteFunc(slices.Clone(gossips), func(g string) bool { return g == c.Gossip }), ","),
 				"-tokens-file", tokensFile,
 				"-cluster-secret-file", secretPath,
+				"-ca-cert", launch.CAFile(abs),
+				"-ca-key", launch.CAKeyFile(abs),
 				"-inventory", invPath,
 				"-log-format", "text",
 			},
@@ -323,11 +333,11 @@ func run(args []string, out io.Writer) (err error) {
 	if err := writeEnv(abs, st.Coordinators[0].HTTP, toks); err != nil {
 		return err
 	}
-	api, err := fleet.NewAPI(st.Coordinators[0].HTTP, toks.Admin)
+	api, err := fleet.NewAPI(launch.APIURL(st.Coordinators[0].HTTP), toks.Admin, launch.CAFile(abs))
 	if err != nil {
 		return err
 	}
-	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
+	agents := fleet.Agents{Bin: agentBin, Coordinators: urls, CAFile: launch.CAFile(abs), GossipJoin: gossips, LogDir: filepath.Join(abs, "logs")}
 	sliceImage := ""
 	i := slices.IndexFunc(st.Hosts, func(h fleet.Host) bool { return h.Name == realSliceHost })
 	if mode.Real && i < 0 {
@@ -740,17 +750,17 @@ func waitCluster(ctx context.Context, st state, token string, poolsOnly bool) (s
 		loaded = "/v1/pools?consistent=true"
 	}
 	for _, c := range st.Coordinators {
-		if err := launch.WaitHTTP(ctx, "http://"+c.HTTP+"/v1/status", token); err != nil {
+		if err := launch.WaitHTTPWith(ctx, labHTTP, launch.APIURL(c.HTTP)+"/v1/status", token); err != nil {
 			return "", err
 		}
 	}
 	for {
 		var status proto.Status
-		if err := getJSON(ctx, "http://"+st.Coordinators[0].HTTP+"/v1/status", token, &status); err == nil && status.LeaderHTTPAddr != "" {
+		if err := getJSON(ctx, launch.APIURL(st.Coordinators[0].HTTP)+"/v1/status", token, &status); err == nil && status.LeaderHTTPAddr != "" {
 			var nodes struct {
 				Items []json.RawMessage `json:"items"`
 			}
-			if err := getJSON(ctx, "http://"+st.Coordinators[0].HTTP+loaded, token, &nodes); err == nil && len(nodes.Items) > 0 {
+			if err := getJSON(ctx, launch.APIURL(st.Coordinators[0].HTTP)+loaded, token, &nodes); err == nil && len(nodes.Items) > 0 {
 				return status.LeaderHTTPAddr, nil
 			}
 		}
@@ -762,13 +772,17 @@ func waitCluster(ctx context.Context, st state, token string, poolsOnly bool) (s
 	}
 }
 
+// labHTTP calls the lab's coordinators: it trusts the lab's CA once run
+// or status loaded it.
+var labHTTP = http.DefaultClient
+
 func getJSON(ctx context.Context, url, token string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := labHTTP.Do(req)
 	if err != nil {
 		return err
 	}
@@ -782,13 +796,13 @@ func getJSON(ctx context.Context, url, token string, v any) error {
 // writeEnv writes env (the operator token: allocations, reads),
 // env.admin (the admin token: nodes, slots, images, peers — the commands
 // the README marks admin) and env.tenant (the tenant token: its own
-// allocations and the catalog).
+// allocations and the catalog), with the https address and the lab's CA.
 func writeEnv(dir, addr string, t tokens) error {
 	for _, f := range []struct{ name, token string }{{"env", t.Operator}, {"env.admin", t.Admin}, {"env.tenant", t.Tenant}} {
 		if f.token == "" {
 			continue
 		}
-		env := fmt.Sprintf("export GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", addr, f.token)
+		env := fmt.Sprintf("export GPUAAS_ADDR=%s\nexport GPUAAS_CA_FILE=%s\nexport GPUAAS_TOKEN=%s\n", launch.APIURL(addr), launch.CAFile(dir), f.token)
 		if err := atomicfile.WriteFile(filepath.Join(dir, f.name), []byte(env), 0o600); err != nil {
 			return err
 		}
@@ -803,7 +817,7 @@ const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slo
 func printSummary(out io.Writer, dir string, st state, leader string, views []hostView, autoApprove bool, mode sliceMode) {
 	fmt.Fprintf(out, "\ngpuaas lab is up: %d coordinators (Raft leader at %s), %d agents on simulated H200 hosts\n\n", len(st.Coordinators), leader, len(views))
 	for _, c := range st.Coordinators {
-		fmt.Fprintf(out, "  %s  API http://%s  raft %s  gossip %s  log %s\n", c.ID, c.HTTP, c.Raft, c.Gossip, filepath.Join(dir, "logs", c.ID+".log"))
+		fmt.Fprintf(out, "  %s  API https://%s  raft %s  gossip %s  log %s\n", c.ID, c.HTTP, c.Raft, c.Gossip, filepath.Join(dir, "logs", c.ID+".log"))
 	}
 	if len(views) > 0 {
 		fmt.Fprintf(out, "\nNodes (one gpuaas-lab-agent each, host roots under %s):\n\n", st.HostsDir)

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -72,8 +75,15 @@ func writeLab(t *testing.T, ri runInfo, api string) string {
 	b, err = json.Marshal(ri)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, runFileName), b, 0o644))
+	if ca, ok := fakeCAs.Load(api); ok {
+		require.NoError(t, os.WriteFile(launch.CAFile(dir), ca.([]byte), 0o644))
+	}
 	return dir
 }
+
+// fakeCAs are the CA certificates of the fake APIs by address: the lab
+// folder of a fake API trusts its CA, as a real lab's trusts .lab/ca.pem.
+var fakeCAs sync.Map
 
 func fakeAPI(t *testing.T) string {
 	t.Helper()
@@ -105,9 +115,17 @@ func fakeAPI(t *testing.T) string {
 			{ID: "j27u15", ProfileIntent: proto.IntentBaremetal, State: proto.NodeActive},
 		}})
 	})
-	srv := httptest.NewServer(mux)
+	ca, err := pki.NewCA("fake lab CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	cert, err := ca.IssueServer("c1", []string{"127.0.0.1"}, time.Now(), time.Hour)
+	require.NoError(t, err)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.TLS = pki.APIServerConfig(ca.Pool(), cert)
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://")
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	fakeCAs.Store(addr, ca.CertPEM)
+	return addr
 }
 
 func TestStatusAndStop(t *testing.T) {
@@ -249,7 +267,8 @@ func TestSummaryIsHonest(t *testing.T) {
 	for name, tok := range map[string]string{"env": "op", "env.admin": "adm", "env.tenant": "tn"} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
-		assert.Contains(t, string(b), "export GPUAAS_ADDR=http://127.0.0.1:7300\n")
+		assert.Contains(t, string(b), "export GPUAAS_ADDR=https://127.0.0.1:7300\n")
+		assert.Contains(t, string(b), "export GPUAAS_CA_FILE="+filepath.Join(dir, "ca.pem")+"\n")
 		assert.Contains(t, string(b), "export GPUAAS_TOKEN="+tok+"\n")
 		fi, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)

@@ -41,7 +41,7 @@ func TestPublishLabImages(t *testing.T) {
 		require.NoError(t, ctx.Err(), "no leader")
 		time.Sleep(100 * time.Millisecond)
 	}
-	api, err := fleet.NewAPI("http://"+c.Nodes[0].HTTPAddr, "proctest-admin-token")
+	api, err := fleet.NewAPI(c.URL(0), "proctest-admin-token", c.CAFile)
 	require.NoError(t, err)
 
 	dir := t.TempDir()

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -68,6 +69,11 @@ func runStatus(args []string, out io.Writer) error {
 	if ri.SliceHost != nil {
 		fmt.Fprintf(out, "slice host: %s\n", ri.SliceHost.describe())
 	}
+	if hc, err := launch.HTTPClient(dir); err == nil {
+		labHTTP = hc
+	} else {
+		fmt.Fprintf(out, "lab CA: %v\n", err)
+	}
 	token := ""
 	if b, err := os.ReadFile(filepath.Join(dir, "tokens.secret.json")); err == nil {
 		var t tokens
@@ -82,7 +88,7 @@ func runStatus(args []string, out io.Writer) error {
 	for _, c := range st.Coordinators {
 		pid := ri.Coordinators[c.ID]
 		alive := procAlive(pid, "gpuaas-coordinator")
-		line := fmt.Sprintf("  %-3s pid %-7d %-5s API http://%s", c.ID, pid, aliveWord(alive), c.HTTP)
+		line := fmt.Sprintf("  %-3s pid %-7d %-5s API https://%s", c.ID, pid, aliveWord(alive), c.HTTP)
 		if !alive {
 			down = append(down, c.ID)
 			fmt.Fprintln(out, line)
@@ -90,7 +96,7 @@ func runStatus(args []string, out io.Writer) error {
 		}
 		line += "  " + probeReady(ctx, c.HTTP)
 		var s proto.Status
-		if err := getJSON(ctx, "http://"+c.HTTP+"/v1/status", token, &s); err == nil {
+		if err := getJSON(ctx, launch.APIURL(c.HTTP)+"/v1/status", token, &s); err == nil {
 			switch {
 			case s.IsLeader:
 				line += "  leader"
@@ -121,7 +127,7 @@ func runStatus(args []string, out io.Writer) error {
 	}
 	if api != "" {
 		var nodes proto.List[proto.Node]
-		if err := getJSON(ctx, "http://"+api+"/v1/nodes", token, &nodes); err != nil {
+		if err := getJSON(ctx, launch.APIURL(api)+"/v1/nodes", token, &nodes); err != nil {
 			fmt.Fprintf(out, "\nnodes: %v\n", err)
 		} else {
 			fmt.Fprintf(out, "\nnodes:\n")
@@ -145,11 +151,11 @@ func aliveWord(alive bool) string {
 
 // probeReady is a coordinator's /readyz answer in a few words.
 func probeReady(ctx context.Context, addr string) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, launch.APIURL(addr)+"/readyz", nil)
 	if err != nil {
 		return "readyz: " + err.Error()
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := labHTTP.Do(req)
 	if err != nil {
 		return "not answering"
 	}
