@@ -76,7 +76,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
 	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType, proto.NodeLeaseDriftType,
-	proto.SlotHardwareReportType,
+	proto.SlotHardwareReportType, proto.ConsoleSessionOpenType, proto.ConsoleSessionCloseType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -215,6 +215,9 @@ func (f *FSM) applyCommand(index uint64, data []byte) any {
 			return resp
 		}
 		if resp, ok := f.applyHardware(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
+		if resp, ok := f.applyConsole(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if ignorable {
