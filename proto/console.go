@@ -179,3 +179,18 @@ type ConsoleControl struct {
 	Mode    string `json:"mode,omitempty"`
 	Reason  string `json:"reason,omitempty"`
 }
+
+// ConsoleSessionRecord is one session as GET
+// /v1/allocations/{id}/console/sessions lists it: the record, the task's
+// state, and how it ended.
+type ConsoleSessionRecord struct {
+	Session ConsoleSession        `json:"session"`
+	State   TaskState             `json:"state"`
+	Result  *ConsoleSessionResult `json:"result,omitempty"`
+	Error   string                `json:"error,omitempty"`
+}
+
+// ConsoleSessionList answers GET /v1/allocations/{id}/console/sessions.
+type ConsoleSessionList struct {
+	Sessions []ConsoleSessionRecord `json:"sessions"`
+}

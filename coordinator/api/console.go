@@ -1,0 +1,520 @@
+package api
+
+// The serial console gateway (proto/console.go, agent/console).
+//
+//	user ──WS──▶ any coordinator: GET /v1/allocations/{id}/console
+//	               │ authenticated (owner, or admin with ?reason=)
+//	               │ follower: the upgrade is proxied to the leader
+//	               ▼
+//	             leader: ConsoleRecorder.Open (console_session_open, 80: re-checked
+//	               │ in the apply, a console.session task for the node)
+//	               │ waits for the agent (≤ consoleAgentWait)
+//	agent ──WS──▶ GET /v1/agent/console/{session} (node credential, the task's node only)
+//	               ▼
+//	             splice: binary frames both ways, counted; text frames (control)
+//	             from the agent to the user; ends when either side closes, or the
+//	             allocation stops being live (released), then ConsoleRecorder.Close
+//	             (console_session_close, 81) with how long and the bytes each way
+//
+// GET /v1/allocations/{id}/console/sessions lists the sessions (the owner
+// or an admin); GET .../console/sessions/{session}/transcript (admin, with
+// ?reason=) fetches a session's transcript from the agent the same way.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// consoleAgentWait bounds the wait for the agent to dial back.
+const consoleAgentWait = 15 * time.Second
+
+// consoleMaxMessage bounds one WebSocket message either way.
+const consoleMaxMessage = 64 << 10
+
+// ConsoleRecorder records console sessions: the ledger's Raft commands
+// today (raftConsoleRecorder); the audit log can stand behind it later.
+// Open must make the session visible to the owning agent.
+type ConsoleRecorder interface {
+	Open(ctx context.Context, s proto.ConsoleSession) error
+	Close(ctx context.Context, session string, r proto.ConsoleSessionResult, errText string) error
+}
+
+type raftConsoleRecorder struct{ b Backend }
+
+func (r raftConsoleRecorder) Open(ctx context.Context, s proto.ConsoleSession) error {
+	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionOpenType, proto.ConsoleSessionOpenRequest{At: time.Now().UTC(), Session: s})
+	if err != nil {
+		return err
+	}
+	if e, ok := resp.(*proto.Error); ok {
+		return e
+	}
+	return nil
+}
+
+func (r raftConsoleRecorder) Close(ctx context.Context, session string, res proto.ConsoleSessionResult, errText string) error {
+	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionCloseType, proto.ConsoleSessionCloseRequest{At: time.Now().UTC(), SessionID: session, Result: res, Error: proto.Clip(errText, proto.MaxConsoleCloseText)})
+	if err != nil {
+		return err
+	}
+	if e, ok := resp.(*proto.Error); ok {
+		return e
+	}
+	return nil
+}
+
+// SetConsoleRecorder replaces where console sessions are recorded.
+func (a *API) SetConsoleRecorder(r ConsoleRecorder) { a.consoles.recorder = r }
+
+// consoleGateway holds the sessions waiting for (or spliced with) their
+// agent on this coordinator.
+type consoleGateway struct {
+	recorder ConsoleRecorder
+	mu       sync.Mutex
+	pending  map[string]*pendingConsole
+}
+
+type pendingConsole struct {
+	node  string
+	agent chan *websocket.Conn
+	done  chan struct{} // closed when the gateway is finished with the agent's connection
+}
+
+func newConsoleSessionID() string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("crypto/rand: " + err.Error())
+	}
+	return "con-" + hex.EncodeToString(b[:])
+}
+
+func isWebSocket(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") && strings.Contains(strings.ToLower(r.Header.Get("Connection")), "upgrade")
+}
+
+// consoleAccess checks that the caller may open the allocation's console
+// (the owner; an admin with a reason) and returns the allocation.
+func (a *API) consoleAccess(c *call, reason string, adminOnly bool) (*proto.Allocation, bool, error) {
+	id, err := c.pathID("id", "allocation id")
+	if err != nil {
+		return nil, false, err
+	}
+	al, ok := a.b.Store().Snapshot().Allocation(id)
+	if !ok {
+		return nil, false, proto.Errorf(proto.CodeNotFound, "allocation %s does not exist", id)
+	}
+	admin := c.p.Role >= RoleAdmin
+	owner := al.Owner == c.p.Name
+	switch {
+	case adminOnly && !admin:
+		return nil, false, proto.Errorf(proto.CodeForbidden, "console transcripts are for admins; %s has role %s", c.p.Name, c.p.Role)
+	case !owner && !admin:
+		return nil, false, proto.Errorf(proto.CodeForbidden, "%s does not own allocation %s: only its owner (or an admin, with a reason) opens its console", c.p.Name, id)
+	case (!owner || adminOnly) && strings.TrimSpace(reason) == "":
+		return nil, false, proto.Errorf(proto.CodeInvalidArgument, "an admin opening another owner's console (or a transcript) must say why: add ?reason=")
+	case len(reason) > proto.MaxConsoleReason:
+		return nil, false, proto.Errorf(proto.CodeInvalidArgument, "reason is %d bytes; at most %d are allowed", len(reason), proto.MaxConsoleReason)
+	}
+	if al.Shape != proto.ShapeGPUSlice {
+		return nil, false, proto.Errorf(proto.CodeIllegalTransition, "allocation %s is %s: only slices have a serial console through the gateway", id, al.Shape)
+	}
+	if al.NodeID == "" {
+		return nil, false, proto.Errorf(proto.CodeIllegalTransition, "allocation %s is %s and placed on no node yet", id, al.State)
+	}
+	return al, !owner || adminOnly, nil
+}
+
+// onLeader forwards the request to the leader when this replica is a
+// follower (the WebSocket upgrade is proxied as is) and reports whether
+// the caller should go on.
+func (a *API) onLeader(c *call) (bool, error) {
+	if a.b.IsLeader() {
+		return true, nil
+	}
+	if c.r.Header.Get(proto.ForwardedHeader) != "" {
+		return false, proto.Errorf(proto.CodeUnavailable, "the console gateway runs on the leader and leadership moved; retry")
+	}
+	a.clearConnDeadlines(c.w)
+	a.forwardStream(c)
+	return false, nil
+}
+
+// clearConnDeadlines lifts the body deadline before a connection is
+// hijacked for a WebSocket (it would cut the session).
+func (a *API) clearConnDeadlines(w http.ResponseWriter) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+}
+
+// openConsoleSession records the session and waits for its agent.
+func (a *API) openConsoleSession(c *call, al *proto.Allocation, kind, reason, transcript string, admin, readOnly bool) (proto.ConsoleSession, *websocket.Conn, func(), error) {
+	gw := a.b.LeaderHTTPAddr()
+	if gw == "" {
+		gw = c.r.Host
+	}
+	s := proto.ConsoleSession{ID: newConsoleSessionID(), AllocationID: al.ID, NodeID: al.NodeID, Kind: kind,
+		User: c.p.Name, Admin: admin, Reason: reason, RemoteAddr: clientAddr(c.r), Gateway: gw, ReadOnly: readOnly,
+		Transcript: transcript, OpenedAt: time.Now().UTC()}
+	p := &pendingConsole{node: al.NodeID, agent: make(chan *websocket.Conn, 1), done: make(chan struct{})}
+	g := &a.consoles
+	g.mu.Lock()
+	if g.pending == nil {
+		g.pending = map[string]*pendingConsole{}
+	}
+	g.pending[s.ID] = p
+	g.mu.Unlock()
+	release := func() {
+		g.mu.Lock()
+		delete(g.pending, s.ID)
+		g.mu.Unlock()
+		select {
+		case <-p.done:
+		default:
+			close(p.done)
+		}
+	}
+	if err := g.recorder.Open(c.r.Context(), s); err != nil {
+		release()
+		return s, nil, nil, err
+	}
+	t := time.NewTimer(consoleAgentWait)
+	defer t.Stop()
+	select {
+	case conn := <-p.agent:
+		return s, conn, release, nil
+	case <-t.C:
+	case <-c.r.Context().Done():
+	}
+	release()
+	closeErr := fmt.Sprintf("the agent of node %s did not dial back within %s", al.NodeID, consoleAgentWait)
+	if c.r.Context().Err() != nil {
+		closeErr = "the client went away before the agent answered"
+	}
+	now := time.Now().UTC()
+	if err := g.recorder.Close(context.WithoutCancel(c.r.Context()), s.ID, proto.ConsoleSessionResult{OpenedAt: s.OpenedAt, ClosedAt: now, Closed: "never attached"}, closeErr); err != nil {
+		a.log.Warn("record console session close", "session", s.ID, "err", err)
+	}
+	return s, nil, nil, proto.Errorf(proto.CodeUnavailable, "%s; is its agent running?", closeErr)
+}
+
+// clientAddr is where the user connected from (the forwarding follower
+// passes it on).
+func clientAddr(r *http.Request) string {
+	if r.Header.Get(proto.ForwardedHeader) != "" {
+		if v := r.Header.Get("X-Forwarded-For"); v != "" {
+			return strings.TrimSpace(strings.Split(v, ",")[0])
+		}
+	}
+	return r.RemoteAddr
+}
+
+// console is GET /v1/allocations/{id}/console.
+func (a *API) console(c *call) error {
+	q, err := c.query("read_only", "reason")
+	if err != nil {
+		return err
+	}
+	readOnly := false
+	if v := q.Get("read_only"); v != "" {
+		if readOnly, err = strconv.ParseBool(v); err != nil {
+			return proto.Errorf(proto.CodeInvalidArgument, "read_only %q is not a boolean", v)
+		}
+	}
+	al, admin, err := a.consoleAccess(c, q.Get("reason"), false)
+	if err != nil {
+		return err
+	}
+	if al.State != proto.AllocProvisioning && al.State != proto.AllocActive {
+		return proto.Errorf(proto.CodeIllegalTransition, "allocation %s is %s; its console opens only while it is provisioning or active", al.ID, al.State)
+	}
+	if !isWebSocket(c.r) {
+		return proto.Errorf(proto.CodeInvalidArgument, "GET %s is a WebSocket: send Upgrade: websocket (gpuaasctl alloc console %s)", c.r.URL.Path, al.ID)
+	}
+	if ok, err := a.onLeader(c); !ok {
+		return err
+	}
+	s, agent, release, err := a.openConsoleSession(c, al, proto.TaskConsoleSession, q.Get("reason"), "", admin, readOnly)
+	if err != nil {
+		return err
+	}
+	defer release()
+	defer agent.CloseNow()
+	a.clearConnDeadlines(c.w)
+	user, err := websocket.Accept(c.w, c.r, nil)
+	if err != nil {
+		a.closeConsole(s, proto.ConsoleSessionResult{Closed: "the user's WebSocket upgrade failed"}, err.Error())
+		return nil // Accept wrote the response
+	}
+	defer user.CloseNow()
+	res := a.splice(s, user, agent)
+	a.closeConsole(s, res, "")
+	return nil
+}
+
+func (a *API) closeConsole(s proto.ConsoleSession, res proto.ConsoleSessionResult, errText string) {
+	if res.OpenedAt.IsZero() {
+		res.OpenedAt = s.OpenedAt
+	}
+	if res.ClosedAt.IsZero() {
+		res.ClosedAt = time.Now().UTC()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.consoles.recorder.Close(ctx, s.ID, res, errText); err != nil {
+		a.log.Warn("record console session close", "session", s.ID, "allocation", s.AllocationID, "err", err)
+	}
+}
+
+// splice carries the session until one side ends or the allocation is no
+// longer live.
+func (a *API) splice(s proto.ConsoleSession, user, agent *websocket.Conn) proto.ConsoleSessionResult {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	user.SetReadLimit(consoleMaxMessage)
+	agent.SetReadLimit(consoleMaxMessage)
+	var in, out atomic.Int64
+	var mode atomic.Pointer[string]
+	var reason atomic.Pointer[string]
+	end := func(r string) {
+		reason.CompareAndSwap(nil, &r)
+		cancel()
+	}
+	go func() { // agent → user
+		for {
+			typ, b, err := agent.Read(ctx)
+			if err != nil {
+				if cs := websocket.CloseStatus(err); cs != -1 {
+					var ce websocket.CloseError
+					if errors.As(err, &ce) && ce.Reason != "" {
+						end("agent: " + ce.Reason)
+						return
+					}
+				}
+				end("the agent's connection ended")
+				return
+			}
+			if typ == websocket.MessageText {
+				var ctl proto.ConsoleControl
+				if json.Unmarshal(b, &ctl) == nil {
+					switch ctl.Type {
+					case "attached":
+						m := ctl.Mode
+						mode.Store(&m)
+					case "closed", "error":
+						r := "agent: " + ctl.Reason
+						reason.CompareAndSwap(nil, &r)
+					}
+				}
+			} else {
+				out.Add(int64(len(b)))
+			}
+			if err := user.Write(ctx, typ, b); err != nil {
+				end("the user's connection ended")
+				return
+			}
+		}
+	}()
+	go func() { // user → agent
+		for {
+			typ, b, err := user.Read(ctx)
+			if err != nil {
+				end("the user closed the session")
+				return
+			}
+			if typ != websocket.MessageBinary {
+				continue // the user sends terminal bytes only
+			}
+			in.Add(int64(len(b)))
+			if err := agent.Write(ctx, websocket.MessageBinary, b); err != nil {
+				end("the agent's connection ended")
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-tick.C:
+			if al, ok := a.b.Store().Snapshot().Allocation(s.AllocationID); !ok || (al.State != proto.AllocProvisioning && al.State != proto.AllocActive) {
+				end("allocation released")
+			}
+		}
+	}
+	r := "closed"
+	if p := reason.Load(); p != nil {
+		r = *p
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Second)
+	ctl, _ := json.Marshal(proto.ConsoleControl{Type: "closed", Session: s.ID, Reason: r})
+	_ = user.Write(wctx, websocket.MessageText, ctl)
+	wcancel()
+	_ = user.Close(websocket.StatusNormalClosure, clip123(r))
+	_ = agent.Close(websocket.StatusNormalClosure, clip123(r))
+	res := proto.ConsoleSessionResult{OpenedAt: s.OpenedAt, ClosedAt: time.Now().UTC(), BytesIn: in.Load(), BytesOut: out.Load(), Closed: proto.Clip(r, proto.MaxConsoleCloseText)}
+	if m := mode.Load(); m != nil {
+		res.Mode = *m
+	}
+	return res
+}
+
+func clip123(s string) string {
+	if len(s) > 120 {
+		return s[:120]
+	}
+	return s
+}
+
+// consoleSessions is GET /v1/allocations/{id}/console/sessions.
+func (a *API) consoleSessions(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	id, err := c.pathID("id", "allocation id")
+	if err != nil {
+		return err
+	}
+	snap := a.b.Store().Snapshot()
+	al, ok := snap.Allocation(id)
+	if !ok {
+		return proto.Errorf(proto.CodeNotFound, "allocation %s does not exist", id)
+	}
+	if al.Owner != c.p.Name && c.p.Role < RoleAdmin {
+		return proto.Errorf(proto.CodeForbidden, "%s does not own allocation %s", c.p.Name, id)
+	}
+	out := []proto.ConsoleSessionRecord{}
+	for _, t := range snap.Tasks("", id, "", 0) {
+		if !proto.IsConsoleTask(t.Type) {
+			continue
+		}
+		rec := proto.ConsoleSessionRecord{State: t.State, Error: t.Error}
+		_ = json.Unmarshal(t.Payload, &rec.Session)
+		if len(t.Result) > 0 {
+			var r proto.ConsoleSessionResult
+			if json.Unmarshal(t.Result, &r) == nil {
+				rec.Result = &r
+			}
+		}
+		out = append(out, rec)
+	}
+	c.index = snap.Index()
+	return c.reply(http.StatusOK, proto.ConsoleSessionList{Sessions: out})
+}
+
+// consoleTranscript is GET /v1/allocations/{id}/console/sessions/{session}/transcript.
+func (a *API) consoleTranscript(c *call) error {
+	q, err := c.query("reason")
+	if err != nil {
+		return err
+	}
+	sid, err := c.pathID("session", "console session id")
+	if err != nil {
+		return err
+	}
+	al, _, err := a.consoleAccess(c, q.Get("reason"), true)
+	if err != nil {
+		return err
+	}
+	if t, ok := a.b.Store().Snapshot().Task(sid); !ok || t.Type != proto.TaskConsoleSession || t.AllocationID != al.ID {
+		return proto.Errorf(proto.CodeNotFound, "allocation %s has no console session %s", al.ID, sid)
+	}
+	if ok, err := a.onLeader(c); !ok {
+		return err
+	}
+	s, agent, release, err := a.openConsoleSession(c, al, proto.TaskConsoleTranscript, q.Get("reason"), sid, true, true)
+	if err != nil {
+		return err
+	}
+	defer release()
+	defer agent.CloseNow()
+	ctx, cancel := context.WithTimeout(c.r.Context(), time.Minute)
+	defer cancel()
+	agent.SetReadLimit(consoleMaxMessage)
+	var body []byte
+	var failure string
+	for {
+		typ, b, err := agent.Read(ctx)
+		if err != nil {
+			if websocket.CloseStatus(err) != websocket.StatusNormalClosure && failure == "" {
+				failure = "the agent's connection ended early: " + err.Error()
+			}
+			break
+		}
+		if typ == websocket.MessageText {
+			var ctl proto.ConsoleControl
+			if json.Unmarshal(b, &ctl) == nil && ctl.Type == "error" {
+				failure = ctl.Reason
+			}
+			continue
+		}
+		if len(body)+len(b) > 64<<20 {
+			failure = "the transcript is larger than 64 MiB"
+			break
+		}
+		body = append(body, b...)
+	}
+	a.closeConsole(s, proto.ConsoleSessionResult{BytesOut: int64(len(body)), Closed: "transcript fetched"}, failure)
+	if failure != "" {
+		code := proto.CodeUnavailable
+		if strings.Contains(failure, "no transcript") {
+			code = proto.CodeNotFound
+		}
+		return proto.Errorf(code, "transcript of console session %s: %s", sid, failure)
+	}
+	c.w.Header().Set("Content-Type", "application/x-ndjson")
+	c.w.Header().Set("Cache-Control", "no-store")
+	c.w.WriteHeader(http.StatusOK)
+	_, _ = c.w.Write(body)
+	return nil
+}
+
+// agentConsole is GET /v1/agent/console/{id}: the agent dialling back.
+func (a *API) agentConsole(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	id, err := c.pathID("id", "console session id")
+	if err != nil {
+		return err
+	}
+	g := &a.consoles
+	g.mu.Lock()
+	p := g.pending[id]
+	g.mu.Unlock()
+	if p == nil {
+		return proto.Errorf(proto.CodeNotFound, "no console session %s is waiting on this coordinator", id)
+	}
+	if p.node != c.agentNode() {
+		return proto.Errorf(proto.CodeForbidden, "console session %s belongs to node %s; this credential acts for node %s only", id, p.node, c.agentNode())
+	}
+	a.clearConnDeadlines(c.w)
+	conn, err := websocket.Accept(c.w, c.r, nil)
+	if err != nil {
+		return nil // Accept wrote the response
+	}
+	select {
+	case p.agent <- conn:
+	default:
+		conn.Close(websocket.StatusPolicyViolation, "the session already has its agent")
+		return nil
+	}
+	<-p.done
+	return nil
+}
