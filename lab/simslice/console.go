@@ -139,11 +139,11 @@ func (g *simGuest) getty(tty *os.File, hostname string) {
 	}
 	line := func() (string, bool) {
 		s, err := in.ReadString('\n')
-		return strings.TrimRight(s, "\r\n"), err == nil
+		return strings.TrimRight(s, "\n"), err == nil
 	}
-	say("\r\ngpuaas lab guest (simulated) %s ttyS0\r\n", hostname)
+	say("\ngpuaas lab guest (simulated) %s ttyS0\n", hostname)
 	for {
-		if !say("\r\n%s login: ", hostname) {
+		if !say("\n%s login: ", hostname) {
 			return
 		}
 		user, ok := line()
@@ -154,12 +154,12 @@ func (g *simGuest) getty(tty *os.File, hostname string) {
 		say("Password: ")
 		pw, ok := line()
 		setEcho(tty, true)
-		say("\r\n")
+		say("\n")
 		if !ok {
 			return
 		}
 		if user != ConsoleUser || pw != ConsolePassword {
-			say("Login incorrect\r\n")
+			say("Login incorrect\n")
 			continue
 		}
 		if !g.shell(tty, in, hostname) {
@@ -180,7 +180,7 @@ func (g *simGuest) shell(tty *os.File, in *bufio.Reader, hostname string) bool {
 		}
 		out, exit := g.run(strings.Fields(strings.TrimSpace(s)), hostname)
 		if out != "" {
-			fmt.Fprint(tty, strings.ReplaceAll(out, "\n", "\r\n"))
+			fmt.Fprint(tty, out) // the tty's ONLCR turns \n into \r\n
 		}
 		if exit {
 			return true
