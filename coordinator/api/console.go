@@ -283,27 +283,29 @@ func (a *API) closeConsole(s proto.ConsoleSession, res proto.ConsoleSessionResul
 // splice carries the session until one side ends or the allocation is no
 // longer live.
 func (a *API) splice(s proto.ConsoleSession, user, agent *websocket.Conn) proto.ConsoleSessionResult {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	// The reads run on a context that is never cancelled: cancelling a
+	// read's context tears a coder/websocket connection down without a
+	// close frame. Closing the connections is what stops them.
+	ctx := context.Background()
 	user.SetReadLimit(consoleMaxMessage)
 	agent.SetReadLimit(consoleMaxMessage)
 	var in, out atomic.Int64
 	var mode atomic.Pointer[string]
 	var reason atomic.Pointer[string]
+	stop := make(chan struct{})
+	var once sync.Once
 	end := func(r string) {
 		reason.CompareAndSwap(nil, &r)
-		cancel()
+		once.Do(func() { close(stop) })
 	}
 	go func() { // agent → user
 		for {
 			typ, b, err := agent.Read(ctx)
 			if err != nil {
-				if cs := websocket.CloseStatus(err); cs != -1 {
-					var ce websocket.CloseError
-					if errors.As(err, &ce) && ce.Reason != "" {
-						end("agent: " + ce.Reason)
-						return
-					}
+				var ce websocket.CloseError
+				if errors.As(err, &ce) && ce.Reason != "" {
+					end("agent: " + ce.Reason)
+					return
 				}
 				end("the agent's connection ended")
 				return
@@ -316,8 +318,11 @@ func (a *API) splice(s proto.ConsoleSession, user, agent *websocket.Conn) proto.
 						m := ctl.Mode
 						mode.Store(&m)
 					case "closed", "error":
-						r := "agent: " + ctl.Reason
-						reason.CompareAndSwap(nil, &r)
+						// The agent ends the session (idle, release, the
+						// console closed): the gateway says so to the user
+						// once, with its own closing message.
+						end(ctl.Reason)
+						continue
 					}
 				}
 			} else {
@@ -350,7 +355,7 @@ func (a *API) splice(s proto.ConsoleSession, user, agent *websocket.Conn) proto.
 	defer tick.Stop()
 	for done := false; !done; {
 		select {
-		case <-ctx.Done():
+		case <-stop:
 			done = true
 		case <-tick.C:
 			if al, ok := a.b.Store().Snapshot().Allocation(s.AllocationID); !ok || (al.State != proto.AllocProvisioning && al.State != proto.AllocActive) {
@@ -362,12 +367,16 @@ func (a *API) splice(s proto.ConsoleSession, user, agent *websocket.Conn) proto.
 	if p := reason.Load(); p != nil {
 		r = *p
 	}
-	wctx, wcancel := context.WithTimeout(context.Background(), time.Second)
+	wctx, wcancel := context.WithTimeout(ctx, time.Second)
 	ctl, _ := json.Marshal(proto.ConsoleControl{Type: "closed", Session: s.ID, Reason: r})
 	_ = user.Write(wctx, websocket.MessageText, ctl)
 	wcancel()
-	_ = user.Close(websocket.StatusNormalClosure, clip123(r))
-	_ = agent.Close(websocket.StatusNormalClosure, clip123(r))
+	var wg sync.WaitGroup
+	for _, c := range []*websocket.Conn{user, agent} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = c.Close(websocket.StatusNormalClosure, clip123(r)) }()
+	}
+	wg.Wait()
 	res := proto.ConsoleSessionResult{OpenedAt: s.OpenedAt, ClosedAt: time.Now().UTC(), BytesIn: in.Load(), BytesOut: out.Load(), Closed: proto.Clip(r, proto.MaxConsoleCloseText)}
 	if m := mode.Load(); m != nil {
 		res.Mode = *m

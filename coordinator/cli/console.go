@@ -108,11 +108,20 @@ func (a *app) console(ctx context.Context, cl *Client, id string, readOnly bool,
 		}
 		defer term.Restore(int(f.Fd()), st)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Leaving closes the connection (a close frame to the gateway); the
+	// read below then returns. Cancelling a read's context would drop
+	// the connection without one.
 	var once sync.Once
+	var mu sync.Mutex
 	var closeReason string
-	finish := func(r string) { once.Do(func() { closeReason = r; cancel() }) }
+	finish := func(r string) {
+		once.Do(func() {
+			mu.Lock()
+			closeReason = r
+			mu.Unlock()
+			go conn.Close(websocket.StatusNormalClosure, "client left")
+		})
+	}
 	go func() {
 		buf := make([]byte, 4096)
 		for {
@@ -146,9 +155,11 @@ func (a *app) console(ctx context.Context, cl *Client, id string, readOnly bool,
 	for {
 		typ, b, err := conn.Read(ctx)
 		if err != nil {
-			_ = conn.Close(websocket.StatusNormalClosure, "client left")
-			if closeReason != "" {
-				fmt.Fprintf(a.errOut, "\r\n[console: %s]\r\n", closeReason)
+			mu.Lock()
+			left := closeReason
+			mu.Unlock()
+			if left != "" {
+				fmt.Fprintf(a.errOut, "\r\n[console: %s]\r\n", left)
 				return nil
 			}
 			var ce websocket.CloseError

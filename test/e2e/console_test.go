@@ -1,0 +1,284 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/agent/console"
+	"github.com/gpuaas/gpuaas/agent/slice"
+	"github.com/gpuaas/gpuaas/coordinator/cli"
+	"github.com/gpuaas/gpuaas/lab/fleet"
+	"github.com/gpuaas/gpuaas/lab/simslice"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// consoleCLI is a running `gpuaasctl alloc console`: its stdin, and its
+// stdout collected for expect.
+type consoleCLI struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	mu    sync.Mutex
+	out   strings.Builder
+	err   strings.Builder
+	read  int // how much of out expect consumed
+	done  chan error
+}
+
+// startConsoleCLI runs gpuaasctl alloc console against api (its address
+// and token) with extra arguments.
+func startConsoleCLI(t *testing.T, bin string, api fleet.API, id string, args ...string) *consoleCLI {
+	t.Helper()
+	c := &consoleCLI{t: t, done: make(chan error, 1)}
+	c.cmd = exec.Command(filepath.Join(bin, "gpuaasctl"), append([]string{"alloc", "console", id}, args...)...)
+	c.cmd.Env = append(os.Environ(), "GPUAAS_ADDR="+api.C.Base.String(), "GPUAAS_TOKEN="+api.C.Token)
+	var err error
+	c.stdin, err = c.cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := c.cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr, err := c.cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, c.cmd.Start())
+	var wg sync.WaitGroup
+	for _, p := range []struct {
+		r io.Reader
+		b *strings.Builder
+	}{{stdout, &c.out}, {stderr, &c.err}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			for {
+				n, err := p.r.Read(buf)
+				c.mu.Lock()
+				p.b.Write(buf[:n])
+				c.mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	go func() { wg.Wait(); c.done <- c.cmd.Wait() }()
+	t.Cleanup(func() { _ = c.cmd.Process.Kill() })
+	return c
+}
+
+// expect waits for want in the output after what the last expect
+// consumed, and returns that stretch.
+func (c *consoleCLI) expect(want string, within time.Duration) string {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		c.mu.Lock()
+		rest := c.out.String()[c.read:]
+		if i := strings.Index(rest, want); i >= 0 {
+			c.read += i + len(want)
+			c.mu.Unlock()
+			return rest[:i+len(want)]
+		}
+		stderr := c.err.String()
+		c.mu.Unlock()
+		if time.Now().After(deadline) {
+			c.t.Fatalf("console: no %q within %s; output so far %q; stderr %q", want, within, rest, stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *consoleCLI) send(s string) {
+	c.t.Helper()
+	_, err := c.stdin.Write([]byte(s))
+	require.NoError(c.t, err)
+}
+
+func (c *consoleCLI) stderr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err.String()
+}
+
+// wait waits for the CLI to exit.
+func (c *consoleCLI) wait(within time.Duration) error {
+	c.t.Helper()
+	select {
+	case err := <-c.done:
+		return err
+	case <-time.After(within):
+		c.t.Fatalf("gpuaasctl alloc console did not exit within %s; stderr %q", within, c.stderr())
+	}
+	return nil
+}
+
+// TestLabConsoleThroughGateway runs the serial console of a slice on the
+// simulated runtime (lab/simslice's pty getty) through real processes:
+// gpuaasctl → a follower coordinator (proxied to the leader's gateway) →
+// the agent, which dials back. It logs in, runs commands, takes the
+// guest's link down and keeps working; a second session is read-only; an
+// admin without a reason is refused; the sessions are recorded with bytes
+// each way, the transcript redacts the password, and release closes an
+// open session.
+func TestLabConsoleThroughGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs coordinator and agent processes")
+	}
+	e := newAgentsEnv(t)
+	h := e.host("j22u15", "j22u15")
+	tok, err := e.api.MintToken(e.ctx, "j22u15", time.Hour)
+	require.NoError(t, err)
+	p := e.start(h, tok)
+	e.node("j22u15", "active and slice-ready", func(d proto.NodeDetail) bool {
+		return d.Node.State == proto.NodeActive && d.Node.Readiness != nil && d.Node.Readiness.SliceReady
+	})
+	require.NoError(t, fleet.ForgetToken(h))
+	topo, err := e.api.Discover(e.ctx, "j22u15")
+	require.NoError(t, err)
+	_, err = e.api.ApproveComplete(e.ctx, topo)
+	require.NoError(t, err)
+	lc := &lifecycle{agentsEnv: e, h: h, p: p}
+	a := lc.create(1, "console-1")
+	lc.waitAlloc(a.ID, proto.AllocActive, transitionBound)
+	bin := buildBinaries(t)
+
+	// The owner (the operator token) logs in through the CLI.
+	owner := startConsoleCLI(t, bin, e.op, a.ID)
+	owner.expect("login: ", 20*time.Second)
+	require.Contains(t, owner.stderr(), "read-write")
+	owner.send(simslice.ConsoleUser + "\n")
+	owner.expect("Password: ", 5*time.Second)
+	owner.send(simslice.ConsolePassword + "\n")
+	owner.expect("~# ", 5*time.Second)
+	owner.send("hostname\n")
+	owner.expect("\n"+slice.DomainName(a.ID), 5*time.Second)
+	owner.expect("~# ", 5*time.Second)
+
+	// A second session (the admin, with a reason) only watches.
+	watcher, err := cli.DialConsole(e.ctx, e.api.C, a.ID, false, "e2e: watching the owner's session")
+	require.NoError(t, err)
+	defer watcher.CloseNow()
+	_, b, err := watcher.Read(e.ctx)
+	require.NoError(t, err)
+	var ctl proto.ConsoleControl
+	require.NoError(t, json.Unmarshal(b, &ctl))
+	assert.Equal(t, "attached", ctl.Type)
+	assert.Equal(t, proto.ConsoleReadOnly, ctl.Mode, "the owner holds the console read-write")
+	require.NoError(t, watcher.Write(e.ctx, websocket.MessageBinary, []byte("reboot\n")))
+	_, b, err = watcher.Read(e.ctx)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &ctl))
+	assert.Equal(t, "notice", ctl.Type, "a read-only session's input is refused, and said so")
+
+	// The guest's network goes down; the console does not care.
+	owner.send("ip link set eth0 down\n")
+	owner.expect("~# ", 5*time.Second)
+	owner.send("ip link\n")
+	owner.expect("state DOWN", 5*time.Second)
+	owner.send("echo still-here\n")
+	owner.expect("still-here", 5*time.Second)
+	// The watcher saw the owner's output.
+	seen := ""
+	for !strings.Contains(seen, "still-here") {
+		ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+		typ, b, err := watcher.Read(ctx)
+		cancel()
+		require.NoError(t, err, "watcher saw %q", seen)
+		if typ == websocket.MessageBinary {
+			seen += string(b)
+		}
+	}
+	assert.NotContains(t, seen, "reboot", "the watcher's input never reached the guest")
+
+	// Ctrl-] leaves.
+	owner.send(string(rune(cli.ConsoleEscape)))
+	require.NoError(t, owner.wait(10*time.Second))
+	assert.Contains(t, owner.stderr(), "left with Ctrl-]")
+	watcher.Close(websocket.StatusNormalClosure, "done")
+
+	// An admin who is not the owner must give a reason; an unknown
+	// allocation is refused before anything is recorded.
+	_, err = cli.DialConsole(e.ctx, e.api.C, a.ID, false, "")
+	require.True(t, cli.IsProblem(err, proto.CodeInvalidArgument), "%v", err)
+	assert.Contains(t, err.Error(), "reason")
+	_, err = cli.DialConsole(e.ctx, e.op.C, "a-nosuch", false, "")
+	require.True(t, cli.IsProblem(err, proto.CodeNotFound), "%v", err)
+
+	// The audit record: who, from where, when, how long, bytes each way.
+	var list proto.ConsoleSessionList
+	require.Eventually(t, func() bool {
+		list = proto.ConsoleSessionList{}
+		if e.do(e.op, http.MethodGet, "/v1/allocations/"+a.ID+"/console/sessions", nil, &list) != nil {
+			return false
+		}
+		ended := 0
+		for _, s := range list.Sessions {
+			if s.Result != nil {
+				ended++
+			}
+		}
+		return ended == 2
+	}, 10*time.Second, 100*time.Millisecond, "both sessions recorded as ended: %+v", list)
+	var ownerRec, watchRec proto.ConsoleSessionRecord
+	for _, s := range list.Sessions {
+		if s.Session.Admin {
+			watchRec = s
+		} else {
+			ownerRec = s
+		}
+	}
+	assert.Equal(t, a.Owner, ownerRec.Session.User)
+	assert.NotEmpty(t, ownerRec.Session.RemoteAddr)
+	assert.Equal(t, proto.TaskSucceeded, ownerRec.State)
+	assert.Equal(t, proto.ConsoleReadWrite, ownerRec.Result.Mode)
+	assert.Greater(t, ownerRec.Result.BytesIn, int64(len("hostname\n")))
+	assert.Greater(t, ownerRec.Result.BytesOut, int64(100))
+	assert.Positive(t, ownerRec.Result.Duration())
+	assert.Equal(t, proto.ConsoleReadOnly, watchRec.Result.Mode)
+	assert.Equal(t, "e2e: watching the owner's session", watchRec.Session.Reason)
+	var tl proto.List[proto.TimelineEvent]
+	require.NoError(t, e.do(e.op, http.MethodGet, "/v1/allocations/"+a.ID+"/timeline", nil, &tl))
+	lines := 0
+	for _, ev := range tl.Items {
+		if ev.Stage == "console" {
+			lines++
+		}
+	}
+	assert.Equal(t, 4, lines, "one timeline line at open and one at close per session")
+
+	// The transcript, fetched by an admin with a reason: input kept,
+	// the password redacted.
+	r, err := e.api.C.Do(e.ctx, http.MethodGet, "/v1/allocations/"+a.ID+"/console/sessions/"+ownerRec.Session.ID+"/transcript",
+		url.Values{"reason": {"e2e: audit check"}}, nil, nil)
+	require.NoError(t, err)
+	tr := string(r.Body)
+	assert.Contains(t, tr, `"dir":"in","data":"hostname\n"`)
+	assert.Contains(t, tr, console.Redacted)
+	assert.NotContains(t, tr, simslice.ConsolePassword)
+	_, err = e.op.C.Do(e.ctx, http.MethodGet, "/v1/allocations/"+a.ID+"/console/sessions/"+ownerRec.Session.ID+"/transcript",
+		url.Values{"reason": {"curious"}}, nil, nil)
+	require.True(t, cli.IsProblem(err, proto.CodeForbidden), "only admins read transcripts: %v", err)
+
+	// Release closes an open session.
+	open := startConsoleCLI(t, bin, e.op, a.ID)
+	open.expect("login: ", 20*time.Second)
+	require.NoError(t, e.do(e.op, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil, nil))
+	require.NoError(t, open.wait(20*time.Second), "stderr: %s", open.stderr())
+	assert.Contains(t, open.stderr(), "allocation released")
+	lc.waitAlloc(a.ID, proto.AllocReleased, transitionBound)
+	_, err = cli.DialConsole(e.ctx, e.op.C, a.ID, false, "")
+	require.True(t, cli.IsProblem(err, proto.CodeIllegalTransition), "a released slice has no console: %v", err)
+}
