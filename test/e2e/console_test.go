@@ -3,12 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +26,7 @@ import (
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/simslice"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/test/bench"
 )
 
 // consoleCLI is a running `gpuaasctl alloc console`: its stdin, and its
@@ -39,13 +42,18 @@ type consoleCLI struct {
 	done  chan error
 }
 
-// startConsoleCLI runs gpuaasctl alloc console against api (its address
-// and token) with extra arguments.
-func startConsoleCLI(t *testing.T, bin string, api fleet.API, id string, args ...string) *consoleCLI {
+// apiEnv is the gpuaasctl environment of api (its address and token).
+func apiEnv(api fleet.API) []string {
+	return []string{"GPUAAS_ADDR=" + api.C.Base.String(), "GPUAAS_TOKEN=" + api.C.Token}
+}
+
+// startConsoleCLI runs gpuaasctl alloc console with env added to this
+// process's environment, and extra arguments.
+func startConsoleCLI(t *testing.T, bin string, env []string, id string, args ...string) *consoleCLI {
 	t.Helper()
 	c := &consoleCLI{t: t, done: make(chan error, 1)}
 	c.cmd = exec.Command(filepath.Join(bin, "gpuaasctl"), append([]string{"alloc", "console", id}, args...)...)
-	c.cmd.Env = append(os.Environ(), "GPUAAS_ADDR="+api.C.Base.String(), "GPUAAS_TOKEN="+api.C.Token)
+	c.cmd.Env = append(os.Environ(), env...)
 	var err error
 	c.stdin, err = c.cmd.StdinPipe()
 	require.NoError(t, err)
@@ -125,18 +133,10 @@ func (c *consoleCLI) wait(within time.Duration) error {
 	return nil
 }
 
-// TestLabConsoleThroughGateway runs the serial console of a slice on the
-// simulated runtime (lab/simslice's pty getty) through real processes:
-// gpuaasctl → a follower coordinator (proxied to the leader's gateway) →
-// the agent, which dials back. It logs in, runs commands, takes the
-// guest's link down and keeps working; a second session is read-only; an
-// admin without a reason is refused; the sessions are recorded with bytes
-// each way, the transcript redacts the password, and release closes an
-// open session.
-func TestLabConsoleThroughGateway(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs coordinator and agent processes")
-	}
+// consoleLab starts 3 coordinator processes and a simulated j22u15 agent
+// (lab/simslice) and returns an active 1-GPU slice of the operator's.
+func consoleLab(t *testing.T) (*agentsEnv, *lifecycle, proto.Allocation) {
+	t.Helper()
 	e := newAgentsEnv(t)
 	h := e.host("j22u15", "j22u15")
 	tok, err := e.api.MintToken(e.ctx, "j22u15", time.Hour)
@@ -153,10 +153,26 @@ func TestLabConsoleThroughGateway(t *testing.T) {
 	lc := &lifecycle{agentsEnv: e, h: h, p: p}
 	a := lc.create(1, "console-1")
 	lc.waitAlloc(a.ID, proto.AllocActive, transitionBound)
+	return e, lc, a
+}
+
+// TestLabConsoleThroughGateway runs the serial console of a slice on the
+// simulated runtime (lab/simslice's pty getty) through real processes:
+// gpuaasctl → a follower coordinator (proxied to the leader's gateway) →
+// the agent, which dials back. It logs in, runs commands, takes the
+// guest's link down and keeps working; a second session is read-only; an
+// admin without a reason is refused; the sessions are recorded with bytes
+// each way, the transcript redacts the password, and release closes an
+// open session.
+func TestLabConsoleThroughGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs coordinator and agent processes")
+	}
+	e, lc, a := consoleLab(t)
 	bin := buildBinaries(t)
 
 	// The owner (the operator token) logs in through the CLI.
-	owner := startConsoleCLI(t, bin, e.op, a.ID)
+	owner := startConsoleCLI(t, bin, apiEnv(e.op), a.ID)
 	owner.expect("login: ", 20*time.Second)
 	require.Contains(t, owner.stderr(), "read-write")
 	owner.send(simslice.ConsoleUser + "\n")
@@ -273,7 +289,7 @@ func TestLabConsoleThroughGateway(t *testing.T) {
 	require.True(t, cli.IsProblem(err, proto.CodeForbidden), "only admins read transcripts: %v", err)
 
 	// Release closes an open session.
-	open := startConsoleCLI(t, bin, e.op, a.ID)
+	open := startConsoleCLI(t, bin, apiEnv(e.op), a.ID)
 	open.expect("login: ", 20*time.Second)
 	require.NoError(t, e.do(e.op, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil, nil))
 	require.NoError(t, open.wait(20*time.Second), "stderr: %s", open.stderr())
@@ -281,4 +297,38 @@ func TestLabConsoleThroughGateway(t *testing.T) {
 	lc.waitAlloc(a.ID, proto.AllocReleased, transitionBound)
 	_, err = cli.DialConsole(e.ctx, e.op.C, a.ID, false, "")
 	require.True(t, cli.IsProblem(err, proto.CodeIllegalTransition), "a released slice has no console: %v", err)
+}
+
+// TestBenchConsoleAttach measures console_attach_ms: from the WebSocket
+// request of a console session (through a coordinator that may be a
+// follower, so the upgrade may be proxied to the leader's gateway) to the
+// first byte back — the agent's "attached" message, which it sends once it
+// has dialled back and attached to the slice's console — on real
+// coordinator and agent processes (the simulated runtime's console). 20
+// sessions one after the other; the median is the figure, the 90th
+// percentile and the maximum are in the notes.
+func TestBenchConsoleAttach(t *testing.T) {
+	if os.Getenv("GPUAAS_BENCH") == "" {
+		t.Skip("set GPUAAS_BENCH=1 (make bench)")
+	}
+	e, _, a := consoleLab(t)
+	const runs = 20
+	var ms []float64
+	for range runs {
+		start := time.Now()
+		conn, err := cli.DialConsole(e.ctx, e.op.C, a.ID, false, "")
+		require.NoError(t, err)
+		_, _, err = conn.Read(e.ctx)
+		require.NoError(t, err)
+		ms = append(ms, float64(time.Since(start).Microseconds())/1000)
+		require.NoError(t, conn.Close(websocket.StatusNormalClosure, "bench"))
+	}
+	sort.Float64s(ms)
+	p50, p90, worst := ms[runs/2], ms[runs*9/10], ms[runs-1]
+	t.Logf("console attach: p50 %.1f ms, p90 %.1f ms, max %.1f ms over %d sessions", p50, p90, worst, runs)
+	require.NoError(t, bench.WritePart("console", []bench.Metric{
+		bench.AtMost("console_attach_ms", p50, "ms", 1000, fmt.Sprintf(
+			"request to first byte through the gateway (3 coordinator processes, the request to a replica that may proxy it to the leader; "+
+				"Raft-recorded session, agent long-poll wake-up, agent dial-back, console attach on lab/simslice's pty): median of %d; p90 %.1f ms, max %.1f ms", runs, p90, worst)),
+	}))
 }
