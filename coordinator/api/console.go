@@ -360,6 +360,10 @@ func (a *API) splice(s proto.ConsoleSession, user, agent *websocket.Conn) proto.
 		case <-tick.C:
 			if al, ok := a.b.Store().Snapshot().Allocation(s.AllocationID); !ok || (al.State != proto.AllocProvisioning && al.State != proto.AllocActive) {
 				end("allocation released")
+			} else if !a.b.IsLeader() {
+				// Only the leader records sessions: a session outliving the
+				// leadership would end unrecorded. Reconnect to go on.
+				end("the gateway's coordinator lost the leadership; reconnect")
 			}
 		}
 	}
@@ -526,4 +530,42 @@ func (a *API) agentConsole(c *call) error {
 	}
 	<-p.done
 	return nil
+}
+
+// consoleOrphanGrace is how long a console session may be open on the
+// ledger without this leader's gateway holding it before the leader
+// closes its record.
+const consoleOrphanGrace = consoleAgentWait + 15*time.Second
+
+// closeOrphanedConsoles closes the record of every console session that
+// is still open on the ledger but held by no gateway of this leader (the
+// coordinator that held it crashed, or the leadership moved: its splice
+// ended unrecorded) once it is older than grace, so no session record
+// stays open forever. It returns how many it closed.
+func (a *API) closeOrphanedConsoles(ctx context.Context, grace time.Duration) int {
+	st := a.b.Store()
+	if st == nil {
+		return 0
+	}
+	now := a.now()
+	n := 0
+	for _, t := range st.Snapshot().TasksByState(proto.TaskRunning) {
+		if !proto.IsConsoleTask(t.Type) || now.Sub(t.CreatedAt) < grace {
+			continue
+		}
+		a.consoles.mu.Lock()
+		_, held := a.consoles.pending[t.ID]
+		a.consoles.mu.Unlock()
+		if held {
+			continue
+		}
+		res := proto.ConsoleSessionResult{OpenedAt: t.CreatedAt, ClosedAt: now, Closed: "gateway gone"}
+		err := a.consoles.recorder.Close(ctx, t.ID, res, "the coordinator holding the session stopped or lost the leadership before recording its end; duration and bytes unknown")
+		if err != nil {
+			a.log.Warn("close orphaned console session", "session", t.ID, "err", err)
+			continue
+		}
+		n++
+	}
+	return n
 }
