@@ -84,6 +84,7 @@ func (a *API) SetConsoleRecorder(r ConsoleRecorder) { a.consoles.recorder = r }
 // agent on this coordinator.
 type consoleGateway struct {
 	recorder ConsoleRecorder
+	wait     time.Duration // for the agent to dial back (consoleAgentWait; tests shorten it)
 	mu       sync.Mutex
 	pending  map[string]*pendingConsole
 }
@@ -192,7 +193,11 @@ func (a *API) openConsoleSession(c *call, al *proto.Allocation, kind, reason, tr
 		release()
 		return s, nil, nil, err
 	}
-	t := time.NewTimer(consoleAgentWait)
+	wait := g.wait
+	if wait <= 0 {
+		wait = consoleAgentWait
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case conn := <-p.agent:
@@ -201,7 +206,7 @@ func (a *API) openConsoleSession(c *call, al *proto.Allocation, kind, reason, tr
 	case <-c.r.Context().Done():
 	}
 	release()
-	closeErr := fmt.Sprintf("the agent of node %s did not dial back within %s", al.NodeID, consoleAgentWait)
+	closeErr := fmt.Sprintf("the agent of node %s did not dial back within %s", al.NodeID, wait)
 	if c.r.Context().Err() != nil {
 		closeErr = "the client went away before the agent answered"
 	}
