@@ -388,6 +388,10 @@ func (a *API) agentTaskUpdate(c *call) error {
 	if t.Type == proto.TaskBaremetalHandoff || t.Type == proto.TaskBaremetalRelease {
 		return proto.Errorf(proto.CodeForbidden, "task %s (%s) is run by the coordinator through MAAS, not by an agent", id, t.Type)
 	}
+	if proto.IsConsoleTask(t.Type) {
+		// The session's audit record is the gateway's to write.
+		return proto.Errorf(proto.CodeForbidden, "task %s is a console session (%s): the coordinator's gateway records it, not the agent", id, t.Type)
+	}
 	// A malformed result is refused before anything is recorded
 	// (slice.go); what the report means follows the task update.
 	if _, err := checkTaskReport(t, body.State, body.Result); err != nil {

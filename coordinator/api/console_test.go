@@ -1,8 +1,10 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/agent/console"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -110,4 +113,155 @@ func TestConsoleOrphanSweep(t *testing.T) {
 	require.NoError(t, json.Unmarshal(orphan.Result, &res))
 	assert.Equal(t, "gateway gone", res.Closed)
 	assert.Equal(t, proto.TaskRunning, held.State)
+}
+
+// echoConsole is a console whose guest echoes what is typed, upper-cased.
+type echoConsole struct {
+	r *io.PipeReader
+	w *io.PipeWriter
+}
+
+func newEchoConsole() *echoConsole {
+	r, w := io.Pipe()
+	return &echoConsole{r: r, w: w}
+}
+
+func (c *echoConsole) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *echoConsole) Write(p []byte) (int, error) {
+	go c.w.Write(bytes.ToUpper(p))
+	return len(p), nil
+}
+func (c *echoConsole) Close() error { return c.r.Close() }
+
+type echoOpener struct{}
+
+func (echoOpener) OpenConsole(context.Context, string) (io.ReadWriteCloser, error) {
+	return newEchoConsole(), nil
+}
+
+// The whole gateway in one process: a real single-node coordinator, an
+// enrolled agent client that picks the session up and dials back with
+// agent/console, a user's WebSocket; bytes both ways are counted, a
+// second user is read-only, the agent cannot write the record, and the
+// release of the allocation closes the session.
+func TestConsoleGatewaySplice(t *testing.T) {
+	e := newSliceEnv(t)
+	a := e.place(1)
+	e.provisionToActive(a)
+	node := a.NodeID
+	ag := e.agents[node]
+	mgr := console.NewManager(console.Options{Opener: echoOpener{}, Dir: t.TempDir()})
+	defer mgr.Close()
+	served := make(chan error, 4)
+	go func() { // the agent's console loop, reduced
+		seen := map[string]bool{}
+		for e.ctx.Err() == nil {
+			r, err := ag.Tasks(e.ctx, 0, 0)
+			if err != nil {
+				continue
+			}
+			for _, tk := range r.Tasks {
+				if !proto.IsConsoleTask(tk.Type) || seen[tk.ID] {
+					continue
+				}
+				seen[tk.ID] = true
+				var s proto.ConsoleSession
+				if err := json.Unmarshal(tk.Payload, &s); err != nil {
+					served <- err
+					continue
+				}
+				go func() {
+					conn, err := ag.DialConsole(e.ctx, s.Gateway, s.ID)
+					if err != nil {
+						served <- err
+						return
+					}
+					att, err := mgr.Attach(e.ctx, s.AllocationID, s.ID, !s.ReadOnly)
+					if err != nil {
+						served <- err
+						return
+					}
+					served <- console.Serve(e.ctx, conn, att)
+				}()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	dial := func(role Role, q string) *websocket.Conn {
+		h := http.Header{}
+		h.Set("Authorization", "Bearer "+e.tok[role])
+		c, _, err := websocket.Dial(e.ctx, e.url+"/v1/allocations/"+a.ID+"/console"+q, &websocket.DialOptions{HTTPHeader: h})
+		require.NoError(t, err)
+		return c
+	}
+	control := func(c *websocket.Conn) proto.ConsoleControl {
+		typ, b, err := c.Read(e.ctx)
+		require.NoError(t, err)
+		require.Equal(t, websocket.MessageText, typ, "%s", b)
+		var ctl proto.ConsoleControl
+		require.NoError(t, json.Unmarshal(b, &ctl))
+		return ctl
+	}
+	owner := dial(RoleOperator, "")
+	ctl := control(owner)
+	assert.Equal(t, "attached", ctl.Type)
+	assert.Equal(t, proto.ConsoleReadWrite, ctl.Mode)
+	watcher := dial(RoleAdmin, "?reason=support+ticket+9")
+	assert.Equal(t, proto.ConsoleReadOnly, control(watcher).Mode)
+
+	require.NoError(t, owner.Write(e.ctx, websocket.MessageBinary, []byte("hello\n")))
+	for _, c := range []*websocket.Conn{owner, watcher} {
+		typ, b, err := c.Read(e.ctx)
+		require.NoError(t, err)
+		assert.Equal(t, websocket.MessageBinary, typ)
+		assert.Equal(t, "HELLO\n", string(b))
+	}
+
+	// The agent may not write a session's record.
+	var sid string
+	for _, tk := range e.snap().Tasks("", a.ID, "", 0) {
+		if tk.Type == proto.TaskConsoleSession {
+			sid = tk.ID
+		}
+	}
+	require.NotEmpty(t, sid)
+	err := e.report(node, sid, proto.AgentTaskUpdate{State: proto.TaskSucceeded})
+	require.Error(t, err)
+	assert.Equal(t, proto.CodeForbidden, proto.CodeOf(err))
+
+	// Release closes both sessions and records them.
+	r := e.do(RoleOperator, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil)
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r.body)
+	for _, c := range []*websocket.Conn{owner, watcher} {
+		ctl := control(c)
+		assert.Equal(t, "closed", ctl.Type)
+		assert.Contains(t, ctl.Reason, "allocation released")
+		_, _, err := c.Read(e.ctx)
+		assert.Equal(t, websocket.StatusNormalClosure, websocket.CloseStatus(err), "%v", err)
+	}
+	var list proto.ConsoleSessionList
+	require.Eventually(t, func() bool {
+		r := e.do(RoleAdmin, http.MethodGet, "/v1/allocations/"+a.ID+"/console/sessions", nil)
+		list = proto.ConsoleSessionList{}
+		r.decode(t, &list)
+		for _, s := range list.Sessions {
+			if s.Result == nil {
+				return false
+			}
+		}
+		return len(list.Sessions) == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	for _, s := range list.Sessions {
+		assert.Equal(t, proto.TaskSucceeded, s.State)
+		assert.Contains(t, s.Result.Closed, "allocation released")
+		if s.Session.Admin {
+			assert.Equal(t, proto.ConsoleReadOnly, s.Result.Mode)
+			assert.Zero(t, s.Result.BytesIn)
+			assert.Equal(t, "support ticket 9", s.Session.Reason)
+		} else {
+			assert.Equal(t, proto.ConsoleReadWrite, s.Result.Mode)
+			assert.Equal(t, int64(len("hello\n")), s.Result.BytesIn)
+		}
+		assert.Equal(t, int64(len("HELLO\n")), s.Result.BytesOut)
+	}
 }
