@@ -47,6 +47,7 @@ const (
 	DefaultTranscriptMax = 1 << 20
 	DefaultRetention     = 7 * 24 * time.Hour
 	DefaultTotalMax      = 256 << 20
+	DefaultMaxSessions   = 8
 	outputQueue          = 256
 )
 
@@ -63,7 +64,9 @@ type Options struct {
 	TranscriptMax int64
 	Retention     time.Duration
 	TotalMax      int64
-	Log           *slog.Logger
+	// MaxSessions bounds the sessions attached to one slice at once.
+	MaxSessions int
+	Log         *slog.Logger
 }
 
 // Errors of Attach and Transcript.
@@ -72,6 +75,7 @@ var (
 	ErrNoTranscript  = errors.New("console: no transcript for that session on this agent")
 	ErrReadOnly      = errors.New("console: this session is read-only")
 	ErrManagerClosed = errors.New("console: the agent is stopping")
+	ErrTooMany       = errors.New("console: too many sessions on this slice's console")
 )
 
 // Manager multiplexes console sessions over one console stream per slice.
@@ -96,6 +100,9 @@ func NewManager(o Options) *Manager {
 	}
 	if o.TotalMax <= 0 {
 		o.TotalMax = DefaultTotalMax
+	}
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = DefaultMaxSessions
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -183,7 +190,10 @@ func (m *Manager) Attach(ctx context.Context, alloc, session string, wantRW bool
 		if h.err != nil {
 			return nil, fmt.Errorf("open the console of %s: %w", alloc, h.err)
 		}
-		a, ok := h.attach(session, wantRW)
+		a, ok, err := h.attach(session, wantRW)
+		if err != nil {
+			return nil, err
+		}
 		if !ok {
 			continue // the hub closed meanwhile: open a new one
 		}
@@ -191,7 +201,7 @@ func (m *Manager) Attach(ctx context.Context, alloc, session string, wantRW bool
 	}
 }
 
-func (h *hub) attach(session string, wantRW bool) (*Attachment, bool) {
+func (h *hub) attach(session string, wantRW bool) (*Attachment, bool, error) {
 	now := time.Now()
 	a := &Attachment{Session: session, Mode: proto.ConsoleReadOnly, Opened: now, h: h,
 		out: make(chan []byte, outputQueue), done: make(chan struct{})}
@@ -199,7 +209,11 @@ func (h *hub) attach(session string, wantRW bool) (*Attachment, bool) {
 	h.mu.Lock()
 	if h.done {
 		h.mu.Unlock()
-		return nil, false
+		return nil, false, nil
+	}
+	if len(h.atts) >= h.m.opts.MaxSessions {
+		h.mu.Unlock()
+		return nil, false, fmt.Errorf("%w (%d attached; at most %d)", ErrTooMany, h.m.opts.MaxSessions, h.m.opts.MaxSessions)
 	}
 	if wantRW && h.rw == nil {
 		a.Mode, h.rw = proto.ConsoleReadWrite, a
@@ -208,7 +222,7 @@ func (h *hub) attach(session string, wantRW bool) (*Attachment, bool) {
 	h.mu.Unlock()
 	a.tr = h.m.newTranscript(h.alloc, session, a.Mode)
 	go a.watchIdle(h.m.opts.IdleTimeout)
-	return a, true
+	return a, true, nil
 }
 
 // read copies the console's output to every attachment until it fails or

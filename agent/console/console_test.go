@@ -158,6 +158,23 @@ func TestReadWriteThenReadOnly(t *testing.T) {
 	assert.Zero(t, n)
 }
 
+func TestSessionBound(t *testing.T) {
+	g := &fakeGuest{}
+	m := NewManager(Options{Opener: g, MaxSessions: 2})
+	ctx := context.Background()
+	a, err := m.Attach(ctx, "a-1", "con-1", true)
+	require.NoError(t, err)
+	_, err = m.Attach(ctx, "a-1", "con-2", false)
+	require.NoError(t, err)
+	_, err = m.Attach(ctx, "a-1", "con-3", false)
+	require.ErrorIs(t, err, ErrTooMany)
+	_, err = m.Attach(ctx, "a-2", "con-4", false)
+	require.NoError(t, err, "the bound is per slice")
+	a.Close("done")
+	_, err = m.Attach(ctx, "a-1", "con-5", false)
+	require.NoError(t, err, "a freed place is taken again")
+}
+
 func TestIdleTimeout(t *testing.T) {
 	g := &fakeGuest{}
 	m := NewManager(Options{Opener: g, IdleTimeout: 200 * time.Millisecond})
