@@ -56,8 +56,12 @@ test: deps check
 # their seeds and kept corpus (testdata/fuzz); make fuzz explores each for
 # FUZZTIME and keeps what fails under testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto \
-	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence
+FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto FuzzAppManifest:./proto FuzzDecodeAuditLine:./proto \
+	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence \
+	FuzzImageManifest:./proto FuzzParseImageSpec:./proto FuzzAllocationCreateBody:./coordinator/api \
+	FuzzMAASResponses:./coordinator/maas FuzzReadFunction:./hostops/pci FuzzValidateDriver:./hostops/pci \
+	FuzzParseUdevSignature:./agent/discovery FuzzParseDiskIDs:./agent/discovery \
+	FuzzParseGPUHealth:./hostops/gpuhealth FuzzParse:./hostops/uevent
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
@@ -69,7 +73,10 @@ test-unit:
 
 # Benchmarks write test/bench/results/parts/*.json; benchmerge folds them
 # into test/bench/results/latest.{json,md}.
+# The etcd reference (test/bench/etcdref, its own module) runs first, on
+# the same machine in the same run, for placements_vs_etcd_claims_ratio.
 bench: deps build
+	cd test/bench/etcdref && $(GO) run . -out $(CURDIR)/test/bench/results/parts/etcd.json
 	GPUAAS_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestBench' -v ./... 2>&1 | tee test/bench/results/bench.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
 	$(GO) run ./test/bench/cmd/benchmerge
 

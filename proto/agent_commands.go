@@ -52,7 +52,7 @@ type NodeCredentialRevokeRequest struct {
 func ServerOnly(t MessageType) bool {
 	switch t &^ IgnoreUnknownTypeFlag {
 	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType, NodeBootstrapReportType,
-		JoinTokenMintType, JoinTokenUseType, GossipKeyringOpType:
+		JoinTokenMintType, JoinTokenUseType, GossipKeyringOpType, APITokenCreateType, APITokenRevokeType:
 		return true
 	}
 	return false

@@ -1,6 +1,8 @@
 package proto
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +126,32 @@ func TestCheckSlotHardware(t *testing.T) {
 		{"link speed downgrade",
 			func(inv *HardwareInventory) { inv.GPUs[2].LinkSpeed, inv.GPUs[2].LinkWidth = "16.0 GT/s PCIe", "8" },
 			[]want{{2, HardwareDegraded, []string{"pcie_link"}, []string{"GPU 0000:3a:00.0 PCIe link downgraded: speed 16.0 GT/s PCIe, max 32.0 GT/s PCIe, width x8, max x16"}}}},
+		{"GPU fell off the bus: config space all-ones makes the slot missing",
+			func(inv *HardwareInventory) {
+				inv.GPUs[1].Faults = []GPUFault{{FaultFellOffBus, "GPU 0000:2a:00.0 fell off the bus: PCI config space reads all-ones (vendor ffff)"}}
+			},
+			[]want{{1, HardwareMissing, []string{"fell_off_bus"}, []string{"GPU 0000:2a:00.0 fell off the bus: PCI config space reads all-ones (vendor ffff)"}}}},
+		{"critical Xid",
+			func(inv *HardwareInventory) {
+				inv.GPUs[0].Faults = []GPUFault{{FaultXID, "GPU 0000:18:00.0: Xid 79 (GPU has fallen off the bus) in the kernel log"}}
+			},
+			[]want{{0, HardwareDegraded, []string{"xid"}, []string{"GPU 0000:18:00.0: Xid 79 (GPU has fallen off the bus) in the kernel log"}}}},
+		{"uncorrectable ECC and a row remap failure",
+			func(inv *HardwareInventory) {
+				inv.GPUs[2].Faults = []GPUFault{{FaultECC, "GPU 0000:3a:00.0: 2 uncorrectable ECC errors (volatile)"}, {FaultRowRemap, "GPU 0000:3a:00.0: row remapping failed: the GPU needs replacement"}}
+			},
+			[]want{{2, HardwareDegraded, []string{"ecc", "row_remap"}, []string{"GPU 0000:3a:00.0: 2 uncorrectable ECC errors (volatile)", "GPU 0000:3a:00.0: row remapping failed: the GPU needs replacement"}}}},
+		{"NVLink errors",
+			func(inv *HardwareInventory) {
+				inv.GPUs[3].Faults = []GPUFault{{FaultNVLink, "GPU 0000:5d:00.0: NVLink errors: link 2: 3 recovery, 0 CRC errors"}}
+			},
+			[]want{{3, HardwareDegraded, []string{"nvlink"}, []string{"GPU 0000:5d:00.0: NVLink errors: link 2: 3 recovery, 0 CRC errors"}}}},
+		{"thermal slowdown with a link downgrade",
+			func(inv *HardwareInventory) {
+				inv.GPUs[3].LinkWidth = "8"
+				inv.GPUs[3].Faults = []GPUFault{{FaultThermal, "GPU 0000:5d:00.0: hardware thermal slowdown active at 93 C"}}
+			},
+			[]want{{3, HardwareDegraded, []string{"pcie_link", "thermal"}, []string{"GPU 0000:5d:00.0 PCIe link downgraded: width x8, max x16", "GPU 0000:5d:00.0: hardware thermal slowdown active at 93 C"}}}},
 		{"the worst finding names the state",
 			func(inv *HardwareInventory) {
 				inv.GPUs[0].LinkWidth = "8"
@@ -153,6 +181,21 @@ func TestCheckSlotHardware(t *testing.T) {
 	}
 }
 
+// A GPU with many faults and long evidence still yields a report the
+// ledger accepts (the findings are bounded and clipped).
+func TestCheckSlotHardwareBoundsFaults(t *testing.T) {
+	slots, inv := h200()
+	for i := range 40 {
+		inv.GPUs[0].Faults = append(inv.GPUs[0].Faults, GPUFault{FaultXID, fmt.Sprintf("GPU 0000:18:00.0: Xid %d %s", i, strings.Repeat("x", 600))})
+	}
+	got := CheckSlotHardware(slots, inv, time.Now())
+	require.Equal(t, HardwareDegraded, got[0].State)
+	require.Equal(t, []string{FaultXID}, got[0].What)
+	require.Len(t, got[0].Evidence, MaxSlotHardwareFindings)
+	req := SlotHardwareReportRequest{NodeID: "n", Slots: got}
+	require.NoError(t, req.Validate())
+}
+
 func TestSameDisk(t *testing.T) {
 	d := DiskIdentity{Serial: "S1", WWN: "W1", EUI: "E1", Model: "M", SizeBytes: 100, Device: "nvme0n1"}
 	require.True(t, SameDisk(d, d))
@@ -170,4 +213,40 @@ func TestSameDisk(t *testing.T) {
 	}
 	require.True(t, SameDisk(DiskIdentity{Serial: "S1"}, d), "an identifier the approval did not record is not compared")
 	require.False(t, SameDisk(DiskIdentity{}, DiskIdentity{}), "no identity matches nothing")
+}
+
+func TestNodeBreakerRecordFailure(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	min := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	for _, tc := range []struct {
+		name      string
+		probation bool
+		at        []time.Time
+		open      bool
+		kept      int
+		opens     int // index of the failure that opens it, -1 none
+	}{
+		{"on probation one failure reopens", true, []time.Time{min(0)}, true, 1, 0},
+		{"one", false, []time.Time{min(0)}, false, 1, -1},
+		{"two", false, []time.Time{min(0), min(1)}, false, 2, -1},
+		{"three within the window", false, []time.Time{min(0), min(5), min(14)}, true, 3, 2},
+		{"three across the window", false, []time.Time{min(0), min(10), min(15)}, false, 2, -1},
+		{"four, the last three within", false, []time.Time{min(0), min(20), min(21), min(22)}, true, 3, 3},
+		{"more while open keeps the opening", false, []time.Time{min(0), min(1), min(2), min(3), min(4)}, true, 3, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NodeBreaker{Probation: tc.probation}
+			for i, at := range tc.at {
+				require.Equal(t, i == tc.opens, b.RecordFailure(at, fmt.Sprintf("a%d", i), "boom"), "failure %d", i)
+			}
+			require.Equal(t, tc.open, b.Open)
+			require.Len(t, b.Failures, tc.kept)
+			if tc.open {
+				require.Equal(t, tc.at[tc.opens], b.OpenedAt)
+				require.Equal(t, tc.at[tc.opens].Add(BreakerCooldown), b.Until)
+				require.Equal(t, 1, b.Trips)
+				require.False(t, b.Probation, "opening ends the probation")
+			}
+		})
+	}
 }

@@ -27,6 +27,27 @@ type GPUInventory struct {
 	MaxLinkSpeed string `json:"max_link_speed,omitempty"`
 	LinkWidth    string `json:"link_width,omitempty"`
 	MaxLinkWidth string `json:"max_link_width,omitempty"`
+	// Faults are the GPU's health findings (hostops/gpuhealth): Xids in
+	// the kernel log, config space reading all-ones, ECC, row remap,
+	// NVLink and thermal faults.
+	Faults []GPUFault `json:"faults,omitempty"`
+}
+
+// GPU fault kinds (GPUFault.Kind). FaultFellOffBus makes the slot
+// missing; every other kind makes it degraded.
+const (
+	FaultFellOffBus = "fell_off_bus"
+	FaultXID        = "xid"
+	FaultECC        = "ecc"
+	FaultRowRemap   = "row_remap"
+	FaultNVLink     = "nvlink"
+	FaultThermal    = "thermal"
+)
+
+// GPUFault is one health finding on a GPU with its evidence.
+type GPUFault struct {
+	Kind     string `json:"kind"`
+	Evidence string `json:"evidence"`
 }
 
 // LinkDowngrade says how the GPU's PCIe link runs below its maximum, ""
@@ -175,8 +196,12 @@ func CheckSlotHardware(slots []*Slot, inv HardwareInventory, at time.Time) []Slo
 			if rank[state] > rank[h.State] {
 				h.State = state
 			}
-			h.What = append(h.What, what)
-			h.Evidence = append(h.Evidence, fmt.Sprintf(format, args...))
+			if !slices.Contains(h.What, what) && len(h.What) < MaxSlotHardwareFindings {
+				h.What = append(h.What, what)
+			}
+			if len(h.Evidence) < MaxSlotHardwareFindings {
+				h.Evidence = append(h.Evidence, Clip(fmt.Sprintf(format, args...), MaxSlotHardwareEvidence))
+			}
 		}
 		c := s.Capacity
 		if c.GPUPCIAddress != "" {
@@ -189,6 +214,13 @@ func CheckSlotHardware(slots []*Slot, inv HardwareInventory, at time.Time) []Slo
 			}
 			if d := g.LinkDowngrade(); ok && d != "" {
 				add(HardwareDegraded, "pcie_link", "GPU %s PCIe link downgraded: %s", c.GPUPCIAddress, d)
+			}
+			for _, f := range g.Faults {
+				state := HardwareDegraded
+				if f.Kind == FaultFellOffBus {
+					state = HardwareMissing
+				}
+				add(state, f.Kind, "%s", f.Evidence)
 			}
 		}
 		if !c.NVMe.Empty() {

@@ -14,6 +14,9 @@ type GPUProfile struct {
 	Hugepages   bool `json:"hugepages"`
 	RootDiskGiB int  `json:"root_disk_gib,omitempty"`
 	FabricVFs   int  `json:"fabric_vfs"`
+	// GPUMemoryMiB is each GPU's memory as nvidia-smi reports it (H200
+	// SXM: 143771 MiB, 141 GB of HBM3e).
+	GPUMemoryMiB int `json:"gpu_memory_mib,omitempty"`
 }
 
 // SKU is a sellable product. Slice SKUs allow whole-GPU counts on one node.

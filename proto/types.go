@@ -60,6 +60,8 @@ type Node struct {
 	// LeaseDrift is what differs between the agent's host-local leases
 	// and the live claims on the node (nil when they agree).
 	LeaseDrift *LeaseDrift `json:"lease_drift,omitempty"`
+	// Breaker is the node's circuit breaker (nil: no failure recorded).
+	Breaker *NodeBreaker `json:"breaker,omitempty"`
 	// GPUs is the node's GPU count from its latest topology discovery
 	// (one candidate per GPU; 0 until discovered). A baremetal node sells
 	// them all, with or without approved slots.

@@ -67,6 +67,9 @@ func PlaceBaremetal(st State, req BaremetalRequest) (BaremetalPlan, error) {
 		case n.Draining:
 			s.draining++
 			continue
+		case n.BreakerOpen():
+			s.breaker++
+			continue
 		case n.State != proto.NodeActive:
 			s.inactive++
 			continue
@@ -125,7 +128,7 @@ type bmStats struct {
 	nodes                                   int
 	otherIntent, otherPool                  int
 	sliced, held, draining, inactive, taken int
-	busySlots, noGPUs                       int
+	busySlots, noGPUs, breaker              int
 	firstBusy                               string
 }
 
@@ -141,6 +144,9 @@ func (s bmStats) noFit(req BaremetalRequest) error {
 	var more []string
 	if s.inactive > 0 {
 		more = append(more, fmt.Sprintf("%d not active", s.inactive))
+	}
+	if s.breaker > 0 {
+		more = append(more, fmt.Sprintf("%d with an open circuit breaker", s.breaker))
 	}
 	if s.busySlots > 0 {
 		more = append(more, fmt.Sprintf("%d with slots not free, e.g. %s", s.busySlots, s.firstBusy))

@@ -14,7 +14,7 @@ type sliceStats struct {
 	nodes  int
 
 	// Nodes that are not candidates, by first reason.
-	otherIntent, otherPool, inactive, notReady, draining, exclusive int
+	otherIntent, otherPool, inactive, notReady, draining, exclusive, breaker int
 
 	candidates int // slice-ready nodes that could take a claim
 	slots      int // approved slots on candidates
@@ -44,6 +44,7 @@ func (s sliceStats) noFit(req SliceRequest) error {
 				count{s.inactive, "not active"},
 				count{s.notReady, "not slice-ready"},
 				count{s.draining, "draining"},
+				count{s.breaker, "with an open circuit breaker"},
 				count{s.exclusive, "held by a baremetal claim"},
 			))
 	case s.free == 0 && s.incomplete > 0 && s.taken == 0:
@@ -65,6 +66,9 @@ func (s sliceStats) noFit(req SliceRequest) error {
 		if s.taken > 0 {
 			more = append(more, fmt.Sprintf("%d were taken by earlier plans of this batch", s.taken))
 		}
+		if s.breaker > 0 {
+			more = append(more, fmt.Sprintf("%d nodes are out of placement with an open circuit breaker", s.breaker))
+		}
 		detail := fmt.Sprintf("no free GPU in region %s: all %d slots of %d slice-ready nodes are claimed or unavailable", s.region, s.slots, s.candidates)
 		if len(more) > 0 {
 			detail += "; " + strings.Join(more, "; ")
@@ -75,6 +79,9 @@ func (s sliceStats) noFit(req SliceRequest) error {
 			s.free, s.region, req.GPUCount, s.maxOnNode, s.maxNode)
 		if s.taken > 0 {
 			detail += fmt.Sprintf("; %d more were taken by earlier plans of this batch", s.taken)
+		}
+		if s.breaker > 0 {
+			detail += fmt.Sprintf("; %d nodes are out of placement with an open circuit breaker", s.breaker)
 		}
 		return proto.Errorf(proto.CodeNoCapacity, "%s", detail)
 	}

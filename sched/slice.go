@@ -129,7 +129,7 @@ func sliceCandidate(n *proto.Node, region, pool string) bool {
 		n.ProfileIntent == proto.IntentSliceVM &&
 		n.State == proto.NodeActive &&
 		n.Readiness != nil && n.Readiness.SliceReady &&
-		!n.Draining &&
+		!n.Draining && !n.BreakerOpen() &&
 		(pool == "" || n.Pool == pool)
 }
 
@@ -284,6 +284,9 @@ func (p *slicePlanner) scan(nodes func(yield func(string) bool)) sliceStats {
 			continue
 		case n.Draining:
 			s.draining++
+			continue
+		case n.BreakerOpen():
+			s.breaker++
 			continue
 		case exclusive:
 			s.exclusive++

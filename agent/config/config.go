@@ -192,6 +192,16 @@ type Config struct {
 	// HardwareScanInterval is how often the approved slots' hardware is
 	// re-scanned; a change is reported at once.
 	HardwareScanInterval Duration `json:"hardware_scan_interval,omitempty"`
+	// NvidiaSMI is the nvidia-smi program GPU telemetry (ECC, row remap,
+	// thermal, NVLink) is read with; "" reads none. GPUTelemetryInterval
+	// is how often it runs (it is slow on a real host); the hardware scan
+	// uses the last reading in between.
+	NvidiaSMI string `json:"nvidia_smi,omitempty"`
+	// HardwareEvents re-scans at once (debounced) on the kernel's device
+	// events for PCI, block, NVMe, InfiniBand and network devices
+	// (netlink uevents); the periodic scan stays as the backstop.
+	HardwareEvents       Bool     `json:"hardware_events,omitempty"`
+	GPUTelemetryInterval Duration `json:"gpu_telemetry_interval,omitempty"`
 	HeartbeatInterval    Duration `json:"heartbeat_interval,omitempty"`
 	PollWait             Duration `json:"poll_wait,omitempty"`
 	LogLevel             string   `json:"log_level,omitempty"`
@@ -230,6 +240,9 @@ func Defaults() Config {
 		VMShutdownTimeout:    Duration(30 * time.Second),
 		ReadinessInterval:    Duration(30 * time.Second),
 		HardwareScanInterval: Duration(5 * time.Second),
+		NvidiaSMI:            "nvidia-smi",
+		HardwareEvents:       true,
+		GPUTelemetryInterval: Duration(30 * time.Second),
 		HeartbeatInterval:    Duration(10 * time.Second),
 		PollWait:             Duration(30 * time.Second),
 		LogLevel:             "info",
@@ -292,6 +305,9 @@ func defs() []flagDef {
 		s("failpoints", "crash-test failpoints, e.g. slice/after-clone=crash", func(c *Config) *string { return &c.Failpoints }),
 		v("readiness-interval", "how often readiness is evaluated and reported", func(c *Config) flag.Value { return &c.ReadinessInterval }),
 		v("hardware-scan-interval", "how often the approved slots' hardware (GPUs, disks, VFs) is re-scanned; a change is reported at once", func(c *Config) flag.Value { return &c.HardwareScanInterval }),
+		s("nvidia-smi", "nvidia-smi program for GPU telemetry (ECC, row remap, thermal, NVLink) of GPUs on the nvidia driver; empty: none", func(c *Config) *string { return &c.NvidiaSMI }),
+		v("hardware-events", "re-scan hardware at once on kernel device events (netlink uevents for PCI, block, NVMe, InfiniBand, net); the periodic scan stays as the backstop", func(c *Config) flag.Value { return &c.HardwareEvents }),
+		v("gpu-telemetry-interval", "how often nvidia-smi is run for GPU telemetry", func(c *Config) flag.Value { return &c.GPUTelemetryInterval }),
 		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
 		v("poll-wait", "task long-poll wait", func(c *Config) flag.Value { return &c.PollWait }),
 		s("log-level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
@@ -462,7 +478,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"readiness-interval", c.ReadinessInterval}, {"hardware-scan-interval", c.HardwareScanInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait},
+	}{{"readiness-interval", c.ReadinessInterval}, {"hardware-scan-interval", c.HardwareScanInterval}, {"gpu-telemetry-interval", c.GPUTelemetryInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait},
 		{"console-idle-timeout", c.ConsoleIdleTimeout}, {"console-retention", c.ConsoleRetention}} {
 		if d.v <= 0 {
 			bad(d.name, "must be positive")

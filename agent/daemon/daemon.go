@@ -37,6 +37,8 @@ import (
 	"github.com/gpuaas/gpuaas/agent/systemd"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/hostops/gpuhealth"
+	"github.com/gpuaas/gpuaas/hostops/uevent"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
@@ -61,6 +63,7 @@ type Daemon struct {
 	tasksRun *prometheus.CounterVec
 	polls    prometheus.Counter
 	hwScans  prometheus.Histogram
+	hwEvents prometheus.Counter
 
 	mu        sync.Mutex
 	report    *discovery.Report
@@ -73,6 +76,14 @@ type Daemon struct {
 	hardware []readiness.SlotHardware
 	approved []proto.AgentSlot // the node's slots as the coordinator last listed them
 	scans    uint64            // hardware scans done
+	// gpuHealth judges GPU health on every scan; healthErr is the last
+	// health source error logged.
+	gpuHealth *gpuhealth.Monitor
+	healthErr string
+	// events are the device events that trigger a scan (hardware.go);
+	// eventScans counts the scans they triggered.
+	events     uevent.Source
+	eventScans uint64
 	// reportMu orders readiness reports from the readiness and hardware
 	// loops, so an older evaluation never lands after a newer one.
 	reportMu sync.Mutex
@@ -103,6 +114,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, root: root, log: log.With("node", cfg.NodeID)}
+	d.gpuHealth = gpuhealth.NewMonitor(root, cfg.NvidiaSMI, time.Duration(cfg.GPUTelemetryInterval))
 	if d.gw, err = netip.ParsePrefix(cfg.GuestGateway); err != nil {
 		return nil, fmt.Errorf("guest gateway: %w", err)
 	}
@@ -173,7 +185,9 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	d.polls = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_task_polls_total", Help: "Task long-polls answered."})
 	d.hwScans = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gpuaas_agent_hardware_scan_seconds",
 		Help: "Duration of the periodic hardware re-scan (GPUs, disks, VFs compared with the approved slots).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 12)})
-	d.reg.MustRegister(d.tasksRun, d.polls, d.hwScans,
+	d.hwEvents = prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuaas_agent_hardware_event_scans_total",
+		Help: "Hardware scans triggered by kernel device events (debounced), on top of the periodic ones."})
+	d.reg.MustRegister(d.tasksRun, d.polls, d.hwScans, d.hwEvents,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_active", Help: "1 when the node-active gate holds (enrolled, credential valid, coordinator reachable)."},
 			func() float64 { return d.readyValue(func(r *proto.Readiness) bool { return r.Active }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "gpuaas_agent_slice_ready", Help: "1 when the slice-ready convergence gate holds."},
@@ -207,7 +221,8 @@ func (d *Daemon) Close() error {
 	if m != nil {
 		m.Close()
 	}
-	return errors.Join(d.rtClose(), d.store.Close())
+	d.gpuHealth.WaitTelemetry()
+	return errors.Join(d.rtClose(), d.store.Close(), d.gpuHealth.Log.Close())
 }
 
 // DiagAddr is the bound diagnostics address once Run started it.

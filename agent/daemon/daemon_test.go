@@ -38,9 +38,19 @@ type running struct {
 
 func startAgent(t *testing.T, cfg config.Config) *running {
 	t.Helper()
+	return startAgentWith(t, cfg, nil)
+}
+
+// startAgentWith is startAgent with setup applied to the daemon before it
+// runs.
+func startAgentWith(t *testing.T, cfg config.Config, setup func(*Daemon)) *running {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d, err := New(cfg, log)
 	require.NoError(t, err)
+	if setup != nil {
+		setup(d)
+	}
 	if cfg.Evidence == config.EvidenceHostsim && cfg.Runtime != config.RuntimeReal {
 		// As gpuaas-lab-agent does: the simulated host's slice runtime.
 		o, err := simslice.AgentOptions(cfg, nil, log)

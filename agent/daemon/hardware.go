@@ -9,28 +9,92 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/agent/readiness"
+	"github.com/gpuaas/gpuaas/hostops/uevent"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
 
 // Continuous hardware truth: every hardware-scan interval the agent
-// re-reads its GPUs, NVMe disks and VFs (discovery.ScanInventory, a few
-// milliseconds) and compares them with the node's approved slots as the
+// re-reads its GPUs, NVMe disks and VFs (discovery.ScanInventoryHealth, a
+// few milliseconds) with each GPU's health faults (hostops/gpuhealth:
+// config space, kernel log Xids, nvidia-smi telemetry at its own slower
+// interval) and compares them with the node's approved slots as the
 // coordinator lists them. Each slot gets a typed state (ok, drifted,
 // degraded, missing) with evidence, carried in readiness; a change is
 // reported at once, so the ledger takes a broken slot out of placement
 // within one scan interval, and puts it back when a scan proves the
 // hardware matches again.
 
-// hardwareLoop re-scans every HardwareScanInterval and reports readiness
-// when a slot's state changed.
+// hardwareEventDebounce gathers a burst of device events (a hot-plugged
+// switch brings dozens) into one scan.
+const hardwareEventDebounce = 200 * time.Millisecond
+
+// SetHardwareEvents sets the device event source the hardware loop
+// re-scans on (tests inject one; by default -hardware-events opens the
+// kernel's netlink uevent socket). Call it before Run.
+func (d *Daemon) SetHardwareEvents(src uevent.Source) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.events = src
+}
+
+// hardwareEvents returns the device event source: the one set, or the
+// kernel's when -hardware-events is on (nil when it cannot be opened:
+// the periodic scan carries on alone).
+func (d *Daemon) hardwareEvents() uevent.Source {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.events != nil || !bool(d.cfg.HardwareEvents) {
+		return d.events
+	}
+	n, err := uevent.Listen()
+	if err != nil {
+		d.log.Warn("kernel device events unavailable; hardware is re-scanned periodically only", "err", err)
+		return nil
+	}
+	d.events = n
+	return n
+}
+
+// hardwareLoop re-scans every HardwareScanInterval, and at once
+// (debounced) after a device event that can change what the scan sees;
+// it reports readiness when a slot's state changed.
 func (d *Daemon) hardwareLoop(ctx context.Context) error {
 	t := time.NewTicker(time.Duration(d.cfg.HardwareScanInterval))
 	defer t.Stop()
+	trigger := make(chan struct{}, 1)
+	if src := d.hardwareEvents(); src != nil {
+		go func() {
+			err := src.Run(ctx, func(e uevent.Event) {
+				if e.Action != "overflow" && !e.Hardware() {
+					return
+				}
+				select {
+				case trigger <- struct{}{}:
+				default: // a scan is already due
+				}
+			})
+			if err != nil && ctx.Err() == nil {
+				d.log.Warn("kernel device events stopped; hardware is re-scanned periodically only", "err", err)
+			}
+		}()
+	}
+	var debounce <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-trigger:
+			if debounce == nil {
+				debounce = time.After(hardwareEventDebounce)
+			}
+			continue
+		case <-debounce:
+			debounce = nil
+			d.mu.Lock()
+			d.eventScans++
+			d.mu.Unlock()
+			d.hwEvents.Inc()
 		case <-t.C:
 		}
 		changed, err := d.scanHardware(ctx)
@@ -65,10 +129,11 @@ func (d *Daemon) scanHardware(ctx context.Context) (changed bool, err error) {
 		slots = known
 	}
 	start := time.Now()
-	inv, err := discovery.ScanInventory(d.root)
+	inv, health, err := discovery.ScanInventoryHealth(ctx, d.root, d.gpuHealth)
 	if err != nil {
 		return false, err
 	}
+	d.noteHealthSource(health)
 	cur := CheckHardware(slots, *inv, time.Now().UTC())
 	d.hwScans.Observe(time.Since(start).Seconds())
 	d.mu.Lock()
@@ -87,6 +152,22 @@ func (d *Daemon) scanHardware(ctx context.Context) (changed bool, err error) {
 		}
 	}
 	return changed, nil
+}
+
+// noteHealthSource logs a GPU health source that could not be read (the
+// kernel log, nvidia-smi), once per distinct error.
+func (d *Daemon) noteHealthSource(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	d.mu.Lock()
+	same := msg == d.healthErr
+	d.healthErr = msg
+	d.mu.Unlock()
+	if !same && err != nil {
+		d.log.Warn("GPU health source", "err", err)
+	}
 }
 
 // CheckHardware compares an inventory with the approved slots (as the

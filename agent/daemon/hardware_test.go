@@ -122,7 +122,8 @@ func TestAgentHardwareDriftReachesTheLedger(t *testing.T) {
 			}
 		}
 	}
-	// The planner never picks a broken slot, and the node keeps serving
+	// The planner never picks a broken slot in 100 placements after the
+	// fault (cycling through the good ones), and the node keeps serving
 	// the others once the ledger recorded the finding.
 	planAvoids := func(what string, bad map[int]string) {
 		t.Helper()
@@ -130,20 +131,28 @@ func TestAgentHardwareDriftReachesTheLedger(t *testing.T) {
 			n := c.node("j22u15")
 			return n.Readiness != nil && n.Readiness.SliceReady && len(n.Readiness.SlotHardware) == 8
 		}, 10*time.Second, 20*time.Millisecond, "%s: the node is slice-ready again once the ledger recorded the finding", what)
-		free := 7 - len(bad)
+		free := 0
+		for i := range 8 {
+			if _, b := bad[i]; !b && i != busy {
+				free++
+			}
+		}
 		sku, _ := proto.FindSKU(proto.DefaultSKUs(), "h200-sxm-slice")
-		taken := map[string]bool{}
-		for range free {
+		taken, used := map[string]bool{}, map[string]bool{}
+		for range 100 {
 			plan, err := sched.PlaceSlice(c.srv.Store().Snapshot(), sched.SliceRequest{SKU: sku, GPUCount: 1, Region: "us-east", Taken: taken})
-			require.NoError(t, err, what)
+			if err != nil {
+				require.Len(t, taken, free, "%s: only the busy and the broken slots are left: %v", what, err)
+				assert.Contains(t, err.Error(), "out of placement for their hardware", what)
+				taken = map[string]bool{}
+				continue
+			}
 			for i := range bad {
 				require.NotEqual(t, proto.SlotID("j22u15", i), plan.Slots[0].SlotID, what)
 			}
-			taken[plan.Slots[0].SlotID] = true
+			taken[plan.Slots[0].SlotID], used[plan.Slots[0].SlotID] = true, true
 		}
-		_, err := sched.PlaceSlice(c.srv.Store().Snapshot(), sched.SliceRequest{SKU: sku, GPUCount: 1, Region: "us-east", Taken: taken})
-		require.Error(t, err, "%s: only the broken slots are left", what)
-		assert.Contains(t, err.Error(), "out of placement for their hardware", what)
+		assert.Len(t, used, free, "%s: every good free slot keeps being placed", what)
 	}
 
 	// 1. Disk serial change under the running slice: the allocation is
@@ -181,6 +190,7 @@ func TestAgentHardwareDriftReachesTheLedger(t *testing.T) {
 	at = time.Now()
 	require.NoError(t, hostsim.SetLink(root, capa(r).GPUPCIAddress, "16.0 GT/s PCIe", "8"))
 	expect("link downgrade", at, map[int]string{r: proto.HardwareDegraded})
+	planAvoids("link downgrade", map[int]string{r: proto.HardwareDegraded})
 	maxS, err := readAttr(root.SysPath("bus/pci/devices", capa(r).GPUPCIAddress, "max_link_speed"))
 	require.NoError(t, err)
 	maxW, err := readAttr(root.SysPath("bus/pci/devices", capa(r).GPUPCIAddress, "max_link_width"))
@@ -215,6 +225,7 @@ func TestAgentHardwareDriftReachesTheLedger(t *testing.T) {
 	require.NoError(t, k.WriteSysfs(rel, "0"))
 	require.NoError(t, k.WriteSysfs(rel, fmt.Sprint(keep)))
 	expect("VF count lowered", at, want)
+	planAvoids("VF count lowered", want)
 	at = time.Now()
 	require.NoError(t, k.WriteSysfs(rel, "0"))
 	require.NoError(t, k.WriteSysfs(rel, fmt.Sprint(len(vfs))))

@@ -35,6 +35,7 @@ import (
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/hostops/disk"
 	"github.com/gpuaas/gpuaas/hostops/fabric"
+	"github.com/gpuaas/gpuaas/hostops/gpuhealth"
 	"github.com/gpuaas/gpuaas/hostops/hugepages"
 	"github.com/gpuaas/gpuaas/hostops/pci"
 	"github.com/gpuaas/gpuaas/hostops/vfio"
@@ -183,9 +184,18 @@ func Discover(ctx context.Context, root hostops.Root, opts Options) (Report, err
 // their PCIe link), NVMe disks by identity and SR-IOV VFs, without the
 // prerequisites, fabric and hugepage reads of a full discovery.
 func ScanInventory(root hostops.Root) (*proto.HardwareInventory, error) {
+	inv, _, err := ScanInventoryHealth(context.Background(), root, nil)
+	return inv, err
+}
+
+// ScanInventoryHealth is ScanInventory with each GPU's health faults
+// (hostops/gpuhealth: config space, kernel log Xids, nvidia-smi
+// telemetry). health reports a health source that could not be read; the
+// inventory is complete without it.
+func ScanInventoryHealth(ctx context.Context, root hostops.Root, mon *gpuhealth.Monitor) (inv *proto.HardwareInventory, health, err error) {
 	hw, err := ReadHardware(root)
 	if err != nil {
-		return nil, fmt.Errorf("hardware scan: %w", err)
+		return nil, nil, fmt.Errorf("hardware scan: %w", err)
 	}
 	r := Report{GPUs: hw.GPUs, Disks: hw.Disks}
 	for _, f := range hw.Functions {
@@ -193,7 +203,21 @@ func ScanInventory(root hostops.Root) (*proto.HardwareInventory, error) {
 			r.SRIOV = append(r.SRIOV, PF{Addr: f.Addr, VFs: f.SRIOV.VFs})
 		}
 	}
-	return Inventory(r), nil
+	inv = Inventory(r)
+	if mon == nil {
+		return inv, nil, nil
+	}
+	gs := make([]gpuhealth.GPU, len(hw.GPUs))
+	for i, g := range hw.GPUs {
+		gs[i] = gpuhealth.GPU{Addr: g.Addr, Driver: g.Driver}
+	}
+	faults, health := mon.Check(ctx, gs)
+	for i := range inv.GPUs {
+		for _, f := range faults[inv.GPUs[i].PCIAddress] {
+			inv.GPUs[i].Faults = append(inv.GPUs[i].Faults, proto.GPUFault{Kind: f.Kind, Evidence: f.Evidence})
+		}
+	}
+	return inv, health, nil
 }
 
 // Hardware is the PCI functions, GPUs and NVMe disks of a host.
@@ -466,24 +490,38 @@ func udevSignature(root hostops.Root, devt string) (string, error) {
 }
 
 // ParseUdevSignature extracts ID_FS_TYPE (or ID_PART_TABLE_TYPE) from a
-// udev database record.
+// udev database record. A record naming one always yields a signature,
+// even when the name is damaged (a disk holding data is never reported
+// clean), and the signature is short printable text.
 func ParseUdevSignature(s string) string {
 	var fsType, pt string
 	for line := range strings.SplitSeq(s, "\n") {
-		if v, ok := strings.CutPrefix(line, "E:ID_FS_TYPE="); ok {
+		if v, ok := strings.CutPrefix(line, "E:ID_FS_TYPE="); ok && v != "" {
 			fsType = v
 		}
-		if v, ok := strings.CutPrefix(line, "E:ID_PART_TABLE_TYPE="); ok {
+		if v, ok := strings.CutPrefix(line, "E:ID_PART_TABLE_TYPE="); ok && v != "" {
 			pt = v
 		}
 	}
 	if fsType != "" {
-		return fsType
+		return udevValue(fsType)
 	}
 	if pt != "" {
-		return "partition table " + pt
+		return "partition table " + udevValue(pt)
 	}
 	return ""
+}
+
+var udevValueRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
+
+// udevValue is a udev property value as reported: udev's own names
+// (ext4, LVM2_member, crypto_LUKS, gpt) as they are, anything else
+// described by its length, never dropped.
+func udevValue(v string) string {
+	if t := strings.TrimSpace(v); udevValueRe.MatchString(t) {
+		return t
+	}
+	return fmt.Sprintf("unrecognised (%d bytes)", len(v))
 }
 
 // Prerequisite check names.

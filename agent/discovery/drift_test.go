@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/gpuhealth"
 	"github.com/gpuaas/gpuaas/lab/hostsim"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 	"github.com/gpuaas/gpuaas/proto"
@@ -161,4 +162,22 @@ func TestCandidatesKeepApprovedPairings(t *testing.T) {
 		require.Equal(t, approved[i].FabricVFPCIAddress, c.Capacity.FabricVFPCIAddress, "GPU %s keeps its VF", c.Capacity.GPUPCIAddress)
 		require.True(t, proto.SameDisk(approved[i].NVMe, c.Capacity.NVMe), "GPU %s keeps its disk", c.Capacity.GPUPCIAddress)
 	}
+}
+
+// BenchmarkScanInventoryHealth is the re-scan with GPU health (config
+// space, the kernel log, the nvidia-smi reading) as the agent runs it.
+func BenchmarkScanInventoryHealth(b *testing.B) {
+	root, _ := hostsimtest.Host(b, "j22u15")
+	mon := gpuhealth.NewMonitor(root, root.RunPath("hostsim", "bin", "nvidia-smi"), 30*time.Second)
+	b.Cleanup(func() { mon.Log.Close() })
+	for b.Loop() {
+		inv, herr, err := ScanInventoryHealth(context.Background(), root, mon)
+		if err != nil || herr != nil {
+			b.Fatal(err, herr)
+		}
+		if len(inv.GPUs) != 8 {
+			b.Fatalf("scan: %d GPUs", len(inv.GPUs))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/scan")
 }

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -155,6 +156,8 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 			if who, ok := r.Context().Value(principalKey{}).(*string); ok {
 				*who = p.Name
 			}
+			tok, _ := bearer(r) // enroll names its token in the body
+			a.auditPrincipal(r, rt, p, tokenID(tok))
 		}
 		c := &call{a: a, w: w, r: r, rt: rt, p: p}
 		a.dispatch(c, "agent")
@@ -280,6 +283,11 @@ func (a *API) enroll(c *call) error {
 	if err := tab.CheckToken(body.NodeID, enroll.Hash(body.BootstrapToken), now); err != nil {
 		return err
 	}
+	// The audit record names the bootstrap token the body carried.
+	audit.From(c.r.Context()).Update(func(r *proto.AuditRecord) {
+		r.TokenID = enroll.Hash(body.BootstrapToken)[:12]
+		r.ObjectKind, r.ObjectID = "node", body.NodeID
+	})
 	cred := enroll.NewSecret("gpn_")
 	_, idx, err := a.b.Apply(c.r.Context(), proto.NodeEnrollType|proto.IgnoreUnknownTypeFlag, proto.NodeEnrollRequest{
 		At: now, NodeID: body.NodeID, TokenHash: enroll.Hash(body.BootstrapToken), CredentialHash: enroll.Hash(cred), Hostname: body.Hostname,

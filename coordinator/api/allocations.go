@@ -3,6 +3,8 @@ package api
 import (
 	"net/http"
 	"net/url"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -80,16 +82,27 @@ func sameRequest(prev *proto.Allocation, req proto.AllocationCreateRequest, key 
 }
 
 func (a *API) listAllocations(c *call) error {
-	o := readOpts{tables: []string{state.TableAllocations}, block: true, paging: true, filters: []string{"state", "node", "region"}}
+	o := readOpts{tables: []string{state.TableAllocations}, block: true, paging: true, filters: []string{"state", "node", "region", "owner"}}
 	return c.read(o, func(s *state.Snapshot, q url.Values, p page) (any, error) {
 		f := state.AllocationFilter{AfterID: p.after, Limit: p.limit + 1}
+		var err error
+		if f.Owner, err = idParam(q, "owner"); err != nil {
+			return nil, err
+		}
+		// A tenant lists its own allocations only (another owner named
+		// here lists nothing, as if that owner had none).
+		if own := c.ownerScope(); own != "" {
+			if f.Owner != "" && f.Owner != own {
+				return list[proto.Allocation](nil, "", c.index), nil
+			}
+			f.Owner = own
+		}
 		if v := q.Get("state"); v != "" {
 			f.State = proto.AllocState(v)
 			if !f.State.Valid() {
 				return nil, proto.Errorf(proto.CodeInvalidArgument, "state=%q is not one of %v", v, proto.AllocStates)
 			}
 		}
-		var err error
 		if f.NodeID, err = idParam(q, "node"); err != nil {
 			return nil, err
 		}
@@ -116,7 +129,7 @@ func (c *call) allocation(s *state.Snapshot) (*proto.Allocation, error) {
 	}
 	al, ok := s.Allocation(id)
 	if !ok {
-		return nil, proto.Errorf(proto.CodeNotFound, "allocation %s does not exist", id)
+		return nil, errNoAllocation(id)
 	}
 	return al, nil
 }
@@ -191,24 +204,39 @@ func (c *call) replyAllocation(status int, id string) error {
 }
 
 func (a *API) getTimeline(c *call) error {
-	o := readOpts{tables: []string{state.TableTimeline, state.TableAllocations}, block: true}
-	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+	o := readOpts{tables: []string{state.TableTimeline, state.TableAllocations}, block: true, paging: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, p page) (any, error) {
 		al, err := c.allocation(s)
 		if err != nil {
 			return nil, err
 		}
-		return list(s.Timeline(al.ID), "", c.index), nil
+		// The cursor is a sequence number: events are in Seq order.
+		var after uint64
+		if p.after != "" {
+			if after, err = strconv.ParseUint(p.after, 10, 64); err != nil {
+				return nil, proto.Errorf(proto.CodeInvalidArgument, "after=%q is not a timeline sequence number (the next of a previous page)", p.after)
+			}
+		}
+		items := s.Timeline(al.ID)
+		items = items[sort.Search(len(items), func(i int) bool { return items[i].Seq > after }):]
+		next := ""
+		if len(items) > p.limit {
+			items = items[:p.limit]
+			next = strconv.FormatUint(items[p.limit-1].Seq, 10)
+		}
+		return list(items, next, c.index), nil
 	})
 }
 
 func (a *API) getClaims(c *call) error {
-	o := readOpts{tables: []string{state.TableClaims, state.TableAllocations}}
-	return c.read(o, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+	o := readOpts{tables: []string{state.TableClaims, state.TableAllocations}, paging: true}
+	return c.read(o, func(s *state.Snapshot, _ url.Values, p page) (any, error) {
 		al, err := c.allocation(s)
 		if err != nil {
 			return nil, err
 		}
-		return list(s.ClaimsByAllocation(al.ID), "", c.index), nil
+		items, next := cut(s.ClaimsByAllocation(al.ID), func(x *proto.Claim) string { return x.ID }, p)
+		return list(items, next, c.index), nil
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/coordinator/server"
@@ -91,7 +92,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	a.consoles.recorder = raftConsoleRecorder{b: b}
 	a.metrics = metricsOf(b)
 	a.metricsHTTP = a.newMetricsHandler()
-	a.routes = append(a.routeTable(), a.imageRoutes()...)
+	a.routes = append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...)
 	allowed := map[string][]string{}
 	for _, rt := range a.routes {
 		if isBlobRoute(rt) {
@@ -107,9 +108,17 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 		allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)
 	}
 	a.registerAgentRoutes()
-	// The same paths without a method answer 405 with Allow.
+	// The same paths with another method answer 405 with Allow. Each
+	// method is registered on its own (not one method-less pattern), so
+	// a literal segment like /v1/apps/{name}/targets (GET) can sit beside
+	// a wildcard one like /v1/apps/{name}/{version} (PUT, GET).
 	for p, methods := range allowed {
-		a.mux.Handle(p, a.methodNotAllowed(methods))
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+			if slices.Contains(methods, m) || m == http.MethodHead && slices.Contains(methods, http.MethodGet) {
+				continue
+			}
+			a.mux.Handle(m+" "+p, a.methodNotAllowed(methods))
+		}
 	}
 	a.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, proto.Errorf(proto.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
@@ -141,6 +150,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/nodes/{id}", RoleViewer, false, a.getNode},
 		{http.MethodPost, "/v1/nodes/{id}/drain", RoleAdmin, true, a.drainNode(true)},
 		{http.MethodPost, "/v1/nodes/{id}/undrain", RoleAdmin, true, a.drainNode(false)},
+		{http.MethodPost, "/v1/nodes/{id}/breaker/reset", RoleAdmin, true, a.resetBreaker},
 		{http.MethodPut, "/v1/nodes/{id}/intent", RoleAdmin, true, a.setIntent},
 		{http.MethodGet, "/v1/nodes/{id}/topology", RoleViewer, false, a.getTopology},
 		{http.MethodPost, "/v1/nodes/{id}/slots", RoleAdmin, true, a.approveSlot},
@@ -180,5 +190,16 @@ func (a *API) routeTable() []Route {
 		{http.MethodDelete, "/v1/operator/peers/{id}", RoleAdmin, true, a.removePeer},
 		{http.MethodPost, "/v1/operator/transfer-leadership", RoleAdmin, true, a.transferLeadership},
 		{http.MethodPost, "/v1/operator/join-tokens", RoleAdmin, true, a.createJoinToken},
+		{http.MethodGet, "/v1/operator/tokens", RoleViewer, false, a.listAPITokens},
+		{http.MethodPost, "/v1/operator/tokens", RoleAdmin, true, a.createAPIToken},
+		{http.MethodDelete, "/v1/operator/tokens/{name}", RoleAdmin, true, a.revokeAPIToken},
+
+		{http.MethodGet, "/v1/audit", RoleAdmin, false, a.listAudit},
+		{http.MethodGet, "/v1/audit/export", RoleAdmin, false, a.exportAudit},
+		{http.MethodGet, "/v1/audit/verify", RoleAdmin, false, a.verifyAudit},
+		{http.MethodPost, "/v1/audit/prune", RoleAdmin, true, a.pruneAudit},
 	}
 }
+
+// A coordinator replica keeps the replicated API tokens.
+var _ TokenBackend = (*server.Server)(nil)

@@ -13,12 +13,20 @@ import (
 	"github.com/gpuaas/gpuaas/proto"
 )
 
-// Role is what a token may do. Roles are ordered: admin > operator > viewer.
+// Role is what a token may do. Roles are ordered: admin > operator >
+// viewer > tenant. A tenant is the odd one out: it reads less than a
+// viewer (the catalog and its own allocations only) but may create and
+// release its own allocations; the tenant access table (tenant.go) says
+// which routes it may use, and how.
 type Role int
 
 const (
+	// RoleTenant creates, reads and releases only the allocations it owns
+	// (owner = the token's name) and reads the catalog: images, regions,
+	// pools and availability.
+	RoleTenant Role = iota + 1
 	// RoleViewer reads everything.
-	RoleViewer Role = iota + 1
+	RoleViewer
 	// RoleOperator also creates and releases allocations.
 	RoleOperator
 	// RoleAdmin also manages nodes, slots, regions, pools, Raft peers and
@@ -26,7 +34,7 @@ const (
 	RoleAdmin
 )
 
-var roleNames = map[Role]string{RoleViewer: "viewer", RoleOperator: "operator", RoleAdmin: "admin"}
+var roleNames = map[Role]string{RoleTenant: "tenant", RoleViewer: "viewer", RoleOperator: "operator", RoleAdmin: "admin"}
 
 func (r Role) String() string {
 	if n, ok := roleNames[r]; ok {
@@ -35,14 +43,14 @@ func (r Role) String() string {
 	return fmt.Sprintf("role(%d)", int(r))
 }
 
-// ParseRole parses "admin", "operator" or "viewer".
+// ParseRole parses "admin", "operator", "viewer" or "tenant".
 func ParseRole(s string) (Role, error) {
 	for r, n := range roleNames {
 		if n == s {
 			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("role %q is not one of admin, operator, viewer", s)
+	return 0, fmt.Errorf("role %q is not one of admin, operator, viewer, tenant", s)
 }
 
 // Principal is the authenticated caller.

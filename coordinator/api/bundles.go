@@ -33,6 +33,9 @@ func (a *API) publishBundle(c *call) error {
 		return err
 	}
 	_, existed := a.b.Store().Snapshot().Bundle(b.Digest)
+	if existed {
+		c.okStatusIs(http.StatusOK)
+	}
 	if err := c.apply(proto.BundlePublishType, proto.BundlePublishRequest{At: now(), Bundle: b}); err != nil {
 		return err
 	}
@@ -205,11 +208,4 @@ func trunc(s string, n int) string {
 		return s
 	}
 	return s[:n] + "..."
-}
-
-func (a *API) authenticate(tok string) (Principal, bool) {
-	if a.auth == nil {
-		return Principal{}, false
-	}
-	return a.auth.Authenticate(tok)
 }

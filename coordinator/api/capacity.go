@@ -78,8 +78,8 @@ func (a *API) putPool(c *call) error {
 }
 
 func (a *API) getAvailability(c *call) error {
-	o := readOpts{tables: []string{state.TableRegions, state.TableNodes, state.TableSlots, state.TableClaims}, filters: []string{"region", "sku"}}
-	return c.read(o, func(s *state.Snapshot, q url.Values, _ page) (any, error) {
+	o := readOpts{tables: []string{state.TableRegions, state.TableNodes, state.TableSlots, state.TableClaims}, paging: true, filters: []string{"region", "sku"}}
+	return c.read(o, func(s *state.Snapshot, q url.Values, p page) (any, error) {
 		region, err := idParam(q, "region")
 		if err != nil {
 			return nil, err
@@ -100,14 +100,37 @@ func (a *API) getAvailability(c *call) error {
 			}
 			regions = []*proto.Region{r}
 		}
-		out := []*proto.Availability{}
+		// Paged by region, then the SKU catalog's order; the cursor is
+		// region/sku. Only the page's entries are computed.
+		type pair struct {
+			r   *proto.Region
+			sku proto.SKU
+		}
+		var pairs []pair
 		for _, r := range regions {
 			for _, sku := range skus {
-				av := availability(s, r, sku)
-				out = append(out, &av)
+				pairs = append(pairs, pair{r, sku})
 			}
 		}
-		return list(out, "", c.index), nil
+		key := func(x pair) string { return x.r.Name + "/" + x.sku.Name }
+		if p.after != "" {
+			i := slices.IndexFunc(pairs, func(x pair) bool { return key(x) == p.after })
+			if i < 0 {
+				return nil, proto.Errorf(proto.CodeInvalidArgument, "after=%q is not a region/sku of this list (the next of a previous page)", p.after)
+			}
+			pairs = pairs[i+1:]
+		}
+		next := ""
+		if len(pairs) > p.limit {
+			pairs = pairs[:p.limit]
+			next = key(pairs[p.limit-1])
+		}
+		out := []*proto.Availability{}
+		for _, x := range pairs {
+			av := availability(s, x.r, x.sku)
+			out = append(out, &av)
+		}
+		return list(out, next, c.index), nil
 	})
 }
 
@@ -196,10 +219,17 @@ func (a *API) getUsage(c *call) error {
 				return nil, proto.Errorf(proto.CodeInvalidArgument, "since=%q is not an RFC 3339 time such as 2026-11-21T00:00:00Z", v)
 			}
 		}
+		// A tenant sees the usage of its own allocations only.
+		own := c.ownerScope()
 		var out []*proto.UsageRecord
 		for _, u := range s.Usage() {
 			if alloc != "" && u.AllocationID != alloc || !since.IsZero() && u.End != nil && u.End.Before(since) {
 				continue
+			}
+			if own != "" {
+				if al, ok := s.Allocation(u.AllocationID); !ok || al.Owner != own {
+					continue
+				}
 			}
 			out = append(out, u)
 		}

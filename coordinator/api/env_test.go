@@ -209,18 +209,27 @@ func loadDoc(t testing.TB) *openapi3.T {
 	return docVal
 }
 
+// otherTenant is the env's key (e.tok, e.do) of a second tenant token,
+// named other-tenant; RoleTenant's is named tenant-user.
+const otherTenant Role = 100
+
 // testTokens returns an Authenticator with one token per role and the
 // tokens by role.
 func testTokens(t testing.TB) (*Tokens, map[Role]string) {
 	t.Helper()
 	tok := map[Role]string{}
 	var entries []TokenEntry
-	for _, r := range []Role{RoleViewer, RoleOperator, RoleAdmin} {
+	for _, r := range []Role{RoleTenant, RoleViewer, RoleOperator, RoleAdmin} {
 		s, err := GenerateToken()
 		require.NoError(t, err)
 		tok[r] = s
 		entries = append(entries, TokenEntry{Name: r.String() + "-user", Role: r.String(), SHA256: HashToken(s)})
 	}
+	// A second tenant, to prove tenants do not see each other.
+	s, err := GenerateToken()
+	require.NoError(t, err)
+	tok[otherTenant] = s
+	entries = append(entries, TokenEntry{Name: "other-tenant", Role: "tenant", SHA256: HashToken(s)})
 	a, err := NewTokens(entries)
 	require.NoError(t, err)
 	return a, tok
@@ -323,7 +332,7 @@ func (e *env) validate(req *http.Request, reqBody []byte, r resp) {
 	probe.URL.Host, probe.URL.Scheme = "", ""
 	_, pattern := e.api.mux.Handler(probe)
 	method, path, ok := strings.Cut(pattern, " ")
-	if !ok {
+	if !ok || r.status == http.StatusMethodNotAllowed {
 		// The 404 catch-all or a 405: not a documented route, but
 		// still a problem body.
 		r.problem(e.t)
@@ -423,8 +432,17 @@ func (e *env) seedLab() {
 	e.seedNode("j27u15", "us-east", "h200-a", proto.IntentBaremetal, 8, 8)
 }
 
+// index is the ledger's index, the audit log aside: a refused request
+// changes nothing but leaves its audit record.
 func (e *env) index() uint64 {
-	return e.b.Store().Snapshot().Index()
+	s := e.b.Store().Snapshot()
+	var m uint64
+	for _, t := range state.Tables {
+		if t != state.TableAudit {
+			m = max(m, s.TableIndex(t))
+		}
+	}
+	return m
 }
 
 // Place plans with the scheduler (package sched) on the current snapshot and applies the

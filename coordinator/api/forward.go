@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -50,6 +51,7 @@ func leaderURL(addr string) (*url.URL, error) {
 // forward proxies c to the leader. cause is the backend's not-leader
 // error, nil when the route was forwarded before running.
 func (a *API) forward(c *call, cause error) {
+	audit.From(c.r.Context()).Skip() // the leader records it
 	addr := a.b.LeaderHTTPAddr()
 	if addr == "" {
 		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica is not the leader and no leader is known; retry shortly"))
@@ -70,6 +72,7 @@ func (a *API) forward(c *call, cause error) {
 			pr.Out.Host = target.Host
 			pr.Out.Header.Set(proto.ForwardedHeader, "1")
 			pr.Out.Header.Set(proto.RequestIDHeader, reqID)
+			pr.Out.Header.Set(proto.ClientAddrHeader, a.auditRemote(c.r))
 			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 			pr.Out.ContentLength = int64(len(body))
 			pr.Out.Header.Set("Content-Length", strconv.Itoa(len(body)))

@@ -15,9 +15,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/blobs"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -71,8 +73,8 @@ func imageOf(s *state.Snapshot, name, version string) (*proto.Image, error) {
 }
 
 func (a *API) listImages(c *call) error {
-	o := readOpts{tables: []string{state.TableImages}, block: true, filters: []string{"name", "state"}}
-	return c.read(o, func(s *state.Snapshot, q url.Values, _ page) (any, error) {
+	o := readOpts{tables: []string{state.TableImages}, block: true, paging: true, filters: []string{"name", "state"}}
+	return c.read(o, func(s *state.Snapshot, q url.Values, p page) (any, error) {
 		name, err := idParam(q, "name")
 		if err != nil {
 			return nil, err
@@ -87,9 +89,15 @@ func (a *API) listImages(c *call) error {
 				items = append(items, im)
 			}
 		}
-		return list(items, "", c.index), nil
+		// Paged by name:version (the cursor), in that order.
+		slices.SortFunc(items, func(x, y *proto.Image) int { return strings.Compare(imageCursor(x), imageCursor(y)) })
+		items, next := cut(items, imageCursor, p)
+		return list(items, next, c.index), nil
 	})
 }
+
+// imageCursor is an image's key in the paged catalog list.
+func imageCursor(im *proto.Image) string { return im.Name + ":" + im.Version }
 
 func (a *API) getImage(c *call) error {
 	o := readOpts{tables: []string{state.TableImages}, block: true}
@@ -179,7 +187,7 @@ func (a *API) blobHandler(rt Route) http.Handler {
 			writeProblem(w, r, proto.Errorf(proto.CodeUnauthenticated, "an Authorization: Bearer <token> header is required"))
 			return
 		}
-		p, ok := a.auth.Authenticate(tok)
+		p, ok := a.authenticate(tok)
 		if !ok && rt.Method == http.MethodGet {
 			if ab, isAgent := a.b.(AgentBackend); isAgent && ab.Enrollment() != nil {
 				if id, known := ab.Enrollment().Authenticate(tok); known {
@@ -412,6 +420,7 @@ func (a *API) replicateBlob(im *proto.Image, auth string) {
 // its body (an upload of an entry this replica does not know yet, or a
 // download with a credential it does not know yet).
 func (a *API) forwardStream(c *call) {
+	audit.From(c.r.Context()).Skip() // the leader records it
 	addr := a.b.LeaderHTTPAddr()
 	if addr == "" {
 		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica cannot serve the request alone and no leader is known; retry shortly"))

@@ -278,7 +278,13 @@ func (a *API) Protect(h http.Handler) http.Handler {
 		}
 		a.bodyDeadline(w, r)
 		sw := &statusWriter{ResponseWriter: w}
+		id := r.Header.Get(proto.RequestIDHeader)
+		if !requestIDPattern.MatchString(id) {
+			id = randomHex(8)
+		}
+		pend, r := a.beginAudit(r, id, r.URL.Path)
 		h.ServeHTTP(sw, r)
+		a.endAudit(pend, sw.status, sw.Header().Get("Location"))
 		if sw.status == http.StatusUnauthorized {
 			if d := a.guard.failed(addr); d > 0 {
 				a.log.Warn("address locked out after failed authentications", "remote", addr, "for", d.String(), "path", r.URL.Path)

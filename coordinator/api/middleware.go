@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -90,6 +91,7 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w}
 	who := new(string)
 	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
+	pend, r := a.beginAudit(r, id, "")
 	addr := a.clientAddr(r)
 	if wait, ok := a.guard.admitAddr(addr); !ok {
 		a.log.Info("api request refused: rate limited", "request_id", id, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
@@ -119,6 +121,7 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 				a.log.Warn("address locked out after failed authentications", "remote", addr, "for", d.String(), "request_id", id)
 			}
 		}
+		a.endAudit(pend, sw.status, sw.Header().Get("Location"))
 	}()
 	a.mux.ServeHTTP(sw, r)
 }
@@ -150,13 +153,18 @@ func (a *API) authenticateOperator(w http.ResponseWriter, r *http.Request) (Prin
 }
 
 // authorize is the one role check of every route: it records the
-// principal for the request log, applies the per-principal rate limit
-// and compares the role with the route's minimum. On refusal it has
-// written the problem and returns false.
+// principal for the request log and the audit record (audit.go), applies
+// the per-principal rate limit and compares the role with the route's
+// minimum; a tenant's routes and the ownership of the allocation a route
+// names are checked here too (tenant.go). On refusal it has written the
+// problem (or relayed the request to the leader, which decides) and
+// returns false.
 func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Principal) bool {
 	if who, ok := r.Context().Value(principalKey{}).(*string); ok {
 		*who = p.Name
 	}
+	tok, _ := bearer(r)
+	a.auditPrincipal(r, rt, p, tokenID(tok))
 	// A request a peer relays was limited by the replica the client
 	// talked to.
 	if a.guard != nil && !a.relayedByPeer(r, remoteIP(r)) {
@@ -164,6 +172,9 @@ func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Prin
 			writeTooMany(w, r, wait, fmt.Sprintf("too many requests from %s", p.Name))
 			return false
 		}
+	}
+	if p.Role == RoleTenant {
+		return a.authorizeTenant(w, r, rt, p)
 	}
 	if p.Role < rt.Role {
 		writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
@@ -210,6 +221,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	default:
 		detail = "internal error; the coordinator log has the cause under this request id"
 	}
+	audit.From(r.Context()).SetError(string(code) + ": " + detail)
 	p := proto.ProblemFor(code, detail)
 	p.Instance = r.URL.Path
 	p.RequestID = w.Header().Get(proto.RequestIDHeader)
@@ -363,6 +375,7 @@ func (a *API) dispatch(c *call, kind string) {
 	if c.body, ok = readBody(w, r); !ok {
 		return
 	}
+	auditBody(r, c.body)
 	forwarded := r.Header.Get(proto.ForwardedHeader) != ""
 	// Writes are validated and proposed on the leader only, so a
 	// follower's stale view never refuses (or accepts) a write.

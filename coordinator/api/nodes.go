@@ -118,6 +118,27 @@ func (a *API) drainNode(draining bool) func(*call) error {
 	}
 }
 
+// resetBreaker closes a node's circuit breaker (POST
+// /v1/nodes/{id}/breaker/reset, admin): the node takes placements again
+// and its failure history is forgotten.
+func (a *API) resetBreaker(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	id, err := c.pathID("id", "node id")
+	if err != nil {
+		return err
+	}
+	var empty struct{}
+	if err := c.decode(&empty, true); err != nil {
+		return err
+	}
+	if err := c.apply(proto.NodeBreakerResetType, proto.NodeBreakerResetRequest{At: now(), NodeID: id, By: proto.BreakerByOperator}); err != nil {
+		return err
+	}
+	return c.replyNode(id)
+}
+
 func (a *API) setIntent(c *call) error {
 	if _, err := c.query(); err != nil {
 		return err

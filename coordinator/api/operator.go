@@ -19,8 +19,9 @@ func (a *API) getStatus(c *call) error {
 	})
 }
 
-// peers answers with the Raft configuration sorted by ID.
-func (c *call) peers() error {
+// peers answers with the Raft configuration sorted by ID: the whole of
+// it (a write's answer) or one page of a list.
+func (c *call) peers(pg ...page) error {
 	ps, err := c.a.b.Peers()
 	if err != nil {
 		return err
@@ -30,15 +31,24 @@ func (c *call) peers() error {
 		items[i] = &ps[i]
 	}
 	slices.SortFunc(items, func(x, y *Peer) int { return strings.Compare(x.ID, y.ID) })
+	next := ""
+	if len(pg) > 0 {
+		items, next = cut(items, func(p *Peer) string { return p.ID }, pg[0])
+	}
 	c.index = c.a.b.Store().Snapshot().Index()
-	return c.reply(http.StatusOK, list(items, "", c.index))
+	return c.reply(http.StatusOK, list(items, next, c.index))
 }
 
 func (a *API) listPeers(c *call) error {
-	if _, err := c.query(readParams...); err != nil {
+	q, err := c.query(append(append([]string(nil), readParams...), pagingParams...)...)
+	if err != nil {
 		return err
 	}
-	return c.peers()
+	p, err := pageParams(q)
+	if err != nil {
+		return err
+	}
+	return c.peers(p)
 }
 
 func validHostPort(what, v string) error {

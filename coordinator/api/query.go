@@ -83,8 +83,9 @@ func pageParams(q url.Values) (page, error) {
 		}
 		p.limit = n
 	}
-	if len(p.after) > proto.MaxIDLength {
-		return p, proto.Errorf(proto.CodeInvalidArgument, "after is over %d characters", proto.MaxIDLength)
+	// The longest cursor is an image's name:version.
+	if len(p.after) > 2*proto.MaxIDLength+1 {
+		return p, proto.Errorf(proto.CodeInvalidArgument, "after is over %d characters", 2*proto.MaxIDLength+1)
 	}
 	return p, nil
 }

@@ -81,6 +81,16 @@ func TestSitePutGetNeverReturnsCredentials(t *testing.T) {
 	assert.Equal(t, s.Credentials, s2.Credentials)
 
 	e.do(RoleViewer, http.MethodGet, "/v1/sites/site-z", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
+
+	// The audit records of both puts carry the site's view, not the key
+	// nor its sealed form.
+	recs := e.auditList("kind=site")
+	require.Len(t, recs, 2)
+	assert.Contains(t, string(recs[1].Before), `"credentials_set":true`)
+	exp := strings.Join(e.exportLines(), "\n")
+	for _, leak := range []string{"TopSecretMaasValue", testMAASKey, "ciphertext", "nonce", "maas_api_key"} {
+		assert.NotContains(t, exp, leak)
+	}
 }
 
 func TestSitePutRefusals(t *testing.T) {

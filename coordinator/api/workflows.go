@@ -43,6 +43,9 @@ func (a *API) createWorkflow(c *call, w proto.MAASWorkflow) error {
 	if _, ok := a.b.Store().Snapshot().MAASWorkflow(w.ID); ok {
 		existed = true
 	}
+	if existed {
+		c.okStatusIs(http.StatusOK)
+	}
 	if err := c.apply(proto.MAASWorkflowCreateType, proto.MAASWorkflowCreateRequest{At: now(), Workflow: w}); err != nil {
 		return err
 	}

@@ -138,14 +138,14 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 }
 
 func (a *app) allocListCmd() *cobra.Command {
-	var state, node, region, after string
+	var state, node, region, owner, after string
 	var limit int
 	c := &cobra.Command{
 		Use:   "list",
-		Short: "List allocations",
+		Short: "List allocations (a tenant token lists its own only)",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"state": state, "node": node, "region": region, "after": after}
+			q := map[string]string{"state": state, "node": node, "region": region, "owner": owner, "after": after}
 			if limit > 0 {
 				q["limit"] = strconv.Itoa(limit)
 			}
@@ -163,6 +163,7 @@ func (a *app) allocListCmd() *cobra.Command {
 	f.StringVar(&state, "state", "", "only allocations in this state")
 	f.StringVar(&node, "node", "", "only allocations on this node")
 	f.StringVar(&region, "region", "", "only allocations in this region")
+	f.StringVar(&owner, "owner", "", "only allocations of this owner")
 	f.StringVar(&after, "after", "", "page cursor: start after this allocation ID")
 	f.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
 	return c
@@ -220,7 +221,7 @@ func (a *app) allocForceReleaseCmd() *cobra.Command {
 }
 
 func (a *app) allocTimelineCmd() *cobra.Command {
-	return idCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", http.MethodGet, "/v1/allocations/", "/timeline", func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
+	return pagedIDCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", "/v1/allocations/", "/timeline", "sequence number", func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
 		row(w, "SEQ", "AT", "STAGE", "STATUS", "DURATION", "MESSAGE")
 		for _, cells := range timelineRows(l.Items) {
 			row(w, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5])
@@ -229,7 +230,7 @@ func (a *app) allocTimelineCmd() *cobra.Command {
 }
 
 func (a *app) allocClaimsCmd() *cobra.Command {
-	return idCmd(a, "claims", "Show an allocation's resource claims", http.MethodGet, "/v1/allocations/", "/claims", func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
+	return pagedIDCmd(a, "claims", "Show an allocation's resource claims", "/v1/allocations/", "/claims", "claim ID", func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
 		row(w, "ID", "KIND", "NODE", "SLOT", "GENERATION", "LIVE", "ENDED")
 		for _, c := range l.Items {
 			row(w, c.ID, c.Kind, c.NodeID, c.SlotID, c.Generation, yesNo(c.Live), tsp(c.EndedAt))

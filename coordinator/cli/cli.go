@@ -18,11 +18,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // DefaultAddr is the coordinator's default API listener.
@@ -133,8 +136,8 @@ func (a *app) root() *cobra.Command {
 
 	root.AddCommand(a.allocCmd(), a.nodeCmd(), a.slotCmd(), a.topologyCmd(), a.availabilityCmd(),
 		a.tasksCmd(), a.usageCmd(), a.regionCmd(), a.poolCmd(), a.operatorCmd(), a.statusCmd(), a.tokenCmd(),
-		a.workflowCmd(), a.siteCmd(), a.bundleCmd())
-	root.AddCommand(a.imageCmd())
+		a.workflowCmd(), a.siteCmd(), a.bundleCmd(), a.auditCmd())
+	root.AddCommand(a.imageCmd(), a.appCmd())
 	return root
 }
 
@@ -274,6 +277,48 @@ func nextHint(a *app, next string) {
 	if next != "" {
 		fmt.Fprintf(a.errOut, "more: pass --after %s\n", next)
 	}
+}
+
+// pageFlags adds --limit and --after to c; the returned function puts
+// them into a query.
+func pageFlags(c *cobra.Command, what string) func(q map[string]string) map[string]string {
+	var after string
+	var limit int
+	c.Flags().StringVar(&after, "after", "", "page cursor: start after this "+what+" (the \"more:\" hint of the previous page)")
+	c.Flags().IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
+	return func(q map[string]string) map[string]string {
+		if q == nil {
+			q = map[string]string{}
+		}
+		q["after"] = after
+		if limit > 0 {
+			q["limit"] = strconv.Itoa(limit)
+		}
+		return q
+	}
+}
+
+// pagedIDCmd is a command listing one page of what belongs to one ID
+// (GET prefix+ID+suffix), with --limit and --after.
+func pagedIDCmd[T any](a *app, use, short, prefix, suffix, what string, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
+	var page func(map[string]string) map[string]string
+	c := &cobra.Command{
+		Use:   use + " ID",
+		Short: short,
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodGet, prefix+pathEscape(args[0])+suffix, page(nil), nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[T]) {
+				table(w, l)
+				nextHint(a, l.Next)
+			})
+		},
+	}
+	page = pageFlags(c, what)
+	return c
 }
 
 // idCmd is a command taking one ID: it calls method on prefix+ID+suffix

@@ -169,6 +169,19 @@ func TestCLIAllocationLifecycle(t *testing.T) {
 	r = c.run(api.RoleViewer, "alloc", "claims", id).ok(t)
 	requireAligned(t, r.out)
 	assert.Equal(t, 3, strings.Count(r.out, "\n"), "header + 2 claims:\n%s", r.out)
+	// Paged: one claim, then the other after the printed cursor.
+	r = c.run(api.RoleViewer, "alloc", "claims", id, "--limit", "1").ok(t)
+	assert.Equal(t, 2, strings.Count(r.out, "\n"), "header + 1 claim:\n%s", r.out)
+	m = regexp.MustCompile(`more: pass --after (\S+)`).FindStringSubmatch(r.err)
+	require.Len(t, m, 2, "the next page's cursor is named: %s", r.err)
+	r2 := c.run(api.RoleViewer, "alloc", "claims", id, "--limit", "1", "--after", m[1]).ok(t)
+	assert.Equal(t, 2, strings.Count(r2.out, "\n"), r2.out)
+	assert.NotEqual(t, r.out, r2.out)
+	r = c.run(api.RoleViewer, "alloc", "timeline", id, "--limit", "1").ok(t)
+	assert.Equal(t, 2, strings.Count(r.out, "\n"), "header + 1 event:\n%s", r.out)
+	r = c.run(api.RoleViewer, "alloc", "timeline", id, "--after", "x")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "not a timeline sequence number")
 	r = c.run(api.RoleViewer, "alloc", "timeline", id).ok(t)
 	assert.Contains(t, r.out, "placement")
 	c.run(api.RoleViewer, "alloc", "tasks", id).ok(t)
@@ -219,7 +232,7 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 		{"bad filter", api.RoleViewer, []string{"slot", "list", "--status", "broken"}, ExitError, `status="broken"`},
 		{"viewer writes", api.RoleViewer, []string{"node", "drain", "us-east-n0000"}, ExitError, "(forbidden, HTTP 403)"},
 	}
-	before := c.srv.Store().Snapshot().Index()
+	before := ledgerIndex(c.srv.Store().Snapshot())
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := c.run(tc.role, tc.args...)
@@ -228,7 +241,7 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 			assert.Empty(t, r.out)
 		})
 	}
-	assert.Equal(t, before, c.srv.Store().Snapshot().Index(), "refused commands changed the ledger")
+	assert.Equal(t, before, ledgerIndex(c.srv.Store().Snapshot()), "refused commands changed the ledger")
 
 	// Wrong token and an unreachable address.
 	r := runEnv(map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_TOKEN": "wrong"}, "status")
@@ -360,4 +373,37 @@ func TestCLITokenSources(t *testing.T) {
 	r = runEnv(map[string]string{"GPUAAS_ADDR": c.addr}, "--token-file", filepath.Join(dir, "missing"), "status")
 	assert.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.err, "read token file")
+}
+
+// TestCLITokens: an admin makes a tenant token with token create, the
+// tenant lists its (no) allocations but not nodes, token list shows the
+// record, and after token revoke the token is refused.
+func TestCLITokens(t *testing.T) {
+	t.Parallel()
+	c := startCoordinator(t)
+	r := c.run(api.RoleOperator, "token", "create", "--name", "t-erin", "--role", "tenant")
+	require.Equal(t, ExitError, r.code, r.out)
+	assert.Contains(t, r.err, "needs role admin")
+	assert.Equal(t, ExitUsage, c.run(api.RoleAdmin, "token", "create", "--name", "t-erin", "--role", "root").code)
+
+	r = c.run(api.RoleAdmin, "token", "create", "--name", "t-erin", "--role", "tenant").ok(t)
+	tok := field(t, r.out, "Token")
+	assert.Equal(t, "tenant", field(t, r.out, "Role"))
+	assert.Contains(t, r.err, "shown once")
+	tenant := map[string]string{"GPUAAS_ADDR": c.addr, "GPUAAS_TOKEN": tok}
+	runEnv(tenant, "alloc", "list").ok(t)
+	r = runEnv(tenant, "node", "list")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "not open to tenant tokens")
+
+	r = c.run(api.RoleViewer, "token", "list").ok(t)
+	assert.Contains(t, r.out, "t-erin")
+	assert.Contains(t, r.out, "admin-user")
+	assert.NotContains(t, r.out, tok)
+
+	r = c.run(api.RoleAdmin, "token", "revoke", "t-erin").ok(t)
+	assert.NotEqual(t, "-", field(t, r.out, "Revoked"))
+	r = runEnv(tenant, "alloc", "list")
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "not known")
 }

@@ -72,6 +72,50 @@ type RawBody struct {
 // answer is returned as *ProblemError when it is a problem body, else as
 // a plain error naming the status.
 func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body any, hdr http.Header) (*Response, error) {
+	res, err := c.send(ctx, method, path, q, body, hdr)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
+	}
+	if res.StatusCode >= 300 {
+		return nil, answerError(method, path, res, b)
+	}
+	return &Response{Status: res.StatusCode, Header: res.Header, Body: b}, nil
+}
+
+// Stream sends a GET and copies a 2xx answer's body to w as it arrives
+// (an export of any size); errors are Do's.
+func (c *Client) Stream(ctx context.Context, path string, q url.Values, w io.Writer) error {
+	res, err := c.send(ctx, http.MethodGet, path, q, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	if res.StatusCode >= 300 {
+		b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+		return answerError(http.MethodGet, path, res, b)
+	}
+	if _, err := io.Copy(w, res.Body); err != nil {
+		return fmt.Errorf("GET %s: read answer: %w", path, err)
+	}
+	return nil
+}
+
+// answerError turns a non-2xx answer into *ProblemError or a plain error.
+func answerError(method, path string, res *http.Response, b []byte) error {
+	var p proto.Problem
+	if strings.HasPrefix(res.Header.Get("Content-Type"), proto.ProblemContentType) && json.Unmarshal(b, &p) == nil && p.Code != "" {
+		return &ProblemError{Problem: p}
+	}
+	return fmt.Errorf("%s %s: HTTP %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(truncate(b, 300))))
+}
+
+// send builds and sends one request; the caller closes the body.
+func (c *Client) send(ctx context.Context, method, path string, q url.Values, body any, hdr http.Header) (*http.Response, error) {
 	// path is already escaped (IDs go through pathEscape).
 	u := *c.Base
 	raw := strings.TrimSuffix(c.Base.EscapedPath(), "/") + path
@@ -116,19 +160,7 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
 	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
-	}
-	if res.StatusCode >= 300 {
-		var p proto.Problem
-		if strings.HasPrefix(res.Header.Get("Content-Type"), proto.ProblemContentType) && json.Unmarshal(b, &p) == nil && p.Code != "" {
-			return nil, &ProblemError{Problem: p}
-		}
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(truncate(b, 300))))
-	}
-	return &Response{Status: res.StatusCode, Header: res.Header, Body: b}, nil
+	return res, nil
 }
 
 func truncate(b []byte, n int) []byte {

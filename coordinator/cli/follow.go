@@ -348,10 +348,7 @@ func (a *app) follow(cmd *cobra.Command, id string, limit time.Duration, release
 		}
 		moved := tasks.Index != index
 		index = tasks.Index
-		if r, err = a.call(cmd, http.MethodGet, base+"/timeline", tq, nil, nil); err != nil {
-			return err
-		}
-		tl, err := decode[proto.List[proto.TimelineEvent]](r)
+		tl, err := a.wholeTimeline(cmd, base, tq)
 		if err != nil {
 			return err
 		}
@@ -413,6 +410,32 @@ func (a *app) follow(cmd *cobra.Command, id string, limit time.Duration, release
 			b.End()
 			return fmt.Errorf("gave up after %s: allocation %s is %s", limit, al.ID, al.State)
 		}
+	}
+}
+
+// wholeTimeline reads every page of an allocation's timeline (base is
+// the allocation's path; q more query parameters).
+func (a *app) wholeTimeline(cmd *cobra.Command, base string, q map[string]string) (proto.List[proto.TimelineEvent], error) {
+	var all proto.List[proto.TimelineEvent]
+	after := ""
+	for {
+		pq := map[string]string{"limit": strconv.Itoa(proto.MaxPageLimit), "after": after}
+		for k, v := range q {
+			pq[k] = v
+		}
+		r, err := a.call(cmd, http.MethodGet, base+"/timeline", pq, nil, nil)
+		if err != nil {
+			return all, err
+		}
+		l, err := decode[proto.List[proto.TimelineEvent]](r)
+		if err != nil {
+			return all, err
+		}
+		all.Items, all.Index = append(all.Items, l.Items...), l.Index
+		if l.Next == "" || l.Next == after {
+			return all, nil
+		}
+		after = l.Next
 	}
 }
 

@@ -229,19 +229,24 @@ func (a *app) imageDecideCmd(verb string, action proto.ImageState) *cobra.Comman
 
 func (a *app) imageListCmd() *cobra.Command {
 	var name, state string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List the image catalog",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/images", map[string]string{"name": name, "state": state}, nil, nil)
+			r, err := a.call(cmd, http.MethodGet, "/v1/images", page(map[string]string{"name": name, "state": state}), nil, nil)
 			if err != nil {
 				return err
 			}
-			return show(a, r, imageTable)
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Image]) {
+				imageTable(w, l)
+				nextHint(a, l.Next)
+			})
 		},
 	}
+	page = pageFlags(c, "NAME:VERSION")
 	c.Flags().StringVar(&name, "name", "", "only the versions of this image")
 	c.Flags().StringVar(&state, "state", "", "pending, approved or revoked")
 	return c

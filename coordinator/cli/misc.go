@@ -18,13 +18,14 @@ import (
 
 func (a *app) availabilityCmd() *cobra.Command {
 	var region, sku string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:     "availability",
 		Aliases: []string{"avail"},
 		Short:   "Free GPUs per region and SKU, and the largest request that fits now",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/availability", map[string]string{"region": region, "sku": sku}, nil, nil)
+			r, err := a.call(cmd, http.MethodGet, "/v1/availability", page(map[string]string{"region": region, "sku": sku}), nil, nil)
 			if err != nil {
 				return err
 			}
@@ -41,9 +42,11 @@ func (a *app) availabilityCmd() *cobra.Command {
 					}
 					row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
 				}
+				nextHint(a, l.Next)
 			})
 		},
 	}
+	page = pageFlags(c, "REGION/SKU")
 	c.Flags().StringVar(&region, "region", "", "only this region")
 	c.Flags().StringVar(&sku, "sku", "", "only this SKU")
 	return c
@@ -185,18 +188,24 @@ func (a *app) operatorCmd() *cobra.Command {
 	jt.Flags().StringVar(&jtServer, "server-id", "", "admit only the server with this ID")
 	jt.Flags().DurationVar(&jtTTL, "ttl", proto.DefaultJoinTokenTTL, "lifetime of the token (at most 24h)")
 	c.AddCommand(jt)
-	c.AddCommand(&cobra.Command{
+	var peersPage func(map[string]string) map[string]string
+	peers := &cobra.Command{
 		Use:   "peers",
 		Short: "List the Raft configuration",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", nil, nil, nil)
+			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", peersPage(nil), nil, nil)
 			if err != nil {
 				return err
 			}
-			return show(a, r, peersTable)
+			return show(a, r, func(w *tabwriter.Writer, l proto.List[api.Peer]) {
+				peersTable(w, l)
+				nextHint(a, l.Next)
+			})
 		},
-	}, &cobra.Command{
+	}
+	peersPage = pageFlags(peers, "server ID")
+	c.AddCommand(peers, &cobra.Command{
 		Use:   "add ID RAFT-ADDR HTTP-ADDR",
 		Short: "Add a voter (admin)",
 		Args:  exactArgs("ID", "RAFT-ADDR", "HTTP-ADDR"),
@@ -266,12 +275,64 @@ func (a *app) statusCmd() *cobra.Command {
 	}
 }
 
-// tokenCmd makes tokens-file entries; it never talks to the API.
+// tokenCmd makes API tokens: offline tokens-file entries (generate) or
+// replicated tokens through the API (create, list, revoke; admin).
 func (a *app) tokenCmd() *cobra.Command {
-	c := &cobra.Command{Use: "token", Short: "Make API tokens and tokens-file entries (offline)"}
+	c := &cobra.Command{Use: "token", Short: "Make API tokens: tokens-file entries (offline) or replicated ones through the API"}
+	var cname, crole string
+	create := &cobra.Command{
+		Use:   "create --name NAME --role admin|operator|viewer|tenant",
+		Short: "Make a token through the API (admin): its hash is replicated, the token is printed once",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := api.ParseRole(crole); err != nil {
+				return usageError{err}
+			}
+			if err := proto.ValidateID("--name", cname); err != nil {
+				return usageError{err}
+			}
+			r, err := a.call(cmd, http.MethodPost, "/v1/operator/tokens", nil, proto.APITokenCreateBody{Name: cname, Role: crole}, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, t proto.APITokenCreated) {
+				row(w, "Name:", t.Name)
+				row(w, "Role:", t.Role)
+				row(w, "Token:", t.Token)
+				row(w, "Created:", ts(t.CreatedAt))
+				fmt.Fprintln(a.errOut, "the token is shown once: keep it (export GPUAAS_TOKEN=...)")
+			})
+		},
+	}
+	create.Flags().StringVar(&cname, "name", "", "the principal: owner of what the token creates")
+	create.Flags().StringVar(&crole, "role", "tenant", "role: admin, operator, viewer or tenant (its own allocations and the catalog only)")
+	revoke := &cobra.Command{
+		Use:   "revoke NAME",
+		Short: "Revoke the token of NAME made through the API (admin)",
+		Args:  exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodDelete, "/v1/operator/tokens/"+pathEscape(args[0]), nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, t proto.APIToken) {
+				row(w, "Name:", t.Name)
+				row(w, "Role:", t.Role)
+				row(w, "Revoked:", tsp(t.RevokedAt))
+			})
+		},
+	}
+	list := pagedList(a, "List the tokens made through the API (never the tokens file's, never a hash)", "/v1/operator/tokens",
+		func(w *tabwriter.Writer, l proto.List[proto.APIToken]) {
+			row(w, "NAME", "ROLE", "BY", "CREATED", "REVOKED")
+			for _, t := range l.Items {
+				row(w, t.Name, t.Role, t.By, ts(t.CreatedAt), tsp(t.RevokedAt))
+			}
+		})
+	c.AddCommand(create, list, revoke)
 	var name, role string
 	gen := &cobra.Command{
-		Use:   "generate --name NAME --role admin|operator|viewer",
+		Use:   "generate --name NAME --role admin|operator|viewer|tenant",
 		Short: "Generate a token; prints it and the tokens-file entry that holds only its SHA-256",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -303,7 +364,7 @@ func (a *app) tokenCmd() *cobra.Command {
 		},
 	}
 	gen.Flags().StringVar(&name, "name", "", "token name (shown in logs and as default allocation owner)")
-	gen.Flags().StringVar(&role, "role", "viewer", "role: admin, operator or viewer")
+	gen.Flags().StringVar(&role, "role", "viewer", "role: admin, operator, viewer or tenant (its own allocations and the catalog only)")
 	c.AddCommand(gen)
 	return c
 }

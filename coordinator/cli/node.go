@@ -14,7 +14,7 @@ import (
 
 func (a *app) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Aliases: []string{"nodes"}, Short: "List, show, drain and re-purpose nodes"}
-	c.AddCommand(a.nodeListCmd(), a.nodeShowCmd(), a.nodeDrainCmd("drain", true), a.nodeDrainCmd("undrain", false), a.nodeIntentCmd(), a.nodeTasksCmd(), a.nodePrepareSliceCmd(), a.nodeDiskApproveCmd())
+	c.AddCommand(a.nodeListCmd(), a.nodeShowCmd(), a.nodeDrainCmd("drain", true), a.nodeDrainCmd("undrain", false), a.nodeResetBreakerCmd(), a.nodeIntentCmd(), a.nodeTasksCmd(), a.nodePrepareSliceCmd(), a.nodeDiskApproveCmd())
 	return c
 }
 
@@ -91,6 +91,16 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	row(w, "State:", n.State)
 	row(w, "GPUs:", gpus(n))
 	row(w, "Draining:", yesNo(n.Draining))
+	if b := n.Breaker; b != nil {
+		switch {
+		case b.Open:
+			row(w, "Circuit breaker:", "open, out of placement until "+ts(b.Until)+" or `gpuaasctl node reset-breaker "+n.ID+"`: "+b.Reason)
+		case b.Probation:
+			row(w, "Circuit breaker:", "closed after its cool-down, on probation: one more failure reopens it")
+		case len(b.Failures) > 0:
+			row(w, "Circuit breaker:", fmt.Sprintf("closed, %d recent failures (opens at %d within %v)", len(b.Failures), proto.BreakerThreshold, proto.BreakerWindow))
+		}
+	}
 	s := d.SlotSummary
 	var counts []string
 	for _, st := range proto.SlotStatuses {
@@ -153,6 +163,24 @@ func (a *app) nodeDrainCmd(verb string, drain bool) *cobra.Command {
 		Args:  exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/"+verb, nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
+				nodeHeader(w)
+				nodeRow(w, n)
+			})
+		},
+	}
+}
+
+func (a *app) nodeResetBreakerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "reset-breaker ID",
+		Short: "Close a node's circuit breaker so it takes placements again (admin)",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/breaker/reset", nil, nil, nil)
 			if err != nil {
 				return err
 			}

@@ -15,7 +15,7 @@ import (
 
 func (a *app) slotCmd() *cobra.Command {
 	c := &cobra.Command{Use: "slot", Aliases: []string{"slots"}, Short: "List, approve, disable, repair and clean up slots"}
-	c.AddCommand(a.slotListCmd(), a.slotShowCmd(), a.slotApproveCmd(), a.slotDisableCmd(), a.slotRepairCmd(), a.slotCleanupCmd())
+	c.AddCommand(a.slotListCmd(), a.slotShowCmd(), a.slotApproveCmd(), a.slotDisableCmd(), a.slotRepairCmd(), a.slotCleanupCmd(), a.slotHistoryCmd())
 	return c
 }
 

@@ -68,6 +68,8 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 		return nil, conflict("allocation_place: node %s is %s, not active", node.ID, node.State)
 	case node.Draining:
 		return nil, conflict("allocation_place: node %s is draining", node.ID)
+	case node.BreakerOpen():
+		return nil, conflict("allocation_place: node %s: %s", node.ID, node.BreakerBlocker())
 	}
 	if _, err := resolveImage(&tx.Snapshot, in.Image, in.Shape, scopeOfNode(&tx.Snapshot, node.ID)); err != nil {
 		return nil, err
@@ -512,6 +514,9 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 				}
 			}
 			a.ActivatedAt = &now
+			if err := endProbation(tx, a.NodeID); err != nil {
+				return nil, err
+			}
 			if req.Access != nil {
 				acc := *req.Access
 				a.Access = &acc
@@ -543,6 +548,9 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 				}
 			}
 			if err := endClaims(tx, claims, now); err != nil {
+				return nil, err
+			}
+			if err := recordNodeFailure(tx, a.NodeID, now, a.ID, req.Reason); err != nil {
 				return nil, err
 			}
 			a.EndedAt = &now

@@ -22,6 +22,8 @@ func (f *FSM) applyHardware(t proto.MessageType, body []byte, index uint64) (res
 	switch t {
 	case proto.SlotHardwareReportType:
 		return f.applySlotHardwareReport(body, index), true
+	case proto.NodeBreakerResetType:
+		return f.applyNodeBreakerReset(body, index), true
 	}
 	return nil, false
 }

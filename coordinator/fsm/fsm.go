@@ -76,7 +76,8 @@ var LedgerTypes = []proto.MessageType{
 	proto.TimelineAppendType, proto.TaskCreateType, proto.SlotHealthType, proto.CommandBatchType,
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
 	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType, proto.NodeLeaseDriftType,
-	proto.SlotHardwareReportType, proto.ConsoleSessionOpenType, proto.ConsoleSessionCloseType,
+	proto.SlotHardwareReportType, proto.AuditAppendType, proto.AuditPruneType, proto.NodeBreakerResetType,
+	proto.ConsoleSessionOpenType, proto.ConsoleSessionCloseType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -211,10 +212,16 @@ func (f *FSM) applyCommand(index uint64, data []byte) any {
 		if resp, ok := f.applyImage(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
+		if resp, ok := f.applyApp(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
 		if resp, ok := f.applyGossip(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if resp, ok := f.applyHardware(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
+		if resp, ok := f.applyAudit(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if resp, ok := f.applyConsole(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
@@ -253,6 +260,11 @@ func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
 			out[i] = proto.Errorf(proto.CodeInvalidArgument, "command %d of batch at index %d: %v", i, index, err)
 			continue
 		}
+		if isAuditAppend(c) && i > 0 {
+			// An audit record reports the command before it.
+			out[i] = f.applyBatchedAudit(index, c, out[i-1])
+			continue
+		}
 		out[i] = f.ApplyCommand(index, c)
 	}
 	f.last = state.Changes{}
@@ -266,6 +278,18 @@ func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
 		f.last = changes
 	}
 	return &BatchResponse{Responses: out}
+}
+
+// applyBatchedAudit applies an audit append of a batch, which sees the
+// response of the command before it.
+func (f *FSM) applyBatchedAudit(index uint64, cmd []byte, prev any) any {
+	start := time.Now()
+	f.last = state.Changes{}
+	resp := f.applyAuditAppend(cmd[1:], index, prev, true)
+	if f.obs != nil {
+		f.obs.Applied(proto.AuditAppendType, time.Since(start), resp)
+	}
+	return resp
 }
 
 // decode unmarshals a command body; a failure is fatal (see package doc).

@@ -31,12 +31,12 @@ import (
 func CheckInvariants(snap *state.Snapshot) error {
 	var errs []error
 	for _, n := range snap.Nodes() {
-		errs = append(errs, checkNode(snap, n.ID))
+		errs = append(errs, checkNode(snap, n.ID), checkBreaker(n))
 	}
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		errs = append(errs, checkAllocation(snap, a))
 	}
-	errs = append(errs, checkImages(snap), checkImageRefs(snap))
+	errs = append(errs, checkImages(snap), checkImageRefs(snap), checkApps(snap))
 	return errors.Join(errs...)
 }
 
@@ -191,8 +191,12 @@ func (c *Checker) Apply(index uint64, data []byte) (any, error) {
 	}
 	c.applied = index
 	images := c.fsm.Store().Snapshot().TableIndex(state.TableImages)
+	apps := c.fsm.Store().Snapshot().TableIndex(state.TableApps)
 	resp := c.fsm.ApplyCommand(index, data)
 	err := c.check(c.fsm.last)
+	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableApps) != apps {
+		err = checkApps(snap)
+	}
 	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableImages) != images {
 		// Image commands are rare and the catalog small: check it whole,
 		// with every task's reference to it.
@@ -233,6 +237,27 @@ func (c *Checker) check(ch state.Changes) error {
 		if err := checkAllocation(snap, a); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkBreaker checks a node's circuit breaker: at most BreakerThreshold
+// failures kept, in time order; an open breaker has opened at least once
+// and closes a cool-down after it opened.
+func checkBreaker(n *proto.Node) error {
+	b := n.Breaker
+	if b == nil {
+		return nil
+	}
+	switch {
+	case len(b.Failures) > proto.BreakerThreshold:
+		return fmt.Errorf("node %s: breaker keeps %d failures, at most %d", n.ID, len(b.Failures), proto.BreakerThreshold)
+	case !slices.IsSortedFunc(b.Failures, func(x, y proto.BreakerFailure) int { return x.At.Compare(y.At) }):
+		return fmt.Errorf("node %s: breaker failures out of time order", n.ID)
+	case b.Open && b.Probation:
+		return fmt.Errorf("node %s: breaker open and on probation", n.ID)
+	case b.Open && (b.Trips == 0 || !b.Until.Equal(b.OpenedAt.Add(proto.BreakerCooldown))):
+		return fmt.Errorf("node %s: open breaker with %d trips, opened %s, until %s", n.ID, b.Trips, b.OpenedAt, b.Until)
 	}
 	return nil
 }

@@ -191,6 +191,9 @@ type RestoreReport struct {
 	// Violations are invariant violations left after quarantine (the
 	// restore goes on: refusing it would stop the replica for good).
 	Violations error
+	// Audit is the restored audit log's chain check. A broken chain is
+	// restored as it is (it is the evidence) and reported.
+	Audit proto.AuditVerifyResult
 }
 
 // slotDefect says why a restored slot cannot be trusted ("" when it can).
@@ -330,5 +333,8 @@ func (f *FSM) logRestore(rep *RestoreReport) {
 	}
 	if rep.Violations != nil {
 		f.log.Error("restored ledger violates invariants after quarantine", "err", rep.Violations)
+	}
+	if a := rep.Audit; a.Records > 0 && !a.OK {
+		f.log.Error("restored audit log does not verify (GET /v1/audit/verify)", "broken_seq", a.BrokenSeq, "problem", a.Problem)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // Snapshot stream format (JSON lines, streamed both ways):
@@ -129,8 +130,10 @@ func eachObject(snap *state.Snapshot, table string, fn func(any) error) error {
 		for _, o := range snap.Usage() {
 			add(o)
 		}
+	case state.TableAudit:
+		snap.AuditEach(func(r *proto.AuditRecord) bool { add(r); return true })
 	default:
-		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) {
+		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) && !eachAppObject(snap, table, add) {
 			return fmt.Errorf("snapshot: no record type for table %q", table)
 		}
 	}
@@ -196,6 +199,9 @@ func ReadCheckedSnapshot(r io.Reader) (*state.Store, *RestoreReport, error) {
 	if err := tx.Commit(); err != nil {
 		return nil, nil, fmt.Errorf("read snapshot: %w", err)
 	}
+	var v proto.AuditVerifier
+	store.Snapshot().AuditEach(v.Add)
+	rep.Audit = v.Result()
 	return store, rep, nil
 }
 
@@ -223,6 +229,8 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 		return restoreInto(rec.V, tx.PutTimeline)
 	case state.TableUsage:
 		return restoreInto(rec.V, tx.PutUsage)
+	case state.TableAudit:
+		return restoreInto(rec.V, tx.PutAudit)
 	case recordIndex:
 		return restoreInto(rec.V, tx.RestoreIndex)
 	default:
@@ -230,6 +238,9 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 			return err
 		}
 		if err, ok := restoreImageRecord(tx, rec); ok {
+			return err
+		}
+		if err, ok := restoreAppRecord(tx, rec); ok {
 			return err
 		}
 		return fmt.Errorf("unknown record type %q", rec.T)

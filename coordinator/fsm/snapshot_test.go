@@ -57,6 +57,8 @@ func rich(t *testing.T) *fsmtest.Harness {
 	h.OK(proto.NodeDrainType, proto.NodeDrainRequest{At: h.At(), NodeID: "us-east-n0002", Draining: true})
 	addSites(h)
 	addImages(h)
+	addApps(h)
+	addAudit(h)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 	return h
 }
@@ -79,7 +81,9 @@ func tables(s *state.Snapshot) map[string]any {
 		state.TableSiteProfiles:  s.SiteProfiles(""),
 		state.TableMAASWorkflows: s.MAASWorkflows(),
 		state.TableImages:        s.Images(""),
+		state.TableApps:          s.Apps(""),
 		state.TableBundles:       s.Bundles(),
+		state.TableAudit:         s.AuditRecords(0, 0, nil),
 		state.TableIndex:         s.IndexEntries(),
 	}
 }
@@ -171,6 +175,10 @@ func reflectLen(v any) int {
 	case []*proto.Image:
 		return len(s)
 	case []*proto.Bundle:
+		return len(s)
+	case []*proto.App:
+		return len(s)
+	case []*proto.AuditRecord:
 		return len(s)
 	}
 	panic("unknown table type")

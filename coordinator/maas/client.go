@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/canonical/gomaasclient/client"
@@ -138,12 +139,14 @@ func (e *ServerError) Error() string { return fmt.Sprintf("MAAS answered %d: %s"
 // classify turns a gomaasclient error into this package's errors:
 // *ServerError for MAAS answers (504 also wraps ErrUnknownOutcome, 404
 // ErrNotFound), ErrUnknownOutcome for transport failures of mutations.
-func classify(err error, mutation bool) error {
+// MAAS's answer is quoted without the API key's parts (a MAAS, or a proxy
+// in front of it, may echo the request's OAuth header).
+func (c *Client) classify(err error, mutation bool) error {
 	if err == nil {
 		return nil
 	}
 	if se, ok := gomaasapi.GetServerError(err); ok {
-		e := &ServerError{Status: se.StatusCode, Body: truncate(se.BodyMessage, 300)}
+		e := &ServerError{Status: se.StatusCode, Body: truncate(c.redact(se.BodyMessage), 300)}
 		switch {
 		case se.StatusCode == http.StatusGatewayTimeout && mutation:
 			return fmt.Errorf("%w: %w", ErrUnknownOutcome, e)
@@ -156,6 +159,17 @@ func classify(err error, mutation bool) error {
 		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 	}
 	return err
+}
+
+// redact replaces the API key's token and secret in s.
+func (c *Client) redact(s string) string {
+	parts := strings.Split(c.cfg.APIKey, ":")
+	for _, p := range parts[1:] {
+		if len(p) >= 8 {
+			s = strings.ReplaceAll(s, p, "[redacted]")
+		}
+	}
+	return s
 }
 
 func truncate(s string, n int) string {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,13 +76,16 @@ func machineAPI(mc *client.Client, id string) client.APIClient {
 
 // Machine reads one machine.
 func (c *Client) Machine(ctx context.Context, id string) (*Machine, error) {
+	if err := checkSystemID(id); err != nil {
+		return nil, err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var m Machine
 	if err := machineAPI(mc, id).Get("", url.Values{}, func(b []byte) error { return json.Unmarshal(b, &m) }); err != nil {
-		return nil, fmt.Errorf("read machine %s: %w", id, classify(err, false))
+		return nil, fmt.Errorf("read machine %s: %w", id, c.classify(err, false))
 	}
 	return &m, nil
 }
@@ -109,7 +113,7 @@ func (c *Client) Resolve(ctx context.Context, q Query) (*Machine, error) {
 	}
 	ms, err := mc.Machines.Get(&p)
 	if err != nil {
-		return nil, fmt.Errorf("resolve machine by %s: %w", q, classify(err, false))
+		return nil, fmt.Errorf("resolve machine by %s: %w", q, c.classify(err, false))
 	}
 	switch len(ms) {
 	case 0:
@@ -118,6 +122,20 @@ func (c *Client) Resolve(ctx context.Context, q Query) (*Machine, error) {
 		return c.Machine(ctx, ms[0].SystemID)
 	}
 	return nil, fmt.Errorf("resolve machine by %s: %d machines match (%s)", q, len(ms), systemIDs(ms))
+}
+
+// systemIDPattern is what a MAAS system_id looks like (MAAS makes six
+// lowercase letters and digits; any plain name is taken). A machine's ID
+// becomes a path segment of later requests, so an ID a MAAS answer
+// carries ("../users") must not steer them elsewhere.
+var systemIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+
+// checkSystemID refuses an ID that is not a plain system_id.
+func checkSystemID(id string) error {
+	if !systemIDPattern.MatchString(id) {
+		return fmt.Errorf("machine system_id %q is not a MAAS system_id (letters, digits, _ and -, at most 64)", truncate(id, 80))
+	}
+	return nil
 }
 
 func systemIDs(ms []entity.Machine) string {
@@ -135,7 +153,7 @@ func (c *Client) resolveBMC(ctx context.Context, mc *client.Client, bmc string) 
 	err := mc.Machines.(*client.Machines).APIClient.GetSubObject("machines").Get("power_parameters", url.Values{},
 		func(b []byte) error { return json.Unmarshal(b, &bulk) })
 	if err != nil {
-		return nil, fmt.Errorf("resolve machine by bmc %s: read power parameters: %w", bmc, classify(err, false))
+		return nil, fmt.Errorf("resolve machine by bmc %s: read power parameters: %w", bmc, c.classify(err, false))
 	}
 	var hits []string
 	for id, pp := range bulk {
@@ -188,46 +206,55 @@ func (c *Client) Create(ctx context.Context, p CreateParams) (*Machine, error) {
 	m, err := mc.Machines.Create(&entity.MachineCreateParams{Hostname: p.Hostname, Architecture: arch,
 		MACAddresses: p.MACs, PowerType: p.PowerType, Commission: &commission}, pp)
 	if err != nil {
-		return nil, fmt.Errorf("create machine %s: %w", p.Hostname, classify(err, true))
+		return nil, fmt.Errorf("create machine %s: %w", p.Hostname, c.classify(err, true))
 	}
 	return c.Machine(ctx, m.SystemID)
 }
 
 // BlockDevices lists a machine's block devices.
 func (c *Client) BlockDevices(ctx context.Context, id string) ([]entity.BlockDevice, error) {
+	if err := checkSystemID(id); err != nil {
+		return nil, err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return nil, err
 	}
 	bds, err := mc.BlockDevices.Get(id)
 	if err != nil {
-		return nil, fmt.Errorf("list block devices of %s: %w", id, classify(err, false))
+		return nil, fmt.Errorf("list block devices of %s: %w", id, c.classify(err, false))
 	}
 	return bds, nil
 }
 
 // Interfaces lists a machine's network interfaces.
 func (c *Client) Interfaces(ctx context.Context, id string) ([]entity.NetworkInterface, error) {
+	if err := checkSystemID(id); err != nil {
+		return nil, err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return nil, err
 	}
 	ifs, err := mc.NetworkInterfaces.Get(id)
 	if err != nil {
-		return nil, fmt.Errorf("list interfaces of %s: %w", id, classify(err, false))
+		return nil, fmt.Errorf("list interfaces of %s: %w", id, c.classify(err, false))
 	}
 	return ifs, nil
 }
 
 // PowerState queries the BMC (op=query_power_state): on, off, unknown, error.
 func (c *Client) PowerState(ctx context.Context, id string) (string, error) {
+	if err := checkSystemID(id); err != nil {
+		return "", err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return "", err
 	}
 	ps, err := mc.Machine.GetPowerState(id)
 	if err != nil {
-		return "", fmt.Errorf("query power state of %s: %w", id, classify(err, false))
+		return "", fmt.Errorf("query power state of %s: %w", id, c.classify(err, false))
 	}
 	return ps.State, nil
 }
@@ -236,6 +263,9 @@ func (c *Client) PowerState(ctx context.Context, id string) (string, error) {
 // WARNING, ERROR, CRITICAL), newest first; after > 0 returns only events
 // with a larger ID.
 func (c *Client) Events(ctx context.Context, id, level string, after int) ([]entity.Event, error) {
+	if err := checkSystemID(id); err != nil {
+		return nil, err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return nil, err
@@ -246,7 +276,7 @@ func (c *Client) Events(ctx context.Context, id, level string, after int) ([]ent
 	}
 	evs, err := mc.Events.Get(p)
 	if err != nil {
-		return nil, fmt.Errorf("query events of %s: %w", id, classify(err, false))
+		return nil, fmt.Errorf("query events of %s: %w", id, c.classify(err, false))
 	}
 	return evs.Events, nil
 }
@@ -255,18 +285,21 @@ func (c *Client) Events(ctx context.Context, id, level string, after int) ([]ent
 // (tags/{name}/?op=update_nodes), then verifies by read-back. Adding a
 // machine twice is harmless, so an unknown outcome is settled by reading.
 func (c *Client) EnsureTag(ctx context.Context, id, tag, comment string) error {
+	if err := checkSystemID(id); err != nil {
+		return err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return err
 	}
 	if _, err := mc.Tag.Get(tag); err != nil {
-		if ce := classify(err, false); !isNotFound(ce) {
+		if ce := c.classify(err, false); !isNotFound(ce) {
 			return fmt.Errorf("read tag %s: %w", tag, ce)
 		}
 		if _, err := mc.Tags.Create(&entity.TagParams{Name: tag, Comment: comment}); err != nil {
 			// A concurrent or earlier timed-out create may have made it.
 			if _, gerr := mc.Tag.Get(tag); gerr != nil {
-				return fmt.Errorf("create tag %s: %w", tag, classify(err, true))
+				return fmt.Errorf("create tag %s: %w", tag, c.classify(err, true))
 			}
 		}
 	}
@@ -278,7 +311,7 @@ func (c *Client) EnsureTag(ctx context.Context, id, tag, comment string) error {
 		return nil
 	}
 	c.log.Info("maas tag machine", "system_id", id, "tag", tag)
-	werr := classify(mc.Tag.AddMachines(tag, []string{id}), true)
+	werr := c.classify(mc.Tag.AddMachines(tag, []string{id}), true)
 	m, err = c.Machine(ctx, id)
 	if err != nil {
 		return err
@@ -309,6 +342,9 @@ func orMismatch(werr error) error {
 // SetBootDisk makes block device bd the machine's boot disk and verifies
 // it by read-back.
 func (c *Client) SetBootDisk(ctx context.Context, id string, bd int) error {
+	if err := checkSystemID(id); err != nil {
+		return err
+	}
 	m, err := c.Machine(ctx, id)
 	if err != nil {
 		return err
@@ -321,7 +357,7 @@ func (c *Client) SetBootDisk(ctx context.Context, id string, bd int) error {
 		return err
 	}
 	c.log.Info("maas set boot disk", "system_id", id, "block_device", bd)
-	werr := classify(mc.BlockDevice.SetBootDisk(id, bd), true)
+	werr := c.classify(mc.BlockDevice.SetBootDisk(id, bd), true)
 	if werr != nil && !isUnknown(werr) {
 		return fmt.Errorf("set boot disk of %s to %d: %w", id, bd, werr)
 	}
@@ -338,12 +374,15 @@ func (c *Client) SetBootDisk(ctx context.Context, id string, bd int) error {
 // root_device = block device root, then verifies that "/" is on root.
 // gomaasclient has no typed call: it goes through its sub-object API.
 func (c *Client) SetStorageLayout(ctx context.Context, id, layout string, root int) error {
+	if err := checkSystemID(id); err != nil {
+		return err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return err
 	}
 	c.log.Info("maas set storage layout", "system_id", id, "layout", layout, "root_device", root)
-	werr := classify(machineAPI(mc, id).Post("set_storage_layout", url.Values{
+	werr := c.classify(machineAPI(mc, id).Post("set_storage_layout", url.Values{
 		"storage_layout": {layout}, "root_device": {strconv.Itoa(root)},
 	}, func([]byte) error { return nil }), true)
 	if werr != nil && !isUnknown(werr) {
@@ -354,7 +393,7 @@ func (c *Client) SetStorageLayout(ctx context.Context, id, layout string, root i
 	}
 	bd, err := mc.BlockDevice.Get(id, root)
 	if err != nil {
-		return fmt.Errorf("verify storage layout of %s: %w", id, classify(err, false))
+		return fmt.Errorf("verify storage layout of %s: %w", id, c.classify(err, false))
 	}
 	for _, p := range bd.Partitions {
 		if p.FileSystem.MountPoint == "/" {
@@ -369,6 +408,9 @@ func (c *Client) SetStorageLayout(ctx context.Context, id, layout string, root i
 // verifies by read-back. An interface holding another static address on
 // that subnet is an error: the ledger and MAAS disagree.
 func (c *Client) LinkStatic(ctx context.Context, id string, iface, subnet int, ip string) error {
+	if err := checkSystemID(id); err != nil {
+		return err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return err
@@ -376,7 +418,7 @@ func (c *Client) LinkStatic(ctx context.Context, id string, iface, subnet int, i
 	has := func() (bool, error) {
 		ni, err := mc.NetworkInterface.Get(id, iface)
 		if err != nil {
-			return false, fmt.Errorf("read interface %d of %s: %w", iface, id, classify(err, false))
+			return false, fmt.Errorf("read interface %d of %s: %w", iface, id, c.classify(err, false))
 		}
 		for _, l := range ni.Links {
 			if l.Subnet.ID != subnet {
@@ -397,7 +439,7 @@ func (c *Client) LinkStatic(ctx context.Context, id string, iface, subnet int, i
 	}
 	c.log.Info("maas link subnet", "system_id", id, "interface", iface, "subnet", subnet, "ip", ip)
 	_, werr := mc.NetworkInterface.LinkSubnet(id, iface, &entity.NetworkInterfaceLinkParams{Mode: "STATIC", Subnet: subnet, IPAddress: ip})
-	werr = classify(werr, true)
+	werr = c.classify(werr, true)
 	if werr != nil && !isUnknown(werr) {
 		return fmt.Errorf("link %s on interface %d of %s: %w", ip, iface, id, werr)
 	}
@@ -412,13 +454,16 @@ func (c *Client) LinkStatic(ctx context.Context, id string, iface, subnet int, i
 
 // PowerOff powers a machine off (no state change in MAAS).
 func (c *Client) PowerOff(ctx context.Context, id string) error {
+	if err := checkSystemID(id); err != nil {
+		return err
+	}
 	mc, err := c.api(ctx)
 	if err != nil {
 		return err
 	}
 	c.log.Info("maas power off", "system_id", id)
 	if _, err := mc.Machine.PowerOff(id, &entity.MachinePowerOffParams{}); err != nil {
-		werr := classify(err, true)
+		werr := c.classify(err, true)
 		if !isUnknown(werr) {
 			return fmt.Errorf("power off %s: %w", id, werr)
 		}
@@ -440,7 +485,7 @@ func (c *Client) MachinesInStatus(ctx context.Context, status string) ([]entity.
 	}
 	ms, err := mc.Machines.Get(&entity.MachinesParams{Status: []string{status}})
 	if err != nil {
-		return nil, fmt.Errorf("list machines in status %s: %w", status, classify(err, false))
+		return nil, fmt.Errorf("list machines in status %s: %w", status, c.classify(err, false))
 	}
 	return ms, nil
 }
@@ -448,6 +493,9 @@ func (c *Client) MachinesInStatus(ctx context.Context, status string) ([]entity.
 // SetHostname renames a machine (idempotent: a machine already named so
 // is left alone) and verifies by read-back.
 func (c *Client) SetHostname(ctx context.Context, id, hostname string) error {
+	if err := checkSystemID(id); err != nil {
+		return err
+	}
 	m, err := c.Machine(ctx, id)
 	if err != nil {
 		return err
@@ -461,7 +509,7 @@ func (c *Client) SetHostname(ctx context.Context, id, hostname string) error {
 	}
 	c.log.Info("maas rename machine", "system_id", id, "from", m.Hostname, "to", hostname)
 	_, werr := mc.Machine.Update(id, &entity.MachineUpdateParams{Hostname: hostname}, nil)
-	if werr = classify(werr, true); werr != nil && !isUnknown(werr) {
+	if werr = c.classify(werr, true); werr != nil && !isUnknown(werr) {
 		return fmt.Errorf("rename %s to %s: %w", id, hostname, werr)
 	}
 	if m, err = c.Machine(ctx, id); err != nil {
@@ -481,7 +529,7 @@ func (c *Client) SubnetByCIDR(ctx context.Context, cidr string) (int, error) {
 	}
 	subnets, err := mc.Subnets.Get()
 	if err != nil {
-		return 0, fmt.Errorf("list subnets: %w", classify(err, false))
+		return 0, fmt.Errorf("list subnets: %w", c.classify(err, false))
 	}
 	for _, s := range subnets {
 		if s.CIDR == cidr {
@@ -511,7 +559,7 @@ func (c *Client) BootResources(ctx context.Context) ([]BootResource, error) {
 	api := mc.BootResources.(*client.BootResources).APIClient.GetSubObject("boot-resources")
 	var list []entity.BootResource
 	if err := api.Get("", url.Values{}, func(b []byte) error { return json.Unmarshal(b, &list) }); err != nil {
-		return nil, fmt.Errorf("list boot resources: %w", classify(err, false))
+		return nil, fmt.Errorf("list boot resources: %w", c.classify(err, false))
 	}
 	out := make([]BootResource, 0, len(list))
 	for _, r := range list {
@@ -523,7 +571,7 @@ func (c *Client) BootResources(ctx context.Context) ([]BootResource, error) {
 			} `json:"sets"`
 		}
 		if err := api.GetSubObject(fmt.Sprint(r.ID)).Get("", url.Values{}, func(b []byte) error { return json.Unmarshal(b, &full) }); err != nil {
-			return nil, fmt.Errorf("read boot resource %d (%s): %w", r.ID, r.Name, classify(err, false))
+			return nil, fmt.Errorf("read boot resource %d (%s): %w", r.ID, r.Name, c.classify(err, false))
 		}
 		br := BootResource{ID: r.ID, Name: r.Name, Architecture: r.Architecture, Type: r.Type}
 		for _, s := range full.Sets {
@@ -553,7 +601,7 @@ func (c *Client) UploadBootResource(ctx context.Context, name, arch, filetype st
 		"sha256": {hex.EncodeToString(sum[:])}, "size": {strconv.Itoa(len(content))}},
 		map[string][]byte{"content": content}, func([]byte) error { return nil })
 	if err != nil {
-		return fmt.Errorf("upload boot resource %s: %w", name, classify(err, true))
+		return fmt.Errorf("upload boot resource %s: %w", name, c.classify(err, true))
 	}
 	return nil
 }

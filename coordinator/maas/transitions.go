@@ -101,16 +101,44 @@ type transition struct {
 	// refuse lists statuses from which this op must not be submitted
 	// (the caller must act first), with the reason.
 	refuse map[Status]string
+	// notStarted lists statuses MAAS leaves a machine in when the op was
+	// not started: submitting from them is safe, and one seen on two
+	// polls in a row after a submission means the submission never took
+	// effect (MAAS moves the machine out of it in the same transaction
+	// that accepts the op): the transition ends with NotStartedError at
+	// once, rather than waiting for the expiry, and the caller prepares
+	// and submits the op again.
+	notStarted []Status
+}
+
+// NotStartedError is a transition MAAS shows was never started: after
+// the submission the machine stayed in a status the op leaves at once
+// (a deploy that left the machine Allocated). Nothing is in flight; the
+// caller may prepare the op again and resubmit.
+type NotStartedError struct {
+	Op         string
+	SystemID   string
+	Status     Status
+	StatusName string
+}
+
+func (e *NotStartedError) Error() string {
+	return fmt.Sprintf("%s of %s never started: MAAS still shows %s after the submission (nothing is in flight)", e.Op, e.SystemID, e.StatusName)
 }
 
 var (
 	commissionT = transition{op: "commission", target: node.StatusReady,
 		pending:  []Status{node.StatusCommissioning, node.StatusTesting},
 		failures: []Status{node.StatusFailedCommissioning, node.StatusFailedTesting}}
+	// An Allocated machine has no deploy in flight: MAAS's deploy
+	// handler acquires a Ready machine and starts the deployment
+	// (Deploying) in one transaction, so Allocated is what a machine
+	// shows when a deploy never reached MAAS or died between the two.
 	deployT = transition{op: "deploy", target: node.StatusDeployed,
-		pending:  []Status{node.StatusAllocated, node.StatusDeploying},
-		failures: []Status{node.StatusFailedDeployment},
-		refuse:   map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
+		pending:    []Status{node.StatusDeploying},
+		notStarted: []Status{node.StatusAllocated},
+		failures:   []Status{node.StatusFailedDeployment},
+		refuse:     map[Status]string{node.StatusFailedDeployment: "a failed deployment must be released to Ready before deploying again"}}
 	releaseT = transition{op: "release", target: node.StatusReady,
 		pending:  []Status{node.StatusReleasing, node.StatusDiskErasing},
 		failures: []Status{node.StatusFailedReleasing, node.StatusFailedDiskErasing}}
@@ -118,6 +146,9 @@ var (
 
 // run applies the rule: re-read, maybe submit, poll.
 func (c *Client) run(ctx context.Context, t transition, id string, w Wait, submit func() error) (*Machine, error) {
+	if err := checkSystemID(id); err != nil {
+		return nil, err
+	}
 	if w.Expiry <= 0 {
 		return nil, fmt.Errorf("%s of %s: no expiry given", t.op, id)
 	}
@@ -158,6 +189,7 @@ func (c *Client) poll(ctx context.Context, t transition, id string, w Wait, m *M
 	start := time.Now()
 	last := m.Status
 	lastName := m.StatusName
+	notStartedPolls := 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for first := true; ; first = false {
@@ -188,6 +220,14 @@ func (c *Client) poll(ctx context.Context, t transition, id string, w Wait, m *M
 			}
 			if slices.Contains(t.failures, cur.Status) {
 				return cur, &FailedError{Op: t.op, SystemID: id, Status: cur.Status, StatusName: cur.StatusName, ErrorDescription: cur.ErrorDescription}
+			}
+			if slices.Contains(t.notStarted, cur.Status) {
+				notStartedPolls++
+			} else {
+				notStartedPolls = 0
+			}
+			if notStartedPolls >= 2 {
+				return cur, &NotStartedError{Op: t.op, SystemID: id, Status: cur.Status, StatusName: cur.StatusName}
 			}
 		}
 		if time.Since(start) >= w.Expiry {
@@ -226,7 +266,7 @@ func (c *Client) Commission(ctx context.Context, id string, p CommissionParams, 
 			params.TestingScripts = "none"
 		}
 		_, err = mc.Machine.Commission(id, params)
-		return classify(err, true)
+		return c.classify(err, true)
 	})
 }
 
@@ -248,7 +288,7 @@ func (c *Client) Deploy(ctx context.Context, id string, p DeployParams, w Wait) 
 		}
 		_, err = mc.Machine.Deploy(id, &entity.MachineDeployParams{UserData: encodeUserData(p.UserData),
 			DistroSeries: p.DistroSeries, EnableHwSync: p.EnableHwSync})
-		return classify(err, true)
+		return c.classify(err, true)
 	})
 }
 
@@ -270,6 +310,6 @@ func (c *Client) Release(ctx context.Context, id string, p ReleaseParams, w Wait
 		}
 		_, err = mc.Machine.Release(id, &entity.MachineReleaseParams{Erase: p.Erase, SecureErase: p.SecureErase,
 			QuickErase: p.QuickErase, Force: p.Force, Comment: p.Comment})
-		return classify(err, true)
+		return c.classify(err, true)
 	})
 }

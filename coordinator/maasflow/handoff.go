@@ -98,15 +98,28 @@ func (r *Runner) eraseRelease(ctx context.Context, mc *maas.Client, w *proto.MAA
 }
 
 // tenantDeploy deploys the machine with the tenant's user-data and waits
-// for Deployed; it records the access.
+// for Deployed; it records the access. A deploy MAAS shows never started
+// (the machine left Allocated) is prepared and submitted again, bounded
+// by MaxDeployNotStarted.
 func (r *Runner) tenantDeploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
+	notStarted := 0
+	for {
+		err := r.tenantDeployOnce(ctx, mc, w, p)
+		if again, err := r.notStarted(w, err, &notStarted); !again {
+			return err
+		}
+	}
+}
+
+func (r *Runner) tenantDeployOnce(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, p *proto.SiteProfile) error {
 	m, err := mc.Machine(ctx, w.SystemID)
 	if err != nil {
 		return err
 	}
 	switch m.Status {
-	case node.StatusDeployed, node.StatusDeploying, node.StatusAllocated:
-		// Submitted before (a previous leader): only wait.
+	case node.StatusDeployed, node.StatusDeploying:
+		// Submitted before (a previous leader): only wait. An Allocated
+		// machine has no deploy in flight; it is deployed below.
 		now := r.now()
 		endBucket(w, proto.BucketReadyToDeploy, now)
 		openBucket(w, proto.BucketImageDeploy, now)

@@ -3,6 +3,7 @@ package maasflow_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +120,9 @@ func TestHandoffFaults(t *testing.T) {
 		fault  maassim.FaultKind
 		cfg    func(*maasflow.Config)
 		status maassim.Status
+		// also is another status the machine may be caught in (a release
+		// that expired before MAAS moved it from Releasing to Disk erasing).
+		also   maassim.Status
 		stage  proto.WorkflowStage
 		reason string
 	}{
@@ -128,7 +132,7 @@ func TestHandoffFaults(t *testing.T) {
 			cfg: func(c *maasflow.Config) { c.DeployExpiry = 50 * time.Millisecond }, stage: proto.StageDeploy, reason: "Deployed"},
 		{name: "erase failure", kind: proto.WorkflowReclaim, fault: maassim.FaultEraseFailure, status: maassim.StatusFailedDiskErasing,
 			stage: proto.StageRelease, reason: "could not erase the disks"},
-		{name: "release timeout", kind: proto.WorkflowReclaim, status: maassim.StatusDiskErasing,
+		{name: "release timeout", kind: proto.WorkflowReclaim, status: maassim.StatusDiskErasing, also: maassim.StatusReleasing,
 			cfg: func(c *maasflow.Config) { c.ReleaseExpiry = time.Millisecond }, stage: proto.StageRelease, reason: "Ready"},
 	}
 	for i, tc := range cases {
@@ -153,7 +157,9 @@ func TestHandoffFaults(t *testing.T) {
 			assert.Equal(t, 1, w.Attempts, "a failed or expired MAAS transition is not retried")
 			assert.Contains(t, w.LastError, tc.reason)
 			m, _ := e.sim.Machine(sys)
-			assert.Equal(t, tc.status, m.Status)
+			if tc.also == 0 || m.Status != tc.also {
+				assert.Equal(t, tc.status, m.Status)
+			}
 			if tc.kind == proto.WorkflowHandoff {
 				open, ok := bucket(w, proto.BucketImageDeploy)
 				require.True(t, ok)
@@ -184,5 +190,78 @@ func TestRenderTenantUserData(t *testing.T) {
 	} {
 		_, err := maasflow.RenderTenantUserData(bad)
 		assert.Error(t, err, "%+v", bad)
+	}
+}
+
+// A deploy MAAS never started (the region acquired the machine and died
+// before starting the deployment, answering 504, so the machine sits
+// Allocated with nothing in flight) is prepared and submitted again
+// within two polls, with the tenant's user-data, not waited on until
+// DeployExpiry; a deploy stage that resumes (a new leader) and finds the
+// machine Allocated deploys it; a deploy that never starts however often
+// it is submitted fails, named, after MaxDeployNotStarted resubmissions.
+func TestHandoffDeployNeverStarted(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		times     int  // fault firings (0: always)
+		allocated bool // the machine is Allocated before the stage runs
+		want      proto.WorkflowState
+	}{
+		{name: "lost once", times: 1, want: proto.WorkflowSucceeded},
+		{name: "found allocated on resume", allocated: true, want: proto.WorkflowSucceeded},
+		{name: "never starts", times: 0, want: proto.WorkflowFailed},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			host := fmt.Sprintf("bmn%d", i)
+			e, sys := bmEnv(t, host, fmt.Sprintf("52:54:00:00:09:%02x", i))
+			if tc.allocated {
+				c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 2 * time.Millisecond})
+				require.NoError(t, err)
+				require.NoError(t, e.sim.InjectFault(sys, maassim.Fault{Kind: maassim.FaultDeployLostAfterAllocate, Times: 1}))
+				_, err = c.Deploy(context.Background(), sys, maas.DeployParams{}, maas.Wait{Expiry: 10 * time.Second})
+				var ns *maas.NotStartedError
+				require.ErrorAs(t, err, &ns, "the client names a deploy that never started")
+				m, _ := e.sim.Machine(sys)
+				require.Equal(t, maassim.StatusAllocated, m.Status)
+			} else {
+				require.NoError(t, e.sim.InjectFault(sys, maassim.Fault{Kind: maassim.FaultDeployLostAfterAllocate, Times: tc.times}))
+			}
+			// An expiry the old "Allocated means deploying" rule would
+			// have waited out: the test ends long before it.
+			e.cfg = func(c *maasflow.Config) { c.DeployExpiry = time.Hour }
+			id := e.handoff(proto.WorkflowHandoff, host, fmt.Sprintf("n%d", i))
+			if tc.allocated {
+				// The release stage is behind it (a previous leader ran it
+				// and submitted the deploy that was lost).
+				w := e.workflow(id)
+				w.Stage, w.SystemID = proto.StageDeploy, sys
+				e.ok(proto.MAASWorkflowUpdateType, proto.MAASWorkflowUpdateRequest{At: time.Now().UTC(), ExpectModifyIndex: w.ModifyIndex, Workflow: *w})
+			}
+			start := time.Now()
+			e.start()
+			got := e.waitState(id, tc.want)
+			assert.Less(t, time.Since(start), 20*time.Second)
+			m, _ := e.sim.Machine(sys)
+			if tc.want == proto.WorkflowFailed {
+				assert.Contains(t, got.LastError, "never started")
+				assert.Contains(t, got.LastError, "Allocated")
+				assert.Equal(t, maassim.StatusAllocated, m.Status)
+				deploys := e.sim.Requests(func(r maassim.Request) bool { return r.SystemID == sys && r.Op == "deploy" })
+				assert.Len(t, deploys, 1+maasflow.MaxDeployNotStarted, "submitted, then resubmitted MaxDeployNotStarted times")
+				return
+			}
+			assert.Equal(t, maassim.StatusDeployed, m.Status)
+			require.NotNil(t, got.Access)
+			ctypes, _, err := maasflow.TenantParts(m.UserData)
+			require.NoError(t, err, "the resubmitted deploy carries the tenant's user-data")
+			assert.Equal(t, "text/cloud-config", ctypes[0])
+			if !tc.allocated {
+				assert.True(t, slices.ContainsFunc(got.Events, func(ev proto.WorkflowEvent) bool { return ev.Kind == "deploy_not_started" }),
+					"the lost submission is in the workflow's events: %+v", got.Events)
+			}
+		})
 	}
 }

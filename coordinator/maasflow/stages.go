@@ -173,6 +173,7 @@ func (r *Runner) register(ctx context.Context, w *proto.MAASWorkflow, site *prot
 // workflow. The attempt count is recorded before each submission, so a
 // failover never exceeds the budget.
 func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkflow, site *proto.Site, p *proto.SiteProfile) error {
+	notStarted := 0
 	for {
 		m, err := mc.Machine(ctx, w.SystemID)
 		if err != nil {
@@ -180,8 +181,10 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		}
 		params := maas.DeployParams{DistroSeries: r.cfg.DistroSeries, EnableHwSync: p.RequireHWSync}
 		switch m.Status {
-		case node.StatusDeployed, node.StatusDeploying, node.StatusAllocated:
+		case node.StatusDeployed, node.StatusDeploying:
 			// Submitted before (perhaps by a previous leader): only wait.
+			// (Allocated is not here: it means no deploy is in flight, so
+			// the deploy is prepared and submitted again below.)
 			// The buckets were recorded with the deploy count; if not
 			// (an older record), they start now.
 			now := r.now()
@@ -229,6 +232,11 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		if errors.As(err, &fe) && fe.Status == node.StatusFailedDeployment {
 			continue // classified by retryAfterFailure on the next turn
 		}
+		if again, err := r.notStarted(w, err, &notStarted); again {
+			continue // Allocated with nothing in flight: prepared and submitted again
+		} else if err != nil {
+			return err
+		}
 		if err != nil {
 			return err
 		}
@@ -239,6 +247,30 @@ func (r *Runner) deploy(ctx context.Context, mc *maas.Client, w *proto.MAASWorkf
 		}
 		return nil
 	}
+}
+
+// MaxDeployNotStarted bounds how often one deploy stage prepares and
+// submits a deploy again after MAAS showed the previous submission never
+// started (the machine stayed Allocated): the lost submissions are not
+// deploy attempts (nothing ran), but they are not retried forever.
+const MaxDeployNotStarted = 3
+
+// notStarted classifies a deploy error: a maas.NotStartedError (the
+// machine is Allocated with no deploy in flight, seen within two polls
+// of the submission) means prepare and submit again, at most
+// MaxDeployNotStarted times; then the stage fails permanently, named.
+// Any other error is returned as it is.
+func (r *Runner) notStarted(w *proto.MAASWorkflow, err error, count *int) (bool, error) {
+	var ns *maas.NotStartedError
+	if !errors.As(err, &ns) {
+		return false, err
+	}
+	*count++
+	if *count > MaxDeployNotStarted {
+		return false, permanent{fmt.Errorf("deploy of %s never started: MAAS left it %s after %d submissions", w.SystemID, ns.StatusName, *count)}
+	}
+	addEvent(w, r.now(), "deploy_not_started", ns.Error()+"; preparing and submitting the deploy again")
+	return true, nil
 }
 
 // datasourceFailure reports whether a failed deployment is the datasource

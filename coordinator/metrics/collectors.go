@@ -18,7 +18,7 @@ type StoreCollector struct {
 	store func() *state.Store // the current store (it changes on restore); nil: no ledger
 	now   func() time.Time
 
-	nodes, tasks, taskAge, workflows, index, slotHealth *prometheus.Desc
+	nodes, tasks, taskAge, workflows, index, slotHealth, breakers *prometheus.Desc
 }
 
 // slotHealthStates are the gpuaas_slot_health states: the agent's
@@ -61,12 +61,14 @@ func NewStoreCollector(store func() *state.Store, now func() time.Time) *StoreCo
 		index:     prometheus.NewDesc(Namespace+"_ledger_applied_index", "The Raft index of the ledger state this replica has applied.", nil, nil),
 		slotHealth: prometheus.NewDesc(Namespace+"_slot_health",
 			"Approved slots by health: the agent's hardware scan (ok, drifted, degraded, missing), unhealthy (a failed provision found its devices broken) or unknown (not scanned yet). Every state but ok and unknown keeps the slot from placement.", []string{"state"}, nil),
+		breakers: prometheus.NewDesc(Namespace+"_nodes_breaker_open",
+			"Nodes whose circuit breaker is open (3 failed allocations within 15 minutes): they take no placement until reset or the cool-down passes.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.nodes, c.tasks, c.taskAge, c.workflows, c.index, c.slotHealth} {
+	for _, d := range []*prometheus.Desc{c.nodes, c.tasks, c.taskAge, c.workflows, c.index, c.slotHealth, c.breakers} {
 		ch <- d
 	}
 }
@@ -81,9 +83,14 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 
 	nodes := map[proto.NodeState]int{}
+	open := 0
 	for _, n := range snap.Nodes() {
 		nodes[n.State]++
+		if n.BreakerOpen() {
+			open++
+		}
 	}
+	ch <- prometheus.MustNewConstMetric(c.breakers, prometheus.GaugeValue, float64(open))
 	for _, s := range nodeStates {
 		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(nodes[s]), string(s))
 	}

@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -232,6 +233,7 @@ func TestStoreCollector(t *testing.T) {
 	assert.Equal(t, 0.0, value(t, f, "gpuaas_workflows_in_progress", "kind", "decommission", "stage", "release"))
 	assert.Equal(t, float64(h.Index), value(t, f, "gpuaas_ledger_applied_index"))
 	assert.Equal(t, 24.0, value(t, f, "gpuaas_slot_health", "state", "unknown"), "no slot scanned yet")
+	assert.Equal(t, 0.0, value(t, f, "gpuaas_nodes_breaker_open"))
 
 	// Slot health: the agent's findings, a provision's unhealthy mark.
 	h.OK(proto.SlotHardwareReportType, proto.SlotHardwareReportRequest{At: h.At(), NodeID: n0, Slots: []proto.SlotHardware{
@@ -244,6 +246,15 @@ func TestStoreCollector(t *testing.T) {
 	for state, want := range map[string]float64{"ok": 1, "missing": 1, "degraded": 1, "drifted": 0, "unhealthy": 1, "unknown": 20} {
 		assert.Equal(t, want, value(t, f, "gpuaas_slot_health", "state", state), state)
 	}
+
+	// A node whose allocations keep failing opens its breaker.
+	for i := range proto.BreakerThreshold {
+		id := fmt.Sprintf("brk-%d", i)
+		h.Place(h.SliceRequest(id, "k-"+id, n0, proto.SlotID(n0, 4+i)))
+		h.OK(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: h.At(), AllocationID: id, To: proto.AllocFailed, Reason: "boom", TouchedExact: true})
+	}
+	f = gather(t, reg)
+	assert.Equal(t, 1.0, value(t, f, "gpuaas_nodes_breaker_open"))
 
 	// No ledger: nothing, and no error.
 	empty := prometheus.NewRegistry()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -24,31 +25,43 @@ type applyCall struct {
 	t    proto.MessageType
 	buf  []byte
 	done chan applyResult // buffered 1; exactly one send
+	// audit is an attached audit append proposed right after buf in the
+	// same entry (nil: none).
+	audit []byte
 }
 
 type applyResult struct {
 	resp  any
 	index uint64
 	err   error
+	// audited: the attached audit record was written.
+	audited bool
 }
 
 // applyBatched queues an encoded ledger command for the next batch entry
 // and waits for its own response. ctx ending first leaves the outcome
 // unknown (CodeUnavailable).
 func (s *Server) applyBatched(ctx context.Context, t proto.MessageType, buf []byte) (any, uint64, error) {
-	c := &applyCall{t: t, buf: buf, done: make(chan applyResult, 1)}
+	r := s.applyBatchedAudit(ctx, t, buf, nil)
+	return r.resp, r.index, r.err
+}
+
+// applyBatchedAudit is applyBatched with an attached audit append (nil:
+// none) proposed right after the command.
+func (s *Server) applyBatchedAudit(ctx context.Context, t proto.MessageType, buf, auditBuf []byte) applyResult {
+	c := &applyCall{t: t, buf: buf, audit: auditBuf, done: make(chan applyResult, 1)}
 	select {
 	case s.applyQ <- c:
 	case <-ctx.Done():
-		return nil, 0, fmt.Errorf("apply %s: queue: %w", t, ctx.Err())
+		return applyResult{err: fmt.Errorf("apply %s: queue: %w", t, ctx.Err())}
 	case <-s.ctx.Done():
-		return nil, 0, &proto.Error{Code: proto.CodeUnavailable, Detail: "apply " + t.String() + ": server is shutting down"}
+		return applyResult{err: &proto.Error{Code: proto.CodeUnavailable, Detail: "apply " + t.String() + ": server is shutting down"}}
 	}
 	select {
 	case r := <-c.done:
-		return r.resp, r.index, r.err
+		return r
 	case <-ctx.Done():
-		return nil, 0, proto.Errorf(proto.CodeUnavailable, "apply %s: %v before the command was known to commit; outcome unknown", t, ctx.Err())
+		return applyResult{err: proto.Errorf(proto.CodeUnavailable, "apply %s: %v before the command was known to commit; outcome unknown", t, ctx.Err())}
 	}
 }
 
@@ -95,15 +108,20 @@ func (s *Server) runApplier() {
 // proposeBatch proposes calls as one entry (a lone call as itself) and
 // answers each with its own response.
 func (s *Server) proposeBatch(calls []*applyCall) {
-	if len(calls) == 1 {
+	if len(calls) == 1 && calls[0].audit == nil {
 		c := calls[0]
 		resp, index, err := s.proposeRaw(c.t, c.buf)
 		c.done <- applyResult{resp: resp, index: index, err: err}
 		return
 	}
-	cmds := make([][]byte, len(calls))
+	cmds := make([][]byte, 0, len(calls))
+	pos := make([]int, len(calls)) // each call's command in the batch
 	for i, c := range calls {
-		cmds[i] = c.buf
+		pos[i] = len(cmds)
+		cmds = append(cmds, c.buf)
+		if c.audit != nil {
+			cmds = append(cmds, c.audit)
+		}
 	}
 	buf, err := proto.EncodeBatch(cmds)
 	if err != nil {
@@ -117,7 +135,7 @@ func (s *Server) proposeBatch(calls []*applyCall) {
 	var br *fsm.BatchResponse
 	if err == nil {
 		var ok bool
-		if br, ok = f.Response().(*fsm.BatchResponse); !ok || len(br.Responses) != len(calls) {
+		if br, ok = f.Response().(*fsm.BatchResponse); !ok || len(br.Responses) != len(cmds) {
 			err = fmt.Errorf("unexpected batch response %T", f.Response())
 		}
 	}
@@ -126,7 +144,10 @@ func (s *Server) proposeBatch(calls []*applyCall) {
 			c.done <- applyResult{err: s.mapRaftErr("apply "+c.t.String(), err)}
 			continue
 		}
-		r := applyResult{resp: br.Responses[i], index: f.Index()}
+		r := applyResult{resp: br.Responses[pos[i]], index: f.Index()}
+		if c.audit != nil {
+			r.audited = audit.Written(br.Responses[pos[i]+1])
+		}
 		if e, ok := r.resp.(error); ok {
 			r.resp, r.err = nil, e
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
@@ -55,12 +56,17 @@ func TestBenchCoordinator(t *testing.T) {
 	defer debug.SetGCPercent(prevGC)
 	raw := benchRawRaft(t)
 	t.Logf("raw raft no-op applies/s: %.0f", raw)
-	three := benchPlacementsOn(t, 3)
+	// Placements and releases carry their audit records as the API's
+	// requests do (in the same log entry as their command); the same run
+	// without them shows what the audit log costs.
+	bare := benchPlacementsOn(t, 3, false)
+	t.Logf("placements/s without audit records: %.0f (CPU per placement %v)", bare.perS, bare.cpu)
+	three := benchPlacementsOn(t, 3, true)
 	placements, applies := three.perS, three.appliesPerS
 	t.Logf("placements/s: %.0f (raft applies/s during the run: %.0f, CPU per placement %v)", placements, applies, three.cpu)
 	// The same load on ONE voter (no replication, no follower FSMs):
 	// shows how much of the gap is the ledger apply path itself.
-	one := benchPlacementsOn(t, 1)
+	one := benchPlacementsOn(t, 1, true)
 	single := one.perS
 	t.Logf("placements/s on a single voter: %.0f (CPU per placement %v)", single, one.cpu)
 	p50, p99 := benchFailover(t)
@@ -73,6 +79,8 @@ func TestBenchCoordinator(t *testing.T) {
 			fmt.Sprintf("hashicorp/raft v1.7.3 + raft-boltdb/v2 (fsync on), 3 in-process voters on loopback TCP, %d concurrent clients, %v; same server wiring as the ledger (%s)", benchClients, benchDuration, timing)),
 		bench.AtLeast("placements_per_s_3voters", placements, "placements/s", 3750,
 			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place, 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released (Server.Apply) by a pool of 64 releasers running beside them, so capacity never runs out; only committed successes count. The planner proposes each planned batch as ONE command_batch log entry and the server's applier groups concurrent releases (and outbox deliveries) the same way: %.0f log entries/s carried the run. Process GOGC %d (the coordinator binary's default, -gc-percent). Limit: ledger FSM apply CPU, not Raft: each placement costs a place, a release and an outbox delivery, applied by each of 3 in-process replicas sharing 2 cores (memdb radix inserts on every index of every written row ~1/3 of it, GC, JSON decode); %v of process CPU per committed placement in this run (all 3 replicas + Raft + planner), %v on a single voter, which reaches %.0f placements/s; the machine was shared with other work, so the rates move with its load much more than the CPU per placement does", benchClients, applies, DefaultGCPercent, three.cpu.Round(time.Microsecond), one.cpu.Round(time.Microsecond), single)),
+		bench.AtLeast("audit_placements_ratio", placements/bare.perS, "ratio", 0.7,
+			fmt.Sprintf("placements_per_s_3voters (every placement and release carries its audit record in the same log entry, as API requests do) / the same run without audit records (%.0f placements/s, %v CPU per placement), same process", bare.perS, bare.cpu.Round(time.Microsecond))),
 		bench.AtLeast("placements_vs_raw_raft_ratio", placements/raw, "ratio", 0.5,
 			"placements_per_s_3voters / raft_noop_applies_per_s_3voters, same run; raw Raft commits one no-op entry per call, a placement is one command of a batched entry plus its release and outbox delivery"),
 		bench.AtMost("failover_write_unavailable_p99_s", p99, "s", 2,
@@ -103,7 +111,16 @@ type placeRun struct {
 	cpu         time.Duration // process CPU (all replicas) per committed placement
 }
 
-func benchPlacementsOn(t *testing.T, voters int) placeRun {
+// benchAudit is the pending audit record an API request would carry.
+func benchAudit(route, kind, id string, status int, before any) *audit.Pending {
+	p := audit.New(proto.AuditRecord{Actor: "bench", Role: "operator", TokenID: "0123456789ab", Remote: "192.0.2.1:40000",
+		RequestID: "0123456789abcdef", Method: http.MethodPost, Route: route, Path: route, ObjectKind: kind, ObjectID: id,
+		Before: proto.AuditState(before)})
+	p.SetOKStatus(status)
+	return p
+}
+
+func benchPlacementsOn(t *testing.T, voters int, audited bool) placeRun {
 	nodes := startCluster(t, voters, nil)
 	leader := waitLeader(t, nodes)
 	ctx := context.Background()
@@ -133,6 +150,11 @@ func benchPlacementsOn(t *testing.T, voters int) placeRun {
 			defer relWG.Done()
 			for id := range releases {
 				for {
+					ctx := ctx
+					if audited {
+						a, _ := cur.Load().Store().Snapshot().Allocation(id)
+						ctx = audit.With(ctx, benchAudit("/v1/allocations/{id}/force-release", "allocation", id, 200, a))
+					}
 					_, _, err := cur.Load().Apply(ctx, proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: time.Now().UTC(), AllocationID: id, Reason: "bench"})
 					switch proto.CodeOf(err) {
 					case proto.CodeNotLeader, proto.CodeUnavailable:
@@ -157,6 +179,9 @@ func benchPlacementsOn(t *testing.T, voters int) placeRun {
 		req := proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice",
 			GPUCount: []int{1, 1, 2, 4}[rng.IntN(4)], Region: "us-east"}
 		for {
+			if audited {
+				ctx = audit.With(ctx, benchAudit("/v1/allocations", "allocation", "", 201, nil))
+			}
 			a, _, err := cur.Load().Place(ctx, req, key)
 			switch proto.CodeOf(err) {
 			case proto.CodeNotLeader, proto.CodeUnavailable:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -116,6 +117,16 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 		s.refuseJoin(w, r, req, auth, err)
 		return
 	}
+	// The API's middleware records the request (coordinator/audit): name
+	// who asked and for which server.
+	pend := audit.From(r.Context())
+	pend.Update(func(rec *proto.AuditRecord) {
+		rec.Actor = auth.String()
+		if tokenHash != "" {
+			rec.TokenID = tokenHash[:12]
+		}
+		rec.Route, rec.ObjectKind, rec.ObjectID = JoinPath, "peer", req.Self.ID
+	})
 	if err := req.Self.validate(); err != nil {
 		s.refuseJoin(w, r, req, auth, err)
 		return
@@ -150,7 +161,12 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 		resp.LeaderHTTP = s.LeaderHTTPAddr()
 	}
 	_, inConfig := servers[req.Self.ID]
-	if s.IsLeader() && req.WantVoter && !inConfig {
+	addVoter := s.IsLeader() && req.WantVoter && !inConfig
+	register := !addVoter && s.IsLeader() && req.Register && inConfig
+	if !addVoter && !register {
+		pend.Skip() // the formation exchange: nothing asked to change
+	}
+	if addVoter {
 		if auth != joinAuthToken {
 			s.refuseJoin(w, r, req, auth, proto.Errorf(proto.CodeForbidden,
 				"adding server %s as a voter needs a join token (gpuaasctl operator join-token) or an admin's POST /v1/operator/peers; the cluster secret only serves bootstrap formation", req.Self.ID))
@@ -165,7 +181,7 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 		s.log.Info("join: added voter", "server", req.Self.ID, "raft_addr", req.Self.RaftAddr, "http_addr", req.Self.HTTPAddr,
 			"auth", auth.String(), "remote", r.RemoteAddr)
 		resp.Added = true
-	} else if s.IsLeader() && req.Register && inConfig {
+	} else if register {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
 		if err := s.registerPeer(ctx, proto.Peer(req.Self), string(servers[req.Self.ID].Address)); err != nil {

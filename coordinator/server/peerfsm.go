@@ -25,17 +25,20 @@ type peerFSM struct {
 	peers map[string]proto.Peer
 	// joinTokens are the server join tokens by hash (joinfsm.go).
 	joinTokens map[string]*proto.JoinToken
+	// apiTokens are the replicated API tokens by name (apitokenfsm.go).
+	apiTokens map[string]*proto.APIToken
 }
 
 // snapshotMagic opens every server snapshot; the version follows it.
 const snapshotMagic = "GPUAASRV"
 
-// snapshotVersion 2 carries the join tokens beside the peers table;
-// version 1 (peers only) is still read.
+// snapshotVersion 2 carries the join tokens (and, when there are any,
+// the API tokens) beside the peers table; version 1 (peers only) is still
+// read.
 const snapshotVersion uint32 = 2
 
 func newPeerFSM(inner raft.FSM) *peerFSM {
-	return &peerFSM{inner: inner, peers: map[string]proto.Peer{}, joinTokens: map[string]*proto.JoinToken{}}
+	return &peerFSM{inner: inner, peers: map[string]proto.Peer{}, joinTokens: map[string]*proto.JoinToken{}, apiTokens: map[string]*proto.APIToken{}}
 }
 
 var _ raft.BatchingFSM = (*peerFSM)(nil)
@@ -45,7 +48,7 @@ func isPeerCommand(l *raft.Log) bool {
 		return false
 	}
 	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
-	case proto.PeerUpsertType, proto.JoinTokenMintType, proto.JoinTokenUseType:
+	case proto.PeerUpsertType, proto.JoinTokenMintType, proto.JoinTokenUseType, proto.APITokenCreateType, proto.APITokenRevokeType:
 		return true
 	}
 	return false
@@ -110,6 +113,16 @@ func (f *peerFSM) Apply(l *raft.Log) any {
 			return err
 		}
 		return nil
+	case proto.APITokenCreateType:
+		if err := f.createAPIToken(decodeCmd[proto.APITokenCreateRequest](l, "api_token_create")); err != nil {
+			return err
+		}
+		return nil
+	case proto.APITokenRevokeType:
+		if err := f.revokeAPIToken(decodeCmd[proto.APITokenRevokeRequest](l, "api_token_revoke")); err != nil {
+			return err
+		}
+		return nil
 	default:
 		var req proto.PeerUpsertRequest
 		if err := json.Unmarshal(l.Data[1:], &req); err != nil {
@@ -160,7 +173,7 @@ func (f *peerFSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &peerSnapshot{peers: f.Peers(), joinTokens: f.JoinTokens(), inner: inner}, nil
+	return &peerSnapshot{peers: f.Peers(), joinTokens: f.JoinTokens(), apiTokens: f.APITokens(), inner: inner}, nil
 }
 
 // Restore implements raft.FSM.
@@ -209,9 +222,14 @@ func (f *peerFSM) Restore(rc io.ReadCloser) error {
 	for _, t := range hb.JoinTokens {
 		jt[t.Hash] = t
 	}
+	at := make(map[string]*proto.APIToken, len(hb.APITokens))
+	for _, t := range hb.APITokens {
+		at[t.Name] = t
+	}
 	f.mu.Lock()
 	f.peers = m
 	f.joinTokens = jt
+	f.apiTokens = at
 	f.mu.Unlock()
 	return nil
 }
@@ -220,6 +238,7 @@ func (f *peerFSM) Restore(rc io.ReadCloser) error {
 type peerSnapshotBody struct {
 	Peers      []proto.Peer       `json:"peers"`
 	JoinTokens []*proto.JoinToken `json:"join_tokens,omitempty"`
+	APITokens  []*proto.APIToken  `json:"api_tokens,omitempty"`
 }
 
 type readCloser struct {
@@ -230,12 +249,13 @@ type readCloser struct {
 type peerSnapshot struct {
 	peers      []proto.Peer
 	joinTokens []*proto.JoinToken
+	apiTokens  []*proto.APIToken
 	inner      raft.FSMSnapshot
 }
 
 // Persist implements raft.FSMSnapshot.
 func (s *peerSnapshot) Persist(sink raft.SnapshotSink) error {
-	body, err := json.Marshal(peerSnapshotBody{Peers: s.peers, JoinTokens: s.joinTokens})
+	body, err := json.Marshal(peerSnapshotBody{Peers: s.peers, JoinTokens: s.joinTokens, APITokens: s.apiTokens})
 	if err != nil {
 		sink.Cancel()
 		return fmt.Errorf("persist snapshot peers: %w", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -36,6 +37,9 @@ type placeCall struct {
 	tries  int
 	picked atomic.Bool
 	done   chan placeResult // buffered 1; exactly one send
+	// audit is the request's audit record: it rides in the batch right
+	// after the placement command (nil: none).
+	audit *audit.Pending
 
 	mu        sync.Mutex
 	finished  *placeResult
@@ -53,6 +57,10 @@ type planned struct {
 	call  *placeCall
 	slots []string
 	node  string // baremetal: the node taken whole
+	// pos is the command's position in the batch; audited: the audit
+	// append follows it at pos+1.
+	pos     int
+	audited bool
 }
 
 // batch is the placements planned on one snapshot, proposed as ONE
@@ -121,7 +129,7 @@ func (s *Server) place(ctx context.Context, req proto.AllocationCreateRequest, i
 		return proto.Allocation{}, false, err
 	}
 	sku, _ := proto.FindSKU(s.cfg.SKUs, req.SKU)
-	call := &placeCall{req: req, key: idemKey, sku: sku, done: make(chan placeResult, 1)}
+	call := &placeCall{req: req, key: idemKey, sku: sku, done: make(chan placeResult, 1), audit: audit.From(ctx)}
 	select {
 	case s.planner.queue <- call:
 	case <-ctx.Done():
@@ -341,7 +349,17 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 		if c.key != "" {
 			keys[c.key] = c
 		}
+		it.pos = len(cmds)
 		cmds = append(cmds, buf)
+		if rec, ok := c.audit.Take(); ok {
+			rec.ObjectKind, rec.ObjectID = "allocation", cmd.Allocation.ID
+			if abuf, err := audit.Attach(rec, now); err == nil {
+				cmds = append(cmds, abuf)
+				it.audited = true
+			} else {
+				c.audit.Done(false)
+			}
+		}
 		b.items = append(b.items, it)
 	}
 	if len(cmds) == 0 {
@@ -415,19 +433,32 @@ func (p *planner) wait(b *batch, doneCh chan<- *batch) {
 	var resps []any
 	if err == nil {
 		br, ok := b.future.Response().(*fsm.BatchResponse)
-		if !ok || len(br.Responses) != len(b.items) {
+		want := 0 // commands proposed
+		if n := len(b.items); n > 0 {
+			want = b.items[n-1].pos + 1
+			if b.items[n-1].audited {
+				want++
+			}
+		}
+		if !ok || len(br.Responses) != want {
 			err = fmt.Errorf("place: unexpected apply response %T", b.future.Response())
 		} else {
 			resps = br.Responses
 		}
 	}
-	for i, it := range b.items {
+	for _, it := range b.items {
 		c := it.call
 		if err != nil {
+			if it.audited {
+				c.audit.Done(false)
+			}
 			c.finish(placeResult{err: s.mapRaftErr("place", err)})
 			continue
 		}
-		switch resp := resps[i].(type) {
+		if it.audited {
+			c.audit.Done(audit.Written(resps[it.pos+1]))
+		}
+		switch resp := resps[it.pos].(type) {
 		case *proto.AllocationPlaceResponse:
 			c.finish(placeResult{alloc: resp.Allocation, existing: resp.Existing})
 		case error:

@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/blobs"
 	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/proto"
@@ -278,6 +279,20 @@ func (s *Server) Apply(ctx context.Context, t proto.MessageType, req any) (any, 
 		return nil, 0, err
 	}
 	if s.ledger != nil && proto.CheckBatchable(buf) == nil {
+		// The request's audit record (coordinator/audit) rides along with
+		// its first ledger command.
+		if p := audit.From(ctx); p != nil && t&^proto.IgnoreUnknownTypeFlag != proto.AuditAppendType {
+			if rec, ok := p.Take(); ok {
+				abuf, err := audit.Attach(rec, s.cfg.Now().UTC())
+				if err != nil {
+					p.Done(false)
+					return nil, 0, err
+				}
+				r := s.applyBatchedAudit(ctx, t, buf, abuf)
+				p.Done(r.audited)
+				return r.resp, r.index, r.err
+			}
+		}
 		return s.applyBatched(ctx, t, buf)
 	}
 	return s.applyRaw(ctx, t, buf)

@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 16
+const numTables = 18
 
 func init() {
 	if len(Tables) != numTables {
@@ -51,7 +51,7 @@ var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
 	TableSites, TableSiteProfiles, TableMAASWorkflows, TableBundles,
-	TableImages,
+	TableImages, TableApps, TableAudit,
 }
 
 func tableNum(table string) int {
@@ -247,7 +247,9 @@ func schema() *memdb.DBSchema {
 		idx(idxID, true, false, byString(func(o *proto.UsageRecord) string { return o.AllocationID }, false))))
 	addMAASTables(add)
 	addImageTables(add)
+	addAppTables(add)
 	addBundleTables(add)
+	addAuditTables(add)
 	add(table(tableNodeSummary,
 		idx(idxID, true, false, byString(func(o *NodeSummary) string { return o.NodeID }, false)),
 		idx(idxRegionAvail, false, false, func(b []byte, o *NodeSummary) ([]byte, bool) { return num(str(b, o.Region), o.Available), true })))

@@ -402,7 +402,9 @@ func parseCount(name, s string) (int, error) {
 	return n, nil
 }
 
-var driverRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+// driverRe: a driver name is one sysfs path element
+// (/sys/bus/pci/drivers/NAME), so never "." or "..".
+var driverRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
 
 // ValidateDriver reports whether s is a plausible kernel driver name.
 func ValidateDriver(s string) error {

@@ -2,6 +2,7 @@ package vfio_test
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -201,4 +202,134 @@ func TestBindUndoesFailedProbe(t *testing.T) {
 	d, o := driver(t, root, gpu)
 	assert.Equal(t, "nvidia", d)
 	assert.Empty(t, o)
+}
+
+// requireBound checks the group is whole on vfio-pci: both members on
+// vfio-pci with driver_override vfio-pci, the /dev/vfio node present.
+func requireBound(t testing.TB, root hostops.Root) {
+	t.Helper()
+	for _, a := range []string{groupGPU, companion} {
+		d, o := driver(t, root, a)
+		assert.Equal(t, "vfio-pci", d, "%s driver", a)
+		assert.Equal(t, "vfio-pci", o, "%s driver_override", a)
+	}
+	assert.FileExists(t, root.DevPath("vfio", groupOf(t, root, groupGPU)))
+}
+
+// boundKernel is convertingKernel with the two-member group on vfio-pci.
+func boundKernel(t testing.TB) (hostops.Root, *hostsim.Kernel) {
+	t.Helper()
+	root, k := convertingKernel(t)
+	require.NoError(t, (&vfio.Binder{Root: root, W: k, Log: quiet}).BindGroup(groupGPU))
+	requireBound(t, root)
+	return root, k
+}
+
+// A failure injected at every write of a group release (with each error
+// number) leaves the group whole on vfio-pci; the same release then
+// succeeds with the full transcript.
+func TestReleaseGroupFaultAtEveryStep(t *testing.T) {
+	t.Parallel()
+	root, k := boundKernel(t)
+	rec := &pci.Recorder{Next: k}
+	require.NoError(t, (&vfio.Binder{Root: root, W: rec, Log: quiet}).ReleaseGroup(groupGPU))
+	steps := rec.Writes()
+	require.Len(t, steps, 6, "override cleared, unbind from vfio-pci and drivers_probe for each of the two members")
+	requireUntouched(t, root)
+
+	for i, step := range steps {
+		nth := 0
+		for _, s := range steps[:i+1] {
+			if s.Path == step.Path {
+				nth++
+			}
+		}
+		for _, e := range []syscall.Errno{syscall.EIO, syscall.EBUSY, syscall.ENODEV} {
+			t.Run(fmt.Sprintf("write %d %s #%d %s", i+1, step.Path, nth, e), func(t *testing.T) {
+				t.Parallel()
+				root, k := boundKernel(t)
+				require.NoError(t, k.FailWrite(step.Path, nth, e))
+				rec := &pci.Recorder{Next: k}
+				b := &vfio.Binder{Root: root, W: rec, Log: quiet}
+				err := b.ReleaseGroup(groupGPU)
+				require.ErrorIs(t, err, e)
+				var split *vfio.SplitGroupError
+				assert.NotErrorAs(t, err, &split, "the rollback succeeded")
+				member := step.Value
+				if strings.HasPrefix(step.Path, "bus/pci/devices/") {
+					member = strings.Split(step.Path, "/")[3]
+				}
+				assert.Contains(t, err.Error(), member+":", "the error names the member that failed")
+				requireBound(t, root)
+				require.NoError(t, b.Viable(groupGPU), "the group is still whole for a VM")
+
+				rec.Reset()
+				require.NoError(t, b.ReleaseGroup(groupGPU))
+				assert.Equal(t, steps, rec.Writes())
+				requireUntouched(t, root)
+			})
+		}
+	}
+}
+
+// A failed drivers_probe of the companion: the GPU already on nvidia goes
+// back to vfio-pci too, last member first.
+func TestReleaseGroupRollbackTranscript(t *testing.T) {
+	t.Parallel()
+	root, k := boundKernel(t)
+	require.NoError(t, k.FailWrite("bus/pci/drivers_probe", 2, syscall.EIO))
+	rec := &pci.Recorder{Next: k}
+	b := &vfio.Binder{Root: root, W: rec, Log: quiet}
+	require.ErrorIs(t, b.ReleaseGroup(groupGPU), syscall.EIO)
+	requireBound(t, root)
+	diff(t, []pci.Write{
+		{Path: "bus/pci/devices/0000:9a:00.0/driver_override", Value: "\n"},
+		{Path: "bus/pci/drivers/vfio-pci/unbind", Value: groupGPU},
+		{Path: "bus/pci/drivers_probe", Value: groupGPU},
+		{Path: "bus/pci/devices/0000:9a:00.1/driver_override", Value: "\n"},
+		{Path: "bus/pci/drivers/vfio-pci/unbind", Value: companion},
+		{Path: "bus/pci/drivers_probe", Value: companion, Err: "write bus/pci/drivers_probe: input/output error"},
+		// Rollback, last member first: override back, then vfio-pci.
+		{Path: "bus/pci/devices/0000:9a:00.1/driver_override", Value: "vfio-pci"},
+		{Path: "bus/pci/drivers/vfio-pci/bind", Value: companion},
+		{Path: "bus/pci/devices/0000:9a:00.0/driver_override", Value: "vfio-pci"},
+		{Path: "bus/pci/drivers/nvidia/unbind", Value: groupGPU},
+		{Path: "bus/pci/drivers/vfio-pci/bind", Value: groupGPU},
+	}, rec)
+}
+
+// When the release's rollback fails too, the error names where each
+// member was left.
+func TestReleaseGroupSplitWhenRollbackFails(t *testing.T) {
+	t.Parallel()
+	root, k := boundKernel(t)
+	require.NoError(t, k.FailWrite("bus/pci/drivers/vfio-pci/unbind", 2, syscall.EBUSY))
+	require.NoError(t, k.FailWrite("bus/pci/drivers/vfio-pci/bind", 1, syscall.EIO))
+	b := &vfio.Binder{Root: root, W: k, Log: quiet}
+	err := b.ReleaseGroup(groupGPU)
+	var split *vfio.SplitGroupError
+	require.ErrorAs(t, err, &split)
+	assert.ErrorIs(t, err, syscall.EBUSY, "the cause")
+	assert.ErrorIs(t, err, syscall.EIO, "the rollback failure")
+	assert.Contains(t, err.Error(), "rollback failed")
+	assert.Contains(t, err.Error(), "rebind to vfio-pci")
+	assert.Len(t, split.Left, 2)
+}
+
+// Release of a single function undoes a failed drivers_probe: it goes
+// back to vfio-pci with its override.
+func TestReleaseUndoesFailedProbe(t *testing.T) {
+	t.Parallel()
+	root, k := convertingKernel(t)
+	b := &vfio.Binder{Root: root, W: k, Log: quiet}
+	require.NoError(t, b.Bind(gpu))
+	require.NoError(t, k.FailWrite("bus/pci/drivers_probe", 1, syscall.ENODEV))
+	_, err := b.Release(gpu)
+	require.ErrorIs(t, err, syscall.ENODEV)
+	d, o := driver(t, root, gpu)
+	assert.Equal(t, "vfio-pci", d)
+	assert.Equal(t, "vfio-pci", o)
+	drv, err := b.Release(gpu)
+	require.NoError(t, err)
+	assert.Equal(t, "nvidia", drv)
 }

@@ -20,7 +20,8 @@
 // unbind, drivers_probe, or the check that vfio-pci took the function),
 // every member moved so far goes back to its previous driver and
 // driver_override, so a group is never left split between vfio-pci and host
-// drivers unless the rollback itself fails (*SplitGroupError).
+// drivers unless the rollback itself fails (*SplitGroupError). Release and
+// ReleaseGroup are transactional the same way, in the other direction.
 //
 // Persistence across reboots is a udev rule (Persist), see RenderUdevRule.
 package vfio
@@ -228,7 +229,7 @@ func (b *Binder) BindGroup(addr string) error {
 	return nil
 }
 
-// SplitGroupError says a bind failed and its rollback failed too: some
+// SplitGroupError says a bind or release failed and its rollback failed too: some
 // members of the group may be on vfio-pci and others on host drivers. The
 // slot must not be used until an operator repairs it.
 type SplitGroupError struct {
@@ -265,7 +266,7 @@ func (b *Binder) bindAll(group int, fs []pci.Function) error {
 		touched = append(touched, f)
 		if err := b.bindOne(f); err != nil {
 			cause := fmt.Errorf("%s: %w", f.Addr, err)
-			return b.rollback(group, touched, cause)
+			return b.rollback("bind", group, touched, cause)
 		}
 	}
 	return nil
@@ -273,7 +274,7 @@ func (b *Binder) bindAll(group int, fs []pci.Function) error {
 
 // rollback restores touched (in reverse) after cause. It returns cause when
 // every function is back, and a *SplitGroupError otherwise.
-func (b *Binder) rollback(group int, touched []pci.Function, cause error) error {
+func (b *Binder) rollback(op string, group int, touched []pci.Function, cause error) error {
 	var errs []error
 	for i := len(touched) - 1; i >= 0; i-- {
 		if err := b.restore(touched[i]); err != nil {
@@ -281,7 +282,7 @@ func (b *Binder) rollback(group int, touched []pci.Function, cause error) error 
 		}
 	}
 	if len(errs) == 0 {
-		b.log().Warn("vfio-pci bind rolled back", "iommu_group", group, "err", cause)
+		b.log().Warn("vfio-pci "+op+" rolled back", "iommu_group", group, "err", cause)
 		return cause
 	}
 	split := &SplitGroupError{Group: group, Cause: cause, Rollback: errors.Join(errs...)}
@@ -292,7 +293,7 @@ func (b *Binder) rollback(group int, touched []pci.Function, cause error) error 
 			}
 		}
 	}
-	b.log().Error("vfio-pci bind failed and could not be rolled back", "iommu_group", group, "err", split)
+	b.log().Error("vfio-pci "+op+" failed and could not be rolled back", "iommu_group", group, "err", split)
 	return split
 }
 
@@ -421,7 +422,8 @@ func (b *Binder) bindOne(f pci.Function) error {
 // loaded for it). Already released: no writes. The caller stops the VM
 // using the function first: vfio-pci's unbind waits for the VM to let go of
 // the device (vfio_pci's module refcount counts open devices of every VM,
-// so it cannot tell whether this one is in use).
+// so it cannot tell whether this one is in use). A failed step is undone:
+// the function goes back to vfio-pci and its driver_override.
 func (b *Binder) Release(addr string) (string, error) {
 	f, err := pci.Read(b.Root, addr)
 	if err != nil {
@@ -429,12 +431,17 @@ func (b *Binder) Release(addr string) (string, error) {
 	}
 	drv, err := b.releaseOne(f)
 	if err != nil {
-		return "", fmt.Errorf("release %s from vfio-pci: %w", addr, err)
+		return "", fmt.Errorf("release %s from vfio-pci: %w", addr, b.rollback("release", f.IOMMUGroup, []pci.Function{f}, err))
 	}
 	return drv, nil
 }
 
-// ReleaseGroup releases every endpoint of addr's IOMMU group.
+// ReleaseGroup releases every endpoint of addr's IOMMU group back to its
+// host driver. It is all or nothing like BindGroup: when any write or
+// check fails, every member it moved is put back on vfio-pci with the
+// driver_override it had, in reverse order, so the group stays whole on
+// vfio-pci (still safe to hand to a VM, and the release can be retried);
+// a rollback that fails too is a *SplitGroupError.
 func (b *Binder) ReleaseGroup(addr string) error {
 	f, err := pci.Read(b.Root, addr)
 	if err != nil {
@@ -447,12 +454,15 @@ func (b *Binder) ReleaseGroup(addr string) error {
 	if err != nil {
 		return fmt.Errorf("release IOMMU group of %s: %w", addr, err)
 	}
+	var touched []pci.Function
 	for _, m := range ms {
-		if m.IsBridge() {
+		if m.IsBridge() || (m.Override == "" && m.Driver != Driver) {
 			continue
 		}
+		touched = append(touched, m)
 		if _, err := b.releaseOne(m); err != nil {
-			return fmt.Errorf("release IOMMU group %d of %s: %s: %w", f.IOMMUGroup, addr, m.Addr, err)
+			cause := fmt.Errorf("%s: %w", m.Addr, err)
+			return fmt.Errorf("release IOMMU group %d of %s: %w", f.IOMMUGroup, addr, b.rollback("release", f.IOMMUGroup, touched, cause))
 		}
 	}
 	return nil

@@ -110,7 +110,7 @@ func (g *gen) run() error {
 	if strings.Contains(cmd, " iommu=pt ") {
 		g.meta.GroupType = "identity"
 	}
-	steps := []func() error{g.skeleton, g.modules, g.pciTree, g.iommuGroups, g.saveMeta, g.boot, g.numa, g.netAndIB, g.disks, g.procAndEtc}
+	steps := []func() error{g.skeleton, g.modules, g.pciTree, g.iommuGroups, g.saveMeta, g.boot, g.numa, g.netAndIB, g.disks, g.procAndEtc, g.gpuHealth}
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
@@ -273,6 +273,13 @@ func writeFunction(root hostops.Root, rel, addr string, k Kind, numa int) error 
 		if err := writeFile(filepath.Join(dir, name), v+"\n"); err != nil {
 			return err
 		}
+	}
+	cfg, err := configSpace(k)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config"), cfg, 0o644); err != nil {
+		return err
 	}
 	if k.SRIOV != nil {
 		for name, v := range map[string]string{

@@ -7,6 +7,8 @@ package labagent
 
 import (
 	"fmt"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/gpuaas/gpuaas/agent/config"
@@ -54,12 +56,18 @@ func Config(o Options) (config.Config, error) {
 	c.GossipBind = "127.0.0.1:0"
 	c.GossipJoin = append(config.List(nil), o.GossipJoin...)
 	c.Evidence = config.EvidenceHostsim
+	// The simulated host's nvidia-smi (lab/hostsim) answers for its GPUs.
+	c.NvidiaSMI = filepath.Join(o.HostBase, "run", "hostsim", "bin", "nvidia-smi")
+	// This machine's kernel device events say nothing about a simulated
+	// host: the lab agent relies on its periodic scan.
+	c.HardwareEvents = false
 	c.ImageCacheDir = "/var/lib/gpuaas/images"
 	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
 	if o.Fast {
 		c.HeartbeatInterval = config.Duration(200 * time.Millisecond)
 		c.ReadinessInterval = config.Duration(300 * time.Millisecond)
 		c.HardwareScanInterval = config.Duration(300 * time.Millisecond)
+		c.GPUTelemetryInterval = config.Duration(300 * time.Millisecond)
 		c.PollWait = config.Duration(2 * time.Second)
 	}
 	if err := c.Validate(); err != nil {
@@ -74,7 +82,8 @@ func Args(c config.Config) []string {
 		"-node-id", c.NodeID, "-host-root", c.HostRoot, "-state-dir", c.StateDir,
 		"-coordinators", c.Coordinators.String(), "-diag-addr", c.DiagAddr, "-evidence", c.Evidence,
 		"-image-cache-dir", c.ImageCacheDir, "-guest-gateway", c.GuestGateway, "-ovs-bridge", c.OVSBridge,
-		"-readiness-interval", c.ReadinessInterval.String(), "-hardware-scan-interval", c.HardwareScanInterval.String(), "-heartbeat-interval", c.HeartbeatInterval.String(),
+		"-readiness-interval", c.ReadinessInterval.String(), "-hardware-scan-interval", c.HardwareScanInterval.String(),
+		"-nvidia-smi", c.NvidiaSMI, "-gpu-telemetry-interval", c.GPUTelemetryInterval.String(), "-hardware-events=" + strconv.FormatBool(bool(c.HardwareEvents)), "-heartbeat-interval", c.HeartbeatInterval.String(),
 		"-poll-wait", c.PollWait.String(), "-log-level", c.LogLevel,
 	}
 	if c.BootstrapToken != "" {

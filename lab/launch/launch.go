@@ -196,9 +196,14 @@ func NewToken(name, role string) (Token, error) {
 	if _, err := rand.Read(b); err != nil {
 		return Token{}, err
 	}
-	secret := "gpuaas_" + hex.EncodeToString(b)
+	return TokenOf(name, role, "gpuaas_"+hex.EncodeToString(b)), nil
+}
+
+// TokenOf is the token entry of an existing secret (a lab folder's
+// tokens.secret.json keeps the secrets, the tokens file their hashes).
+func TokenOf(name, role, secret string) Token {
 	sum := sha256.Sum256([]byte(secret))
-	return Token{Name: name, Role: role, Secret: secret, SHA256: hex.EncodeToString(sum[:])}, nil
+	return Token{Name: name, Role: role, Secret: secret, SHA256: hex.EncodeToString(sum[:])}
 }
 
 // WriteTokensFile writes the coordinators' tokens file (hashes only).

@@ -137,12 +137,19 @@ const (
 	// FaultHwSyncStale: the deployed machine's hardware-sync agent stops
 	// reporting; last_sync stops moving.
 	FaultHwSyncStale FaultKind = "hw_sync_stale"
+	// FaultDeployLostAfterAllocate: a deploy acquires the machine (Ready
+	// → Allocated, or it was Allocated) and then the region fails before
+	// starting the deployment, answering 504 (the outcome is unknown to
+	// the client): the machine stays Allocated with no deploy in flight,
+	// as after a region controller crash between the two steps of MAAS's
+	// deploy handler.
+	FaultDeployLostAfterAllocate FaultKind = "deploy_lost_after_allocate"
 )
 
 var faultKinds = []FaultKind{
 	FaultDeployStuck, FaultCurtinFailure, FaultCommissioningFailure, FaultTestingFailure,
 	FaultEraseFailure, FaultPowerUnknown, FaultPowerError, FaultAcceptedTimeout,
-	FaultTransientConflict, FaultRackUnavailable, FaultHwSyncStale,
+	FaultTransientConflict, FaultRackUnavailable, FaultHwSyncStale, FaultDeployLostAfterAllocate,
 }
 
 // Fault is one injected failure on one machine.
@@ -441,6 +448,9 @@ func (s *Server) deploy(c *reqCtx, m *machine) error {
 		s.mustStatus(m, StatusAllocated)
 		m.owner = c.user
 		s.event(m, levelDebug, "User acquiring node", "")
+	}
+	if s.takeFault(m, FaultDeployLostAfterAllocate, "") != nil {
+		return &apiError{status: 504, msg: "gateway timeout: the region controller failed before starting the deployment", retryAfter: -1}
 	}
 	m.osystem, m.distroSeries, m.userData, m.enableHwSync = osys, series, ud, hwSync
 	m.syncInterval = s.opts.HwSyncInterval

@@ -106,6 +106,7 @@ func Merge(dir string) ([]Metric, error) {
 		}
 		all = append(all, ms...)
 	}
+	all = append(all, Derived(all)...)
 	b, err := json.MarshalIndent(all, "", "  ")
 	if err != nil {
 		return nil, err
@@ -114,6 +115,53 @@ func Merge(dir string) ([]Metric, error) {
 		return nil, err
 	}
 	return all, os.WriteFile(filepath.Join(dir, "latest.md"), []byte(Markdown(all)), 0o644)
+}
+
+// Ratio is a figure derived from two measured ones in the same `make
+// bench` run: Num / Den, with the goal Target (">= g").
+type Ratio struct {
+	Metric, Num, Den string
+	Target           float64
+	Notes            string
+}
+
+// Ratios are the derived figures Merge adds when both sides are present.
+var Ratios = []Ratio{
+	{Metric: "placements_vs_etcd_claims_ratio", Num: "placements_per_s_3voters", Den: "etcd_claims_per_s_3members", Target: 1,
+		Notes: "a full gpuaas placement (decision included) per second vs a bare etcd slot claim per second (test/bench/etcdref), same slot count and client count, same make bench run on the same machine"},
+}
+
+// Derived computes Ratios from ms. Parts measured more than 2 hours apart
+// are not from one run: the ratio is then not reported.
+func Derived(ms []Metric) []Metric {
+	byName := map[string]Metric{}
+	for _, m := range ms {
+		byName[m.Metric] = m
+	}
+	var out []Metric
+	for _, r := range Ratios {
+		n, ok1 := byName[r.Num]
+		d, ok2 := byName[r.Den]
+		if !ok1 || !ok2 || d.Value == 0 {
+			continue
+		}
+		gap := n.MeasuredAt.Sub(d.MeasuredAt)
+		if gap < 0 {
+			gap = -gap
+		}
+		if gap > 2*time.Hour {
+			continue
+		}
+		at := n.MeasuredAt
+		if d.MeasuredAt.After(at) {
+			at = d.MeasuredAt
+		}
+		m := AtLeast(r.Metric, n.Value/d.Value, "ratio", r.Target,
+			fmt.Sprintf("%s (%.4g) / %s (%.4g); %s", r.Num, n.Value, r.Den, d.Value, r.Notes))
+		m.MeasuredAt = at
+		out = append(out, m)
+	}
+	return out
 }
 
 // Markdown renders metrics as a table.

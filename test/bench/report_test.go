@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -31,4 +32,22 @@ func TestWritePartAndMerge(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, "latest.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "| y_ms | 3 | ms | <= 1 | **no** |")
+}
+
+func TestDerivedRatios(t *testing.T) {
+	now := time.Now().UTC()
+	p := Metric{Metric: "placements_per_s_3voters", Value: 3000, MeasuredAt: now}
+	e := Metric{Metric: "etcd_claims_per_s_3members", Value: 4000, MeasuredAt: now.Add(-10 * time.Minute)}
+	d := Derived([]Metric{p, e})
+	require.Len(t, d, 1)
+	require.Equal(t, "placements_vs_etcd_claims_ratio", d[0].Metric)
+	require.InDelta(t, 0.75, d[0].Value, 1e-9)
+	require.False(t, d[0].Met, "goal >= 1")
+	require.Equal(t, now, d[0].MeasuredAt)
+
+	require.Empty(t, Derived([]Metric{p}), "one side missing")
+	e.MeasuredAt = now.Add(-3 * time.Hour)
+	require.Empty(t, Derived([]Metric{p, e}), "not measured in one run")
+	e.MeasuredAt, e.Value = now, 0
+	require.Empty(t, Derived([]Metric{p, e}), "no division by zero")
 }

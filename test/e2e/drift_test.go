@@ -19,8 +19,9 @@ import (
 // coordinator processes and a gpuaas-lab-agent on a simulated j22u15. A
 // GPU unplugged under the agent takes its slot out of placement (node
 // show names it, every slice after the fault lands elsewhere) while the
-// node keeps serving its other slots; a disk whose serial changes leaves
-// placement and comes back when the serial does.
+// node keeps serving its other slots; a disk whose serial changes, and a
+// GPU with a critical Xid and uncorrectable ECC, leave placement and come
+// back when the fault is gone.
 func TestLabAgentsHardwareDrift(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs coordinator and agent processes")
@@ -98,6 +99,29 @@ func TestLabAgentsHardwareDrift(t *testing.T) {
 	})
 	require.NoError(t, hostsim.SetDiskSerial(root, free.Capacity.NVMe.Device, free.Capacity.NVMe.Serial))
 	e.node("j22u15", "the disk's slot back in placement", func(d proto.NodeDetail) bool {
+		return !slices.ContainsFunc(d.SlotHardware, func(h proto.SlotHardware) bool { return h.SlotID == free.ID })
+	})
+
+	// GPU faults the agent process reads as on a real host: a critical Xid
+	// in the kernel log and uncorrectable ECC from the simulated
+	// nvidia-smi (the GPU waits on the nvidia driver), then a reboot's
+	// clean log and a healthy GPU.
+	g := free.Capacity.GPUPCIAddress
+	require.NoError(t, hostsim.SetDriver(root, g, "nvidia"))
+	require.NoError(t, hostsim.LogXID(root, g, 79, "GPU has fallen off the bus."))
+	require.NoError(t, hostsim.SetGPUHealth(root, g, hostsim.GPUHealth{ECCUncorrected: 2, TempC: 40}))
+	d = e.node("j22u15", "the faulty GPU's slot degraded{xid,ecc}", func(d proto.NodeDetail) bool {
+		return slices.ContainsFunc(d.SlotHardware, func(h proto.SlotHardware) bool {
+			return h.SlotID == free.ID && h.State == proto.HardwareDegraded && slices.Equal(h.What, []string{"xid", "ecc"})
+		})
+	})
+	ev := strings.Join(d.SlotHardware[slices.IndexFunc(d.SlotHardware, func(h proto.SlotHardware) bool { return h.SlotID == free.ID })].Evidence, "; ")
+	assert.Contains(t, ev, "Xid 79 (GPU has fallen off the bus) in the kernel log")
+	assert.Contains(t, ev, "2 uncorrectable ECC errors")
+	require.NoError(t, hostsim.ClearKernelLog(root))
+	require.NoError(t, hostsim.SetGPUHealth(root, g, hostsim.HealthyGPU))
+	require.NoError(t, hostsim.SetDriver(root, g, "vfio-pci"))
+	e.node("j22u15", "the GPU's slot back in placement", func(d proto.NodeDetail) bool {
 		return !slices.ContainsFunc(d.SlotHardware, func(h proto.SlotHardware) bool { return h.SlotID == free.ID })
 	})
 	// The recovered slot is the one free good slot: a 1-GPU slice lands there.

@@ -33,17 +33,22 @@ func TestLabOperatorTools(t *testing.T) {
 	summary := l.out.String()
 	require.Contains(t, summary, "Slice host: -slice-host none: simulated (-slice-host none keeps every host simulated)")
 	require.Regexp(t, `j22u15 +slice_vm +active +slice-ready +8 slots +simulated`, summary)
-	require.Contains(t, summary, "source "+filepath.Join(dir, "env.admin")+"   # admin token, for: node prepare-slice")
+	require.Contains(t, summary, "source "+filepath.Join(dir, "env.admin")+"    # admin token, for: node prepare-slice")
+	require.Contains(t, summary, "source "+filepath.Join(dir, "env.tenant")+"   # tenant token lab-tenant")
 
+	envOf := func(name string) []string {
+		var env []string
+		f, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		sc := bufio.NewScanner(bytes.NewReader(f))
+		for sc.Scan() {
+			env = append(env, strings.TrimPrefix(sc.Text(), "export "))
+		}
+		return env
+	}
 	// env.admin is the admin token: an admin command works with it and
 	// not with env (operator).
-	var admin []string
-	f, err := os.ReadFile(filepath.Join(dir, "env.admin"))
-	require.NoError(t, err)
-	sc := bufio.NewScanner(bytes.NewReader(f))
-	for sc.Scan() {
-		admin = append(admin, strings.TrimPrefix(sc.Text(), "export "))
-	}
+	admin := envOf("env.admin")
 	out, err := l.ctl(t, "node", "drain", "j22u15")
 	require.Error(t, err)
 	require.Contains(t, out, "needs role admin")
@@ -55,6 +60,21 @@ func TestLabOperatorTools(t *testing.T) {
 	ctl.Env = append(os.Environ(), admin...)
 	b, err = ctl.CombinedOutput()
 	require.NoError(t, err, "%s", b)
+
+	// env.tenant is the tenant token: the catalog and its own
+	// allocations (none yet), not the inventory.
+	tenant := envOf("env.tenant")
+	for args, want := range map[string]string{"node list": "not open to tenant tokens", "alloc list": "", "availability": ""} {
+		ctl := exec.Command(filepath.Join(bin, "gpuaasctl"), strings.Fields(args)...)
+		ctl.Env = append(os.Environ(), tenant...)
+		b, err := ctl.CombinedOutput()
+		if want != "" {
+			require.Error(t, err, "gpuaasctl %s as tenant: %s", args, b)
+			require.Contains(t, string(b), want)
+		} else {
+			require.NoError(t, err, "gpuaasctl %s as tenant: %s", args, b)
+		}
+	}
 
 	// No token needed for the probes and the document.
 	var addr string

@@ -277,6 +277,7 @@ var readmeFlows = []readmeFlow{
 			s.vars["SLOT"] = m[1]
 		}),
 		step(`slot cleanup .*--wait`, 3*time.Minute, nil),
+		step(`audit list`, time.Minute, expect(`(?s)/v1/nodes/\{id\}/drain.*/v1/allocations/\{id\}/force-release.*demo.*/v1/slots/\{id\}/cleanup`)),
 	}, after: func(t *testing.T, s *readmeShell) {
 		requireReleased(t, s, "j22u11")
 		out, err := s.run(t, "bin/gpuaasctl slot show "+s.vars["SLOT"]+" -o json", time.Minute, "")

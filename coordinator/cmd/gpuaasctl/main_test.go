@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
 	"github.com/gpuaas/gpuaas/proto"
@@ -286,4 +287,27 @@ func TestJoinTokenAgainstCoordinatorProcesses(t *testing.T) {
 	o = c.run(t, append(at(c1), "-o", "json", "operator", "peers")...)
 	require.Equal(t, 0, o.code, o.stderr)
 	assert.Equal(t, 2, strings.Count(o.stdout, `"voter": true`))
+
+	// The audit log has the token's mint and its use (the join that added
+	// c2, by the token's id), and nothing of the unauthenticated attempts.
+	o = c.run(t, append(at(c1), "-o", "json", "audit", "list")...)
+	require.Equal(t, 0, o.code, o.stderr)
+	var l proto.List[proto.AuditRecord]
+	require.NoError(t, json.Unmarshal([]byte(o.stdout), &l))
+	var mint, use int
+	for _, r := range l.Items {
+		assert.NotEqual(t, "evil", r.ObjectID)
+		assert.NotEqual(t, "c3", r.ObjectID)
+		switch {
+		case r.Route == "/v1/operator/join-tokens":
+			mint++
+			assert.Equal(t, "root", r.Actor)
+		case r.Route == server.JoinPath && r.ObjectID == "c2" && r.Status == http.StatusOK:
+			use++
+			assert.Equal(t, "join-token", r.Actor)
+			assert.Equal(t, enroll.Hash(jt.Token)[:12], r.TokenID)
+		}
+	}
+	assert.Equal(t, 1, mint)
+	assert.Equal(t, 1, use, "the join that added c2: %s", o.stdout)
 }

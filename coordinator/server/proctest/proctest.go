@@ -49,6 +49,9 @@ type Options struct {
 	// file) is loaded by the first leader.
 	Inventory any
 	Args      []string // extra flags for every server
+	// Principals are extra tokens besides the admin's: name → role
+	// ("tenant", "viewer", ...); DoAs sends as one of them.
+	Principals map[string]string
 }
 
 // Cluster is a set of coordinator processes.
@@ -57,6 +60,7 @@ type Cluster struct {
 	bin    string
 	dir    string
 	token  string
+	tokens map[string]string // Options.Principals' tokens by name
 	Nodes  []*Node
 	Client *http.Client
 	// SecretFile is the cluster secret the servers share.
@@ -96,7 +100,13 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token",
 		Client: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
 	tokens := filepath.Join(dir, "tokens.json")
-	b, err := json.Marshal([]map[string]string{{"name": "proctest", "role": "admin", "sha256": hashToken(c.token)}})
+	entries := []map[string]string{{"name": TokenName, "role": "admin", "sha256": hashToken(c.token)}}
+	c.tokens = map[string]string{}
+	for name, role := range o.Principals {
+		c.tokens[name] = "proctest-" + name + "-" + randomHex(16)
+		entries = append(entries, map[string]string{"name": name, "role": role, "sha256": hashToken(c.tokens[name])})
+	}
+	b, err := json.Marshal(entries)
 	require.NoError(tb, err)
 	require.NoError(tb, os.WriteFile(tokens, b, 0o600))
 	// The bootstrap servers authenticate each other's join exchange with
@@ -156,6 +166,18 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 	}
 	return c
 }
+
+// TokenFile writes the admin token to a file in the cluster's directory
+// and returns its path (for gpuaasctl's --token-file / GPUAAS_TOKEN_FILE).
+func (c *Cluster) TokenFile() string {
+	c.tb.Helper()
+	p := filepath.Join(c.dir, "admin.token")
+	require.NoError(c.tb, os.WriteFile(p, []byte(c.token+"\n"), 0o600))
+	return p
+}
+
+// TokenName is the principal name of the admin token.
+const TokenName = "proctest"
 
 func randomHex(n int) string {
 	b := make([]byte, n)
@@ -280,6 +302,20 @@ func (c *Cluster) Leader(ctx context.Context) (int, error) {
 // set, as Idempotency-Key) and decodes a 2xx JSON body into out. It
 // returns the HTTP status; a problem body becomes a *proto.Error.
 func (c *Cluster) Do(ctx context.Context, i int, method, path, key string, body, out any) (int, error) {
+	return c.do(ctx, i, c.token, method, path, key, body, out)
+}
+
+// DoAs is Do with the token of principal name (one of
+// Options.Principals).
+func (c *Cluster) DoAs(ctx context.Context, name string, i int, method, path, key string, body, out any) (int, error) {
+	tok, ok := c.tokens[name]
+	if !ok {
+		return 0, fmt.Errorf("proctest: no principal %q (Options.Principals)", name)
+	}
+	return c.do(ctx, i, tok, method, path, key, body, out)
+}
+
+func (c *Cluster) do(ctx context.Context, i int, token, method, path, key string, body, out any) (int, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -292,7 +328,7 @@ func (c *Cluster) Do(ctx context.Context, i int, method, path, key string, body,
 	if err != nil {
 		return 0, err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Authorization", "Bearer "+token)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

@@ -81,7 +81,14 @@ type tokens struct {
 	Admin    string `json:"admin"`
 	Operator string `json:"operator"`
 	Viewer   string `json:"viewer"`
+	// Tenant is the token of tenantName (role tenant): its own
+	// allocations and the catalog only.
+	Tenant string `json:"tenant,omitempty"`
 }
+
+// tenantName is the lab tenant token's name, the owner of the
+// allocations it creates.
+const tenantName = "lab-tenant"
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -696,16 +703,22 @@ func loadOrMakeTokens(dir string) (tokens, string, error) {
 	file := filepath.Join(dir, "tokens.json")
 	var t tokens
 	if b, err := os.ReadFile(secrets); err == nil {
-		if err := json.Unmarshal(b, &t); err == nil && t.Admin != "" {
-			return t, file, nil
+		if err := json.Unmarshal(b, &t); err != nil || t.Admin == "" {
+			t = tokens{}
 		}
 	}
+	// Keep the secrets a lab folder has (its env files stay valid) and
+	// make the ones it lacks (a folder from before the tenant role).
 	var entries []launch.Token
 	for _, r := range []struct {
-		role string
-		dst  *string
-	}{{"admin", &t.Admin}, {"operator", &t.Operator}, {"viewer", &t.Viewer}} {
-		tok, err := launch.NewToken("lab-"+r.role, r.role)
+		name, role string
+		dst        *string
+	}{{"lab-admin", "admin", &t.Admin}, {"lab-operator", "operator", &t.Operator}, {"lab-viewer", "viewer", &t.Viewer}, {tenantName, "tenant", &t.Tenant}} {
+		if *r.dst != "" {
+			entries = append(entries, launch.TokenOf(r.name, r.role, *r.dst))
+			continue
+		}
+		tok, err := launch.NewToken(r.name, r.role)
 		if err != nil {
 			return t, "", err
 		}
@@ -766,11 +779,15 @@ func getJSON(ctx context.Context, url, token string, v any) error {
 	return json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(v)
 }
 
-// writeEnv writes env (the operator token: allocations, reads) and
+// writeEnv writes env (the operator token: allocations, reads),
 // env.admin (the admin token: nodes, slots, images, peers — the commands
-// the README marks admin).
+// the README marks admin) and env.tenant (the tenant token: its own
+// allocations and the catalog).
 func writeEnv(dir, addr string, t tokens) error {
-	for _, f := range []struct{ name, token string }{{"env", t.Operator}, {"env.admin", t.Admin}} {
+	for _, f := range []struct{ name, token string }{{"env", t.Operator}, {"env.admin", t.Admin}, {"env.tenant", t.Tenant}} {
+		if f.token == "" {
+			continue
+		}
 		env := fmt.Sprintf("export GPUAAS_ADDR=http://%s\nexport GPUAAS_TOKEN=%s\n", addr, f.token)
 		if err := atomicfile.WriteFile(filepath.Join(dir, f.name), []byte(env), 0o600); err != nil {
 			return err
@@ -826,9 +843,10 @@ func printSummary(out io.Writer, dir string, st state, leader string, views []ho
 		}
 	}
 	fmt.Fprintf(out, "\nSlice host: %s\n", mode.describe())
-	fmt.Fprintf(out, "\nTokens (admin / operator / viewer) are in %s.\n", filepath.Join(dir, "tokens.secret.json"))
-	fmt.Fprintf(out, "  source %s         # operator token: allocations and every read\n", filepath.Join(dir, "env"))
-	fmt.Fprintf(out, "  source %s   # admin token, for: %s\n", filepath.Join(dir, "env.admin"), adminCommands)
+	fmt.Fprintf(out, "\nTokens (admin / operator / viewer / tenant) are in %s.\n", filepath.Join(dir, "tokens.secret.json"))
+	fmt.Fprintf(out, "  source %s          # operator token: allocations and every read\n", filepath.Join(dir, "env"))
+	fmt.Fprintf(out, "  source %s    # admin token, for: %s\n", filepath.Join(dir, "env.admin"), adminCommands)
+	fmt.Fprintf(out, "  source %s   # tenant token %s: its own allocations and the catalog only\n", filepath.Join(dir, "env.tenant"), tenantName)
 	fmt.Fprintf(out, "In another shell:\n\n  source %s\n  bin/gpuaasctl node list\n  bin/gpuaasctl node show j22u11          # readiness evidence and blockers\n  bin/gpuaasctl topology show j22u15      # discovered candidates\n  bin/gpuaasctl slot list --node j22u15\n  bin/gpuaasctl availability\n  bin/gpuaasctl alloc create --gpus 2 --region lab-east\n  bin/gpuaasctl alloc tasks ID            # the agent's lease plan (slice.provision result)\n  bin/gpuaasctl alloc list\n\n", filepath.Join(dir, "env"))
 	fmt.Fprintf(out, "Agent logs and state: %s, %s. Kill an agent (kill -9 PID): its node goes unreachable, the lab restarts it after %s.\n",
 		filepath.Join(dir, "logs", "agent-*.log"), filepath.Join(dir, "agents"), restartPause)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/api"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -244,8 +245,8 @@ func TestResolveSliceHost(t *testing.T) {
 func TestSummaryIsHonest(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	require.NoError(t, writeEnv(dir, "127.0.0.1:7300", tokens{Admin: "adm", Operator: "op", Viewer: "vw"}))
-	for name, tok := range map[string]string{"env": "op", "env.admin": "adm"} {
+	require.NoError(t, writeEnv(dir, "127.0.0.1:7300", tokens{Admin: "adm", Operator: "op", Viewer: "vw", Tenant: "tn"}))
+	for name, tok := range map[string]string{"env": "op", "env.admin": "adm", "env.tenant": "tn"} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 		assert.Contains(t, string(b), "export GPUAAS_ADDR=http://127.0.0.1:7300\n")
@@ -269,7 +270,8 @@ func TestSummaryIsHonest(t *testing.T) {
 	s := out.String()
 	t.Logf("summary:\n%s", s)
 	assert.Contains(t, s, "source "+filepath.Join(dir, "env")+" ")
-	assert.Contains(t, s, "source "+filepath.Join(dir, "env.admin")+"   # admin token, for: node prepare-slice")
+	assert.Contains(t, s, "source "+filepath.Join(dir, "env.admin")+"    # admin token, for: node prepare-slice")
+	assert.Contains(t, s, "source "+filepath.Join(dir, "env.tenant")+"   # tenant token lab-tenant: its own allocations")
 	assert.Contains(t, s, "slot approve|disable|repair|cleanup")
 	assert.Regexp(t, `j22u15 +slice_vm +active +slice-ready +0 slots +simulated`, s)
 	assert.Contains(t, s, "simulated because: setting up the real slice host failed: image lab-guest: catalog refused it")
@@ -284,4 +286,31 @@ func TestSummaryIsHonest(t *testing.T) {
 	assert.Regexp(t, `j27u15 +baremetal +active .* +0 slots +simulated`, out.String())
 	assert.Contains(t, out.String(), "Slice host: -slice-host auto: real VMs on j22u15")
 	assert.Contains(t, out.String(), "as admin (source "+filepath.Join(dir, "env.admin"))
+}
+
+// TestLabTokens: a new lab folder gets a token per role, tenant included;
+// a folder from before the tenant role keeps its secrets and gains one.
+func TestLabTokens(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	old := tokens{Admin: "gpuaas_adm", Operator: "gpuaas_op", Viewer: "gpuaas_vw"}
+	b, err := json.Marshal(old)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.secret.json"), b, 0o600))
+	got, file, err := loadOrMakeTokens(dir)
+	require.NoError(t, err)
+	assert.Equal(t, old.Admin, got.Admin, "existing secrets are kept")
+	assert.Equal(t, old.Operator, got.Operator)
+	require.NotEmpty(t, got.Tenant)
+	auth, err := api.LoadTokens(file)
+	require.NoError(t, err, "the coordinators load the tokens file")
+	for secret, want := range map[string]string{got.Admin: "lab-admin/admin", got.Operator: "lab-operator/operator",
+		got.Viewer: "lab-viewer/viewer", got.Tenant: "lab-tenant/tenant"} {
+		p, ok := auth.Authenticate(secret)
+		require.True(t, ok, want)
+		assert.Equal(t, want, p.Name+"/"+p.Role.String())
+	}
+	again, _, err := loadOrMakeTokens(dir)
+	require.NoError(t, err)
+	assert.Equal(t, got, again, "a second start reuses every secret")
 }

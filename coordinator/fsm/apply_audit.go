@@ -1,0 +1,209 @@
+package fsm
+
+import (
+	"slices"
+
+	"github.com/gpuaas/gpuaas/coordinator/state"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// The audit log (proto/audit.go): append one hash-chained record, prune
+// an exported prefix. Seq, time, index and the hashes are assigned here,
+// from the command and the stored head, so every replica holds the same
+// chain.
+
+// applyAudit applies a standalone audit command; ok is false for a type
+// it does not know.
+func (f *FSM) applyAudit(t proto.MessageType, body []byte, index uint64) (resp any, ok bool) {
+	switch t {
+	case proto.AuditAppendType:
+		return f.applyAuditAppend(body, index, nil, false), true
+	case proto.AuditPruneType:
+		return f.applyAuditPrune(body, index), true
+	}
+	return nil, false
+}
+
+// isAuditAppend reports whether cmd is an audit append (of a batch).
+func isAuditAppend(cmd []byte) bool {
+	return len(cmd) > 0 && proto.MessageType(cmd[0])&^proto.IgnoreUnknownTypeFlag == proto.AuditAppendType
+}
+
+// applyAuditAppend appends a record. In a batch, prev is the response of
+// the command before it (what an attached record reports).
+func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool) any {
+	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, body, index)
+	if req.Attached {
+		if !inBatch || prev == nil {
+			return invalid("an attached audit record must follow its command in a command_batch")
+		}
+		if _, refused := prev.(error); refused {
+			return &proto.AuditAppendResponse{Skipped: true}
+		}
+	}
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		r := req.Record // a copy: the decoded command is not shared
+		if err := r.ValidateForAppend(); err != nil {
+			return nil, err
+		}
+		if r.Pruned {
+			return nil, invalid("audit record: a checkpoint is written by a prune only")
+		}
+		r.Reason = proto.TruncateAuditText(r.Reason)
+		r.Error = proto.TruncateAuditText(r.Error)
+		r.Slots = slices.Clone(r.Slots)
+		var after any
+		if req.Attached {
+			after = f.auditObject(&r, prev)
+		}
+		if after == nil {
+			after = auditLookup(tx, r.ObjectKind, r.ObjectID)
+		}
+		if after != nil {
+			r.After = proto.AuditState(after)
+			r.Slots = auditSlots(tx, after, r.Slots)
+		}
+		r.Sanitize()
+		head, ok := tx.AuditHead()
+		r.Seq, r.PrevHash = 1, ""
+		if ok {
+			r.Seq, r.PrevHash = head.Seq+1, head.Hash
+		}
+		r.Time = req.At.UTC()
+		r.Index = index
+		h, err := proto.AuditHash(r.PrevHash, &r)
+		if err != nil {
+			return nil, invalid("%v", err)
+		}
+		r.Hash = h
+		if err := tx.PutAudit(&r); err != nil {
+			return nil, err
+		}
+		return &proto.AuditAppendResponse{Seq: r.Seq, Hash: r.Hash}, nil
+	})
+}
+
+// auditObject is the object an attached record's command wrote (its
+// response), and fills the record's object id from it when missing.
+func (f *FSM) auditObject(r *proto.AuditRecord, prev any) any {
+	switch v := prev.(type) {
+	case *proto.AllocationPlaceResponse:
+		if v.Existing {
+			r.Status = 200 // the key was seen: nothing created
+		}
+		r.ObjectKind, r.ObjectID = "allocation", v.Allocation.ID
+		return &v.Allocation
+	case *proto.Allocation:
+		r.ObjectKind, r.ObjectID = "allocation", v.ID
+		return v
+	case *proto.Slot:
+		if r.ObjectKind != "slot" {
+			// A slot approved through its node's route.
+			r.Slots = append(r.Slots, v.ID)
+		}
+		return v
+	case *proto.Site:
+		return proto.ViewOf(v) // never the sealed credentials
+	case *proto.Node, *proto.Region, *proto.Pool, *proto.Image:
+		return v
+	}
+	return nil
+}
+
+// auditLookup reads an object of the ledger by the kind and id a record
+// names (nil when it has none).
+func auditLookup(tx *state.Txn, kind, id string) any {
+	if id == "" {
+		return nil
+	}
+	var v any
+	var ok bool
+	switch kind {
+	case "allocation":
+		v, ok = tx.Allocation(id)
+	case "node":
+		v, ok = tx.Node(id)
+	case "slot":
+		v, ok = tx.Slot(id)
+	case "region":
+		v, ok = tx.Region(id)
+	case "pool":
+		v, ok = tx.Pool(id)
+	case "site":
+		var site *proto.Site
+		if site, ok = tx.Site(id); ok {
+			v = proto.ViewOf(site) // never the sealed credentials
+		}
+	}
+	if !ok {
+		return nil
+	}
+	return v
+}
+
+// auditSlots adds the slots an object covers: a slot itself, an
+// allocation's claimed slots (a baremetal claim: its node's), a node's
+// slots.
+func auditSlots(tx *state.Txn, obj any, slots []string) []string {
+	add := func(id string) {
+		if id != "" && !slices.Contains(slots, id) && len(slots) < proto.MaxAuditSlots {
+			slots = append(slots, id)
+		}
+	}
+	addNode := func(node string) {
+		for _, s := range tx.NodeSlots(node) {
+			add(s.ID)
+		}
+	}
+	switch v := obj.(type) {
+	case *proto.Slot:
+		add(v.ID)
+	case *proto.Allocation:
+		for _, id := range v.ClaimIDs {
+			c, ok := tx.Claim(id)
+			switch {
+			case !ok:
+			case c.SlotID != "":
+				add(c.SlotID)
+			case c.NodeID != "":
+				addNode(c.NodeID)
+			}
+		}
+	case *proto.Node:
+		addNode(v.ID)
+	}
+	return slots
+}
+
+// applyAuditPrune drops the records up to ThroughSeq, which must be in
+// the log and carry Hash; record ThroughSeq becomes the checkpoint the
+// next record links to.
+func (f *FSM) applyAuditPrune(body []byte, index uint64) any {
+	req := decode[proto.AuditPruneRequest](proto.AuditPruneType, body, index)
+	return f.write(index, func(tx *state.Txn) (any, error) {
+		r, ok := tx.AuditRecord(req.ThroughSeq)
+		if !ok {
+			return nil, proto.Errorf(proto.CodeNotFound, "audit record %d is not in the log (pruned already, or not written yet)", req.ThroughSeq)
+		}
+		if r.Hash != req.Hash {
+			return nil, proto.Errorf(proto.CodeConflict, "audit record %d has hash %s, not %s: prune through a record of your own export", req.ThroughSeq, r.Hash, req.Hash)
+		}
+		n := 0
+		for _, old := range tx.AuditRecords(0, 0, nil) {
+			if old.Seq >= r.Seq {
+				break
+			}
+			if err := tx.DeleteAudit(old.Seq); err != nil {
+				return nil, err
+			}
+			n++
+		}
+		if !r.Pruned {
+			n++
+		}
+		if err := tx.ReplaceAuditCheckpoint(&proto.AuditRecord{Seq: r.Seq, Time: r.Time, Index: r.Index, Pruned: true, Hash: r.Hash}); err != nil {
+			return nil, err
+		}
+		return &proto.AuditPruneResponse{Pruned: n, FirstSeq: r.Seq}, nil
+	})
+}

@@ -1,0 +1,264 @@
+package fsm_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
+	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+func auditRec(actor, method, route, kind, id string, status int) proto.AuditRecord {
+	return proto.AuditRecord{Actor: actor, Role: "admin", TokenID: "0123456789ab", Remote: "192.0.2.7:51000", RequestID: "req-" + actor,
+		Method: method, Route: route, Path: route, ObjectKind: kind, ObjectID: id, Status: status}
+}
+
+// appendAudit appends a standalone record and returns its response.
+func appendAudit(h *fsmtest.Harness, r proto.AuditRecord) *proto.AuditAppendResponse {
+	h.TB.Helper()
+	return h.OK(proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Record: r}).(*proto.AuditAppendResponse)
+}
+
+// batch applies cmds as one command_batch entry.
+func batch(h *fsmtest.Harness, cmds ...[]byte) *fsm.BatchResponse {
+	h.TB.Helper()
+	data, err := proto.EncodeBatch(cmds)
+	require.NoError(h.TB, err)
+	h.Index++
+	h.Log = append(h.Log, fsmtest.Entry{Index: h.Index, Data: data})
+	return h.FSM.ApplyCommand(h.Index, data).(*fsm.BatchResponse)
+}
+
+func enc(t testing.TB, typ proto.MessageType, req any) []byte {
+	t.Helper()
+	b, err := proto.Encode(typ, req)
+	require.NoError(t, err)
+	return b
+}
+
+// addAudit writes records of every kind into h (for every-table tests):
+// standalone, attached to a slot disable, and a pruned prefix.
+func addAudit(h *fsmtest.Harness) {
+	t := h.TB
+	appendAudit(h, auditRec("admin", "POST", "/v1/nodes/{id}/drain", "node", "us-east-n0002", 200))
+	r2 := appendAudit(h, auditRec("viewer", "POST", "/v1/slots/{id}/disable", "slot", slot(n0, 5), 403))
+	br := batch(h,
+		enc(t, proto.SlotDisableType, proto.SlotDisableRequest{At: h.At(), SlotID: slot(n0, 5), Reason: "fan"}),
+		enc(t, proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true,
+			Record: auditRec("admin", "POST", "/v1/slots/{id}/disable", "slot", slot(n0, 5), 200)}))
+	require.IsType(t, &proto.AuditAppendResponse{}, br.Responses[1])
+	h.OK(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: 2, Hash: r2.Hash})
+	appendAudit(h, auditRec("admin", "PUT", "/v1/regions/{name}", "region", "us-east", 200))
+}
+
+func TestAuditAppendChains(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+	var prev string
+	for i, status := range []int{200, 403, 400, 201} {
+		r := appendAudit(h, auditRec(fmt.Sprintf("u%d", i), "POST", "/v1/regions/{name}", "region", "us-east", status))
+		assert.Equal(t, uint64(i+1), r.Seq)
+		got, ok := h.Snap().AuditRecord(r.Seq)
+		require.True(t, ok)
+		assert.Equal(t, prev, got.PrevHash, "record %d links to the previous hash", r.Seq)
+		want, err := proto.AuditHash(prev, got)
+		require.NoError(t, err)
+		assert.Equal(t, want, got.Hash)
+		assert.Equal(t, status, got.Status)
+		assert.Equal(t, h.Index, got.Index)
+		assert.NotEmpty(t, got.After, "the region's state after the request")
+		prev = got.Hash
+	}
+	res := proto.VerifyAuditChain(h.Snap().AuditRecords(0, 0, nil))
+	assert.True(t, res.OK, res.Problem)
+	assert.Equal(t, 4, res.Records)
+	assert.Equal(t, prev, res.HeadHash)
+}
+
+func TestAuditAttached(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+	sid := slot(n0, 2)
+	rec := auditRec("admin", "POST", "/v1/slots/{id}/disable", "slot", sid, 200)
+	rec.Reason = "riser"
+
+	// Written right after a command that succeeded, with its after state.
+	br := batch(h,
+		enc(t, proto.SlotDisableType, proto.SlotDisableRequest{At: h.At(), SlotID: sid, Reason: "riser"}),
+		enc(t, proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true, Record: rec}))
+	require.IsType(t, &proto.Slot{}, br.Responses[0])
+	ar := br.Responses[1].(*proto.AuditAppendResponse)
+	require.False(t, ar.Skipped)
+	got, _ := h.Snap().AuditRecord(ar.Seq)
+	var after proto.Slot
+	require.NoError(t, json.Unmarshal(got.After, &after))
+	assert.Equal(t, proto.SlotDisabled, after.Status)
+	assert.Equal(t, []string{sid}, got.Slots)
+	assert.Equal(t, "riser", got.Reason)
+
+	// After a refused command it is skipped (the API records the refusal).
+	br = batch(h,
+		enc(t, proto.SlotRepairType, proto.SlotRepairRequest{At: h.At(), SlotID: "no-such-slot"}),
+		enc(t, proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true, Record: rec}))
+	require.Implements(t, (*error)(nil), br.Responses[0])
+	assert.True(t, br.Responses[1].(*proto.AuditAppendResponse).Skipped)
+	assert.Equal(t, 1, h.Snap().AuditCount())
+
+	// Attached outside a batch, or first in one: refused.
+	h.Refuse(proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true, Record: rec}, proto.CodeInvalidArgument)
+	br = batch(h, enc(t, proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true, Record: rec}))
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(br.Responses[0].(error)))
+
+	// A placement's record names the allocation and its slots.
+	req := h.SliceRequest("a1", "k1", n0, slot(n0, 0), slot(n0, 1))
+	br = batch(h, enc(t, proto.AllocationPlaceType, req),
+		enc(t, proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true,
+			Record: auditRec("op", "POST", "/v1/allocations", "allocation", "", 201)}))
+	ar = br.Responses[1].(*proto.AuditAppendResponse)
+	got, _ = h.Snap().AuditRecord(ar.Seq)
+	assert.Equal(t, "a1", got.ObjectID)
+	assert.ElementsMatch(t, []string{slot(n0, 0), slot(n0, 1)}, got.Slots)
+	assert.Equal(t, 201, got.Status)
+	assert.True(t, proto.VerifyAuditChain(h.Snap().AuditRecords(0, 0, nil)).OK)
+}
+
+func TestAuditAppendRefusesBadRecords(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	for name, mut := range map[string]func(*proto.AuditRecord){
+		"no actor":      func(r *proto.AuditRecord) { r.Actor = "" },
+		"no route":      func(r *proto.AuditRecord) { r.Route = "" },
+		"status":        func(r *proto.AuditRecord) { r.Status = 1000 },
+		"checkpoint":    func(r *proto.AuditRecord) { r.Pruned = true },
+		"too many slot": func(r *proto.AuditRecord) { r.Slots = make([]string, proto.MaxAuditSlots+1) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := auditRec("admin", "POST", "/v1/x", "", "", 200)
+			mut(&r)
+			h.Refuse(proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Record: r}, proto.CodeInvalidArgument)
+		})
+	}
+}
+
+func TestAuditPrune(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	var recs []*proto.AuditAppendResponse
+	for i := range 5 {
+		recs = append(recs, appendAudit(h, auditRec(fmt.Sprintf("u%d", i), "POST", "/v1/x", "", "", 200)))
+	}
+	h.Refuse(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: 2, Hash: recs[0].Hash}, proto.CodeConflict)
+	h.Refuse(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: 9, Hash: recs[4].Hash}, proto.CodeNotFound)
+
+	resp := h.OK(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: 3, Hash: recs[2].Hash}).(*proto.AuditPruneResponse)
+	assert.Equal(t, 3, resp.Pruned)
+	all := h.Snap().AuditRecords(0, 0, nil)
+	require.Len(t, all, 3)
+	assert.True(t, all[0].Pruned)
+	assert.Equal(t, uint64(3), all[0].Seq)
+	res := proto.VerifyAuditChain(all)
+	assert.True(t, res.OK, res.Problem)
+	assert.Equal(t, uint64(3), res.FirstSeq)
+
+	// Pruning again through the checkpoint's successor.
+	resp = h.OK(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: 4, Hash: recs[3].Hash}).(*proto.AuditPruneResponse)
+	assert.Equal(t, 2, resp.Pruned) // the old checkpoint and record 4
+	appendAudit(h, auditRec("after", "POST", "/v1/x", "", "", 200))
+	res = proto.VerifyAuditChain(h.Snap().AuditRecords(0, 0, nil))
+	assert.True(t, res.OK, res.Problem)
+	assert.Equal(t, uint64(6), res.LastSeq)
+
+	// Through the head: the checkpoint alone, and the chain goes on from it.
+	head, _ := h.Snap().AuditHead()
+	h.OK(proto.AuditPruneType, proto.AuditPruneRequest{At: h.At(), ThroughSeq: head.Seq, Hash: head.Hash})
+	require.Equal(t, 1, h.Snap().AuditCount())
+	appendAudit(h, auditRec("later", "POST", "/v1/x", "", "", 200))
+	res = proto.VerifyAuditChain(h.Snap().AuditRecords(0, 0, nil))
+	assert.True(t, res.OK, res.Problem)
+	assert.Equal(t, uint64(7), res.LastSeq)
+}
+
+// snapshotLines returns the snapshot of h as lines.
+func snapshotLines(t *testing.T, h *fsmtest.Harness) []string {
+	return strings.Split(strings.TrimSuffix(string(snapshotBytes(t, h.FSM)), "\n"), "\n")
+}
+
+// restoreLines restores lines (the trailer's count recomputed, as a
+// careful tamperer would) and verifies the restored chain.
+func restoreLines(t *testing.T, lines []string) proto.AuditVerifyResult {
+	t.Helper()
+	n := len(lines) - 2
+	lines[len(lines)-1] = fmt.Sprintf(`{"t":"end","n":%d}`, n)
+	data := []byte(strings.Join(lines, "\n") + "\n")
+	_, rep, err := fsm.ReadCheckedSnapshot(bytes.NewReader(data))
+	require.NoError(t, err)
+	f := fsm.New(nil, nil)
+	require.NoError(t, f.Restore(io.NopCloser(bytes.NewReader(data))))
+	res := proto.VerifyAuditChain(f.Store().Snapshot().AuditRecords(0, 0, nil))
+	assert.Equal(t, res, rep.Audit, "the restore reports the chain's state")
+	return res
+}
+
+func TestAuditSnapshotKeepsChainAndShowsTampering(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+	for i := range 4 {
+		appendAudit(h, auditRec(fmt.Sprintf("u%d", i), "POST", "/v1/slots/{id}/disable", "slot", slot(n0, i), 200))
+	}
+	auditLine := func(lines []string, seq int) int {
+		for i, l := range lines {
+			if strings.HasPrefix(l, `{"t":"audit","v":{"seq":`+fmt.Sprint(seq)+`,`) {
+				return i
+			}
+		}
+		t.Fatalf("no audit record %d in the snapshot", seq)
+		return -1
+	}
+
+	t.Run("restore keeps the chain", func(t *testing.T) {
+		res := restoreLines(t, snapshotLines(t, h))
+		assert.True(t, res.OK, res.Problem)
+		assert.Equal(t, uint64(4), res.LastSeq)
+	})
+	for _, tc := range []struct {
+		name   string
+		tamper func([]string) []string
+		broken uint64
+	}{
+		{"edited actor", func(l []string) []string {
+			i := auditLine(l, 2)
+			l[i] = strings.Replace(l[i], `"actor":"u1"`, `"actor":"someone-else"`, 1)
+			return l
+		}, 2},
+		{"edited status", func(l []string) []string {
+			i := auditLine(l, 3)
+			l[i] = strings.Replace(l[i], `"status":200`, `"status":403`, 1)
+			return l
+		}, 3},
+		{"deleted record", func(l []string) []string {
+			i := auditLine(l, 2)
+			return append(l[:i], l[i+1:]...)
+		}, 3},
+		{"deleted first record", func(l []string) []string {
+			i := auditLine(l, 1)
+			return append(l[:i], l[i+1:]...)
+		}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := restoreLines(t, tc.tamper(snapshotLines(t, h)))
+			assert.False(t, res.OK)
+			assert.Equal(t, tc.broken, res.BrokenSeq, res.Problem)
+		})
+	}
+}
