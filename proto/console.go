@@ -74,6 +74,7 @@ type ConsoleSession struct {
 	// User is the authenticated principal; Admin is set when an admin
 	// opened it (Reason is then required).
 	User   string `json:"user"`
+	Role   string `json:"role,omitempty"` // the user's role
 	Admin  bool   `json:"admin,omitempty"`
 	Reason string `json:"reason,omitempty"`
 	// RemoteAddr is where the user connected from (the gateway's view).

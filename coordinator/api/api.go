@@ -89,7 +89,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	}
 	a := &API{b: b, auth: auth, log: log, skus: proto.DefaultSKUs(), mux: http.NewServeMux()}
 	a.proxy = newForwarder(log)
-	a.consoles.recorder = raftConsoleRecorder{b: b}
+	a.consoles.recorder = raftConsoleRecorder{b: b, log: log}
 	a.metrics = metricsOf(b)
 	a.metricsHTTP = a.newMetricsHandler()
 	a.routes = append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...)

@@ -45,36 +45,81 @@ const consoleAgentWait = 15 * time.Second
 // consoleMaxMessage bounds one WebSocket message either way.
 const consoleMaxMessage = 64 << 10
 
-// ConsoleRecorder records console sessions: the ledger's Raft commands
-// today (raftConsoleRecorder); the audit log can stand behind it later.
-// Open must make the session visible to the owning agent.
+// ConsoleRecorder records console sessions. Open must make the session
+// visible to the owning agent.
 type ConsoleRecorder interface {
 	Open(ctx context.Context, s proto.ConsoleSession) error
-	Close(ctx context.Context, session string, r proto.ConsoleSessionResult, errText string) error
+	Close(ctx context.Context, s proto.ConsoleSession, r proto.ConsoleSessionResult, errText string) error
 }
 
-type raftConsoleRecorder struct{ b Backend }
+// raftConsoleRecorder records a session in the ledger (console_session_open
+// and _close: the node task the agent serves, timeline lines) and in the
+// hash-chained audit log (one record at open, one at close).
+type raftConsoleRecorder struct {
+	b   Backend
+	log interface {
+		Error(msg string, args ...any)
+	}
+}
 
 func (r raftConsoleRecorder) Open(ctx context.Context, s proto.ConsoleSession) error {
 	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionOpenType, proto.ConsoleSessionOpenRequest{At: time.Now().UTC(), Session: s})
+	if err == nil {
+		if e, ok := resp.(*proto.Error); ok {
+			err = e
+		}
+	}
+	status := http.StatusSwitchingProtocols
+	if s.Kind == proto.TaskConsoleTranscript {
+		status = http.StatusOK
+	}
+	rec := consoleAudit(s, status, struct {
+		Session proto.ConsoleSession `json:"session"`
+	}{s})
 	if err != nil {
-		return err
+		rec.Status, rec.Error = proto.CodeOf(err).HTTPStatus(), proto.TruncateAuditText(err.Error())
 	}
-	if e, ok := resp.(*proto.Error); ok {
-		return e
-	}
-	return nil
+	r.audit(ctx, rec)
+	return err
 }
 
-func (r raftConsoleRecorder) Close(ctx context.Context, session string, res proto.ConsoleSessionResult, errText string) error {
-	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionCloseType, proto.ConsoleSessionCloseRequest{At: time.Now().UTC(), SessionID: session, Result: res, Error: proto.Clip(errText, proto.MaxConsoleCloseText)})
-	if err != nil {
-		return err
+func (r raftConsoleRecorder) Close(ctx context.Context, s proto.ConsoleSession, res proto.ConsoleSessionResult, errText string) error {
+	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionCloseType, proto.ConsoleSessionCloseRequest{At: time.Now().UTC(), SessionID: s.ID, Result: res, Error: proto.Clip(errText, proto.MaxConsoleCloseText)})
+	if err == nil {
+		if e, ok := resp.(*proto.Error); ok {
+			err = e
+		}
 	}
-	if e, ok := resp.(*proto.Error); ok {
-		return e
+	rec := consoleAudit(s, http.StatusOK, struct {
+		Session proto.ConsoleSession       `json:"session"`
+		Result  proto.ConsoleSessionResult `json:"result"`
+		Error   string                     `json:"error,omitempty"`
+	}{s, res, errText})
+	r.audit(ctx, rec)
+	return err
+}
+
+// consoleAudit is a session's audit record: who, from where, the path
+// naming the allocation, the admin's reason, and the session (with its
+// result at close) as the record's "after" (object kind console_session,
+// the session's id).
+func consoleAudit(s proto.ConsoleSession, status int, after any) proto.AuditRecord {
+	route := "/v1/allocations/{id}/console"
+	path := "/v1/allocations/" + s.AllocationID + "/console"
+	if s.Kind == proto.TaskConsoleTranscript {
+		route = "/v1/allocations/{id}/console/sessions/{session}/transcript"
+		path += "/sessions/" + s.Transcript + "/transcript"
 	}
-	return nil
+	b, _ := json.Marshal(after)
+	return proto.AuditRecord{Actor: s.User, Role: s.Role, Remote: proto.TruncateAuditText(s.RemoteAddr), Method: http.MethodGet,
+		Route: route, Path: proto.TruncateAuditText(path), ObjectKind: "console_session", ObjectID: s.ID,
+		Reason: proto.TruncateAuditText(s.Reason), After: b, Status: status}
+}
+
+func (r raftConsoleRecorder) audit(ctx context.Context, rec proto.AuditRecord) {
+	if _, _, err := r.b.Apply(ctx, proto.AuditAppendType, proto.AuditAppendRequest{At: time.Now().UTC(), Record: rec}); err != nil && r.log != nil {
+		r.log.Error("console audit record not written", "actor", rec.Actor, "allocation", rec.ObjectID, "err", err)
+	}
 }
 
 // SetConsoleRecorder replaces where console sessions are recorded.
@@ -169,7 +214,7 @@ func (a *API) openConsoleSession(c *call, al *proto.Allocation, kind, reason, tr
 		gw = c.r.Host
 	}
 	s := proto.ConsoleSession{ID: newConsoleSessionID(), AllocationID: al.ID, NodeID: al.NodeID, Kind: kind,
-		User: c.p.Name, Admin: admin, Reason: reason, RemoteAddr: clientAddr(c.r), Gateway: gw, ReadOnly: readOnly,
+		User: c.p.Name, Role: c.p.Role.String(), Admin: admin, Reason: reason, RemoteAddr: clientAddr(c.r), Gateway: gw, ReadOnly: readOnly,
 		Transcript: transcript, OpenedAt: time.Now().UTC()}
 	p := &pendingConsole{node: al.NodeID, agent: make(chan *websocket.Conn, 1), done: make(chan struct{})}
 	g := &a.consoles
@@ -211,7 +256,7 @@ func (a *API) openConsoleSession(c *call, al *proto.Allocation, kind, reason, tr
 		closeErr = "the client went away before the agent answered"
 	}
 	now := time.Now().UTC()
-	if err := g.recorder.Close(context.WithoutCancel(c.r.Context()), s.ID, proto.ConsoleSessionResult{OpenedAt: s.OpenedAt, ClosedAt: now, Closed: "never attached"}, closeErr); err != nil {
+	if err := g.recorder.Close(context.WithoutCancel(c.r.Context()), s, proto.ConsoleSessionResult{OpenedAt: s.OpenedAt, ClosedAt: now, Closed: "never attached"}, closeErr); err != nil {
 		a.log.Warn("record console session close", "session", s.ID, "err", err)
 	}
 	return s, nil, nil, proto.Errorf(proto.CodeUnavailable, "%s; is its agent running?", closeErr)
@@ -280,7 +325,7 @@ func (a *API) closeConsole(s proto.ConsoleSession, res proto.ConsoleSessionResul
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := a.consoles.recorder.Close(ctx, s.ID, res, errText); err != nil {
+	if err := a.consoles.recorder.Close(ctx, s, res, errText); err != nil {
 		a.log.Warn("record console session close", "session", s.ID, "allocation", s.AllocationID, "err", err)
 	}
 }
@@ -565,7 +610,11 @@ func (a *API) closeOrphanedConsoles(ctx context.Context, grace time.Duration) in
 			continue
 		}
 		res := proto.ConsoleSessionResult{OpenedAt: t.CreatedAt, ClosedAt: now, Closed: "gateway gone"}
-		err := a.consoles.recorder.Close(ctx, t.ID, res, "the coordinator holding the session stopped or lost the leadership before recording its end; duration and bytes unknown")
+		var s proto.ConsoleSession
+		if json.Unmarshal(t.Payload, &s) != nil || s.ID != t.ID {
+			s = proto.ConsoleSession{ID: t.ID, AllocationID: t.AllocationID, NodeID: t.NodeID, Kind: t.Type}
+		}
+		err := a.consoles.recorder.Close(ctx, s, res, "the coordinator holding the session stopped or lost the leadership before recording its end; duration and bytes unknown")
 		if err != nil {
 			a.log.Warn("close orphaned console session", "session", t.ID, "err", err)
 			continue

@@ -251,6 +251,36 @@ func TestConsoleGatewaySplice(t *testing.T) {
 		}
 		return len(list.Sessions) == 2
 	}, 10*time.Second, 20*time.Millisecond)
+	// The hash-chained audit log has each session's open and close.
+	var opens, closes int
+	for _, rec := range e.auditList("kind=console_session") {
+		require.Equal(t, "/v1/allocations/{id}/console", rec.Route)
+		assert.Equal(t, "/v1/allocations/"+a.ID+"/console", rec.Path)
+		var body struct {
+			Session proto.ConsoleSession        `json:"session"`
+			Result  *proto.ConsoleSessionResult `json:"result"`
+		}
+		require.NoError(t, json.Unmarshal(rec.After, &body))
+		assert.Equal(t, body.Session.User, rec.Actor)
+		assert.Equal(t, body.Session.ID, rec.ObjectID)
+		assert.Equal(t, body.Session.RemoteAddr, rec.Remote)
+		if body.Result == nil {
+			opens++
+			assert.Equal(t, http.StatusSwitchingProtocols, rec.Status)
+		} else {
+			closes++
+			assert.Contains(t, body.Result.Closed, "allocation released")
+		}
+		if rec.Actor == "admin-user" {
+			assert.Equal(t, "support ticket 9", rec.Reason)
+		}
+	}
+	assert.Equal(t, 2, opens)
+	assert.Equal(t, 2, closes)
+	v := e.do(RoleAdmin, http.MethodGet, "/v1/audit/verify", nil)
+	require.Equal(t, http.StatusOK, v.status, "%s", v.body)
+	assert.Contains(t, string(v.body), `"ok":true`)
+
 	for _, s := range list.Sessions {
 		assert.Equal(t, proto.TaskSucceeded, s.State)
 		assert.Contains(t, s.Result.Closed, "allocation released")
