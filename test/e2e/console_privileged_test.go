@@ -120,6 +120,16 @@ func TestPrivilegedLabSliceConsole(t *testing.T) {
 	assert.Greater(t, s.Result.BytesIn, int64(40))
 	assert.Greater(t, s.Result.BytesOut, int64(100))
 	t.Logf("console session %s: %s, %d bytes in, %d out, closed: %s", s.Session.ID, s.Result.Duration().Round(time.Millisecond), s.Result.BytesIn, s.Result.BytesOut, s.Result.Closed)
+	// And in the hash-chained audit log: its open and its close.
+	var audit proto.List[proto.AuditRecord]
+	require.Eventually(t, func() bool { // the replica may be a moment behind
+		audit = proto.List[proto.AuditRecord]{}
+		return getJSON(ctx, rl.api, "/v1/audit?kind=console_session&object="+s.Session.ID, &audit) == nil && len(audit.Items) == 2
+	}, 10*time.Second, 100*time.Millisecond, "the session's open and close in the audit log: %+v", audit.Items)
+	for _, rec := range audit.Items {
+		assert.Equal(t, a.Owner, rec.Actor)
+		assert.Equal(t, "/v1/allocations/"+a.ID+"/console", rec.Path)
+	}
 	tr, err := rl.api.C.Do(ctx, http.MethodGet, "/v1/allocations/"+a.ID+"/console/sessions/"+s.Session.ID+"/transcript",
 		map[string][]string{"reason": {"e2e: audit check"}}, nil, nil)
 	require.NoError(t, err)

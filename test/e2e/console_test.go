@@ -265,6 +265,13 @@ func TestLabConsoleThroughGateway(t *testing.T) {
 	assert.Positive(t, ownerRec.Result.Duration())
 	assert.Equal(t, proto.ConsoleReadOnly, watchRec.Result.Mode)
 	assert.Equal(t, "e2e: watching the owner's session", watchRec.Session.Reason)
+	var audit proto.List[proto.AuditRecord]
+	require.Eventually(t, func() bool { // the replica may be a moment behind
+		audit = proto.List[proto.AuditRecord]{}
+		r, err := e.api.C.Do(e.ctx, http.MethodGet, "/v1/audit", url.Values{"kind": {"console_session"}, "object": {ownerRec.Session.ID}}, nil, nil)
+		return err == nil && json.Unmarshal(r.Body, &audit) == nil && len(audit.Items) == 2
+	}, 10*time.Second, 100*time.Millisecond, "the owner's session opened and closed in the audit log: %+v", audit.Items)
+	assert.Equal(t, a.Owner, audit.Items[0].Actor)
 	var tl proto.List[proto.TimelineEvent]
 	require.NoError(t, e.do(e.op, http.MethodGet, "/v1/allocations/"+a.ID+"/timeline", nil, &tl))
 	lines := 0
