@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/canonical/gomaasclient v0.20.0
+	github.com/coder/websocket v1.8.15
 	github.com/coreos/go-systemd/v22 v22.6.0
 	github.com/digitalocean/go-openvswitch v0.0.0-20241021184246-19e734367535
 	github.com/getkin/kin-openapi v0.152.0

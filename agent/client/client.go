@@ -22,6 +22,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -295,4 +297,49 @@ func (c *Client) GetBlob(ctx context.Context, path string, offset int64) (*http.
 		return nil, fmt.Errorf("get blob %s: %w", path, lastErr)
 	}
 	return nil, fmt.Errorf("get blob %s: %w", path, lastErr)
+}
+
+// DialConsole dials the console gateway of a session back: gateway is the
+// API address the session names (host:port or a URL). When it is one of
+// this client's coordinators, that coordinator's URL is used (its scheme
+// and transport); otherwise a bare host:port gets the scheme of the
+// agent's coordinators.
+func (c *Client) DialConsole(ctx context.Context, gateway, session string) (*websocket.Conn, error) {
+	if err := proto.ValidateID("console session id", session); err != nil {
+		return nil, fmt.Errorf("dial console: %w", err)
+	}
+	base := gateway
+	host := gateway
+	if u, err := url.Parse(gateway); err == nil && u.Host != "" {
+		host = u.Host
+	} else {
+		// A bare host:port: the scheme the agent uses for its
+		// coordinators (https unless the cluster runs -insecure-http).
+		scheme := "https"
+		if len(c.urls) > 0 {
+			if p, err := url.Parse(c.urls[0]); err == nil && p.Scheme != "" {
+				scheme = p.Scheme
+			}
+		}
+		base = scheme + "://" + gateway
+	}
+	for _, u := range c.urls {
+		if p, err := url.Parse(u); err == nil && p.Host == host {
+			base = strings.TrimRight(u, "/")
+			break
+		}
+	}
+	if p, err := url.Parse(base); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+		return nil, fmt.Errorf("dial console: gateway %q is not an http(s) address", gateway)
+	}
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+c.Credential())
+	conn, resp, err := websocket.Dial(ctx, base+proto.AgentConsolePath+"/"+url.PathEscape(session), &websocket.DialOptions{HTTPClient: c.http, HTTPHeader: h})
+	if err != nil {
+		if resp != nil {
+			return nil, fmt.Errorf("dial console gateway %s for session %s: HTTP %d: %w", base, session, resp.StatusCode, err)
+		}
+		return nil, &TransportError{Err: fmt.Errorf("dial console gateway %s for session %s: %w", base, session, err)}
+	}
+	return conn, nil
 }

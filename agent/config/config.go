@@ -208,6 +208,12 @@ type Config struct {
 	HeartbeatInterval    Duration `json:"heartbeat_interval,omitempty"`
 	PollWait             Duration `json:"poll_wait,omitempty"`
 	LogLevel             string   `json:"log_level,omitempty"`
+	// Console sessions (agent/console): the idle timeout (no byte either
+	// way), one transcript's size bound and how long transcripts are kept
+	// (in StateDir/console).
+	ConsoleIdleTimeout   Duration `json:"console_idle_timeout,omitempty"`
+	ConsoleTranscriptMax ByteSize `json:"console_transcript_max,omitempty"`
+	ConsoleRetention     Duration `json:"console_retention,omitempty"`
 }
 
 // Defaults returns the built-in configuration.
@@ -243,6 +249,9 @@ func Defaults() Config {
 		HeartbeatInterval:    Duration(10 * time.Second),
 		PollWait:             Duration(30 * time.Second),
 		LogLevel:             "info",
+		ConsoleIdleTimeout:   Duration(15 * time.Minute),
+		ConsoleTranscriptMax: 1 << 20,
+		ConsoleRetention:     Duration(7 * 24 * time.Hour),
 	}
 }
 
@@ -306,6 +315,9 @@ func defs() []flagDef {
 		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
 		v("poll-wait", "task long-poll wait", func(c *Config) flag.Value { return &c.PollWait }),
 		s("log-level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
+		v("console-idle-timeout", "close a console session after this long without a byte either way", func(c *Config) flag.Value { return &c.ConsoleIdleTimeout }),
+		v("console-transcript-max", "size bound of one console session's transcript, e.g. 1MiB", func(c *Config) flag.Value { return &c.ConsoleTranscriptMax }),
+		v("console-retention", "how long console transcripts are kept", func(c *Config) flag.Value { return &c.ConsoleRetention }),
 	}
 }
 
@@ -443,6 +455,9 @@ func (c Config) Validate() error {
 	if g, err := netip.ParsePrefix(c.GuestGateway); err != nil || !g.Addr().Is4() || g.Bits() > 30 {
 		bad("guest-gateway", "%q: want an IPv4 gateway with prefix, e.g. 10.200.0.1/24", c.GuestGateway)
 	}
+	if c.ConsoleTranscriptMax <= 0 {
+		bad("console-transcript-max", "must be positive")
+	}
 	if c.ImageCacheBudget <= 0 {
 		bad("image-cache-budget", "must be positive")
 	}
@@ -467,7 +482,8 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"readiness-interval", c.ReadinessInterval}, {"hardware-scan-interval", c.HardwareScanInterval}, {"gpu-telemetry-interval", c.GPUTelemetryInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait}} {
+	}{{"readiness-interval", c.ReadinessInterval}, {"hardware-scan-interval", c.HardwareScanInterval}, {"gpu-telemetry-interval", c.GPUTelemetryInterval}, {"heartbeat-interval", c.HeartbeatInterval}, {"poll-wait", c.PollWait},
+		{"console-idle-timeout", c.ConsoleIdleTimeout}, {"console-retention", c.ConsoleRetention}} {
 		if d.v <= 0 {
 			bad(d.name, "must be positive")
 		}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/client"
 	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/agent/console"
 	"github.com/gpuaas/gpuaas/agent/diag"
 	"github.com/gpuaas/gpuaas/agent/discovery"
 	"github.com/gpuaas/gpuaas/agent/evidence"
@@ -95,6 +96,8 @@ type Daemon struct {
 	rt             SliceRuntime
 	rtClose        func() error
 	sliceReconcile *slice.Reconciliation
+	// console serves the console sessions (console.go; built on first use).
+	console *console.Manager
 
 	gossip gossip
 }
@@ -218,6 +221,12 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 
 // Close releases the state store.
 func (d *Daemon) Close() error {
+	d.mu.Lock()
+	m := d.console
+	d.mu.Unlock()
+	if m != nil {
+		m.Close()
+	}
 	d.gpuHealth.WaitTelemetry()
 	return errors.Join(d.rtClose(), d.store.Close(), d.gpuHealth.Log.Close())
 }
@@ -270,7 +279,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop} {
+	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop, d.consoleLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -574,6 +583,9 @@ func (d *Daemon) taskLoop(ctx context.Context) error {
 		d.polls.Inc()
 		index = resp.Index
 		for _, t := range resp.Tasks {
+			if proto.IsConsoleTask(t.Type) {
+				continue // consoleLoop serves them
+			}
 			d.execute(ctx, t)
 		}
 	}

@@ -252,6 +252,7 @@ func (d *Daemon) release(ctx context.Context, t proto.Task) (json.RawMessage, er
 		}
 		return json.Marshal(map[string]any{"released_leases": len(ls)})
 	}
+	d.closeConsoles(p.AllocationID, "allocation released")
 	var slots []proto.Slot
 	if all, err := d.client.Slots(ctx); err == nil {
 		for _, s := range all {

@@ -107,7 +107,8 @@ func TestProvisionReleaseTranscript(t *testing.T) {
 	assert.Empty(t, d.Devices.Graphics)
 	assert.Len(t, d.Devices.Hostdevs, 4)
 	assert.Len(t, d.CPUTune.VCPUPin, 4)
-	assert.Equal(t, filepath.Join(e.opts.SerialDir, "gpuaas-alloc-1.log"), d.Devices.Serials[0].Source.File.Path)
+	require.NotNil(t, d.Devices.Serials[0].Source.Pty, "the serial device is a pty: the console stream attaches to it")
+	assert.Equal(t, filepath.Join(e.opts.SerialDir, "gpuaas-alloc-1.log"), d.Devices.Serials[0].Log.File, "and its output is logged on the host")
 
 	// A re-run of the finished provision returns the recorded result.
 	again, err := e.rt.Provision(ctx, req, nil)

@@ -59,6 +59,7 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodPost, proto.AgentHeartbeatPath, "node", true},
 		{http.MethodGet, "/v1/agent/slots", "node", false},
 		{http.MethodPost, proto.AgentCertificatePath, "node", true},
+		{http.MethodGet, proto.AgentConsolePath + "/{id}", "node", false},
 		{http.MethodPost, "/v1/nodes/{id}/prepare-slice", "admin", true},
 		{http.MethodGet, proto.BootstrapPingPath, "open", false},
 		{http.MethodPost, proto.BootstrapReportPath, "bootstrap", true},
@@ -71,23 +72,24 @@ func AgentRoutes() []AgentRoute {
 // registerAgentRoutes adds the agent protocol to the API's mux.
 func (a *API) registerAgentRoutes() {
 	handlers := map[string]func(*call) error{
-		"POST /v1/nodes/{id}/bootstrap-tokens":   a.mintBootstrapToken,
-		"DELETE /v1/nodes/{id}/credential":       a.revokeCredential,
-		"POST /v1/nodes/{id}/topology/discover":  a.queueTopologyDiscover,
-		"POST " + proto.AgentEnrollPath:          a.enroll,
-		"GET " + proto.AgentTasksPath:            a.agentTasks,
-		"POST " + proto.AgentTasksPath + "/{id}": a.agentTaskUpdate,
-		"PUT " + proto.AgentReadinessPath:        a.agentReadiness,
-		"PUT " + proto.AgentTopologyPath:         a.agentTopology,
-		"POST " + proto.AgentHeartbeatPath:       a.agentHeartbeat,
-		"GET /v1/agent/slots":                    a.agentSlots,
-		"POST " + proto.AgentCertificatePath:     a.agentCertificate,
-		"POST /v1/nodes/{id}/prepare-slice":      a.queuePrepareSlice,
-		"GET " + proto.BootstrapPingPath:         a.bootstrapPing,
-		"POST " + proto.BootstrapReportPath:      a.bootstrapReport,
-		"GET /v1/bundles/{digest}/content":       a.bundleContent,
-		"GET /v1/operator/gossip-keys":           a.listGossipKeys,
-		"POST /v1/operator/gossip-keys":          a.gossipKeyOp,
+		"POST /v1/nodes/{id}/bootstrap-tokens":    a.mintBootstrapToken,
+		"DELETE /v1/nodes/{id}/credential":        a.revokeCredential,
+		"POST /v1/nodes/{id}/topology/discover":   a.queueTopologyDiscover,
+		"POST " + proto.AgentEnrollPath:           a.enroll,
+		"GET " + proto.AgentTasksPath:             a.agentTasks,
+		"POST " + proto.AgentTasksPath + "/{id}":  a.agentTaskUpdate,
+		"PUT " + proto.AgentReadinessPath:         a.agentReadiness,
+		"PUT " + proto.AgentTopologyPath:          a.agentTopology,
+		"POST " + proto.AgentHeartbeatPath:        a.agentHeartbeat,
+		"GET /v1/agent/slots":                     a.agentSlots,
+		"POST " + proto.AgentCertificatePath:      a.agentCertificate,
+		"GET " + proto.AgentConsolePath + "/{id}": a.agentConsole,
+		"POST /v1/nodes/{id}/prepare-slice":       a.queuePrepareSlice,
+		"GET " + proto.BootstrapPingPath:          a.bootstrapPing,
+		"POST " + proto.BootstrapReportPath:       a.bootstrapReport,
+		"GET /v1/bundles/{digest}/content":        a.bundleContent,
+		"GET /v1/operator/gossip-keys":            a.listGossipKeys,
+		"POST /v1/operator/gossip-keys":           a.gossipKeyOp,
 	}
 	for _, r := range AgentRoutes() {
 		h := handlers[r.Method+" "+r.Pattern]
@@ -412,6 +414,10 @@ func (a *API) agentTaskUpdate(c *call) error {
 	}
 	if t.Type == proto.TaskBaremetalHandoff || t.Type == proto.TaskBaremetalRelease {
 		return proto.Errorf(proto.CodeForbidden, "task %s (%s) is run by the coordinator through MAAS, not by an agent", id, t.Type)
+	}
+	if proto.IsConsoleTask(t.Type) {
+		// The session's audit record is the gateway's to write.
+		return proto.Errorf(proto.CodeForbidden, "task %s is a console session (%s): the coordinator's gateway records it, not the agent", id, t.Type)
 	}
 	// A malformed result is refused before anything is recorded
 	// (slice.go); what the report means follows the task update.

@@ -80,6 +80,7 @@ type API struct {
 	guard  *guard    // rate limits, lockout, body timeout (limits.go); nil: none
 	peers  peerIPs   // the peers' IPs, whose forwarded requests are not limited
 
+	consoles    consoleGateway   // console sessions on this replica (console.go)
 	metrics     *metrics.Metrics // the replica's (metrics.go)
 	metricsHTTP http.Handler     // GET /v1/metrics
 }
@@ -91,6 +92,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	}
 	a := &API{b: b, auth: auth, log: log, skus: proto.DefaultSKUs(), mux: http.NewServeMux()}
 	a.proxy = newForwarder(log, b)
+	a.consoles.recorder = raftConsoleRecorder{b: b, log: log}
 	a.metrics = metricsOf(b)
 	a.metricsHTTP = a.newMetricsHandler()
 	a.routes = append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...)
@@ -143,6 +145,9 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/allocations/{id}/timeline", RoleViewer, false, a.getTimeline},
 		{http.MethodGet, "/v1/allocations/{id}/claims", RoleViewer, false, a.getClaims},
 		{http.MethodGet, "/v1/allocations/{id}/tasks", RoleViewer, false, a.listAllocationTasks},
+		{http.MethodGet, "/v1/allocations/{id}/console", RoleViewer, false, a.console},
+		{http.MethodGet, "/v1/allocations/{id}/console/sessions", RoleViewer, false, a.consoleSessions},
+		{http.MethodGet, "/v1/allocations/{id}/console/sessions/{session}/transcript", RoleViewer, false, a.consoleTranscript},
 
 		{http.MethodGet, "/v1/nodes", RoleViewer, false, a.listNodes},
 		{http.MethodGet, "/v1/nodes/{id}", RoleViewer, false, a.getNode},

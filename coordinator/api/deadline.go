@@ -57,6 +57,7 @@ func (a *API) RunTaskDeadlines(ctx context.Context, stall time.Duration) {
 		if a.b.IsLeader() {
 			a.expireTasks(ctx, stall)
 			a.settleEnded(ctx, settleGrace)
+			a.closeOrphanedConsoles(ctx, consoleOrphanGrace)
 		}
 	}
 }

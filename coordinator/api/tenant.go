@@ -37,12 +37,16 @@ var tenantRoutes = map[string]tenantAccess{
 	"GET /v1/allocations/{id}/timeline": tenantOwnAllocation,
 	"GET /v1/allocations/{id}/claims":   tenantOwnAllocation,
 	"GET /v1/allocations/{id}/tasks":    tenantOwnAllocation,
-	"GET /v1/usage":                     tenantOwnList,
-	"GET /v1/images":                    tenantCatalog,
-	"GET /v1/images/{name}/{version}":   tenantCatalog,
-	"GET /v1/regions":                   tenantCatalog,
-	"GET /v1/pools":                     tenantCatalog,
-	"GET /v1/availability":              tenantCatalog,
+	// The serial console of the tenant's own slice, and its sessions
+	// (transcripts are for admins).
+	"GET /v1/allocations/{id}/console":          tenantOwnAllocation,
+	"GET /v1/allocations/{id}/console/sessions": tenantOwnAllocation,
+	"GET /v1/usage":                   tenantOwnList,
+	"GET /v1/images":                  tenantCatalog,
+	"GET /v1/images/{name}/{version}": tenantCatalog,
+	"GET /v1/regions":                 tenantCatalog,
+	"GET /v1/pools":                   tenantCatalog,
+	"GET /v1/availability":            tenantCatalog,
 	// The app catalog, and the target picker over the tenant's own
 	// allocations (its handler judges the caller's allocations only; a
 	// role below admin may not name another owner).

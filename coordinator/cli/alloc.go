@@ -18,7 +18,8 @@ import (
 func (a *app) allocCmd() *cobra.Command {
 	c := &cobra.Command{Use: "alloc", Aliases: []string{"allocation", "allocations"}, Short: "Create, list, show and release allocations"}
 	c.AddCommand(a.allocCreateCmd(), a.allocListCmd(), a.allocShowCmd(), a.allocReleaseCmd(), a.allocForceReleaseCmd(),
-		a.allocTimelineCmd(), a.allocClaimsCmd(), a.allocTasksCmd(), a.allocSSHCmd())
+		a.allocTimelineCmd(), a.allocClaimsCmd(), a.allocTasksCmd(), a.allocSSHCmd(), a.allocConsoleCmd(),
+		a.allocConsoleSessionsCmd(), a.allocConsoleTranscriptCmd())
 	return c
 }
 

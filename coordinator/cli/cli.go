@@ -53,6 +53,7 @@ type Env func(string) string
 
 // app carries the global options of one invocation.
 type app struct {
+	in          io.Reader // nil: os.Stdin
 	out, errOut io.Writer
 	env         Env
 	http        *http.Client
@@ -68,9 +69,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, env Env) 
 	return RunWithClient(ctx, args, stdout, stderr, env, nil)
 }
 
+// RunWithStdin is RunWithClient reading interactive input (alloc console)
+// from stdin.
+func RunWithStdin(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env Env, hc *http.Client) int {
+	a := &app{in: stdin, out: stdout, errOut: stderr, env: env, http: hc}
+	return a.run(ctx, args, stdout, stderr)
+}
+
 // RunWithClient is Run with an explicit HTTP client (nil: a default one).
 func RunWithClient(ctx context.Context, args []string, stdout, stderr io.Writer, env Env, hc *http.Client) int {
 	a := &app{out: stdout, errOut: stderr, env: env, http: hc}
+	return a.run(ctx, args, stdout, stderr)
+}
+
+func (a *app) run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := a.root()
 	root.SetArgs(args)
 	root.SetOut(stdout)

@@ -77,6 +77,7 @@ var LedgerTypes = []proto.MessageType{
 	proto.SiteUpsertType, proto.SiteProfileUpsertType, proto.MAASWorkflowCreateType, proto.MAASWorkflowUpdateType,
 	proto.LedgerPurgeType, proto.DiskOwnershipApproveType, proto.ImageUpsertType, proto.ImageApproveType, proto.NodeLeaseDriftType,
 	proto.SlotHardwareReportType, proto.AuditAppendType, proto.AuditPruneType, proto.NodeBreakerResetType,
+	proto.ConsoleSessionOpenType, proto.ConsoleSessionCloseType,
 }
 
 // New returns an FSM applying to store (a new empty store when nil).
@@ -221,6 +222,9 @@ func (f *FSM) applyCommand(index uint64, data []byte) any {
 			return resp
 		}
 		if resp, ok := f.applyAudit(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
+		if resp, ok := f.applyConsole(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
 		if ignorable {

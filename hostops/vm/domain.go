@@ -6,8 +6,11 @@
 // element —, the NoCloud seed as a SATA CD-ROM, one NIC (an Open vSwitch
 // port with the allocation's interface id and reserved MAC, or QEMU's
 // user-mode network where no switch exists), VFIO hostdevs (managed='no':
-// the agent binds them to vfio-pci itself) and a serial console logged to
-// a file on the host. No graphics, no VNC, no unauthenticated console.
+// the agent binds them to vfio-pci itself) and a serial console on a pty
+// (what libvirt's console stream, virDomainOpenConsole, attaches to: the
+// agent's audited console gateway) whose output is also logged to a file
+// on the host. No graphics device at all: no VNC, no SPICE, no
+// unauthenticated console.
 //
 // vCPUs are pinned to the plan's host CPUs, memory is bound strictly to
 // the GPUs' NUMA nodes and, when the profile says so, backed by hugepages.
@@ -279,8 +282,9 @@ func Domain(s DomainSpec) (*libvirtxml.Domain, error) {
 			},
 			Interfaces: []libvirtxml.DomainInterface{nic(s.NIC)},
 			Serials: []libvirtxml.DomainSerial{{
-				Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: s.SerialLog, Append: "on"}},
+				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
 				Target: &libvirtxml.DomainSerialTarget{Port: new(uint)},
+				Log:    &libvirtxml.DomainChardevLog{File: s.SerialLog, Append: "on"},
 			}},
 			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
 		},

@@ -108,7 +108,20 @@ func TestDomainNoKernelNoGraphics(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, d.OS.Kernel, "the guest boots from its disk")
 	require.Empty(t, d.OS.Initrd)
-	require.Empty(t, d.Devices.Graphics)
+	require.Empty(t, d.Devices.Graphics, "no VNC/SPICE/any graphics device: the serial console through the gateway is the only console")
+	require.Empty(t, d.Devices.Videos)
+	require.Empty(t, d.Devices.Channels, "no spice/qemu-ga channel either")
+	require.Len(t, d.Devices.Serials, 1, "one serial device for the console stream")
+	sr := d.Devices.Serials[0]
+	require.NotNil(t, sr.Source.Pty, "the serial device is a pty: libvirt's console stream (virDomainOpenConsole) attaches to it")
+	require.Equal(t, uint(0), *sr.Target.Port)
+	require.NotNil(t, sr.Log, "the console output is also logged on the host")
+	x, err := d.Marshal()
+	require.NoError(t, err)
+	for _, banned := range []string{"<graphics", "vnc", "spice", "<video"} {
+		require.NotContains(t, x, banned)
+	}
+	require.Contains(t, x, `<serial type="pty">`)
 	require.Equal(t, "no", d.OS.Loader.Secure)
 	require.Equal(t, uint(1), d.Devices.Disks[0].Boot.Order)
 }

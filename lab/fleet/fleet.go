@@ -150,6 +150,8 @@ func ForgetToken(h Host) error {
 // API is the operator API as an admin uses it to onboard hosts.
 type API struct {
 	C *cli.Client
+	// CAFile is the cluster CA file the client trusts ("" : none given).
+	CAFile string
 	// Poll is the interval of the waits (default 100 ms).
 	Poll time.Duration
 }
@@ -161,7 +163,7 @@ func NewAPI(base, token, caFile string) (API, error) {
 	if err != nil {
 		return API{}, err
 	}
-	return API{C: c}, nil
+	return API{C: c, CAFile: caFile}, nil
 }
 
 func (a API) call(ctx context.Context, method, path string, q url.Values, body, out any) error {

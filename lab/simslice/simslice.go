@@ -114,8 +114,9 @@ type Runtime struct {
 	disks   disks
 	journal *slice.Journal
 
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	mu     sync.Mutex
+	locks  map[string]*sync.Mutex
+	guests map[string]*simGuest // console state (console.go)
 }
 
 // New opens the runtime's journal.
@@ -623,6 +624,7 @@ func (r *Runtime) Release(ctx context.Context, req slice.ReleaseRequest, rep sli
 		return res, fmt.Errorf("release %s: %w", req.AllocationID, err)
 	}
 	defer r.lock(req.AllocationID)()
+	r.forgetGuest(req.AllocationID)
 	rec, ok, err := r.journal.Get(req.AllocationID)
 	if err != nil {
 		return res, err

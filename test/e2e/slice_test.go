@@ -49,83 +49,10 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a VM")
 	}
-	testenv.Commands(t, "losetup", "dnsmasq", "qemu-img", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
-	libvirttest.SharedOVS(t)
-	libvirttest.Connect(t)
-	for _, f := range []string{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"} {
-		if _, err := os.Stat(f); err != nil {
-			testenv.Missing(t, "OVMF (package ovmf)", err.Error())
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	m, img, err := guest.Image(ctx, guest.Options{})
-	require.NoError(t, err)
-
-	bin := buildBinaries(t)
-	dir := filepath.Join(t.TempDir(), "lab")
-	l := startLab(t, bin, dir, "-hosts=", "-coordinators", "3")
-	var lf labFile
-	b, err := os.ReadFile(filepath.Join(dir, "lab.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &lf))
-	var toks struct{ Admin string }
-	b, err = os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &toks))
-	api, err := fleet.NewAPI(launch.APIURL(lf.Coordinators[0].HTTP), toks.Admin, launch.CAFile(dir))
-	require.NoError(t, err)
-	api.Poll = 100 * time.Millisecond
-	var urls, gossip []string
-	for _, c := range lf.Coordinators {
-		urls, gossip = append(urls, launch.APIURL(c.HTTP)), append(gossip, c.Gossip)
-	}
-
-	// The real slice host: j22u15's tree with its NVMe disks on loop
-	// devices, a bridge of its own with a random guest subnet.
-	h, err := fleet.NewHost("j22u15", filepath.Join(hostsimtest.Dir(t), "j22u15"), t.TempDir())
-	require.NoError(t, err)
-	_, err = fleet.EnsureRoot(h)
-	require.NoError(t, err)
-	root, err := hostops.NewRoot(h.Root)
-	require.NoError(t, err)
-	rnd := make([]byte, 3)
-	_, _ = rand.Read(rnd)
-	sh, err := labhost.SetupSlice(ctx, labhost.SliceOptions{Root: root, Dir: t.TempDir(), Bridge: "gpe" + hex.EncodeToString(rnd[:2]),
-		Gateway: fmt.Sprintf("10.%d.%d.1/24", 200+int(rnd[0])%50, rnd[1]), JumpHost: "127.0.0.1"}, t.Logf)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if err := sh.Close(context.Background()); err != nil {
-			t.Errorf("slice host clean-up: %v", err)
-		}
-	})
-
-	agents := fleet.Agents{Bin: filepath.Join(bin, "gpuaas-agent"), Coordinators: urls, CAFile: launch.CAFile(dir), GossipJoin: gossip,
-		LogDir: filepath.Join(dir, "logs"), Fast: true, Slices: map[string]labagent.Slice{"j22u15": sh.Slice}}
-	token, err := api.MintToken(ctx, "j22u15", time.Hour)
-	require.NoError(t, err)
-	p, err := agents.Proc(h, token)
-	require.NoError(t, err)
-	require.NoError(t, p.Start())
-	t.Cleanup(func() {
-		p.Kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(p.LogPath)
-			if len(b) > 8000 {
-				b = b[len(b)-8000:]
-			}
-			t.Logf("agent log (tail):\n%s", b)
-		}
-	})
-	_, err = api.WaitNode(ctx, "j22u15", "slice-ready", func(d proto.NodeDetail) bool {
-		return d.Node.State == proto.NodeActive && d.Node.Readiness != nil && d.Node.Readiness.SliceReady
-	})
-	require.NoError(t, err)
-	topo, err := api.Discover(ctx, "j22u15")
-	require.NoError(t, err)
-	approved, err := api.ApproveComplete(ctx, topo)
-	require.NoError(t, err)
-	require.NotEmpty(t, approved, "complete candidates of j22u15")
+	rl := startRealSliceLab(t, ctx)
+	l, api, toks, m, img := rl.l, rl.api, struct{ Admin string }{rl.admin}, rl.m, rl.img
 
 	// The operator's path, through gpuaasctl.
 	// Publishing and approving an image is an admin's job; the rest is
@@ -239,6 +166,100 @@ func TestPrivilegedLabSliceEndToEnd(t *testing.T) {
 		}
 		return true
 	}, 5*time.Minute, 200*time.Millisecond, "both slots return to available with a wipe proof")
+}
+
+// realSliceLab is a lab of 3 coordinator processes and one gpuaas-agent
+// on j22u15 running real VMs (TCG), its candidates approved, and the lab
+// guest image built.
+type realSliceLab struct {
+	l     *lab
+	bin   string
+	api   fleet.API // admin
+	admin string    // the admin token
+	m     guest.Manifest
+	img   string
+}
+
+// startRealSliceLab brings the real slice host up (every part it needs, or
+// the test skips: it is privileged).
+func startRealSliceLab(t *testing.T, ctx context.Context) realSliceLab {
+	t.Helper()
+	testenv.Commands(t, "losetup", "dnsmasq", "qemu-img", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
+	libvirttest.SharedOVS(t)
+	libvirttest.Connect(t)
+	for _, f := range []string{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"} {
+		if _, err := os.Stat(f); err != nil {
+			testenv.Missing(t, "OVMF (package ovmf)", err.Error())
+		}
+	}
+	m, img, err := guest.Image(ctx, guest.Options{})
+	require.NoError(t, err)
+
+	bin := buildBinaries(t)
+	dir := filepath.Join(t.TempDir(), "lab")
+	l := startLab(t, bin, dir, "-hosts=", "-coordinators", "3")
+	var lf labFile
+	b, err := os.ReadFile(filepath.Join(dir, "lab.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &lf))
+	var toks struct{ Admin string }
+	b, err = os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &toks))
+	api, err := fleet.NewAPI(launch.APIURL(lf.Coordinators[0].HTTP), toks.Admin, launch.CAFile(dir))
+	require.NoError(t, err)
+	api.Poll = 100 * time.Millisecond
+	var urls, gossip []string
+	for _, c := range lf.Coordinators {
+		urls, gossip = append(urls, launch.APIURL(c.HTTP)), append(gossip, c.Gossip)
+	}
+
+	// The real slice host: j22u15's tree with its NVMe disks on loop
+	// devices, a bridge of its own with a random guest subnet.
+	h, err := fleet.NewHost("j22u15", filepath.Join(hostsimtest.Dir(t), "j22u15"), t.TempDir())
+	require.NoError(t, err)
+	_, err = fleet.EnsureRoot(h)
+	require.NoError(t, err)
+	root, err := hostops.NewRoot(h.Root)
+	require.NoError(t, err)
+	rnd := make([]byte, 3)
+	_, _ = rand.Read(rnd)
+	sh, err := labhost.SetupSlice(ctx, labhost.SliceOptions{Root: root, Dir: t.TempDir(), Bridge: "gpe" + hex.EncodeToString(rnd[:2]),
+		Gateway: fmt.Sprintf("10.%d.%d.1/24", 200+int(rnd[0])%50, rnd[1]), JumpHost: "127.0.0.1"}, t.Logf)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := sh.Close(context.Background()); err != nil {
+			t.Errorf("slice host clean-up: %v", err)
+		}
+	})
+
+	agents := fleet.Agents{Bin: filepath.Join(bin, "gpuaas-agent"), Coordinators: urls, CAFile: launch.CAFile(dir), GossipJoin: gossip,
+		LogDir: filepath.Join(dir, "logs"), Fast: true, Slices: map[string]labagent.Slice{"j22u15": sh.Slice}}
+	token, err := api.MintToken(ctx, "j22u15", time.Hour)
+	require.NoError(t, err)
+	p, err := agents.Proc(h, token)
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(p.LogPath)
+			if len(b) > 8000 {
+				b = b[len(b)-8000:]
+			}
+			t.Logf("agent log (tail):\n%s", b)
+		}
+	})
+	_, err = api.WaitNode(ctx, "j22u15", "slice-ready", func(d proto.NodeDetail) bool {
+		return d.Node.State == proto.NodeActive && d.Node.Readiness != nil && d.Node.Readiness.SliceReady
+	})
+	require.NoError(t, err)
+	topo, err := api.Discover(ctx, "j22u15")
+	require.NoError(t, err)
+	approved, err := api.ApproveComplete(ctx, topo)
+	require.NoError(t, err)
+	require.NotEmpty(t, approved, "complete candidates of j22u15")
+	return realSliceLab{l: l, bin: bin, api: api, admin: toks.Admin, m: m, img: img}
 }
 
 // getJSON reads path from the coordinator into out.

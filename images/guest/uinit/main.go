@@ -12,7 +12,8 @@
 //  4. mount the boot disk's EFI system partition at /disk (where the
 //     image's marker file lives);
 //  5. take a DHCP lease on the first ethernet interface;
-//  6. serve SSH on port 22 with a fresh host key (sshd.go).
+//  6. serve SSH on port 22 with a fresh host key (sshd.go);
+//  7. serve a login on the serial console, ttyS0 (console.go).
 //
 // Every step logs to the console (the host keeps the serial log), so a
 // failed boot says where it stopped.
@@ -55,6 +56,7 @@ func main() {
 	step("mount disk", mountDisk)
 	step("dhcp", dhcp)
 	step("sshd", sshd)
+	go serveConsole(seed.Hostname)
 	log.Printf("ready: instance-id=%s hostname=%s", seed.InstanceID, seed.Hostname)
 	// uinit must never return: u-root's init would exit and the kernel
 	// panic. The SSH server runs on goroutines of this process.

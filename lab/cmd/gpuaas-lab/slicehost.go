@@ -206,7 +206,8 @@ func publishLabImage(ctx context.Context, log *slog.Logger, api fleet.API, im la
 func sliceHint(out io.Writer, sh *labhost.SliceHost, image string, mode sliceMode, key string) {
 	if sh == nil {
 		fmt.Fprintf(out, "Slices: every host is simulated: %s.\n", mode.Cause)
-		fmt.Fprintf(out, "  (slices run on the simulated slice runtime, lab/simslice: the same stages and wipe proofs, no VM boots; gpuaas-lab doctor checks what real VMs on %s need)\n\n", realSliceHost)
+		fmt.Fprintf(out, "  (slices run on the simulated slice runtime, lab/simslice: the same stages and wipe proofs, no VM boots; gpuaas-lab doctor checks what real VMs on %s need)\n", realSliceHost)
+		fmt.Fprintf(out, "  bin/gpuaasctl alloc console ID   # a simulated serial console through the gateway (root / gpuaas-lab; Ctrl-] leaves)\n\n")
 		return
 	}
 	fmt.Fprintf(out, "Slices: %s boots real VMs (libvirt/QEMU TCG, userspace OVS bridge %s, guest subnet %s, NVMe disks on loop devices).\n",
@@ -214,6 +215,7 @@ func sliceHint(out io.Writer, sh *labhost.SliceHost, image string, mode sliceMod
 	fmt.Fprintf(out, "  [ -f %s ] || ssh-keygen -q -t ed25519 -N '' -f %s   # once\n", key, key)
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat %s.pub)\" --wait\n", image, key)
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc ssh ID -i %s   # the guest's host key pinned; the guest subnet is on this machine\n", key)
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc console ID   # the serial console through the gateway (root / gpuaas-lab; Ctrl-] leaves)\n")
 	fmt.Fprintf(out, "  # CUDA developer image (readiness runs nvidia-smi; the lab announces the GPUs over fw_cfg):\n")
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc create --gpus 1 --region lab-east --image %s --ssh-key \"$(cat %s.pub)\" --wait\n", labCUDAImageName, key)
 	fmt.Fprintf(out, "  bin/gpuaasctl alloc release ID --wait; bin/gpuaasctl slot list --node %s\n\n", realSliceHost)
