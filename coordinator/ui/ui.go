@@ -149,7 +149,7 @@ type req struct {
 
 // Can reports whether the signed-in role may call route ("METHOD
 // PATTERN"), as GET /v1/whoami said.
-func (q *req) Can(route string) bool { return slices.Contains(q.who.Routes, route) }
+func (q *req) Can(route string) bool { return q != nil && slices.Contains(q.who.Routes, route) }
 
 type handlerFunc func(q *req) error
 
@@ -289,6 +289,7 @@ type view struct {
 	Title string
 	Nav   string
 	*req
+	Who   proto.WhoAmI // the signed-in principal (zero on the sign-in page)
 	CSRF  string
 	Data  any
 	Msg   string
@@ -298,6 +299,7 @@ type view struct {
 func (u *UI) render(q *req, status int, name, title, nav string, data any) error {
 	v := view{Title: title, Nav: nav, req: q, Data: data}
 	if q != nil {
+		v.Who = q.who
 		v.CSRF = q.s.CSRF
 		v.Msg = q.r.URL.Query().Get("msg")
 	}
@@ -328,7 +330,7 @@ func (u *UI) fragment(q *req, name, block string, data any) error {
 		return fmt.Errorf("no template %s", name)
 	}
 	var b bytes.Buffer
-	if err := t.ExecuteTemplate(&b, block, view{req: q, CSRF: q.s.CSRF, Data: data}); err != nil {
+	if err := t.ExecuteTemplate(&b, block, view{req: q, Who: q.who, CSRF: q.s.CSRF, Data: data}); err != nil {
 		return fmt.Errorf("render %s/%s: %w", name, block, err)
 	}
 	q.w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -340,6 +342,7 @@ func (u *UI) fragment(q *req, name, block string, data any) error {
 func (u *UI) renderError(w http.ResponseWriter, r *http.Request, q *req, status int, msg string) {
 	v := view{Title: http.StatusText(status), Error: msg, req: q}
 	if q != nil {
+		v.Who = q.who
 		v.CSRF = q.s.CSRF
 	}
 	if err := u.write(w, status, "error", v); err != nil {
