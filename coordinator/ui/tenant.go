@@ -361,17 +361,18 @@ type claimRow struct {
 }
 
 type allocData struct {
-	A        proto.Allocation
-	Bars     []bar
-	Span     string
-	Claims   []claimRow
-	Tasks    []*proto.Task
-	Events   []proto.TimelineEvent
-	Live     bool
-	Index    uint64
-	Lease    string
-	Failed   string
-	Progress string
+	A          proto.Allocation
+	Bars       []bar
+	Span       string
+	Claims     []claimRow
+	Tasks      []*proto.Task
+	Events     []proto.TimelineEvent
+	Live       bool
+	Releasable bool // live and not releasing yet
+	Index      uint64
+	Lease      string
+	Failed     string
+	Progress   string
 }
 
 func inProgress(s proto.AllocState) bool {
@@ -413,6 +414,7 @@ func (u *UI) allocationData(q *req, id string, index uint64, wait string) (alloc
 	}
 	d.Events = tl.Items
 	d.Live = inProgress(d.A.State)
+	d.Releasable = d.A.Live() && d.A.State != proto.AllocReleasing
 	d.Bars, d.Span = gantt(d.A, tl.Items, u.now())
 	for _, b := range d.Bars {
 		if b.Status == "failed" {

@@ -45,7 +45,12 @@ func (b *browser) run(what string, steps ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 90*time.Second)
 	defer cancel()
-	require.NoError(b.t, chromedp.Do(ctx, steps...), what)
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		pctx, pcancel := context.WithTimeout(b.ctx, 10*time.Second)
+		defer pcancel()
+		page, _ := chromedp.Run(pctx, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText`))
+		b.t.Fatalf("%s: %v; page:\n%s", what, err, page)
+	}
 }
 
 // evalJS evaluates js in the page (awaiting a promise) into a T.
@@ -172,17 +177,17 @@ func TestLabWebConsole(t *testing.T) {
 	_, err = admin("region", "set", "lab-west", "--disabled")
 	require.NoError(t, err)
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-dev-shm-usage", true), chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.WindowSize(1280, 900))
-	defer cancelAlloc()
-	root, cancelRoot := chromedp.NewContext(alloc)
-	defer cancelRoot()
-	require.NoError(t, chromedp.Do(root), "start chromium")
+	// One Chromium per user, so each has its own cookies (a new browser
+	// context in one Chromium hangs page actions with chromedp v0.23.0).
 	user := func() *browser {
-		ctx, cancel := chromedp.NewContext(root, chromedp.WithNewBrowserContext())
+		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+			chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+			chromedp.Flag("disable-dev-shm-usage", true), chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+			chromedp.WindowSize(1280, 900))
+		t.Cleanup(cancelAlloc)
+		ctx, cancel := chromedp.NewContext(alloc)
 		t.Cleanup(cancel)
+		require.NoError(t, chromedp.Do(ctx), "start chromium")
 		return &browser{t: t, ctx: ctx, base: base, out: out}
 	}
 
