@@ -73,7 +73,7 @@ func (b *browser) shot(name string) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 90*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(b.t, err, "screenshot %s", name)
 	require.NoError(b.t, os.WriteFile(filepath.Join(b.out, name+".png"), png, 0o644))
 }
