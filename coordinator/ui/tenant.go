@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -582,5 +581,3 @@ func humanBytes(n uint64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
-
-var _ = cli.IsProblem

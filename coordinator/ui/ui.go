@@ -138,13 +138,11 @@ func (u *UI) serveStatic(w http.ResponseWriter, r *http.Request) {
 
 // req is one signed-in request.
 type req struct {
-	w    http.ResponseWriter
-	r    *http.Request
-	s    session
-	api  *apiClient
-	who  proto.WhoAmI
-	ttl  time.Duration
-	page string
+	w   http.ResponseWriter
+	r   *http.Request
+	s   session
+	api *apiClient
+	who proto.WhoAmI
 }
 
 // Can reports whether the signed-in role may call route ("METHOD
