@@ -202,6 +202,7 @@ type slotPair struct {
 	Slot      *proto.Slot
 	Drift     []proto.SlotDrift
 	Differs   map[string]bool // field -> candidate and slot differ
+	Drifted   bool            // topology drift, or the agent's scan found the hardware changed
 	Approve   bool
 }
 
@@ -273,6 +274,10 @@ func (u *UI) node(q *req) error {
 			p.Differs["nvme"] = a.NVMe.Serial != b.NVMe.Serial || a.NVMe.SizeBytes != b.NVMe.SizeBytes
 			p.Differs["vf"] = a.FabricVFPCIAddress != b.FabricVFPCIAddress
 			p.Differs["mac"] = a.ManagementMAC != b.ManagementMAC
+		}
+		p.Drifted = len(p.Drift) > 0 || p.Slot != nil && p.Slot.HardwareBlocker() != ""
+		for _, d := range p.Differs {
+			p.Drifted = p.Drifted || d
 		}
 		p.Approve = p.Candidate != nil && (p.Slot == nil || p.Slot.Status == proto.SlotDisabled)
 		d.Pairs = append(d.Pairs, *p)

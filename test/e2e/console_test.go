@@ -203,6 +203,14 @@ func TestLabWebConsole(t *testing.T) {
 		_, err := admin("slot", "approve", "j22u15", fmt.Sprint(i))
 		require.NoError(t, err)
 	}
+	// A candidate the completeness gate refuses: the page says why.
+	adm.run("j22u11", chromedp.Navigate(base+"nodes/j22u11"), chromedp.WaitVisible(chromedp.ID("pairs")))
+	adm.waitJS("j22u11 discovered", `document.querySelectorAll('#pairs button.approve').length > 0`, 30*time.Second)
+	var mountedRow string
+	adm.eval(`(() => { const r = [...document.querySelectorAll('#pairs tr')].find(r => r.innerText.includes('disk mounted')); return r ? r.id : ''; })()`, &mountedRow)
+	require.NotEmpty(t, mountedRow, "j22u11 has a candidate whose disk is mounted")
+	adm.run("approve the mounted candidate", chromedp.Click(chromedp.CSS("#"+mountedRow+" button.approve")), chromedp.WaitVisible(chromedp.ID("error")))
+	assert.Contains(t, adm.text("#error"), "is mounted or has mounted children", "the completeness gate's reason")
 	adm.run("disable a slot", chromedp.Navigate(base+"nodes/j22u15"),
 		chromedp.SendKeys(chromedp.CSS(`#pair-7 input[name=reason]`), "ui test"),
 		chromedp.Click(chromedp.CSS(`#pair-7 button.disable`)), chromedp.WaitVisible(chromedp.ID("msg")))
@@ -313,6 +321,9 @@ func TestLabWebConsole(t *testing.T) {
 	}
 	adm.shot("nodes")
 	adm.run("drifted node page", chromedp.Navigate(base+"nodes/j22u15"), chromedp.WaitVisible(chromedp.ID("drift-flag")))
+	var rowDrifted bool
+	adm.eval(`document.querySelector('#pair-5').classList.contains('drifted')`, &rowDrifted)
+	assert.True(t, rowDrifted, "the drifted slot's row is highlighted")
 	adm.shot("node-drift")
 	require.NoError(t, hostsim.SetDiskSerial(hroot, s5.Capacity.NVMe.Device, s5.Capacity.NVMe.Serial))
 	adm.run("overview", chromedp.Navigate(base+"overview"), chromedp.WaitVisible(chromedp.ID("peers")))
