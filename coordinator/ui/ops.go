@@ -417,3 +417,35 @@ type peerView struct {
 	Voter    bool   `json:"voter"`
 	Leader   bool   `json:"leader"`
 }
+
+// ---- MAAS workflows and usage ----
+
+type workflowsData struct {
+	Items       []*proto.MAASWorkflow
+	Next        string
+	Site, State string
+}
+
+func (u *UI) workflows(q *req) error {
+	v := listQuery(q.r, "site", "state")
+	var l proto.List[*proto.MAASWorkflow]
+	if _, err := q.api.get("/v1/workflows", v, &l); err != nil {
+		return err
+	}
+	return u.render(q, http.StatusOK, "workflows", "MAAS workflows", "workflows",
+		workflowsData{Items: l.Items, Next: nextURL(q.r, l.Next), Site: v.Get("site"), State: v.Get("state")})
+}
+
+type usageData struct {
+	Items []*proto.UsageRecord
+	Next  string
+}
+
+func (u *UI) usage(q *req) error {
+	v := listQuery(q.r, "allocation", "since")
+	var l proto.List[*proto.UsageRecord]
+	if _, err := q.api.get("/v1/usage", v, &l); err != nil {
+		return err
+	}
+	return u.render(q, http.StatusOK, "usage", "Usage", "usage", usageData{Items: l.Items, Next: nextURL(q.r, l.Next)})
+}

@@ -114,6 +114,8 @@ func (u *UI) routes() {
 	m.HandleFunc("GET /ui/slots/{id}", u.page(u.slot))
 	m.HandleFunc("POST /ui/slots/{id}/{action}", u.form(u.slotAction))
 	m.HandleFunc("GET /ui/images", u.page(u.images))
+	m.HandleFunc("GET /ui/workflows", u.page(u.workflows))
+	m.HandleFunc("GET /ui/usage", u.page(u.usage))
 	m.HandleFunc("POST /ui/images/{name}/{version}/{action}", u.form(u.imageAction))
 	m.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		u.renderError(w, r, nil, http.StatusNotFound, "no page "+r.Method+" "+r.URL.Path)

@@ -243,7 +243,7 @@ func TestFormsNeedCSRFAndSameOrigin(t *testing.T) {
 func TestViewerSeesNoWriteControlsAndIsRefusedByTheAPI(t *testing.T) {
 	c := newCoord(t, 1)
 	v := c.user(api.RoleViewer)
-	for _, p := range []string{"/ui/nodes/us-east-n0000", "/ui/slots", "/ui/images", "/ui/allocations", "/ui/overview"} {
+	for _, p := range []string{"/ui/nodes/us-east-n0000", "/ui/nodes", "/ui/slots", "/ui/slots/us-east-n0000-s0", "/ui/images", "/ui/allocations", "/ui/overview", "/ui/workflows", "/ui/usage"} {
 		status, body, _ := v.get(p)
 		require.Equal(t, http.StatusOK, status, p)
 		assert.NotRegexp(t, `<main>[\s\S]*method="post"`, body, "%s shows a write control to a viewer", p)
