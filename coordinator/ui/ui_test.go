@@ -322,3 +322,47 @@ func TestGanttMarksTheFailedStage(t *testing.T) {
 }
 
 func stateFilter() state.AllocationFilter { return state.AllocationFilter{} }
+
+// TestSecureCookieOverTLS: a sign-in that came over TLS gets a Secure
+// session cookie (the API here is a fake http.Handler answering whoami).
+func TestSecureCookieOverTLS(t *testing.T) {
+	fake := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/whoami" || r.Header.Get("Authorization") != "Bearer good" {
+			w.Header().Set("Content-Type", proto.ProblemContentType)
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"type":"x","title":"Unauthenticated","status":401,"detail":"no","code":"unauthenticated"}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"name":"t","role":"viewer","routes":["GET /v1/whoami"]}`))
+	})
+	u, err := New(Config{API: fake, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	ts := httptest.NewTLSServer(u)
+	defer ts.Close()
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	hc := ts.Client()
+	hc.Jar = jar
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	res, err := hc.Get(ts.URL + "/ui/login")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	assert.Contains(t, strings.Join(res.Header.Values("Set-Cookie"), ""), "Secure")
+	m := csrfField.FindStringSubmatch(string(b))
+	require.NotNil(t, m)
+	res, err = hc.PostForm(ts.URL+"/ui/login", url.Values{"csrf": {m[1]}, "token": {"good"}})
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+	sc := strings.Join(res.Header.Values("Set-Cookie"), "\n")
+	assert.Regexp(t, sessionCookie+`=[^\n]*Secure`, sc)
+	assert.Contains(t, res.Header.Get("Location"), "/ui/")
+	// Security headers on every page.
+	res, err = hc.Get(ts.URL + "/ui/allocations")
+	require.NoError(t, err)
+	res.Body.Close()
+	assert.Contains(t, res.Header.Get("Content-Security-Policy"), "script-src 'self'")
+	assert.Equal(t, "DENY", res.Header.Get("X-Frame-Options"))
+}
