@@ -17,6 +17,8 @@ PKGS=(
   systemd-boot-efi binutils linux-image-amd64
   # a child subreaper for the lab libvirtd (lab/labhost: QEMU reaped at once)
   tini
+  # the web console's browser tests (test/e2e TestLabWebConsole, chromedp)
+  chromium
 )
 
 missing=()

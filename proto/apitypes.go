@@ -261,6 +261,24 @@ type Availability struct {
 	Placeable []int `json:"placeable"`
 	// RegionDisabled is set when the region takes no placements.
 	RegionDisabled bool `json:"region_disabled,omitempty"`
+	// Unplaceable names, for every allowed GPU count one request cannot
+	// get now, the scheduler's reason (its explain output).
+	Unplaceable []Unplaceable `json:"unplaceable,omitempty"`
+}
+
+// Unplaceable is one GPU count of a SKU that cannot be placed now, and
+// the scheduler's reason ("6 GPUs free, no node has 4 ...").
+type Unplaceable struct {
+	GPUCount int    `json:"gpu_count"`
+	Reason   string `json:"reason"`
+}
+
+// WhoAmI is the body of GET /v1/whoami: the caller's principal, its role
+// and every route ("METHOD PATTERN", the OpenAPI path) its role may call.
+type WhoAmI struct {
+	Name   string   `json:"name"`
+	Role   string   `json:"role"`
+	Routes []string `json:"routes"`
 }
 
 // PeerAddBody is the body of POST /v1/operator/peers (add a voter).

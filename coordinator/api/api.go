@@ -187,6 +187,7 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/usage", RoleViewer, false, a.getUsage},
 
 		{http.MethodGet, "/v1/status", RoleViewer, false, a.getStatus},
+		{http.MethodGet, "/v1/whoami", RoleViewer, false, a.whoami},
 		{http.MethodGet, "/v1/metrics", RoleViewer, false, a.getMetrics},
 		{http.MethodGet, "/v1/operator/peers", RoleViewer, false, a.listPeers},
 		{http.MethodPost, "/v1/operator/peers", RoleAdmin, true, a.addPeer},

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -197,6 +199,8 @@ func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Avail
 		}
 		if err == nil {
 			av.Placeable = append(av.Placeable, n)
+		} else {
+			av.Unplaceable = append(av.Unplaceable, proto.Unplaceable{GPUCount: n, Reason: placeReason(s, err)})
 		}
 	}
 	slices.Sort(av.Placeable)
@@ -204,6 +208,39 @@ func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Avail
 		av.LargestPlaceable = av.Placeable[len(av.Placeable)-1]
 	}
 	return av
+}
+
+// placeReason is the scheduler's explanation of a refused dry-run plan:
+// the detail of its coded error (never internal text), with every node
+// ID in it replaced by "one host" (availability never names hosts).
+func placeReason(s *state.Snapshot, err error) string {
+	var pe *proto.Error
+	if !errors.As(err, &pe) {
+		return "cannot be placed now"
+	}
+	isID := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+	}
+	var b strings.Builder
+	d := pe.Detail
+	for i := 0; i < len(d); {
+		j := i
+		for j < len(d) && isID(rune(d[j])) {
+			j++
+		}
+		if j == i {
+			b.WriteByte(d[i])
+			i++
+			continue
+		}
+		if _, ok := s.Node(d[i:j]); ok {
+			b.WriteString("one host")
+		} else {
+			b.WriteString(d[i:j])
+		}
+		i = j
+	}
+	return b.String()
 }
 
 func (a *API) getUsage(c *call) error {

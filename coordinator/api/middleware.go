@@ -181,11 +181,22 @@ func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Prin
 	if p.Role == RoleTenant {
 		return a.authorizeTenant(w, r, rt, p)
 	}
-	if p.Role < rt.Role {
+	if !permits(p, rt) {
 		writeProblem(w, r, proto.Errorf(proto.CodeForbidden, "%s %s needs role %s; token %s has role %s", rt.Method, rt.Pattern, rt.Role, p.Name, p.Role))
 		return false
 	}
 	return true
+}
+
+// permits is the role rule authorize applies, and the one GET /v1/whoami
+// reports from: whatever decides whether p may call rt lives here, so
+// what a client is told it may do and what the API lets it do cannot
+// differ.
+func permits(p Principal, rt Route) bool {
+	if p.Role == RoleTenant {
+		return TenantAccess(rt.Method, rt.Pattern)
+	}
+	return p.Role >= rt.Role
 }
 
 func bearer(r *http.Request) (string, bool) {

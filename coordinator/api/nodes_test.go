@@ -193,6 +193,9 @@ func TestRegionsPoolsAvailabilityUsage(t *testing.T) {
 	assert.Equal(t, 1, slice.FreeNodes)
 	assert.Equal(t, 4, slice.LargestPlaceable)
 	assert.Equal(t, []int{1, 2, 4}, slice.Placeable)
+	require.Len(t, slice.Unplaceable, 1, "8 GPUs cannot be placed, and the reason says why")
+	assert.Equal(t, 8, slice.Unplaceable[0].GPUCount)
+	assert.Equal(t, "6 GPUs free in region us-east, no node has 8 on one host (at most 6, on one host)", slice.Unplaceable[0].Reason)
 	bm := byKey["us-east/h200-sxm-baremetal"]
 	assert.Equal(t, 1, bm.FreeNodes)
 	assert.Equal(t, 8, bm.FreeGPUs)

@@ -19,6 +19,23 @@ func (a *API) getStatus(c *call) error {
 	})
 }
 
+// whoami names the caller's principal and role and lists every route
+// the same role rule (permits) lets it call, as "METHOD PATTERN": the web
+// console shows write controls from this list instead of re-deriving
+// roles.
+func (a *API) whoami(c *call) error {
+	return c.read(readOpts{}, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
+		w := proto.WhoAmI{Name: c.p.Name, Role: c.p.Role.String(), Routes: []string{}}
+		for _, rt := range a.routes {
+			if permits(c.p, rt) {
+				w.Routes = append(w.Routes, rt.Method+" "+rt.Pattern)
+			}
+		}
+		slices.Sort(w.Routes)
+		return w, nil
+	})
+}
+
 // peers answers with the Raft configuration sorted by ID: the whole of
 // it (a write's answer) or one page of a list.
 func (c *call) peers(pg ...page) error {

@@ -50,6 +50,7 @@ var tenantRoutes = map[string]tenantAccess{
 	// The app catalog, and the target picker over the tenant's own
 	// allocations (its handler judges the caller's allocations only; a
 	// role below admin may not name another owner).
+	"GET /v1/whoami":                           tenantCatalog, // what this token may call (the web console's controls)
 	"GET /v1/apps":                             tenantCatalog,
 	"GET /v1/apps/{name}/{version}":            tenantCatalog,
 	"GET /v1/apps/{name}/targets":              tenantCatalog,

@@ -45,6 +45,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
+	"github.com/gpuaas/gpuaas/coordinator/ui"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
 )
 
@@ -105,6 +106,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 	}
+	var uiKey []byte
+	if o.UISessionKeyFile != "" {
+		if uiKey, err = ui.LoadSessionKey(o.UISessionKeyFile); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", o.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen http %s: %w", o.HTTPAddr, err)
@@ -147,6 +154,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", a.Protect(srv.InternalHandler()))
 	mux.Handle("/", a)
+	console, err := ui.New(ui.Config{API: a, SessionKey: uiKey, Logger: log.With("component", "ui")})
+	if err != nil {
+		srv.Shutdown()
+		ln.Close()
+		return err
+	}
+	mux.Handle(ui.Prefix, console)
 	go a.RunTaskDeadlines(ctx, o.TaskStallTimeout)
 	// No server-wide ReadTimeout/WriteTimeout: long-polls, blob uploads
 	// and downloads stream. The API bounds each request body itself

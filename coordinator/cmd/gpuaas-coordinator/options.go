@@ -35,6 +35,7 @@ type options struct {
 	BodyTimeout       time.Duration
 	TokensFile        string
 	SiteKeyFile       string
+	UISessionKeyFile  string
 	Inventory         string
 	LogLevel          string
 	LogFormat         string
@@ -91,6 +92,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.LockoutAfter, "lockout-after", api.DefaultLimits.LockoutAfter, "failed authentications from one address within a minute that lock it out (1 s, doubling per lockout up to 5 min; loopback exempt; 0: never)")
 	fs.DurationVar(&o.BodyTimeout, "body-timeout", api.DefaultLimits.BodyTimeout, "time allowed to send a request body (image uploads and bodiless long-polls exempt)")
 	fs.StringVar(&o.TokensFile, "tokens-file", "", "API tokens file (JSON [{name, role, sha256}]); default: a generated admin token in <data-dir>/admin.token")
+	fs.StringVar(&o.UISessionKeyFile, "ui-session-key-file", "", "file with the 64-hex-digit AES-256 key sealing web console sessions (/ui/; the same on every replica so any of them accepts a session; mode 0600). Without it each coordinator makes its own at start")
 	fs.StringVar(&o.SiteKeyFile, "site-key-file", "", "file with the 64-hex-digit AES-256 key sealing MAAS site credentials (the same on every replica, mode 0600)")
 	fs.StringVar(&o.Inventory, "inventory", "", "inventory JSON loaded by the leader into an empty ledger")
 	fs.StringVar(&o.GossipBind, "gossip-bind", "", "memberlist bind address host:port for the agent pool (empty: no gossip, HTTP heartbeats only)")

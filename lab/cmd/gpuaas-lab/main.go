@@ -248,6 +248,12 @@ func run(args []string, out io.Writer) (err error) {
 			"-maas-deploy-expiry", labMAASDeployExpiry, "-maas-release-expiry", labMAASReleaseExpiry}
 	}
 
+	// One console session key for every coordinator, so a browser's
+	// session works on whichever one it reaches.
+	uiKey, err := ensureSecretFile(filepath.Join(abs, "ui-session.key"))
+	if err != nil {
+		return err
+	}
 	gossipKey, err := ensureGossipKey(abs)
 	if err != nil {
 		return err
@@ -284,6 +290,7 @@ func run(args []string, out io.Writer) (err error) {
 				"-cluster-secret-file", secretPath,
 				"-ca-cert", launch.CAFile(abs),
 				"-ca-key", launch.CAKeyFile(abs),
+				"-ui-session-key-file", uiKey,
 				"-inventory", invPath,
 				"-log-format", "text",
 			},
@@ -814,6 +821,10 @@ func writeEnv(dir, addr string, t tokens) error {
 // token (the route table's RoleAdmin routes), named in the summary.
 const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slot approve|disable|repair|cleanup, alloc force-release, image push|approve|revoke, region/pool set, site onboard|decommission, bundle publish, operator add|remove|transfer"
 
+// consoleURL is the web console's address on the coordinator at addr
+// (the API's base URL plus /ui/).
+func consoleURL(addr string) string { return launch.APIURL(addr) + "/ui/" }
+
 func printSummary(out io.Writer, dir string, st state, leader string, views []hostView, autoApprove bool, mode sliceMode) {
 	fmt.Fprintf(out, "\ngpuaas lab is up: %d coordinators (Raft leader at %s), %d agents on simulated H200 hosts\n\n", len(st.Coordinators), leader, len(views))
 	for _, c := range st.Coordinators {
@@ -861,6 +872,9 @@ func printSummary(out io.Writer, dir string, st state, leader string, views []ho
 	fmt.Fprintf(out, "  source %s          # operator token: allocations and every read\n", filepath.Join(dir, "env"))
 	fmt.Fprintf(out, "  source %s    # admin token, for: %s\n", filepath.Join(dir, "env.admin"), adminCommands)
 	fmt.Fprintf(out, "  source %s   # tenant token %s: its own allocations and the catalog only\n", filepath.Join(dir, "env.tenant"), tenantName)
+	fmt.Fprintf(out, "\nWeb console (served by every coordinator): %s\n", consoleURL(leader))
+	fmt.Fprintf(out, "  sign in with a token from %s: \"operator\" launches and releases allocations, \"admin\" also approves, disables and repairs slots, \"viewer\" reads only\n", filepath.Join(dir, "tokens.secret.json"))
+	fmt.Fprintf(out, "  (jq -r .operator %s prints one)\n", filepath.Join(dir, "tokens.secret.json"))
 	fmt.Fprintf(out, "In another shell:\n\n  source %s\n  bin/gpuaasctl node list\n  bin/gpuaasctl node show j22u11          # readiness evidence and blockers\n  bin/gpuaasctl topology show j22u15      # discovered candidates\n  bin/gpuaasctl slot list --node j22u15\n  bin/gpuaasctl availability\n  bin/gpuaasctl alloc create --gpus 2 --region lab-east\n  bin/gpuaasctl alloc tasks ID            # the agent's lease plan (slice.provision result)\n  bin/gpuaasctl alloc list\n\n", filepath.Join(dir, "env"))
 	fmt.Fprintf(out, "Agent logs and state: %s, %s. Kill an agent (kill -9 PID): its node goes unreachable, the lab restarts it after %s.\n",
 		filepath.Join(dir, "logs", "agent-*.log"), filepath.Join(dir, "agents"), restartPause)
