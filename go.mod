@@ -3,6 +3,7 @@ module github.com/gpuaas/gpuaas
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/canonical/gomaasclient v0.20.0
 	github.com/coreos/go-systemd/v22 v22.6.0
 	github.com/digitalocean/go-openvswitch v0.0.0-20241021184246-19e734367535
