@@ -86,6 +86,7 @@ func outDir(t *testing.T) string {
 // double claim and no lost acknowledgement. make soak runs it RUNS times.
 func TestPrivilegedChaos(t *testing.T) {
 	requireRig(t)
+	t.Parallel()
 	s := seed(t)
 	rng := rand.New(rand.NewPCG(s, 1))
 	// Always one kill, one pause and one partition; three more at random.
@@ -98,7 +99,7 @@ func TestPrivilegedChaos(t *testing.T) {
 	rng.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
 	t.Logf("seed %d (GPUAAS_CHAOS_SEED), faults %v", s, faults)
 	rg := Start(t, coordinatorBin, 3)
-	rep := rg.Run(t, Config{Duration: duration(t, 50*time.Second), Faults: faults, Seed: s, OutDir: outDir(t)})
+	rep := rg.Run(t, Config{Duration: duration(t, 45*time.Second), Faults: faults, Seed: s, OutDir: outDir(t)})
 	t.Log(rep)
 	recordSoak(s, rep)
 	for _, v := range rep.Violations {
@@ -115,6 +116,7 @@ func TestPrivilegedChaos(t *testing.T) {
 // keeps answering with what it had. The porcupine check must report it.
 func TestPrivilegedChaosCatchesStaleReads(t *testing.T) {
 	requireRig(t)
+	t.Parallel()
 	s := seed(t)
 	rg := Start(t, brokenBin, 3)
 	rep := rg.Run(t, Config{Duration: duration(t, 20*time.Second), Faults: []string{IsolateFollower}, Hold: 8 * time.Second,
