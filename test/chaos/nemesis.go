@@ -37,7 +37,9 @@ type Nemesis struct {
 	Net  *Net
 	H    *History
 	Hold time.Duration
-	Rng  *rand.Rand
+	// HoldMax, when above Hold, draws each fault's hold from [Hold, HoldMax].
+	HoldMax time.Duration
+	Rng     *rand.Rand
 
 	mu     sync.Mutex
 	faults []Fault
@@ -116,7 +118,11 @@ func (n *Nemesis) Inject(ctx context.Context, kind string) error {
 	for _, i := range targets {
 		f.Target += n.C.Nodes[i].ID
 	}
-	sleep(ctx, n.Hold)
+	hold := n.Hold
+	if n.HoldMax > hold {
+		hold += time.Duration(n.Rng.Int64N(int64(n.HoldMax - hold)))
+	}
+	sleep(ctx, hold)
 	err = heal()
 	f.Stop = n.H.Now()
 	n.mu.Lock()

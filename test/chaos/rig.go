@@ -32,7 +32,10 @@ type Config struct {
 	// timeout).
 	Faults []string
 	Hold   time.Duration
-	Seed   uint64
+	// HoldMax, when above Hold, makes each fault hold for a random time
+	// in [Hold, HoldMax].
+	HoldMax time.Duration
+	Seed    uint64
 	// OutDir receives porcupine's visualizations of violations.
 	OutDir string
 	// Timeout bounds each client request (default 20 s, so requests that
@@ -115,7 +118,7 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 	slots := rg.slotIDs(t)
 	h := NewHistory()
 	w := &Workload{C: c, H: h, Clients: cfg.Clients, Region: Region, SKU: SKU, Slots: slots, Timeout: cfg.Timeout, Seed: cfg.Seed}
-	nem := &Nemesis{C: c, Net: rg.Net, H: h, Hold: cfg.Hold, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d))}
+	nem := &Nemesis{C: c, Net: rg.Net, H: h, Hold: cfg.Hold, HoldMax: cfg.HoldMax, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d))}
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
@@ -126,7 +129,7 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 		w.Run(ctx, 30*time.Second)
 	}()
 	// Faults spread over the run: a quiet gap, the fault, the next.
-	gap := cfg.Duration/time.Duration(len(cfg.Faults)+1) - cfg.Hold
+	gap := cfg.Duration/time.Duration(len(cfg.Faults)+1) - max(cfg.Hold, cfg.HoldMax)
 	var nemErr error
 	for _, f := range cfg.Faults {
 		sleep(ctx, max(gap, time.Second))
