@@ -217,11 +217,20 @@ func (r *Report) String() string {
 		StuckAfter, r.Stuck, r.StuckHealthy, r.MaxLatency.Round(time.Millisecond))
 }
 
+// Ledger is what the healed cluster holds after a run, read back for the
+// slot view: which allocation each idempotency key made (so a create whose
+// every attempt had an unknown outcome still claims its slots), each
+// allocation's claims and each claim's slot.
+type Ledger struct {
+	KeyAlloc    map[string]string
+	AllocClaims map[string][]string
+	ClaimSlot   map[string]string
+}
+
 // Check runs porcupine over the history, per allocation and per slot.
-// claimSlot maps every claim of an acknowledged allocation to its slot
-// (read after the run). Violations are visualized under outDir (when
-// set), at most maxViz files.
-func Check(ops []Op, claimSlot map[string]string, outDir string, timeout time.Duration) *Report {
+// Violations are visualized under outDir (when set), at most five files.
+func Check(ops []Op, l Ledger, outDir string, timeout time.Duration) *Report {
+	keyAlloc, claimSlot := l.KeyAlloc, l.ClaimSlot
 	r := &Report{ByKind: map[string]int{}}
 	var end time.Duration
 	for _, op := range ops {
@@ -231,11 +240,14 @@ func Check(ops []Op, claimSlot map[string]string, outDir string, timeout time.Du
 	byKey := map[string][]porcupine.Operation{}
 	bySlot := map[string][]porcupine.Operation{}
 	claimsOf := map[string][]string{} // allocation → claims
-	keyAlloc := map[string]string{}   // key → allocation
 	for _, op := range ops {
 		if op.Kind == OpCreate && op.Result == ResOK {
 			claimsOf[op.AllocID] = op.ClaimIDs
-			keyAlloc[op.Key] = op.AllocID
+		}
+	}
+	for a, cs := range l.AllocClaims {
+		if _, ok := claimsOf[a]; !ok {
+			claimsOf[a] = cs
 		}
 	}
 	for i, op := range ops {

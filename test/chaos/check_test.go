@@ -31,7 +31,18 @@ func TestCheck(t *testing.T) {
 		name       string
 		ops        []Op
 		alloc, slt int // violations expected
+		ledger     *Ledger
 	}{
+		{name: "every attempt unknown, the ledger shows the claim", ledger: &Ledger{
+			KeyAlloc: map[string]string{"k": "a1"}, AllocClaims: map[string][]string{"a1": {"cl1"}}, ClaimSlot: claims},
+			ops: []Op{
+				op(OpCreate, "k", "", 0, 10, ResUnknown),
+				slotRead("s1", "cl1", 20, 30),
+			}},
+		{name: "a slot read names a claim no create made", slt: 1, ops: []Op{
+			op(OpCreate, "k", "", 0, 10, ResUnknown),
+			slotRead("s1", "cl1", 20, 30),
+		}},
 		{name: "create, read, release, read", ops: []Op{
 			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
 			op(OpRead, "k", "a1", 20, 30, ResOK),
@@ -101,7 +112,11 @@ func TestCheck(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			r := Check(tc.ops, claims, dir, 10*time.Second)
+			l := Ledger{ClaimSlot: claims}
+			if tc.ledger != nil {
+				l = *tc.ledger
+			}
+			r := Check(tc.ops, l, dir, 10*time.Second)
 			assert.Equal(t, tc.alloc, r.AllocViolations, "allocation violations: %v", r.Violations)
 			assert.Equal(t, tc.slt, r.SlotViolations, "slot violations: %v", r.Violations)
 			assert.Len(t, r.Visualizations, tc.alloc+tc.slt)

@@ -167,8 +167,7 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 			acked[op.Key] = op.AllocID
 		}
 	}
-	claimSlot := rg.claimSlots(t, acked)
-	rep := Check(ops, claimSlot, cfg.OutDir, time.Minute)
+	rep := Check(ops, rg.resolve(t), cfg.OutDir, time.Minute)
 	rep.Faults = nem.Faults()
 	rep.StuckHealthy = stuckHealthy(ops, rep.Faults)
 
@@ -222,30 +221,68 @@ func (rg *Rig) slotIDs(t testing.TB) []string {
 	return ids
 }
 
-// claimSlots reads the claims of every acknowledged allocation (after the
-// run, from the healed cluster).
-func (rg *Rig) claimSlots(t testing.TB, acked map[string]string) map[string]string {
+// resolve reads, from the healed cluster, every allocation the ledger
+// holds (each names its idempotency key) and the slot of each of its
+// claims: keyAlloc resolves keys whose creates all had unknown outcomes,
+// claimSlot maps every claim to its slot.
+func (rg *Rig) resolve(t testing.TB) Ledger {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	out := map[string]string{}
-	for _, id := range acked {
+	get := func(path string, out any) {
 		for {
-			var cl proto.List[*proto.Claim]
-			_, err := rg.C.Do(ctx, 0, http.MethodGet, "/v1/allocations/"+url.PathEscape(id)+"/claims?consistent=true", "", nil, &cl)
+			_, err := rg.C.Do(ctx, 0, http.MethodGet, path, "", nil, out)
 			if err == nil {
-				for _, c := range cl.Items {
-					out[c.ID] = c.SlotID
-				}
-				break
+				return
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("claims of %s: %v", id, err)
+				t.Fatalf("GET %s: %v", path, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	return out
+	keyAlloc, allocClaims := map[string]string{}, map[string][]string{}
+	for after := ""; ; {
+		var page proto.List[*proto.Allocation]
+		q := url.Values{"limit": {"1000"}, "consistent": {"true"}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		get("/v1/allocations?"+q.Encode(), &page)
+		for _, a := range page.Items {
+			keyAlloc[a.IdempotencyKey] = a.ID
+			allocClaims[a.ID] = a.ClaimIDs
+		}
+		if page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	claimSlot := map[string]string{}
+	var mu sync.Mutex
+	ids := make(chan string)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				var cl proto.List[*proto.Claim]
+				get("/v1/allocations/"+url.PathEscape(id)+"/claims", &cl)
+				mu.Lock()
+				for _, c := range cl.Items {
+					claimSlot[c.ID] = c.SlotID
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, id := range keyAlloc {
+		ids <- id
+	}
+	close(ids)
+	wg.Wait()
+	return Ledger{KeyAlloc: keyAlloc, AllocClaims: allocClaims, ClaimSlot: claimSlot}
 }
 
 // RandomFaults picks k fault kinds at random (each kind at most once
