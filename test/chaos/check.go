@@ -250,6 +250,34 @@ func Check(ops []Op, l Ledger, outDir string, timeout time.Duration) *Report {
 			claimsOf[a] = cs
 		}
 	}
+	// An unknown-outcome write is open until the end of the history, and
+	// each open write multiplies what porcupine must search. Bound them
+	// with what the ledger's semantics allow: once an attempt for a key
+	// is answered, a late commit of an earlier attempt is a no-op (the
+	// key is taken; the allocation is released already). So an unknown
+	// attempt returns, at the latest, when the answered one did, and not
+	// at all when the answered one says it made the change itself (201
+	// Created, release ok).
+	type answer struct {
+		ret  time.Duration
+		made bool
+	}
+	created, released := map[string]answer{}, map[string]answer{}
+	for _, op := range ops {
+		var m map[string]answer
+		var k string
+		switch {
+		case op.Kind == OpCreate && op.Result == ResOK:
+			m, k = created, op.Key
+		case op.Kind == OpRelease && (op.Result == ResOK || op.Result == ResAlready):
+			m, k = released, op.AllocID
+		default:
+			continue
+		}
+		if a, ok := m[k]; !ok || op.Return < a.ret {
+			m[k] = answer{op.Return, op.Result == ResOK && (op.Kind == OpRelease || op.Created)}
+		}
+	}
 	for i, op := range ops {
 		r.Ops++
 		r.ByKind[string(op.Kind)+" "+string(op.Result)]++
@@ -265,6 +293,16 @@ func Check(ops []Op, l Ledger, outDir string, timeout time.Duration) *Report {
 				continue // no effect
 			}
 			ret = never
+			a, ok := created[op.Key]
+			if op.Kind == OpRelease {
+				a, ok = released[op.AllocID]
+			}
+			if ok && a.ret >= op.Call {
+				if a.made {
+					continue // the answered attempt made the change: this one did nothing
+				}
+				ret = int64(a.ret)
+			}
 		}
 		pop := porcupine.Operation{ClientId: op.Client, Input: op, Call: int64(op.Call), Return: ret, Metadata: i}
 		byKey[op.Key] = append(byKey[op.Key], pop)
