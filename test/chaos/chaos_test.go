@@ -115,7 +115,7 @@ func TestPrivilegedChaos(t *testing.T) {
 	rep := rg.Run(t, Config{Duration: duration(t, 45*time.Second), Faults: faults, Hold: 2 * time.Second, HoldMax: 6 * time.Second,
 		Seed: s, OutDir: outDir(t)})
 	t.Log(rep)
-	recordSoak(s, rep)
+	require.NoError(t, recordSoak(s, rep), "soak summary")
 	for _, v := range rep.Violations {
 		t.Error(v)
 	}

@@ -129,7 +129,8 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 		w.Run(ctx, 30*time.Second)
 	}()
 	// Faults spread over the run: a quiet gap, the fault, the next.
-	gap := cfg.Duration/time.Duration(len(cfg.Faults)+1) - max(cfg.Hold, cfg.HoldMax)
+	meanHold := (cfg.Hold + max(cfg.Hold, cfg.HoldMax)) / 2
+	gap := (cfg.Duration - time.Duration(len(cfg.Faults))*meanHold) / time.Duration(len(cfg.Faults)+1)
 	var nemErr error
 	for _, f := range cfg.Faults {
 		sleep(ctx, max(gap, time.Second))

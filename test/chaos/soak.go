@@ -27,10 +27,13 @@ var (
 	soakRuns []soakRun
 )
 
-func recordSoak(seed uint64, rep *Report) {
+// recordSoak keeps a run's report and, under make soak, rewrites the
+// summary, so a soak stopped early still leaves the runs it finished.
+func recordSoak(seed uint64, rep *Report) error {
 	soakMu.Lock()
-	defer soakMu.Unlock()
 	soakRuns = append(soakRuns, soakRun{seed, rep})
+	soakMu.Unlock()
+	return writeSoakSummary()
 }
 
 func writeSoakSummary() error {
