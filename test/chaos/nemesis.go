@@ -52,11 +52,14 @@ func (n *Nemesis) Faults() []Fault {
 	return append([]Fault(nil), n.faults...)
 }
 
-// Inject runs one fault: start, hold, heal.
+// Inject runs one fault: start, hold (cut short when ctx ends), heal.
 func (n *Nemesis) Inject(ctx context.Context, kind string) error {
 	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	leader, err := n.C.Leader(lctx)
 	cancel()
+	if ctx.Err() != nil {
+		return nil // the run ended first: not injected
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", kind, err)
 	}
