@@ -80,11 +80,13 @@ bench: deps build
 # parts/soak.json (soak_runs, soak_linearizability_violations,
 # soak_double_claims, soak_lost_acks, date), which the bench report
 # carries; porcupine's views of any violation go to .soak/.
+# SOAK_UNTIL (RFC 3339 time) ends it early with the runs done by then.
 RUNS ?= 200
 SOAK_DURATION ?= 30s
+SOAK_UNTIL ?=
 soak: deps
 	@set -o pipefail; mkdir -p test/bench/results; \
-	GPUAAS_SOAK=1 GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
+	GPUAAS_SOAK=1 GPUAAS_SOAK_UNTIL=$(SOAK_UNTIL) GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
 		$(GO) test -count=$(RUNS) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
 		grep -E '^(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
 	$(GO) run ./test/bench/cmd/benchmerge; exit $$rc

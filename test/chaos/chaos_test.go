@@ -69,6 +69,21 @@ func duration(t *testing.T, def time.Duration) time.Duration {
 	return def
 }
 
+// soakDeadline ends a soak at GPUAAS_SOAK_UNTIL (RFC 3339; make soak
+// SOAK_UNTIL=...): the runs left skip, and the summary holds the runs
+// that finished.
+func soakDeadline(t *testing.T) {
+	v := os.Getenv("GPUAAS_SOAK_UNTIL")
+	if v == "" || os.Getenv(SoakEnv) == "" {
+		return
+	}
+	until, err := time.Parse(time.RFC3339, v)
+	require.NoError(t, err, "GPUAAS_SOAK_UNTIL")
+	if time.Now().After(until) {
+		t.Skipf("soak deadline %s passed", v)
+	}
+}
+
 // nodes is GPUAAS_CHAOS_NODES (coordinators), else 3.
 func nodes(t *testing.T) int {
 	if s := os.Getenv("GPUAAS_CHAOS_NODES"); s != "" {
@@ -97,6 +112,7 @@ func outDir(t *testing.T) string {
 // double claim and no lost acknowledgement. make soak runs it RUNS times.
 func TestPrivilegedChaos(t *testing.T) {
 	requireRig(t)
+	soakDeadline(t)
 	t.Parallel()
 	s := seed(t)
 	rng := rand.New(rand.NewPCG(s, 1))
