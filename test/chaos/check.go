@@ -183,6 +183,11 @@ type Report struct {
 	DoubleClaims      int `json:"double_claims"`  // invariant failures of the log replay
 	LostAcks          int `json:"lost_acks"`      // acknowledged allocations missing from a replica
 	ReplicaDivergence int `json:"replica_divergence"`
+	// NotConverged: the replicas did not reach the same applied index
+	// within a minute of the heal (liveness, counted as a violation).
+	NotConverged int `json:"not_converged"`
+	// SlowStops are servers that did not stop within 10 s of SIGTERM.
+	SlowStops int `json:"slow_stops"`
 	// Violations names each violation; Visualizations are porcupine's
 	// HTML views of them.
 	Violations     []string `json:"violations"`
@@ -198,7 +203,7 @@ func (r *Report) Linearizable() bool { return r.AllocViolations == 0 && r.SlotVi
 
 // OK reports whether every checked property held.
 func (r *Report) OK() bool {
-	return r.Linearizable() && r.DoubleClaims == 0 && r.LostAcks == 0 && r.ReplicaDivergence == 0
+	return r.Linearizable() && r.DoubleClaims == 0 && r.LostAcks == 0 && r.ReplicaDivergence == 0 && r.NotConverged == 0
 }
 
 func (r *Report) String() string {
@@ -211,9 +216,9 @@ func (r *Report) String() string {
 	for _, f := range r.Faults {
 		fs = append(fs, fmt.Sprintf("%s(%s)@%.1fs+%.1fs", f.Kind, f.Target, f.Start.Seconds(), (f.Stop-f.Start).Seconds()))
 	}
-	return fmt.Sprintf("ops %d (%s), unknown outcomes %d; faults %d: %s; keys %d, slots %d; linearizability violations: allocations %d, slots %d (check timeouts %d); double claims %d, lost acks %d, replica divergence %d; stuck requests (> %s) %d (to servers no fault targeted: %d), max latency %s",
+	return fmt.Sprintf("ops %d (%s), unknown outcomes %d; faults %d: %s; keys %d, slots %d; linearizability violations: allocations %d, slots %d (check timeouts %d); double claims %d, lost acks %d, replica divergence %d, not converged %d, slow stops %d; stuck requests (> %s) %d (to servers no fault targeted: %d), max latency %s",
 		r.Ops, strings.Join(kinds, ", "), r.Unknown, len(r.Faults), strings.Join(fs, " "), r.Keys, r.Slots,
-		r.AllocViolations, r.SlotViolations, r.CheckTimeouts, r.DoubleClaims, r.LostAcks, r.ReplicaDivergence,
+		r.AllocViolations, r.SlotViolations, r.CheckTimeouts, r.DoubleClaims, r.LostAcks, r.ReplicaDivergence, r.NotConverged, r.SlowStops,
 		StuckAfter, r.Stuck, r.StuckHealthy, r.MaxLatency.Round(time.Millisecond))
 }
 

@@ -40,6 +40,8 @@ type Nemesis struct {
 	// HoldMax, when above Hold, draws each fault's hold from [Hold, HoldMax].
 	HoldMax time.Duration
 	Rng     *rand.Rand
+	// Log, when set, is told each fault as it starts.
+	Log func(format string, args ...any)
 
 	mu     sync.Mutex
 	faults []Fault
@@ -62,6 +64,9 @@ func (n *Nemesis) Inject(ctx context.Context, kind string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", kind, err)
+	}
+	if n.Log != nil {
+		n.Log("%6.1fs nemesis: %s", n.H.Now().Seconds(), kind)
 	}
 	size := len(n.C.Nodes)
 	follower := (leader + 1 + n.Rng.IntN(size-1)) % size

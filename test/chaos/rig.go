@@ -9,9 +9,13 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,7 +122,7 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 	slots := rg.slotIDs(t)
 	h := NewHistory()
 	w := &Workload{C: c, H: h, Clients: cfg.Clients, Region: Region, SKU: SKU, Slots: slots, Timeout: cfg.Timeout, Seed: cfg.Seed}
-	nem := &Nemesis{C: c, Net: rg.Net, H: h, Hold: cfg.Hold, HoldMax: cfg.HoldMax, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d))}
+	nem := &Nemesis{C: c, Net: rg.Net, H: h, Hold: cfg.Hold, HoldMax: cfg.HoldMax, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d)), Log: t.Logf}
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
@@ -137,7 +141,6 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 		if ctx.Err() != nil {
 			break
 		}
-		t.Logf("%6.1fs nemesis: %s", h.Now().Seconds(), f)
 		if err := nem.Inject(ctx, f); err != nil {
 			nemErr = err
 			break
@@ -172,15 +175,70 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 	rep.Faults = nem.Faults()
 	rep.StuckHealthy = stuckHealthy(ops, rep.Faults)
 
+	// Every replica must hold the whole log before the replay compares
+	// them: a server restarted by the last fault may still be catching up.
+	if err := rg.converge(time.Minute); err != nil {
+		rep.NotConverged++
+		rep.Violations = append(rep.Violations, err.Error())
+	}
 	for i := range c.Nodes {
 		if err := c.Stop(i); err != nil {
-			t.Logf("stop %s: %v", c.Nodes[i].ID, err)
+			rep.SlowStops++
+			t.Logf("stop %s: %v; its last log lines:\n%s", c.Nodes[i].ID, err, tail(c.Nodes[i].LogPath, 25))
 		}
 	}
 	if err := Replay(c, acked, rep); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
 	return rep
+}
+
+// converge waits until every server reports the same applied index twice,
+// 300 ms apart.
+func (rg *Rig) converge(limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var last []uint64
+	for {
+		var idx []uint64
+		for i := range rg.C.Nodes {
+			st, err := rg.C.Status(ctx, i)
+			if err != nil {
+				idx = append(idx, 0)
+				continue
+			}
+			idx = append(idx, st.Index)
+		}
+		same := idx[0] > 0
+		for _, x := range idx {
+			same = same && x == idx[0]
+		}
+		if same && slices.Equal(idx, last) {
+			return nil
+		}
+		last = idx
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replicas did not converge within %s after the faults healed: applied indexes %v", limit, idx)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// tail returns the last n lines of a server log, API request lines left
+// out.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if !strings.Contains(l, `msg="api request"`) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // stuckHealthy counts the requests that took longer than StuckAfter

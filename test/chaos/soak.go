@@ -45,7 +45,7 @@ func writeSoakSummary() error {
 	if len(soakRuns) == 0 {
 		return fmt.Errorf("soak: no TestPrivilegedChaos run finished")
 	}
-	var viol, dbl, lost, div, stuck, stuckHealthy, ops, faults, timeouts int
+	var viol, dbl, lost, div, stuck, stuckHealthy, ops, faults, timeouts, notConv, slowStops int
 	var maxLat time.Duration
 	var failed []string
 	for _, r := range soakRuns {
@@ -53,6 +53,8 @@ func writeSoakSummary() error {
 		dbl += r.rep.DoubleClaims
 		lost += r.rep.LostAcks
 		div += r.rep.ReplicaDivergence
+		notConv += r.rep.NotConverged
+		slowStops += r.rep.SlowStops
 		stuck += r.rep.Stuck
 		stuckHealthy += r.rep.StuckHealthy
 		ops += r.rep.Ops
@@ -71,6 +73,7 @@ func writeSoakSummary() error {
 		bench.AtMost("soak_linearizability_violations", float64(viol), "count", 0, "porcupine, per allocation and per slot; check timeouts "+fmt.Sprint(timeouts)),
 		bench.AtMost("soak_double_claims", float64(dbl), "count", 0, "log replay of every replica with the invariant checker"),
 		bench.AtMost("soak_lost_acks", float64(lost), "count", 0, "acknowledged idempotency keys missing from a replica after the run"),
+		bench.Info("soak_slow_stops", float64(slowStops), "count", "servers that did not stop within 10 s of SIGTERM at the end of a run"),
 		bench.Info("soak_stuck_requests", float64(stuck), "count", fmt.Sprintf("requests over %s, %d of them to servers no fault targeted; max latency %s", StuckAfter, stuckHealthy, maxLat.Round(time.Millisecond))),
 	}
 	if err := bench.WritePart("soak", ms); err != nil {
@@ -81,8 +84,8 @@ func writeSoakSummary() error {
 		return err
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "# gpuaas soak summary\n\n| soak_runs | soak_linearizability_violations | soak_double_claims | soak_lost_acks | replica_divergence | stuck_requests | stuck_requests_healthy | max_latency_s | ops | faults | date |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(&sb, "| %d | %d | %d | %d | %d | %d | %d | %.2f | %d | %d | %s |\n\n", n, viol, dbl, lost, div, stuck, stuckHealthy, maxLat.Seconds(), ops, faults, now.Format(time.RFC3339))
+	fmt.Fprintf(&sb, "# gpuaas soak summary\n\n| soak_runs | soak_linearizability_violations | soak_double_claims | soak_lost_acks | replica_divergence | not_converged | slow_stops | stuck_requests | stuck_requests_healthy | max_latency_s | ops | faults | date |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&sb, "| %d | %d | %d | %d | %d | %d | %d | %d | %d | %.2f | %d | %d | %s |\n\n", n, viol, dbl, lost, div, notConv, slowStops, stuck, stuckHealthy, maxLat.Seconds(), ops, faults, now.Format(time.RFC3339))
 	if len(failed) > 0 {
 		fmt.Fprintf(&sb, "Runs with violations (GPUAAS_CHAOS_SEED): %s\n\n", strings.Join(failed, ", "))
 	}
