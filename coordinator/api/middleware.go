@@ -365,8 +365,15 @@ func (a *API) dispatch(c *call, kind string) {
 	}
 	forwarded := r.Header.Get(proto.ForwardedHeader) != ""
 	// Writes are validated and proposed on the leader only, so a
-	// follower's stale view never refuses (or accepts) a write.
-	if c.rt.Write && !forwarded && !a.b.IsLeader() {
+	// follower's stale view never refuses (or accepts) a write. A write
+	// forwarded here on a stale view of the leader (this replica lost
+	// leadership, or restarted and has not replayed its log) is not run
+	// against this replica's state either: the client retries.
+	if c.rt.Write && !a.b.IsLeader() {
+		if forwarded {
+			writeProblem(w, r, proto.Errorf(proto.CodeNotLeader, "this replica is not the leader (the write was forwarded here on a stale view of who leads); retry"))
+			return
+		}
 		a.forward(c, nil)
 		return
 	}
