@@ -160,6 +160,9 @@ func describe(op Op) string {
 	case op.Result == ResOK && op.Kind == OpRead:
 		out = fmt.Sprintf("%s ended=%v", op.AllocID, op.Ended)
 	}
+	if op.Err != "" {
+		out += " [" + op.Err[:min(len(op.Err), 160)] + "]"
+	}
 	return fmt.Sprintf("%s %s → %s (c%d→node %d)", op.Kind, op.Key, out, op.Client, op.Node)
 }
 
