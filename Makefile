@@ -8,7 +8,7 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
-.PHONY: all deps build lab test test-unit vet check bench clean clean-daemons fuzz
+.PHONY: all deps build lab test test-unit vet check bench soak clean clean-daemons fuzz
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -79,6 +79,24 @@ bench: deps build
 	cd test/bench/etcdref && $(GO) run . -out $(CURDIR)/test/bench/results/parts/etcd.json
 	GPUAAS_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestBench' -v ./... 2>&1 | tee test/bench/results/bench.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
 	$(GO) run ./test/bench/cmd/benchmerge
+
+# The fault rig (test/chaos) RUNS times, each a randomized short run with
+# its own seed: 3 coordinators in network namespaces, a recorded workload,
+# 6 faults (kill -9, SIGSTOP, nftables partitions and one-way drops), the
+# porcupine and log-replay checkers. Writes test/bench/results/soak.md and
+# parts/soak.json (soak_runs, soak_linearizability_violations,
+# soak_double_claims, soak_lost_acks, date), which the bench report
+# carries; porcupine's views of any violation go to .soak/.
+# SOAK_UNTIL (RFC 3339 time) ends it early with the runs done by then.
+RUNS ?= 200
+SOAK_DURATION ?= 30s
+SOAK_UNTIL ?=
+soak: deps
+	@set -o pipefail; mkdir -p test/bench/results; \
+	GPUAAS_SOAK=1 GPUAAS_SOAK_UNTIL=$(SOAK_UNTIL) GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
+		$(GO) test -count=$(RUNS) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
+		grep -E '^(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
+	$(GO) run ./test/bench/cmd/benchmerge; exit $$rc
 
 lab: build
 	$(BIN)/gpuaas-lab $(LAB_FLAGS)

@@ -3,6 +3,7 @@ module github.com/gpuaas/gpuaas
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/canonical/gomaasclient v0.20.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/coder/websocket v1.8.15

@@ -163,3 +163,18 @@ func TestRequestLogging(t *testing.T) {
 	}
 	assert.Equal(t, 2, found)
 }
+
+// TestForwardedWriteToStaleReplica: a write forwarded on a stale view of
+// the leader (the old leader restarted and has not replayed its log yet)
+// must not be validated against that replica's state: it answers 503
+// not_leader (the client retries), not a definite 404 "region does not
+// exist". Found by the fault rig (test/chaos).
+func TestForwardedWriteToStaleReplica(t *testing.T) {
+	t.Parallel()
+	leader := newEnv(t)
+	leader.seedLab()
+	f := leader.follower(strings.TrimPrefix(leader.url, "http://"))
+	p := f.do(RoleOperator, http.MethodPost, "/v1/allocations", sliceReq(1), proto.IdempotencyKeyHeader, "stale-1", proto.ForwardedHeader, "1").
+		requireProblem(t, 503, proto.CodeNotLeader)
+	assert.Contains(t, p.Detail, "not the leader")
+}

@@ -402,14 +402,16 @@ func (a *API) dispatch(c *call, kind string) {
 	defer cancel()
 	forwarded := r.Header.Get(proto.ForwardedHeader) != ""
 	// Writes are validated and proposed on the leader only, so a
-	// follower's stale view never refuses (or accepts) a write.
+	// follower's stale view never refuses (or accepts) a write. A write
+	// forwarded here on a stale view of the leader (this replica lost
+	// leadership, or restarted and has not replayed its log) is not run
+	// against this replica's state either: the client retries.
 	if c.rt.Write && !a.b.IsLeader() {
 		if forwarded {
-			// Relayed to a replica that is no longer the leader: refuse
-			// before running anything, marked so the relaying replica
-			// knows a retry elsewhere is safe.
+			// Refused before running anything, marked so the relaying
+			// replica knows a retry elsewhere is safe.
 			w.Header().Set(notRunHeader, "not-leader")
-			writeProblem(w, r, proto.Errorf(proto.CodeNotLeader, "this replica is not the leader (anymore); the request was not run"))
+			writeProblem(w, r, proto.Errorf(proto.CodeNotLeader, "this replica is not the leader (the write was forwarded here on a stale view of who leads); the request was not run"))
 			return
 		}
 		a.forward(c, nil)

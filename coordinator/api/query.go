@@ -207,7 +207,7 @@ func (c *call) read(o readOpts, fn func(s *state.Snapshot, q url.Values, p page)
 		fr.stale = true
 	}
 	ctx := c.r.Context()
-	if consistent {
+	if consistent && !staleConsistentReads {
 		if err := c.a.b.Barrier(ctx); err != nil {
 			return err
 		}

@@ -38,12 +38,21 @@ import (
 )
 
 // Build compiles gpuaas-coordinator into dir and returns its path.
-func Build(dir string) (string, error) {
-	bin := filepath.Join(dir, "gpuaas-coordinator")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator")
+func Build(dir string) (string, error) { return BuildTags(dir, "gpuaas-coordinator") }
+
+// BuildTags compiles gpuaas-coordinator with the given build tags into
+// dir/name and returns its path (test-only variants, e.g. a deliberately
+// broken ledger a checker must catch).
+func BuildTags(dir, name string, tags ...string) (string, error) {
+	bin := filepath.Join(dir, name)
+	args := []string{"build", "-o", bin}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.Command("go", append(args, "github.com/gpuaas/gpuaas/coordinator/cmd/gpuaas-coordinator")...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build gpuaas-coordinator: %w: %s", err, out)
+		return "", fmt.Errorf("go build gpuaas-coordinator (tags %q): %w: %s", tags, err, out)
 	}
 	return bin, nil
 }
@@ -61,6 +70,19 @@ type Options struct {
 	// InsecureHTTP runs the servers with -insecure-http (no TLS anywhere);
 	// only for tests that say why they need plain HTTP.
 	InsecureHTTP bool
+	// Addrs, when set, gives server i's HTTP and Raft listen addresses
+	// (e.g. one address per network namespace); default: free loopback
+	// ports.
+	Addrs func(i int) (httpAddr, raftAddr string)
+	// Wrap, when set, is the command prefix server i runs under (e.g.
+	// "ip netns exec <ns>", which execs the server in place, so signals
+	// reach the server itself).
+	Wrap func(i int) []string
+	// DialContext, when set, is how the test's client dials the servers
+	// (e.g. from inside the network namespace they share).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// ClientTimeout bounds each request of Cluster.Client (default 15 s).
+	ClientTimeout time.Duration
 }
 
 // Cluster is a set of coordinator processes.
@@ -70,6 +92,7 @@ type Cluster struct {
 	dir    string
 	token  string
 	tokens map[string]string // Options.Principals' tokens by name
+	wrap   func(i int) []string
 	Nodes  []*Node
 	Client *http.Client
 	// SecretFile is the cluster secret the servers share.
@@ -115,8 +138,11 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 		o.Size = 3
 	}
 	dir := tb.TempDir()
-	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token", scheme: "http"}
-	tr := &http.Transport{MaxIdleConnsPerHost: 128}
+	if o.ClientTimeout == 0 {
+		o.ClientTimeout = 15 * time.Second
+	}
+	c := &Cluster{tb: tb, bin: bin, dir: dir, token: "proctest-admin-token", scheme: "http", wrap: o.Wrap}
+	tr := &http.Transport{MaxIdleConnsPerHost: 128, DialContext: o.DialContext}
 	var tlsArgs []string
 	if o.InsecureHTTP {
 		tlsArgs = []string{"-insecure-http"}
@@ -130,7 +156,7 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 		tr.TLSClientConfig = pki.ClientConfig(ca.Pool(), nil)
 		tr.ForceAttemptHTTP2 = true
 	}
-	c.Client = &http.Client{Timeout: 15 * time.Second, Transport: tr}
+	c.Client = &http.Client{Timeout: o.ClientTimeout, Transport: tr}
 	tokens := filepath.Join(dir, "tokens.json")
 	entries := []map[string]string{{"name": TokenName, "role": "admin", "sha256": hashToken(c.token)}}
 	c.tokens = map[string]string{}
@@ -158,8 +184,12 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 		require.NoError(tb, os.WriteFile(invPath, b, 0o600))
 	}
 	for i := range o.Size {
-		n := &Node{ID: fmt.Sprintf("c%d", i+1), HTTPAddr: FreeAddr(tb), RaftAddr: FreeAddr(tb),
-			DataDir: filepath.Join(dir, fmt.Sprintf("c%d", i+1)), LogPath: filepath.Join(dir, fmt.Sprintf("c%d.log", i+1))}
+		n := &Node{ID: fmt.Sprintf("c%d", i+1), DataDir: filepath.Join(dir, fmt.Sprintf("c%d", i+1)), LogPath: filepath.Join(dir, fmt.Sprintf("c%d.log", i+1))}
+		if o.Addrs != nil {
+			n.HTTPAddr, n.RaftAddr = o.Addrs(i)
+		} else {
+			n.HTTPAddr, n.RaftAddr = FreeAddr(tb), FreeAddr(tb)
+		}
 		c.Nodes = append(c.Nodes, n)
 	}
 	for _, n := range c.Nodes {
@@ -230,7 +260,11 @@ func (c *Cluster) StartNode(i int) {
 	require.Nil(c.tb, n.cmd, "node %s already running", n.ID)
 	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	require.NoError(c.tb, err)
-	cmd := exec.Command(c.bin, n.args...)
+	argv := append([]string{c.bin}, n.args...)
+	if c.wrap != nil {
+		argv = append(c.wrap(i), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	require.NoError(c.tb, cmd.Start())
 	n.cmd, n.done = cmd, make(chan struct{})
@@ -252,6 +286,26 @@ func (c *Cluster) Running(i int) bool {
 // Kill sends SIGKILL to server i and waits for it to die.
 func (c *Cluster) Kill(i int) { c.Nodes[i].kill() }
 
+// Freeze sends SIGSTOP to server i: the process keeps its sockets but
+// answers nothing until Thaw. Unlike Pause it neither waits for the
+// threads to stop nor fails the test: a nemesis goroutine uses it.
+func (c *Cluster) Freeze(i int) error { return c.Nodes[i].signal(syscall.SIGSTOP) }
+
+// Thaw sends SIGCONT to server i (after Freeze or Pause).
+func (c *Cluster) Thaw(i int) error { return c.Nodes[i].signal(syscall.SIGCONT) }
+
+func (n *Node) signal(sig syscall.Signal) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return fmt.Errorf("%s is not running", n.ID)
+	}
+	if err := n.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal %v to %s: %w", sig, n.ID, err)
+	}
+	return nil
+}
+
 func (n *Node) kill() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -271,6 +325,7 @@ func (c *Cluster) Stop(i int) error {
 	if n.cmd == nil {
 		return nil
 	}
+	n.cmd.Process.Signal(syscall.SIGCONT) // a paused server could not act on SIGTERM
 	n.cmd.Process.Signal(syscall.SIGTERM)
 	defer func() { n.cmd = nil }()
 	select {

@@ -1,0 +1,140 @@
+package chaos
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// op builds an operation over [call, ret] ms.
+func op(kind Kind, key, id string, call, ret int, res Result) Op {
+	return Op{Kind: kind, Key: key, AllocID: id, Call: ms(call), Return: ms(ret), Result: res}
+}
+
+func created(o Op, claims ...string) Op { o.Created, o.ClaimIDs = true, claims; return o }
+func ended(o Op) Op                     { o.Ended = true; return o }
+func slotRead(slot, claim string, call, ret int) Op {
+	return Op{Kind: OpReadSlot, SlotID: slot, ClaimID: claim, Call: ms(call), Return: ms(ret), Result: ResOK}
+}
+
+// The checker accepts what a correct ledger may answer and rejects what
+// it may not: each history is small enough to reason about by hand.
+func TestCheck(t *testing.T) {
+	claims := map[string]string{"cl1": "s1", "cl2": "s1", "cl3": "s2"}
+	for _, tc := range []struct {
+		name       string
+		ops        []Op
+		alloc, slt int // violations expected
+		ledger     *Ledger
+	}{
+		{name: "every attempt unknown, the ledger shows the claim", ledger: &Ledger{
+			KeyAlloc: map[string]string{"k": "a1"}, AllocClaims: map[string][]string{"a1": {"cl1"}}, ClaimSlot: claims},
+			ops: []Op{
+				op(OpCreate, "k", "", 0, 10, ResUnknown),
+				slotRead("s1", "cl1", 20, 30),
+			}},
+		{name: "a slot read names a claim no create made", slt: 1, ops: []Op{
+			op(OpCreate, "k", "", 0, 10, ResUnknown),
+			slotRead("s1", "cl1", 20, 30),
+		}},
+		{name: "create, read, release, read", ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRead, "k", "a1", 20, 30, ResOK),
+			op(OpRelease, "k", "a1", 40, 50, ResOK),
+			ended(op(OpRead, "k", "a1", 60, 70, ResOK)),
+		}},
+		{name: "read after the create returned misses it (stale)", alloc: 1, ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRead, "k", "a1", 20, 30, ResNotFound),
+		}},
+		{name: "read concurrent with the create may miss it", ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRead, "k", "a1", 5, 30, ResNotFound),
+		}},
+		{name: "read after the release sees it live (stale)", alloc: 1, ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRelease, "k", "a1", 40, 50, ResOK),
+			op(OpRead, "k", "a1", 60, 70, ResOK),
+		}},
+		{name: "re-sent key answered with another allocation", alloc: 1, ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpCreate, "k", "a2", 20, 30, ResOK),
+		}},
+		{name: "unknown create, re-send answers 200 with the same allocation", ops: []Op{
+			op(OpCreate, "k", "", 0, 10, ResUnknown),
+			op(OpCreate, "k", "a1", 20, 30, ResOK),
+			op(OpRead, "k", "a1", 40, 50, ResOK),
+		}},
+		{name: "a replay (200) with no earlier attempt", alloc: 1, ops: []Op{
+			op(OpCreate, "k", "a1", 20, 30, ResOK),
+		}},
+		{name: "unknown release then already released", ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRelease, "k", "a1", 20, 30, ResUnknown),
+			op(OpRelease, "k", "a1", 40, 50, ResAlready),
+		}},
+		{name: "released twice", alloc: 1, slt: 1, ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRelease, "k", "a1", 20, 30, ResOK),
+			op(OpRelease, "k", "a1", 40, 50, ResOK),
+		}},
+		{name: "no capacity after the key was acknowledged", alloc: 1, ops: []Op{
+			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
+			op(OpCreate, "k", "", 20, 30, ResNoCap),
+		}},
+		{name: "slot taken, freed, taken by another", ops: []Op{
+			created(op(OpCreate, "k1", "a1", 0, 10, ResOK), "cl1"),
+			slotRead("s1", "cl1", 12, 14),
+			op(OpRelease, "k1", "a1", 20, 30, ResOK),
+			slotRead("s1", "", 32, 34),
+			created(op(OpCreate, "k2", "a2", 40, 50, ResOK), "cl2"),
+			slotRead("s1", "cl2", 52, 54),
+		}},
+		{name: "slot double-claimed", slt: 1, ops: []Op{
+			created(op(OpCreate, "k1", "a1", 0, 10, ResOK), "cl1"),
+			created(op(OpCreate, "k2", "a2", 20, 30, ResOK), "cl2"),
+		}},
+		{name: "slot read shows a released claim (stale)", slt: 1, ops: []Op{
+			created(op(OpCreate, "k1", "a1", 0, 10, ResOK), "cl1"),
+			op(OpRelease, "k1", "a1", 20, 30, ResOK),
+			slotRead("s1", "cl1", 40, 50),
+		}},
+		{name: "slot read misses an acknowledged claim (stale)", slt: 1, ops: []Op{
+			created(op(OpCreate, "k3", "a3", 0, 10, ResOK), "cl3"),
+			slotRead("s2", "", 40, 50),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := Ledger{ClaimSlot: claims}
+			if tc.ledger != nil {
+				l = *tc.ledger
+			}
+			r := Check(tc.ops, l, dir, 10*time.Second)
+			assert.Equal(t, tc.alloc, r.AllocViolations, "allocation violations: %v", r.Violations)
+			assert.Equal(t, tc.slt, r.SlotViolations, "slot violations: %v", r.Violations)
+			assert.Len(t, r.Visualizations, tc.alloc+tc.slt)
+			for _, v := range r.Visualizations {
+				b, err := os.ReadFile(v)
+				require.NoError(t, err)
+				assert.True(t, strings.Contains(string(b), "<html"), "%s is porcupine's HTML", v)
+			}
+		})
+	}
+}
+
+func TestStuckHealthy(t *testing.T) {
+	ops := []Op{
+		{Node: 0, Call: 0, Return: 12 * time.Second}, // to the faulted server
+		{Node: 1, Call: 0, Return: 12 * time.Second}, // to a healthy one
+		{Node: 1, Call: 0, Return: 2 * time.Second},  // not stuck
+	}
+	faults := []Fault{{Kind: IsolateLeader, Targets: []int{0}, Start: time.Second, Stop: 5 * time.Second}}
+	assert.Equal(t, 1, stuckHealthy(ops, faults))
+}

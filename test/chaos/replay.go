@@ -1,0 +1,101 @@
+package chaos
+
+import (
+	"bytes"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
+	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
+)
+
+// Replay is the offline checker of stopped replicas: every replica's Raft
+// log is replayed from index 1 into a fresh FSM with the invariant checker
+// after every entry (no slot or node held by two live claims, and the
+// rest of fsm.CheckInvariants), every acknowledged idempotency key must
+// name its allocation on every replica, and the replicas' final states
+// and common log prefixes must be identical. The servers must run with
+// -raft-snapshot-threshold high enough that nothing was compacted.
+func Replay(c *proctest.Cluster, acked map[string]string, r *Report) error {
+	var dumps []string
+	var logs [][]*raft.Log
+	for _, n := range c.Nodes {
+		entries, err := readLog(filepath.Join(n.DataDir, "raft", "raft.db"))
+		if err != nil {
+			return fmt.Errorf("replica %s: %w", n.ID, err)
+		}
+		chk := fsm.NewChecker()
+		for _, l := range entries {
+			if _, err := chk.ApplyLog(l); err != nil {
+				r.DoubleClaims++
+				r.Violations = append(r.Violations, fmt.Sprintf("replica %s: %v", n.ID, err))
+			}
+		}
+		snap := chk.FSM().Store().Snapshot()
+		if err := fsm.CheckInvariants(snap); err != nil {
+			r.DoubleClaims++
+			r.Violations = append(r.Violations, fmt.Sprintf("replica %s final state: %v", n.ID, err))
+		}
+		for key, id := range acked {
+			if a, ok := snap.AllocationByKey(key); !ok || a.ID != id {
+				r.LostAcks++
+				r.Violations = append(r.Violations, fmt.Sprintf("replica %s lost acknowledged allocation %s (key %s)", n.ID, id, key))
+			}
+		}
+		var buf bytes.Buffer
+		if err := fsm.WriteSnapshot(&buf, snap); err != nil {
+			return fmt.Errorf("replica %s: %w", n.ID, err)
+		}
+		dumps = append(dumps, buf.String())
+		logs = append(logs, entries)
+	}
+	for i := 1; i < len(dumps); i++ {
+		if dumps[0] != dumps[i] {
+			r.ReplicaDivergence++
+			r.Violations = append(r.Violations, fmt.Sprintf("replica %s state differs from %s", c.Nodes[i].ID, c.Nodes[0].ID))
+		}
+		for j := range min(len(logs[0]), len(logs[i])) {
+			a, b := logs[0][j], logs[i][j]
+			if a.Index != b.Index || a.Term != b.Term || !bytes.Equal(a.Data, b.Data) {
+				r.ReplicaDivergence++
+				r.Violations = append(r.Violations, fmt.Sprintf("replica %s log differs from %s at index %d", c.Nodes[i].ID, c.Nodes[0].ID, a.Index))
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// readLog returns every entry of a stopped server's raft-boltdb log.
+func readLog(path string) ([]*raft.Log, error) {
+	st, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bbolt.Options{ReadOnly: true, Timeout: 5 * time.Second}})
+	if err != nil {
+		return nil, fmt.Errorf("open raft log %s: %w", path, err)
+	}
+	defer st.Close()
+	first, err := st.FirstIndex()
+	if err != nil {
+		return nil, err
+	}
+	last, err := st.LastIndex()
+	if err != nil {
+		return nil, err
+	}
+	if first != 1 {
+		return nil, fmt.Errorf("raft log %s starts at %d: it was compacted, and the checker needs every index", path, first)
+	}
+	var out []*raft.Log
+	for i := first; i <= last; i++ {
+		l := new(raft.Log)
+		if err := st.GetLog(i, l); err != nil {
+			return nil, fmt.Errorf("raft log %s index %d: %w", path, i, err)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}

@@ -1,0 +1,359 @@
+// Package chaos is the fault rig: real gpuaas-coordinator processes, each
+// in its own network namespace, a workload of concurrent clients, a
+// nemesis (kill -9, SIGSTOP longer than the election timeout, network
+// partitions and one-way drops with nftables) and two checkers: porcupine
+// over the recorded history (per allocation and per slot, see AllocModel
+// and SlotModel) and the offline replay of every replica's Raft log with
+// the ledger's invariant checker (Replay). See the README, "The fault rig".
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuaas/gpuaas/coordinator/server"
+	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// Config shapes one run.
+type Config struct {
+	Bin      string // gpuaas-coordinator binary
+	Nodes    int    // coordinators (default 3)
+	Clients  int    // workload clients (default 8)
+	Duration time.Duration
+	// Faults are injected one after another, spread over Duration, each
+	// held for Hold (default 3 s: longer than the 500 ms election
+	// timeout).
+	Faults []string
+	Hold   time.Duration
+	// HoldMax, when above Hold, makes each fault hold for a random time
+	// in [Hold, HoldMax].
+	HoldMax time.Duration
+	Seed    uint64
+	// OutDir receives porcupine's visualizations of violations.
+	OutDir string
+	// Timeout bounds each client request (default 20 s, so requests that
+	// hang past StuckAfter are seen).
+	Timeout time.Duration
+}
+
+// Rig is a formed cluster in its namespaces.
+type Rig struct {
+	C   *proctest.Cluster
+	Net *Net
+}
+
+// Region, SKU and the inventory every run uses: 6 nodes of 8 slots, so
+// the clients contend for slots and capacity runs out now and then.
+const (
+	Region    = "us-east"
+	SKU       = "h200-sxm-slice"
+	rigNodes  = 6
+	rigSlots  = 8
+	rigGPUs   = rigNodes * rigSlots
+	bootLimit = 90 * time.Second
+)
+
+// Start forms a cluster of n coordinators, one per namespace, and waits
+// until the leader has loaded the inventory.
+func Start(t testing.TB, bin string, n int) *Rig {
+	t.Helper()
+	nw := NewNet(t, n)
+	c := proctest.Start(t, bin, proctest.Options{
+		Size:      n,
+		Inventory: server.SyntheticInventory(Region, rigNodes, rigSlots),
+		Args: []string{
+			// The replay checker needs every index from 1.
+			"-raft-snapshot-threshold", "10000000",
+			// The clients come from the hub address, not loopback.
+			"-rate-per-address", "0", "-rate-per-principal", "0", "-lockout-after", "0",
+			// No agents: provision tasks must not fail the allocations
+			// under the workload's feet.
+			"-task-stall-timeout", "24h",
+		},
+		Addrs: nw.Addrs, Wrap: nw.Wrap, DialContext: nw.DialContext, ClientTimeout: time.Minute,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), bootLimit)
+	defer cancel()
+	if _, err := c.Leader(ctx); err != nil {
+		t.Fatalf("cluster never agreed on a leader: %v", err)
+	}
+	for {
+		var av proto.List[*proto.Availability]
+		_, err := c.Do(ctx, 0, http.MethodGet, "/v1/availability?region="+Region+"&sku="+SKU, "", nil, &av)
+		if err == nil && len(av.Items) == 1 && av.Items[0].FreeGPUs == rigGPUs {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("inventory never loaded: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &Rig{C: c, Net: nw}
+}
+
+// Run runs the workload under the nemesis, heals everything, lets the
+// clients settle their unknown outcomes, reads which slot each claim took,
+// checks the history with porcupine, stops the servers and replays their
+// logs. It fails t only on a rig error; what the checkers found is in the
+// report.
+func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
+	t.Helper()
+	if cfg.Clients == 0 {
+		cfg.Clients = 10
+	}
+	if cfg.Hold == 0 {
+		cfg.Hold = 3 * time.Second
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 20 * time.Second
+	}
+	c := rg.C
+	slots := rg.slotIDs(t)
+	h := NewHistory()
+	w := &Workload{C: c, H: h, Clients: cfg.Clients, Region: Region, SKU: SKU, Slots: slots, Timeout: cfg.Timeout, Seed: cfg.Seed}
+	nem := &Nemesis{C: c, Net: rg.Net, H: h, Hold: cfg.Hold, HoldMax: cfg.HoldMax, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d)), Log: t.Logf}
+
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.Run(ctx, 30*time.Second)
+	}()
+	// Faults spread over the run: a quiet gap, the fault, the next.
+	meanHold := (cfg.Hold + max(cfg.Hold, cfg.HoldMax)) / 2
+	gap := (cfg.Duration - time.Duration(len(cfg.Faults))*meanHold) / time.Duration(len(cfg.Faults)+1)
+	var nemErr error
+	for _, f := range cfg.Faults {
+		sleep(ctx, max(gap, time.Second))
+		if ctx.Err() != nil {
+			break
+		}
+		if err := nem.Inject(ctx, f); err != nil {
+			nemErr = err
+			break
+		}
+	}
+	<-ctx.Done()
+	// Heal whatever is left, so the clients can settle.
+	if err := rg.Net.Heal(context.Background()); err != nil {
+		t.Errorf("heal: %v", err)
+	}
+	for i := range c.Nodes {
+		if c.Running(i) {
+			_ = c.Thaw(i)
+		} else {
+			c.StartNode(i)
+		}
+	}
+	wg.Wait()
+	if nemErr != nil {
+		t.Errorf("nemesis: %v", nemErr)
+	}
+	ops := h.Ops()
+
+	// Which slot each acknowledged allocation's claims took.
+	acked := map[string]string{}
+	for _, op := range ops {
+		if op.Kind == OpCreate && op.Result == ResOK {
+			acked[op.Key] = op.AllocID
+		}
+	}
+	rep := Check(ops, rg.resolve(t), cfg.OutDir, time.Minute)
+	rep.Faults = nem.Faults()
+	rep.StuckHealthy = stuckHealthy(ops, rep.Faults)
+
+	// Every replica must hold the whole log before the replay compares
+	// them: a server restarted by the last fault may still be catching up.
+	if err := rg.converge(time.Minute); err != nil {
+		rep.NotConverged++
+		rep.Violations = append(rep.Violations, err.Error())
+	}
+	for i := range c.Nodes {
+		if err := c.Stop(i); err != nil {
+			rep.SlowStops++
+			t.Logf("stop %s: %v; its last log lines:\n%s", c.Nodes[i].ID, err, tail(c.Nodes[i].LogPath, 25))
+		}
+	}
+	if err := Replay(c, acked, rep); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	return rep
+}
+
+// converge waits until every server reports the same applied index twice,
+// 300 ms apart.
+func (rg *Rig) converge(limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var last []uint64
+	for {
+		var idx []uint64
+		for i := range rg.C.Nodes {
+			st, err := rg.C.Status(ctx, i)
+			if err != nil {
+				idx = append(idx, 0)
+				continue
+			}
+			idx = append(idx, st.Index)
+		}
+		same := idx[0] > 0
+		for _, x := range idx {
+			same = same && x == idx[0]
+		}
+		if same && slices.Equal(idx, last) {
+			return nil
+		}
+		last = idx
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replicas did not converge within %s after the faults healed: applied indexes %v", limit, idx)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// tail returns the last n lines of a server log, API request lines left
+// out.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if !strings.Contains(l, `msg="api request"`) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// stuckHealthy counts the requests that took longer than StuckAfter
+// although the server they went to was not a fault's target while they
+// ran: the ones a client of a healthy server waits on.
+func stuckHealthy(ops []Op, faults []Fault) int {
+	n := 0
+	for _, op := range ops {
+		if op.Return-op.Call <= StuckAfter {
+			continue
+		}
+		hit := false
+		for _, f := range faults {
+			for _, i := range f.Targets {
+				if i == op.Node && f.Start <= op.Return && op.Call <= f.Stop {
+					hit = true
+				}
+			}
+		}
+		if !hit {
+			n++
+		}
+	}
+	return n
+}
+
+func (rg *Rig) slotIDs(t testing.TB) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var page proto.List[*proto.Slot]
+	if _, err := rg.C.Do(ctx, 0, http.MethodGet, "/v1/slots?limit=1000", "", nil, &page); err != nil {
+		t.Fatalf("list slots: %v", err)
+	}
+	var ids []string
+	for _, s := range page.Items {
+		ids = append(ids, s.ID)
+	}
+	return ids
+}
+
+// resolve reads, from the healed cluster, every allocation the ledger
+// holds (each names its idempotency key) and the slot of each of its
+// claims: keyAlloc resolves keys whose creates all had unknown outcomes,
+// claimSlot maps every claim to its slot.
+func (rg *Rig) resolve(t testing.TB) Ledger {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	get := func(path string, out any) {
+		for {
+			_, err := rg.C.Do(ctx, 0, http.MethodGet, path, "", nil, out)
+			if err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("GET %s: %v", path, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	keyAlloc, allocClaims := map[string]string{}, map[string][]string{}
+	for after := ""; ; {
+		var page proto.List[*proto.Allocation]
+		q := url.Values{"limit": {"1000"}, "consistent": {"true"}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		get("/v1/allocations?"+q.Encode(), &page)
+		for _, a := range page.Items {
+			keyAlloc[a.IdempotencyKey] = a.ID
+			allocClaims[a.ID] = a.ClaimIDs
+		}
+		if page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	claimSlot := map[string]string{}
+	var mu sync.Mutex
+	ids := make(chan string)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				var cl proto.List[*proto.Claim]
+				get("/v1/allocations/"+url.PathEscape(id)+"/claims", &cl)
+				mu.Lock()
+				for _, c := range cl.Items {
+					claimSlot[c.ID] = c.SlotID
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, id := range keyAlloc {
+		ids <- id
+	}
+	close(ids)
+	wg.Wait()
+	return Ledger{KeyAlloc: keyAlloc, AllocClaims: allocClaims, ClaimSlot: claimSlot}
+}
+
+// RandomFaults picks k fault kinds at random (each kind at most once
+// while kinds remain).
+func RandomFaults(rng *rand.Rand, k int) []string {
+	var out []string
+	for len(out) < k {
+		for _, i := range rng.Perm(len(AllFaults)) {
+			if len(out) < k {
+				out = append(out, AllFaults[i])
+			}
+		}
+	}
+	return out
+}
