@@ -37,8 +37,12 @@ var AllocModel = porcupine.Model{
 			switch op.Result {
 			case ResOK:
 				if !st.Created {
-					// The first answer must be the one that created it.
-					return op.Created && !op.Ended, allocState{Created: true, ID: op.AllocID}
+					// The first answer is normally the one that created it
+					// (201). It may also report the key as known (200): a
+					// follower re-sends a keyed create to the new leader
+					// when the old one was lost mid-request, and the old
+					// one may have applied it (coordinator/api/forward.go).
+					return !op.Ended, allocState{Created: true, ID: op.AllocID}
 				}
 				st.ID = op.AllocID
 				return sameID && !op.Created && op.Ended == st.Ended, st
@@ -120,7 +124,16 @@ var SlotModel = porcupine.Model{
 				return false, owner
 			}
 		case "confirm":
-			return owner == op.Claim, owner
+			switch owner {
+			case op.Claim:
+				return true, owner
+			case "":
+				// The create this answer confirms was applied by a
+				// leader lost mid-request and re-sent by the follower
+				// (see AllocModel): the claim is taken here.
+				return true, op.Claim
+			}
+			return false, owner
 		case "free":
 			switch {
 			case owner == op.Claim:

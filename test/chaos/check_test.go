@@ -71,8 +71,15 @@ func TestCheck(t *testing.T) {
 			op(OpCreate, "k", "a1", 20, 30, ResOK),
 			op(OpRead, "k", "a1", 40, 50, ResOK),
 		}},
-		{name: "a replay (200) with no earlier attempt", alloc: 1, ops: []Op{
+		// A follower re-sends a keyed create to the new leader when the old
+		// one was lost mid-request; the old one may have applied it, so the
+		// client's only answer is a replay (200).
+		{name: "a replay (200) with no earlier attempt", ops: []Op{
 			op(OpCreate, "k", "a1", 20, 30, ResOK),
+			op(OpRead, "k", "a1", 40, 50, ResOK),
+		}},
+		{name: "a replay (200) of an ended allocation with no earlier attempt", alloc: 1, ops: []Op{
+			ended(op(OpCreate, "k", "a1", 20, 30, ResOK)),
 		}},
 		{name: "unknown release then already released", ops: []Op{
 			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
