@@ -67,7 +67,7 @@ func writeSoakSummary() error {
 	}
 	now := time.Now().UTC()
 	n := len(soakRuns)
-	note := fmt.Sprintf("make soak: %d randomized TestPrivilegedChaos runs (3 coordinators in network namespaces, 8 clients, 6 faults each: kill -9, SIGSTOP, partitions, one-way drops), %d ops, %d faults", n, ops, faults)
+	note := fmt.Sprintf("make soak: %d randomized TestPrivilegedChaos runs (3 coordinators in network namespaces, 10 clients, up to 6 faults each: kill -9, SIGSTOP, partitions, one-way drops), %d ops, %d faults", n, ops, faults)
 	ms := []bench.Metric{
 		bench.AtLeast("soak_runs", float64(n), "runs", 200, note),
 		bench.AtMost("soak_linearizability_violations", float64(viol), "count", 0, "porcupine, per allocation and per slot; check timeouts "+fmt.Sprint(timeouts)),
