@@ -178,7 +178,9 @@ func TestLabConsoleThroughGateway(t *testing.T) {
 	// The owner (the operator token) logs in through the CLI.
 	owner := startConsoleCLI(t, bin, apiEnv(e.op), a.ID)
 	owner.expect("login: ", 20*time.Second)
-	require.Contains(t, owner.stderr(), "read-write")
+	// stderr and stdout are two pipes: the notice may come after the prompt.
+	require.Eventually(t, func() bool { return strings.Contains(owner.stderr(), "read-write") }, 5*time.Second, 20*time.Millisecond,
+		"the CLI says the session is read-write: %q", owner.stderr())
 	owner.send(simslice.ConsoleUser + "\n")
 	owner.expect("Password: ", 5*time.Second)
 	owner.send(simslice.ConsolePassword + "\n")
