@@ -48,13 +48,21 @@ type AppApproveRequest struct {
 	Image string `json:"image,omitempty"`
 }
 
-// Validate checks an approve/revoke command.
-func (r *AppApproveRequest) Validate() error {
-	if err := ValidateID("app name", r.Name); err != nil {
+// ValidateAppKey checks an app's name and version (the catalog key).
+func ValidateAppKey(name, version string) error {
+	if err := ValidateID("app name", name); err != nil {
 		return err
 	}
-	if !appVersionPattern.MatchString(r.Version) {
-		return Errorf(CodeInvalidArgument, "app %s: version %q is not a valid version", r.Name, r.Version)
+	if !appVersionPattern.MatchString(version) {
+		return Errorf(CodeInvalidArgument, "app %s: version %q must be 1-64 characters of letters, digits, '.', '_', '+' and '-'", name, version)
+	}
+	return nil
+}
+
+// Validate checks an approve/revoke command.
+func (r *AppApproveRequest) Validate() error {
+	if err := ValidateAppKey(r.Name, r.Version); err != nil {
+		return err
 	}
 	if r.Action != ImageApproved && r.Action != ImageRevoked {
 		return Errorf(CodeInvalidArgument, "app %s:%s: action %q is not approved or revoked", r.Name, r.Version, r.Action)
@@ -268,11 +276,8 @@ func ValidateOCIDigestRef(ref string) error {
 // (cluster profiles are multi-node and bare metal only; everything else
 // runs inside one allocation).
 func (a *App) Validate() error {
-	if err := ValidateID("app name", a.Name); err != nil {
+	if err := ValidateAppKey(a.Name, a.Version); err != nil {
 		return err
-	}
-	if !appVersionPattern.MatchString(a.Version) {
-		return Errorf(CodeInvalidArgument, "app %s: version %q must be 1-64 characters of letters, digits, '.', '_', '+' and '-'", a.Name, a.Version)
 	}
 	if a.Version == "targets" {
 		return Errorf(CodeInvalidArgument, "app %s: version \"targets\" is reserved (GET /v1/apps/{name}/targets)", a.Name)

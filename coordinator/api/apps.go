@@ -35,8 +35,7 @@ func (c *call) appKey() (string, string, error) {
 		return "", "", err
 	}
 	version := c.r.PathValue("version")
-	probe := proto.AppApproveRequest{Name: name, Version: version, Action: proto.ImageApproved, By: "x"}
-	if err := probe.Validate(); err != nil {
+	if err := proto.ValidateAppKey(name, version); err != nil {
 		return "", "", err
 	}
 	return name, version, nil

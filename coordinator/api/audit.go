@@ -29,6 +29,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gpuaas/gpuaas/coordinator/audit"
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -78,7 +79,7 @@ func (a *API) auditPrincipal(r *http.Request, rt Route, p Principal, tokenID str
 	kind, id := auditObject(rt.Pattern, r)
 	var before json.RawMessage
 	if a.b.IsLeader() {
-		before = auditBefore(a.b.Store().Snapshot(), kind, id)
+		before = proto.AuditState(fsm.AuditObject(a.b.Store().Snapshot(), kind, id))
 	}
 	role := ""
 	if p.Role != 0 {
@@ -257,35 +258,6 @@ func auditObject(pattern string, r *http.Request) (kind, id string) {
 	return kind, id
 }
 
-// auditBefore is the object's state as the leader holds it now.
-func auditBefore(s *state.Snapshot, kind, id string) json.RawMessage {
-	if id == "" {
-		return nil
-	}
-	var v any
-	var ok bool
-	switch kind {
-	case "allocation":
-		v, ok = s.Allocation(id)
-	case "node":
-		v, ok = s.Node(id)
-	case "slot":
-		v, ok = s.Slot(id)
-	case "region":
-		v, ok = s.Region(id)
-	case "pool":
-		v, ok = s.Pool(id)
-	case "site":
-		var site *proto.Site
-		if site, ok = s.Site(id); ok {
-			v = proto.ViewOf(site) // never the sealed credentials
-		}
-	}
-	if !ok {
-		return nil
-	}
-	return proto.AuditState(v)
-}
 
 // auditFilter is a validated set of GET /v1/audit filters.
 type auditFilter struct {

@@ -39,8 +39,7 @@ func splitApp(s string) (string, string, error) {
 	if !ok {
 		return "", "", usagef("%q: name the app as NAME:VERSION", s)
 	}
-	probe := proto.AppApproveRequest{Name: name, Version: version, Action: proto.ImageApproved, By: "x"}
-	if err := probe.Validate(); err != nil {
+	if err := proto.ValidateAppKey(name, version); err != nil {
 		return "", "", usageError{err}
 	}
 	return name, version, nil

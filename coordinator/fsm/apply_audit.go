@@ -50,7 +50,7 @@ func (f *FSM) beforeAttached(index uint64, cmd []byte) *attachedAudit {
 	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)
 	a := &attachedAudit{req: req}
 	if req.Attached && len(req.Record.Before) == 0 && f.batch != nil {
-		a.before = auditLookup(f.batch, req.Record.ObjectKind, req.Record.ObjectID)
+		a.before = AuditObject(&f.batch.Snapshot, req.Record.ObjectKind, req.Record.ObjectID)
 	}
 	return a
 }
@@ -83,7 +83,7 @@ func (f *FSM) applyAuditAppendReq(req *proto.AuditAppendRequest, index uint64, p
 			after = f.auditObject(&r, prev)
 		}
 		if after == nil {
-			after = auditLookup(tx, r.ObjectKind, r.ObjectID)
+			after = AuditObject(&tx.Snapshot, r.ObjectKind, r.ObjectID)
 		}
 		if after != nil {
 			r.After = proto.AuditState(after)
@@ -136,9 +136,11 @@ func (f *FSM) auditObject(r *proto.AuditRecord, prev any) any {
 	return nil
 }
 
-// auditLookup reads an object of the ledger by the kind and id a record
-// names (nil when it has none).
-func auditLookup(tx *state.Txn, kind, id string) any {
+// AuditObject reads an object of the ledger by the kind and id an audit
+// record names (nil when it has none; a site in its public view, never
+// its sealed credentials). The FSM reads before/after states with it and
+// the API the leader's "before" of a record appended after the answer.
+func AuditObject(s *state.Snapshot, kind, id string) any {
 	if id == "" {
 		return nil
 	}
@@ -146,18 +148,18 @@ func auditLookup(tx *state.Txn, kind, id string) any {
 	var ok bool
 	switch kind {
 	case "allocation":
-		v, ok = tx.Allocation(id)
+		v, ok = s.Allocation(id)
 	case "node":
-		v, ok = tx.Node(id)
+		v, ok = s.Node(id)
 	case "slot":
-		v, ok = tx.Slot(id)
+		v, ok = s.Slot(id)
 	case "region":
-		v, ok = tx.Region(id)
+		v, ok = s.Region(id)
 	case "pool":
-		v, ok = tx.Pool(id)
+		v, ok = s.Pool(id)
 	case "site":
 		var site *proto.Site
-		if site, ok = tx.Site(id); ok {
+		if site, ok = s.Site(id); ok {
 			v = proto.ViewOf(site) // never the sealed credentials
 		}
 	}
