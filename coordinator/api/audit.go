@@ -258,7 +258,6 @@ func auditObject(pattern string, r *http.Request) (kind, id string) {
 	return kind, id
 }
 
-
 // auditFilter is a validated set of GET /v1/audit filters.
 type auditFilter struct {
 	actor, kind, object, slot string
