@@ -49,7 +49,7 @@ func agentCert(r *http.Request, tab *enroll.Table) (node string, present bool, e
 	}
 	serial := pki.SerialHex(leaf)
 	if role == pki.RoleServer {
-		if r.Header.Get(proto.ForwardedHeader) == "" {
+		if r.Header.Get(proto.ForwardedHeader) == "" && r.Header.Get(blobPeerHeader) == "" {
 			return "", false, proto.Errorf(proto.CodeForbidden, "a coordinator certificate (%s) does not act for a node", id)
 		}
 		h := r.Header.Get(proto.NodeCertHeader)
@@ -68,14 +68,22 @@ func agentCert(r *http.Request, tab *enroll.Table) (node string, present bool, e
 }
 
 // nodeCertHeader is what a follower forwarding r tells the leader about
-// the agent certificate it verified ("" for none).
+// the agent certificate it verified ("" for none). A request that a
+// coordinator itself forwarded (or a replica fetching a blob for an agent)
+// passes on the header that coordinator set: a replica fetching a blob
+// from its peers for a forwarded download names the agent's certificate
+// the first replica verified.
 func nodeCertHeader(r *http.Request) string {
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
 		return ""
 	}
 	leaf := r.TLS.VerifiedChains[0][0]
-	if role, id, ok := pki.Identity(leaf); ok && role == pki.RoleNode {
+	role, id, ok := pki.Identity(leaf)
+	switch {
+	case ok && role == pki.RoleNode:
 		return id + " " + pki.SerialHex(leaf)
+	case ok && role == pki.RoleServer && (r.Header.Get(proto.ForwardedHeader) != "" || r.Header.Get(blobPeerHeader) != ""):
+		return r.Header.Get(proto.NodeCertHeader)
 	}
 	return ""
 }

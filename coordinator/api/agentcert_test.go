@@ -272,3 +272,76 @@ func TestAgentCertOfForwardedRequests(t *testing.T) {
 	assert.Equal(t, "j22u15 "+pki.SerialHex(node), nodeCertHeader(req(node)))
 	assert.Empty(t, nodeCertHeader(req(srv.Leaf)))
 }
+
+// tlsBlobLedger is blobLedger with the cluster CA.
+type tlsBlobLedger struct {
+	blobLedger
+	tls *server.TLSConfig
+}
+
+func (b tlsBlobLedger) TLS() *server.TLSConfig { return b.tls }
+
+// TestBlobDownloadNeedsTheNodesCertificate: a node credential downloads an
+// image blob only with a client certificate of the CA for the same node,
+// like every other agent route; operator tokens need none.
+func TestBlobDownloadNeedsTheNodesCertificate(t *testing.T) {
+	t.Parallel()
+	e, bl := newBlobEnv(t)
+	data, digest := blobOf(t, 4096)
+	r := e.do(RoleAdmin, http.MethodPut, "/v1/images/base/1", proto.ImageBody{Kind: proto.ImageSliceBase, Digest: digest, Size: int64(len(data))})
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	r = e.do(RoleAdmin, http.MethodPut, "/v1/images/base/1/blob", data, "Content-Type", "application/octet-stream")
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	credA := nodeCredential(t, bl.tab, "j22u15")
+	credB := nodeCredential(t, bl.tab, "j22u11")
+
+	now := time.Now().UTC()
+	ca, err := pki.NewCA("blob test CA", now, time.Hour)
+	require.NoError(t, err)
+	srvCert, err := ca.IssueServer("c1", []string{"127.0.0.1"}, now, time.Hour)
+	require.NoError(t, err)
+	hs := httptest.NewUnstartedServer(New(tlsBlobLedger{bl, &server.TLSConfig{CA: ca, Cert: srvCert, NodeCertTTL: time.Hour}},
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	hs.TLS = pki.APIServerConfig(ca.Pool(), srvCert)
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+	env := &mtlsEnv{t: t, ca: ca, tab: bl.tab, url: hs.URL}
+	certA := env.nodeCert("j22u15", ca)
+
+	tests := []struct {
+		name     string
+		cred     string
+		cert     *tls.Certificate
+		want     int
+		contains string
+	}{
+		{name: "credential and certificate of the same node", cred: credA, cert: certA, want: http.StatusOK},
+		{name: "credential without a certificate", cred: credA, want: http.StatusUnauthorized, contains: "client certificate"},
+		{name: "node A's certificate with node B's credential", cred: credB, cert: certA, want: http.StatusForbidden, contains: "it cannot act for node j22u11"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body, err := env.call(http.MethodGet, "/v1/images/base/1/blob", tc.cred, tc.cert, "")
+			require.NoError(t, err)
+			require.Equal(t, tc.want, code, body)
+			if tc.want == http.StatusOK {
+				assert.Equal(t, string(data), body)
+				return
+			}
+			assert.Contains(t, body, tc.contains)
+		})
+	}
+	// A hostile agent naming another node's certificate in the header a
+	// coordinator sets is not believed: its own certificate counts.
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(ca.Pool(), certA)}}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodGet, hs.URL+"/v1/images/base/1/blob", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+credB)
+	req.Header.Set(blobPeerHeader, "1")
+	req.Header.Set(proto.NodeCertHeader, "j22u11 01")
+	res, err := hc.Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	assert.Equal(t, http.StatusForbidden, res.StatusCode)
+}

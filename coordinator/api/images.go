@@ -190,7 +190,14 @@ func (a *API) blobHandler(rt Route) http.Handler {
 		p, ok := a.authenticate(tok)
 		if !ok && rt.Method == http.MethodGet {
 			if ab, isAgent := a.b.(AgentBackend); isAgent && ab.Enrollment() != nil {
-				if id, known := ab.Enrollment().Authenticate(tok); known {
+				tab := ab.Enrollment()
+				if id, known := tab.Authenticate(tok); known {
+					// A node credential downloads like every other agent
+					// route: with the same node's client certificate.
+					if err := a.checkAgentCert(r, tab, rt, id); err != nil {
+						writeProblem(w, r, err)
+						return
+					}
 					p, ok = Principal{Name: "node:" + id, Role: RoleViewer}, true
 				}
 			}
@@ -338,6 +345,9 @@ func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error
 			}
 			req.Header.Set("Authorization", auth)
 			req.Header.Set(blobPeerHeader, "1")
+			if v := nodeCertHeader(c.r); v != "" {
+				req.Header.Set(proto.NodeCertHeader, v)
+			}
 			req.Header.Set(proto.RequestIDHeader, c.w.Header().Get(proto.RequestIDHeader))
 			resp, err := client.Do(req)
 			if err != nil {
@@ -439,6 +449,11 @@ func (a *API) forwardStream(c *call) {
 			pr.Out.Host = target.Host
 			pr.Out.Header.Set(proto.ForwardedHeader, "1")
 			pr.Out.Header.Set(proto.RequestIDHeader, reqID)
+			// Only this replica says which agent certificate it verified.
+			pr.Out.Header.Del(proto.NodeCertHeader)
+			if v := nodeCertHeader(pr.In); v != "" {
+				pr.Out.Header.Set(proto.NodeCertHeader, v)
+			}
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(proto.RequestIDHeader)
