@@ -300,4 +300,7 @@ type Status struct {
 	IsLeader       bool   `json:"is_leader"`
 	LeaderHTTPAddr string `json:"leader_http_addr"`
 	Index          uint64 `json:"index"`
+	// Warnings name conditions an operator must act on, each starting
+	// with its name (e.g. audit_retention_blocked: ...).
+	Warnings []string `json:"warnings,omitempty"`
 }

@@ -388,3 +388,52 @@ const ClientAddrHeader = "X-Gpuaas-Client-Addr"
 // AuditContentType is the media type of GET /v1/audit/export: JSON lines,
 // one AuditRecord each, in seq order.
 const AuditContentType = "application/jsonl"
+
+// AuditExportAckType records the export watermark: the operator confirms
+// an export holds the log through a record (seq and hash). The retention
+// loop prunes only records at or below it (applied by the server's
+// enrollment FSM, with IgnoreUnknownTypeFlag).
+const AuditExportAckType MessageType = 66
+
+func init() { messageTypeNames[AuditExportAckType] = "audit_export_ack" }
+
+// AuditExportAck is the export watermark: the log through Seq (whose
+// record hashes to Hash) is held by an export the operator acknowledged.
+type AuditExportAck struct {
+	At   time.Time `json:"at"`
+	Seq  uint64    `json:"seq"`
+	Hash string    `json:"hash"`
+	By   string    `json:"by,omitempty"`
+}
+
+// AuditExportAckRequest is the body of POST /v1/audit/ack.
+type AuditExportAckRequest struct {
+	ThroughSeq uint64 `json:"through_seq"`
+	Hash       string `json:"hash"`
+}
+
+// AuditRetention is GET /v1/audit/retention: the size cap, the export
+// watermark and whether the cap holds.
+type AuditRetention struct {
+	// MaxRecords is the cap (-audit-max-records; 0: no cap).
+	MaxRecords int `json:"max_records"`
+	// Records is how many records the log holds (its checkpoint included).
+	Records int `json:"records"`
+	// FirstSeq and HeadSeq bound the log (0: empty).
+	FirstSeq uint64 `json:"first_seq"`
+	HeadSeq  uint64 `json:"head_seq"`
+	// Exported is the acknowledged export watermark (nil: none yet).
+	Exported *AuditExportAck `json:"exported,omitempty"`
+	// Unexported is how many records lie after the watermark.
+	Unexported int `json:"unexported"`
+	// Blocked: the log is over the cap and what is over it was never
+	// exported, so nothing may be pruned: export and acknowledge
+	// (gpuaasctl audit export --ack).
+	Blocked bool `json:"blocked"`
+	// Warning names the condition when Blocked.
+	Warning string `json:"warning,omitempty"`
+}
+
+// AuditRetentionBlocked is the name of the condition a Status warning and
+// the gpuaas_audit_retention_blocked gauge report.
+const AuditRetentionBlocked = "audit_retention_blocked"

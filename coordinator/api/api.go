@@ -79,6 +79,8 @@ type API struct {
 	leases leaseMemo // last lease comparison per node (leasedrift.go)
 	guard  *guard    // rate limits, lockout, body timeout (limits.go); nil: none
 	peers  peerIPs   // the peers' IPs, whose forwarded requests are not limited
+	// refused counts refusals for the audit log (refusals.go).
+	refused refusals
 
 	consoles    consoleGateway   // console sessions on this replica (console.go)
 	metrics     *metrics.Metrics // the replica's (metrics.go)
@@ -202,6 +204,8 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/audit/export", RoleAdmin, false, a.exportAudit},
 		{http.MethodGet, "/v1/audit/verify", RoleAdmin, false, a.verifyAudit},
 		{http.MethodPost, "/v1/audit/prune", RoleAdmin, true, a.pruneAudit},
+		{http.MethodPost, "/v1/audit/ack", RoleAdmin, true, a.ackAuditExport},
+		{http.MethodGet, "/v1/audit/retention", RoleAdmin, false, a.auditRetention},
 	}
 }
 

@@ -7,13 +7,14 @@ package api
 // the principal, route and object in it; the request's first ledger
 // command carries it into the same Raft entry (server.Apply, the
 // placement planner) and the FSM writes it with the command's outcome.
-// Otherwise endAudit appends it once the request was answered. Not
-// recorded: requests that failed authentication (401) or were rate
-// limited (429) — no principal to name, and recording them would let
-// anyone grow the Raft log — and the node-credential routes of agents
-// (heartbeats, task updates, reports), machine traffic whose effect the
-// ledger objects record themselves. A request a follower forwards is
-// recorded by the leader, with the client's address.
+// Otherwise endAudit appends it once the request was answered. Requests
+// that failed authentication (401), were rate limited (429) or refused
+// by a follower or on a read (403) are counted instead and written as
+// compact, bounded records (refusals.go), so a flood cannot grow the Raft
+// log without bound. Not recorded: the node-credential routes of agents
+// (heartbeats, task updates, reports) that succeed, machine traffic whose
+// effect the ledger objects record themselves. A request a follower
+// forwards is recorded by the leader, with the client's address.
 
 import (
 	"context"
@@ -142,8 +143,9 @@ func (a *API) endAudit(p *audit.Pending, status int, location string) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if status == http.StatusUnauthorized || status == http.StatusTooManyRequests {
-		return
+	if status == http.StatusUnauthorized || status == http.StatusTooManyRequests ||
+		status == http.StatusForbidden && !a.b.IsLeader() {
+		return // counted (refusals.go)
 	}
 	if location != "" {
 		p.Update(func(rec *proto.AuditRecord) {
@@ -408,4 +410,50 @@ func (a *API) pruneAudit(c *call) error {
 	}
 	c.index = idx
 	return c.reply(http.StatusOK, resp)
+}
+
+// auditRetentionBackend is a backend with a capped audit log
+// (*server.Server).
+type auditRetentionBackend interface {
+	AuditRetention() proto.AuditRetention
+	AckAuditExport(ctx context.Context, seq uint64, hash, by string) (uint64, error)
+}
+
+// ackAuditExport is POST /v1/audit/ack: the caller vouches that its
+// export holds the log through through_seq (whose hash it read from the
+// export); the retention loop may then prune up to there when the log is
+// over its cap.
+func (a *API) ackAuditExport(c *call) error {
+	if _, err := c.query(); err != nil {
+		return err
+	}
+	b, ok := a.b.(auditRetentionBackend)
+	if !ok {
+		return proto.Errorf(proto.CodeUnavailable, "this coordinator keeps no audit export watermark")
+	}
+	var body proto.AuditExportAckRequest
+	if err := c.decode(&body, false); err != nil {
+		return err
+	}
+	if body.ThroughSeq == 0 || len(body.Hash) != 64 {
+		return proto.Errorf(proto.CodeInvalidArgument, "through_seq (at least 1) and hash (64 hex digits, the last record's hash in your export) are required")
+	}
+	idx, err := b.AckAuditExport(c.r.Context(), body.ThroughSeq, body.Hash, c.p.Name)
+	if err != nil {
+		return err
+	}
+	c.index = idx
+	return c.reply(http.StatusOK, b.AuditRetention())
+}
+
+// auditRetention is GET /v1/audit/retention: the cap, the watermark and
+// whether the cap holds (this replica's view).
+func (a *API) auditRetention(c *call) error {
+	return c.read(readOpts{tables: []string{state.TableAudit}}, func(*state.Snapshot, url.Values, page) (any, error) {
+		b, ok := a.b.(auditRetentionBackend)
+		if !ok {
+			return nil, proto.Errorf(proto.CodeUnavailable, "this coordinator keeps no audit retention")
+		}
+		return b.AuditRetention(), nil
+	})
 }

@@ -138,6 +138,7 @@ type attemptResult struct {
 // error, nil when the route was forwarded before running.
 func (a *API) forward(c *call, cause error) {
 	audit.From(c.r.Context()).Skip() // the leader records it
+	noteForwarded(c.r)
 	ctx := c.r.Context()
 	reqID := c.w.Header().Get(proto.RequestIDHeader)
 	key := c.r.Header.Get(proto.IdempotencyKeyHeader)

@@ -431,6 +431,7 @@ func (a *API) replicateBlob(im *proto.Image, auth string) {
 // download with a credential it does not know yet).
 func (a *API) forwardStream(c *call) {
 	audit.From(c.r.Context()).Skip() // the leader records it
+	noteForwarded(c.r)
 	addr := a.b.LeaderHTTPAddr()
 	if addr == "" {
 		writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica cannot serve the request alone and no leader is known; retry shortly"))

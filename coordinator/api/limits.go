@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -287,9 +288,12 @@ func (a *API) Protect(h http.Handler) http.Handler {
 		if !requestIDPattern.MatchString(id) {
 			id = randomHex(8)
 		}
+		note := new(reqNote)
+		r = r.WithContext(context.WithValue(r.Context(), noteKey{}, note))
 		pend, r := a.beginAudit(r, id, r.URL.Path)
 		h.ServeHTTP(sw, r)
 		a.endAudit(pend, sw.status, sw.Header().Get("Location"))
+		a.countRefusal(r, sw.status, audit.From(r.Context()).Record().Actor, note)
 		if sw.status == http.StatusUnauthorized {
 			if d := a.guard.failed(addr); d > 0 {
 				a.log.Warn("address locked out after failed authentications", "remote", addr, "for", d.String(), "path", r.URL.Path)

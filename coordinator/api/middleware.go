@@ -84,6 +84,26 @@ func (s *statusWriter) Flush() {
 
 type principalKey struct{}
 
+// noteKey carries the request's *reqNote.
+type noteKey struct{}
+
+// reqNote is what the refusal count (refusals.go) learns of a request:
+// the problem writeProblem answered ("code: detail"), and whether the
+// request was relayed to the leader (whose answer it is, and which counts
+// it).
+type reqNote struct {
+	problem       string
+	forwarded     bool
+	role, tokenID string // of the authenticated principal
+}
+
+// noteForwarded marks r as relayed to the leader.
+func noteForwarded(r *http.Request) {
+	if n, ok := r.Context().Value(noteKey{}).(*reqNote); ok {
+		n.forwarded = true
+	}
+}
+
 // serve assigns the request ID, logs the request and turns a panic into
 // a 500 problem.
 func (a *API) serve(w http.ResponseWriter, r *http.Request) {
@@ -95,12 +115,14 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(proto.RequestIDHeader, id)
 	sw := &statusWriter{ResponseWriter: w, onHeader: a.replicaHeaders}
 	who := new(string)
-	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
+	note := new(reqNote)
+	r = r.WithContext(context.WithValue(context.WithValue(r.Context(), principalKey{}, who), noteKey{}, note))
 	pend, r := a.beginAudit(r, id, "")
 	addr := a.clientAddr(r)
 	if wait, ok := a.guard.admitAddr(addr); !ok {
 		a.log.Info("api request refused: rate limited", "request_id", id, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
 		writeTooMany(sw, r, wait, fmt.Sprintf("too many requests or failed authentications from %s", addr))
+		a.countRefusal(r, http.StatusTooManyRequests, "", note)
 		return
 	}
 	a.bodyDeadline(sw, r)
@@ -127,6 +149,7 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		a.endAudit(pend, sw.status, sw.Header().Get("Location"))
+		a.countRefusal(r, sw.status, *who, note)
 	}()
 	a.mux.ServeHTTP(sw, r)
 }
@@ -170,6 +193,9 @@ func (a *API) authorize(w http.ResponseWriter, r *http.Request, rt Route, p Prin
 	}
 	tok, _ := bearer(r)
 	a.auditPrincipal(r, rt, p, tokenID(tok))
+	if n, ok := r.Context().Value(noteKey{}).(*reqNote); ok && p.Role != 0 {
+		n.role, n.tokenID = p.Role.String(), tokenID(tok)
+	}
 	// A request a peer relays was limited by the replica the client
 	// talked to.
 	if a.guard != nil && !a.relayedByPeer(r, remoteIP(r)) {
@@ -238,6 +264,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 		detail = "internal error; the coordinator log has the cause under this request id"
 	}
 	audit.From(r.Context()).SetError(string(code) + ": " + detail)
+	if n, ok := r.Context().Value(noteKey{}).(*reqNote); ok {
+		n.problem = string(code) + ": " + detail
+	}
 	p := proto.ProblemFor(code, detail)
 	p.Instance = r.URL.Path
 	p.RequestID = w.Header().Get(proto.RequestIDHeader)

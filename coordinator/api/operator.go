@@ -15,7 +15,13 @@ import (
 
 func (a *API) getStatus(c *call) error {
 	return c.read(readOpts{replica: true}, func(s *state.Snapshot, _ url.Values, _ page) (any, error) {
-		return proto.Status{IsLeader: a.b.IsLeader(), LeaderHTTPAddr: a.b.LeaderHTTPAddr(), Index: c.index}, nil
+		st := proto.Status{IsLeader: a.b.IsLeader(), LeaderHTTPAddr: a.b.LeaderHTTPAddr(), Index: c.index}
+		if b, ok := a.b.(auditRetentionBackend); ok {
+			if r := b.AuditRetention(); r.Blocked {
+				st.Warnings = append(st.Warnings, r.Warning)
+			}
+		}
+		return st, nil
 	})
 }
 

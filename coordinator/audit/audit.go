@@ -178,3 +178,14 @@ func Written(resp any) bool {
 	r, ok := resp.(*proto.AuditAppendResponse)
 	return ok && !r.Skipped && r.Seq > 0
 }
+
+// Record returns a copy of the record as it stands (the zero record for a
+// nil Pending).
+func (p *Pending) Record() proto.AuditRecord {
+	if p == nil {
+		return proto.AuditRecord{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rec
+}

@@ -24,7 +24,7 @@ import (
 // export offline, and prune an exported prefix.
 func (a *app) auditCmd() *cobra.Command {
 	c := &cobra.Command{Use: "audit", Short: "The tamper-evident audit log: list, export, verify, prune (admin)"}
-	c.AddCommand(a.auditListCmd(), a.auditExportCmd(), a.auditVerifyCmd(), a.auditPruneCmd())
+	c.AddCommand(a.auditListCmd(), a.auditExportCmd(), a.auditVerifyCmd(), a.auditPruneCmd(), a.auditAckCmd(), a.auditRetentionCmd())
 	return c
 }
 
@@ -111,10 +111,15 @@ func (a *app) auditListCmd() *cobra.Command {
 }
 
 func (a *app) auditExportCmd() *cobra.Command {
-	return &cobra.Command{
+	var ack bool
+	c := &cobra.Command{
 		Use:   "export",
 		Short: "Write the whole audit log as JSON lines to stdout (gpuaasctl audit export > audit.jsonl)",
-		Args:  exactArgs(),
+		Long: "Writes the whole log (its prune checkpoint included) as JSON lines to stdout. With --ack the\n" +
+			"export is verified as it is written and, when it verifies, its last record (seq and hash) is\n" +
+			"acknowledged as exported: over -audit-max-records the leader may then prune up to there.\n" +
+			"Keep the file somewhere else first; the acknowledgement is printed to stderr.",
+		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
 			if err != nil {
@@ -122,7 +127,102 @@ func (a *app) auditExportCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), a.timeout)
 			defer cancel()
-			return c.Stream(ctx, "/v1/audit/export", nil, a.out)
+			if !ack {
+				return c.Stream(ctx, "/v1/audit/export", nil, a.out)
+			}
+			pr, pw := io.Pipe()
+			type verified struct {
+				res proto.AuditVerifyResult
+				err error
+			}
+			done := make(chan verified, 1)
+			go func() {
+				res, _, err := VerifyExport(pr)
+				_, _ = io.Copy(io.Discard, pr) // a broken chain stops reading: drain
+				done <- verified{res, err}
+			}()
+			err = c.Stream(ctx, "/v1/audit/export", nil, io.MultiWriter(a.out, pw))
+			pw.CloseWithError(err)
+			v := <-done
+			if err != nil {
+				return err
+			}
+			if v.err != nil {
+				return fmt.Errorf("verify the export: %w; nothing acknowledged", v.err)
+			}
+			if !v.res.OK {
+				return fmt.Errorf("%w: the export is broken at record %d (%s); nothing acknowledged", errChainBroken, v.res.BrokenSeq, v.res.Problem)
+			}
+			return a.ackExport(cmd, v.res.LastSeq, v.res.HeadHash)
+		},
+	}
+	c.Flags().BoolVar(&ack, "ack", false, "acknowledge the export (its last record) once it verifies: exported records may then be pruned over the cap")
+	return c
+}
+
+// ackExport acknowledges an export through record seq (hash) and prints
+// the retention state to stderr (stdout may hold the export).
+func (a *app) ackExport(cmd *cobra.Command, seq uint64, hash string) error {
+	r, err := a.call(cmd, http.MethodPost, "/v1/audit/ack", nil, proto.AuditExportAckRequest{ThroughSeq: seq, Hash: hash}, nil)
+	if err != nil {
+		return err
+	}
+	var ret proto.AuditRetention
+	if err := json.Unmarshal(r.Body, &ret); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.errOut, "acknowledged the export through record %d (%d records after it; cap %d, log holds %d)\n", seq, ret.Unexported, ret.MaxRecords, ret.Records)
+	return nil
+}
+
+func (a *app) auditAckCmd() *cobra.Command {
+	var file string
+	c := &cobra.Command{
+		Use:   "ack",
+		Short: "Acknowledge an export written earlier (--file): its records may be pruned over the cap",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return usagef("--file is required: the export (gpuaasctl audit export > audit.jsonl) to acknowledge")
+			}
+			res, _, err := verifyExportFile(file)
+			if err != nil {
+				return err
+			}
+			if !res.OK {
+				return fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing acknowledged", errChainBroken, file, res.BrokenSeq, res.Problem)
+			}
+			return a.ackExport(cmd, res.LastSeq, res.HeadHash)
+		},
+	}
+	c.Flags().StringVar(&file, "file", "", "the export (JSON lines) to acknowledge")
+	return c
+}
+
+func (a *app) auditRetentionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "retention",
+		Short: "The audit log's size cap, export watermark and whether the cap holds",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/audit/retention", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			return show(a, r, func(w *tabwriter.Writer, ret proto.AuditRetention) {
+				row(w, "Records:", ret.Records)
+				row(w, "Seqs:", fmt.Sprintf("%d..%d", ret.FirstSeq, ret.HeadSeq))
+				row(w, "Cap (-audit-max-records):", ret.MaxRecords)
+				if ret.Exported != nil {
+					row(w, "Exported through:", fmt.Sprintf("%d (acknowledged by %s at %s)", ret.Exported.Seq, ret.Exported.By, ret.Exported.At.Format(time.RFC3339)))
+				} else {
+					row(w, "Exported through:", "none acknowledged")
+				}
+				row(w, "Unexported records:", ret.Unexported)
+				if ret.Blocked {
+					row(w, "WARNING:", ret.Warning)
+				}
+			})
 		},
 	}
 }

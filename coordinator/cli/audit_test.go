@@ -201,3 +201,46 @@ func TestCLIAuditAgentAndKeyringRequests(t *testing.T) {
 	assert.NotContains(t, out, cred.Credential, "never the credential")
 	assert.NotContains(t, out, key, "never the gossip key")
 }
+
+// TestCLIAuditExportAck: export --ack writes the export to stdout and
+// acknowledges its last record; audit retention shows the watermark;
+// audit ack --file acknowledges a kept export, and a broken one is
+// refused without changing the watermark.
+func TestCLIAuditExportAck(t *testing.T) {
+	t.Parallel()
+	c := startCoordinator(t)
+	c.run(api.RoleAdmin, "node", "drain", "us-east-n0001").ok(t)
+	c.run(api.RoleAdmin, "node", "undrain", "us-east-n0001").ok(t)
+
+	r := c.run(api.RoleAdmin, "audit", "retention").ok(t)
+	assert.Equal(t, "none acknowledged", field(t, r.out, "Exported through"))
+	assert.Equal(t, "2", field(t, r.out, "Unexported records"))
+
+	exp := c.run(api.RoleAdmin, "audit", "export", "--ack").ok(t)
+	lines := strings.Split(strings.TrimSuffix(exp.out, "\n"), "\n")
+	require.Len(t, lines, 2, "stdout holds the export only")
+	assert.Contains(t, exp.err, "acknowledged the export through record 2")
+	r = c.run(api.RoleAdmin, "-o", "json", "audit", "retention").ok(t)
+	var ret proto.AuditRetention
+	require.NoError(t, json.Unmarshal([]byte(r.out), &ret), r.out)
+	require.NotNil(t, ret.Exported)
+	assert.Equal(t, uint64(2), ret.Exported.Seq)
+	assert.Equal(t, "admin-user", ret.Exported.By)
+	assert.Equal(t, 1, ret.Unexported, "the ack itself is recorded after the export")
+
+	// A kept export, acknowledged later; a tampered one is refused.
+	exp = c.run(api.RoleAdmin, "audit", "export").ok(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "audit.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(exp.out), 0o600))
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte(strings.Replace(exp.out, `"actor":"admin-user"`, `"actor":"someone"`, 1)), 0o600))
+	r = c.run(api.RoleAdmin, "audit", "ack", "--file", bad)
+	assert.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.err, "nothing acknowledged")
+	r = c.run(api.RoleAdmin, "audit", "ack", "--file", file).ok(t)
+	assert.Contains(t, r.err, "acknowledged the export through record 3")
+	assert.Equal(t, ExitUsage, c.run(api.RoleAdmin, "audit", "ack").code)
+	r = c.run(api.RoleOperator, "audit", "retention")
+	assert.Equal(t, ExitError, r.code, "admin only")
+}

@@ -270,6 +270,9 @@ func (a *app) statusCmd() *cobra.Command {
 				row(w, "Leader:", yesNo(s.IsLeader))
 				row(w, "Leader address:", s.LeaderHTTPAddr)
 				row(w, "Index:", s.Index)
+				for _, warn := range s.Warnings {
+					row(w, "WARNING:", warn)
+				}
 			})
 		},
 	}

@@ -66,6 +66,8 @@ type Table struct {
 	byHash map[string]string          // credential hash -> node
 	gossip proto.GossipKeyring        // the cluster's gossip keyring
 	certs  map[string]*proto.NodeCert // agent client certificates by serial, until they expire
+	// auditAck is the audit log's acknowledged export watermark.
+	auditAck *proto.AuditExportAck
 }
 
 // New returns an empty table.
@@ -210,6 +212,8 @@ type snapshot struct {
 	GossipKeyring *proto.GossipKeyring `json:"gossip_keyring,omitempty"`
 	// Certs is absent in snapshots taken before agent certificates.
 	Certs []proto.NodeCert `json:"certs,omitempty"`
+	// AuditExported is absent before the first acknowledged export.
+	AuditExported *proto.AuditExportAck `json:"audit_exported,omitempty"`
 }
 
 // MarshalJSON serializes the table deterministically (sorted).
@@ -233,6 +237,10 @@ func (t *Table) MarshalJSON() ([]byte, error) {
 		k := t.gossip
 		k.Keys = append([]string(nil), k.Keys...)
 		s.GossipKeyring = &k
+	}
+	if t.auditAck != nil {
+		a := *t.auditAck
+		s.AuditExported = &a
 	}
 	return json.Marshal(s)
 }
@@ -262,6 +270,7 @@ func (t *Table) Restore(b []byte) error {
 	}
 	t.mu.Lock()
 	t.tokens, t.creds, t.byHash, t.gossip, t.certs = fresh.tokens, fresh.creds, fresh.byHash, fresh.gossip, fresh.certs
+	t.auditAck = s.AuditExported
 	t.mu.Unlock()
 	return nil
 }

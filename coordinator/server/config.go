@@ -70,6 +70,8 @@ type Config struct {
 	MAAS MAASConfig
 	// Purge tunes how long ended allocations stay in the ledger.
 	Purge PurgeConfig
+	// AuditRetention caps the audit log's size (export first).
+	AuditRetention AuditRetentionConfig
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.

@@ -47,7 +47,7 @@ func isEnrollCommand(l *raft.Log) bool {
 	}
 	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
 	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType, proto.GossipKeyringOpType,
-		proto.NodeCertIssueType, proto.NodeCertRevokeType:
+		proto.NodeCertIssueType, proto.NodeCertRevokeType, proto.AuditExportAckType:
 		return true
 	}
 	return false
@@ -99,6 +99,11 @@ func (f *enrollFSM) Apply(l *raft.Log) any {
 			return err
 		}
 		return n
+	case proto.AuditExportAckType:
+		if err := f.table.AckAuditExport(decodeCmd[proto.AuditExportAck](l, "audit_export_ack")); err != nil {
+			return err
+		}
+		return nil
 	case proto.NodeCredentialRevokeType:
 		if err := f.table.Revoke(decodeCmd[proto.NodeCredentialRevokeRequest](l, "node_credential_revoke")); err != nil {
 			return err

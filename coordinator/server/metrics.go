@@ -22,6 +22,17 @@ func (s *Server) initMetrics() {
 		}
 		return nil
 	}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "audit_retention_blocked",
+		Help: "1 while the audit log holds more records than -audit-max-records and what is over the cap was never exported (acknowledged): nothing can be pruned; run gpuaasctl audit export --ack."}, func() float64 {
+		if s.AuditRetention().Blocked {
+			return 1
+		}
+		return 0
+	}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "audit_unexported_records",
+		Help: "Audit records after the acknowledged export watermark (gpuaasctl audit export --ack)."}, func() float64 {
+		return float64(s.AuditRetention().Unexported)
+	}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "raft_leader",
 		Help: "1 while this replica is the Raft leader."}, func() float64 {
 		if s.raft != nil && s.IsLeader() {

@@ -131,7 +131,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
-		Purge: server.PurgeConfig{Retention: o.RetainEnded},
+		Purge:          server.PurgeConfig{Retention: o.RetainEnded},
+		AuditRetention: server.AuditRetentionConfig{MaxRecords: o.AuditMaxRecords, Interval: o.AuditRetainEvery},
 		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
 			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan, DeployExpiry: o.MAASDeployExpiry, ReleaseExpiry: o.MAASReleaseExpiry},
 	})
@@ -153,6 +154,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	a.SetLimits(limitsFrom(o))
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", a.Protect(srv.InternalHandler()))
+	mux.Handle(api.RefusalsPath, a.Protect(a.RefusalsHandler()))
 	mux.Handle("/", a)
 	console, err := ui.New(ui.Config{API: a, SessionKey: uiKey, Logger: log.With("component", "ui")})
 	if err != nil {
@@ -162,6 +164,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	mux.Handle(ui.Prefix, console)
 	go a.RunTaskDeadlines(ctx, o.TaskStallTimeout)
+	go a.RunRefusalAudit(ctx, o.RefusalAuditEvery)
 	// No server-wide ReadTimeout/WriteTimeout: long-polls, blob uploads
 	// and downloads stream. The API bounds each request body itself
 	// (-body-timeout) and each request's time by its route's deadline

@@ -55,7 +55,11 @@ type options struct {
 	NodeCertTTL      time.Duration
 	MemoryLimit      int64
 	RetainEnded      time.Duration
-	TaskStallTimeout time.Duration
+	AuditMaxRecords  int
+	AuditRetainEvery time.Duration
+	// RefusalAuditEvery is how often counted refusals are written.
+	RefusalAuditEvery time.Duration
+	TaskStallTimeout  time.Duration
 	// MAAS workflow tuning (coordinator/maasflow defaults when zero).
 	MAASCoordinatorURL string
 	MAASPollInterval   time.Duration
@@ -127,6 +131,9 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")
 	fs.IntVar(&o.GCPercent, "gc-percent", server.DefaultGCPercent, "Go GC target percent (GOGC); the ledger's copy-on-write store churns the heap, so the default is higher than Go's 100")
 	fs.DurationVar(&o.TaskStallTimeout, "task-stall-timeout", api.DefaultTaskStallTimeout, "how long a slice.provision, slice.release or slot.cleanup task may go without a report from its agent before the leader fails it (named on the timeline; the allocation ends failed or released, touched slots cleanup_blocked)")
+	fs.IntVar(&o.AuditMaxRecords, "audit-max-records", server.DefaultAuditMaxRecords, "cap of the audit log (records): over it the leader prunes records an operator exported and acknowledged (gpuaasctl audit export --ack); unexported records are never dropped (gpuaas_audit_retention_blocked, a /v1/status warning); negative: no cap")
+	fs.DurationVar(&o.AuditRetainEvery, "audit-retention-interval", server.DefaultAuditRetentionInterval, "how often the leader checks the audit log's cap")
+	fs.DurationVar(&o.RefusalAuditEvery, "audit-refusal-interval", 10*time.Second, "how often the refusals (401, 403, 429) this replica answered are written to the audit log, one record per status, address, principal and method (at most 65 records per interval)")
 	fs.DurationVar(&o.RetainEnded, "retain-ended", server.DefaultRetention, "how long released and failed allocations (with their claims, tasks and timeline) stay in the ledger before the leader purges them; usage records stay; negative: never purge")
 	fs.Int64Var(&o.MemoryLimit, "memory-limit", 0, "soft Go memory limit in bytes (0: none); the collector runs harder near it")
 	fs.StringVar(&o.MAASCoordinatorURL, "maas-coordinator-url", "", "URL deployed nodes reach the coordinators at, written into their cloud-init (default: http://<http-advertise>)")
@@ -212,6 +219,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	case "debug", "info", "warn", "error":
 	default:
 		return nil, fmt.Errorf("log-level %q is not one of debug, info, warn, error", o.LogLevel)
+	}
+	if o.AuditMaxRecords == 0 {
+		return nil, fmt.Errorf("audit-max-records 0: give a positive cap, or a negative one for none")
 	}
 	if o.RetainEnded == 0 {
 		return nil, fmt.Errorf("retain-ended 0: give a positive duration, or a negative one to never purge")
