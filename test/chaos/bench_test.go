@@ -24,6 +24,7 @@ type timedWrite struct {
 	client       int
 	call, ret    time.Time
 	err          error
+	node         int
 	isolatedNode bool
 }
 
@@ -72,7 +73,7 @@ func TestBenchPartition(t *testing.T) {
 					default:
 					}
 					i := nodes[rng.IntN(len(nodes))]
-					w := timedWrite{client: cl, call: time.Now(), isolatedNode: i == isolated}
+					w := timedWrite{client: cl, node: i, call: time.Now(), isolatedNode: i == isolated}
 					w.err = write(wctx, i)
 					w.ret = time.Now()
 					mu.Lock()
@@ -110,6 +111,7 @@ func TestBenchPartition(t *testing.T) {
 		time.Sleep(time.Second)
 		t0 := time.Now()
 		require.NoError(t, rg.Net.Isolate(ctx, leader))
+		t.Logf("trial %d: isolated %s at %s", trial, c.Nodes[leader].ID, t0.UTC().Format("15:04:05.000"))
 		time.Sleep(hold)
 		require.NoError(t, rg.Net.Heal(ctx))
 		t1 := time.Now()
@@ -136,6 +138,9 @@ func TestBenchPartition(t *testing.T) {
 		}
 		for _, w := range ws {
 			maxMajority = max(maxMajority, w.ret.Sub(w.call))
+			if d := w.ret.Sub(w.call); d > 3*time.Second {
+				t.Logf("slow write, trial %d, client %d: %s at +%.3fs after the partition, took %.2fs: %v", trial, w.client, c.Nodes[w.node].ID, w.call.Sub(t0).Seconds(), d.Seconds(), w.err)
+			}
 			if w.err != nil && w.ret.After(t0) {
 				failedMajority++
 			}

@@ -37,6 +37,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -230,6 +231,10 @@ func shutdown(log *slog.Logger, hs *http.Server, srv *server.Server, grace, raft
 		log.Info("shutdown: raft server stopped", "took", time.Since(rstart).Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond))
 		return err
 	case <-time.After(raftWait):
+		// The goroutines say where it is stuck.
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		log.Error("shutdown: raft server overran its bound; goroutines follow", "step", srv.ShutdownStep(), "goroutines", stacks.String())
 		return fmt.Errorf("shutdown: raft server did not stop within %s (stuck at: %s); exiting without it", raftWait, srv.ShutdownStep())
 	}
 }
