@@ -82,20 +82,22 @@ bench: deps build
 
 # The fault rig (test/chaos) RUNS times, each a randomized short run with
 # its own seed: 3 coordinators in network namespaces, a recorded workload,
-# 6 faults (kill -9, SIGSTOP, nftables partitions and one-way drops), the
-# porcupine and log-replay checkers. Writes test/bench/results/soak.md and
+# 4 faults of the nemesis' menu (kill -9, SIGSTOP, nftables partitions and
+# one-way drops, ...), the porcupine and log-replay checkers; PARALLEL runs
+# at once, each in its own namespaces. Writes test/bench/results/soak.md and
 # parts/soak.json (soak_runs, soak_linearizability_violations,
 # soak_double_claims, soak_lost_acks, date), which the bench report
 # carries; porcupine's views of any violation go to .soak/.
 # SOAK_UNTIL (RFC 3339 time) ends it early with the runs done by then.
 RUNS ?= 200
-SOAK_DURATION ?= 30s
+PARALLEL ?= 3
+SOAK_DURATION ?= 20s
 SOAK_UNTIL ?=
 soak: deps
 	@set -o pipefail; mkdir -p test/bench/results; \
-	GPUAAS_SOAK=1 GPUAAS_SOAK_UNTIL=$(SOAK_UNTIL) GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
-		$(GO) test -count=$(RUNS) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
-		grep -E '^(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
+	GPUAAS_SOAK=1 GPUAAS_SOAK_UNTIL=$(SOAK_UNTIL) GPUAAS_SOAK_PARALLEL=$(PARALLEL) GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
+		$(GO) test -count=$$(( ($(RUNS) + $(PARALLEL) - 1) / $(PARALLEL) )) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
+		grep -E '^ *(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
 	$(GO) run ./test/bench/cmd/benchmerge; exit $$rc
 
 lab: build

@@ -50,6 +50,13 @@ const (
 	// a (new) leader: a few election timeouts, the time a healthy
 	// majority needs to elect one.
 	forwardLeaderWait = 2 * time.Second
+	// forwardConnSilence bounds how long a connection to the leader may
+	// stay silent before it is probed (an HTTP/2 ping), and how long the
+	// probe, or a write the leader does not take, may wait: a connection
+	// made before a partition keeps looking healthy to the kernel for
+	// minutes, and a request sent on it would otherwise wait out the
+	// route deadline whenever Raft keeps naming that leader.
+	forwardConnSilence = time.Second
 	// forwardPoll is how often an attempt in flight re-reads the leader.
 	forwardPoll = 25 * time.Millisecond
 	// retryAfterSeconds is the Retry-After of a 503: about one election.
@@ -85,6 +92,15 @@ func newForwarder(log *slog.Logger, b Backend) *forwarder {
 		// the backstop of the streams (blob relays and peer copies),
 		// which have no deadline.
 		ResponseHeaderTimeout: proto.MaxBlockingWait + time.Minute,
+		// A TLS handshake with a leader cut off after the TCP connect
+		// must not hang either.
+		TLSHandshakeTimeout: forwardDialTimeout,
+		// HTTP/2 (TLS): a connection that hears nothing for
+		// forwardConnSilence is pinged, and closed (failing its requests)
+		// when the ping or a write gets no answer within the same: a
+		// dead connection to a partitioned leader is found in about two
+		// seconds, not at the route deadline.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: forwardConnSilence, PingTimeout: forwardConnSilence, WriteByteTimeout: 2 * forwardConnSilence},
 	}
 	f := &forwarder{log: log, transport: t, scheme: "http"}
 	if p, ok := b.(peerTLS); ok {

@@ -63,6 +63,7 @@ type Server struct {
 
 	shutdownOnce sync.Once
 	shutdownErr  error
+	stopStep     atomic.Value // string: the step Shutdown is in
 
 	blobsOnce sync.Once
 	blobs     *blobs.Store
@@ -419,18 +420,39 @@ func (s *Server) Stats() map[string]string { return s.raft.Stats() }
 // store. Safe to call more than once.
 func (s *Server) Shutdown() error {
 	s.shutdownOnce.Do(func() {
+		start := time.Now()
+		step := func(name string) time.Time {
+			s.stopStep.Store(name)
+			return time.Now()
+		}
+		t := step("cancel the leader loops")
 		s.cancel()
+		t = step("raft shutdown")
 		if err := s.raft.Shutdown().Error(); err != nil {
 			s.shutdownErr = fmt.Errorf("shutdown raft %s: %w", s.cfg.NodeID, err)
 		}
+		raftTook := time.Since(t)
+		t = step("wait for the leader loops")
 		s.wg.Wait()
+		loopsTook := time.Since(t)
+		step("close the raft transport")
 		if err := s.trans.Close(); err != nil && s.shutdownErr == nil {
 			s.shutdownErr = fmt.Errorf("close raft transport: %w", err)
 		}
+		step("close the raft store")
 		if err := s.store.Close(); err != nil && s.shutdownErr == nil {
 			s.shutdownErr = fmt.Errorf("close raft store: %w", err)
 		}
-		s.log.Info("server stopped")
+		step("stopped")
+		s.log.Info("server stopped", "took", time.Since(start).Round(time.Millisecond),
+			"raft_took", raftTook.Round(time.Millisecond), "loops_took", loopsTook.Round(time.Millisecond))
 	})
 	return s.shutdownErr
+}
+
+// ShutdownStep names the step Shutdown is in ("" before it starts), so a
+// shutdown that overruns its bound can say where it is stuck.
+func (s *Server) ShutdownStep() string {
+	v, _ := s.stopStep.Load().(string)
+	return v
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,21 +115,62 @@ func TestPrivilegedChaos(t *testing.T) {
 	requireRig(t)
 	soakDeadline(t)
 	t.Parallel()
-	s := seed(t)
+	p := parallelRuns(t)
+	if p == 1 {
+		chaosRun(t, seed(t))
+		return
+	}
+	// make soak PARALLEL=n: n runs at once, each its own cluster in its
+	// own namespaces.
+	for i := range p {
+		s := seed(t)
+		t.Run(fmt.Sprintf("run%d", i), func(t *testing.T) {
+			t.Parallel()
+			chaosRun(t, s)
+		})
+	}
+}
+
+// parallelRuns is GPUAAS_SOAK_PARALLEL (runs at once per
+// TestPrivilegedChaos under make soak), else 1.
+func parallelRuns(t *testing.T) int {
+	v := os.Getenv("GPUAAS_SOAK_PARALLEL")
+	if v == "" || os.Getenv("GPUAAS_CHAOS_SEED") != "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, "GPUAAS_SOAK_PARALLEL")
+	require.True(t, n >= 1 && n <= 8, "GPUAAS_SOAK_PARALLEL=%d: from 1 to 8", n)
+	return n
+}
+
+// chaosRun is one randomized run with seed s.
+func chaosRun(t *testing.T, s uint64) {
 	rng := rand.New(rand.NewPCG(s, 1))
-	// Always one kill, one pause and one partition; three more at random.
+	// Always one kill, one pause, one partition and a full disk; more at
+	// random.
 	faults := []string{
 		[]string{KillLeader, KillFollower, KillRandom}[rng.IntN(3)],
 		[]string{PauseLeader, PauseFollower}[rng.IntN(2)],
 		[]string{IsolateLeader, SplitMinority}[rng.IntN(2)],
+		DiskFull,
 	}
-	faults = append(faults, RandomFaults(rng, 3)...)
+	d := duration(t, 45*time.Second)
+	// Holds of 2-6 s: every one longer than the election timeout, some
+	// long enough to show requests that hang. A short run (make soak)
+	// holds 1.5-4 s and has four faults.
+	hold, holdMax, extra := 2*time.Second, 6*time.Second, 2
+	if d < 30*time.Second {
+		hold, holdMax, extra = 1500*time.Millisecond, 4*time.Second, 0
+	}
+	faults = append(faults, RandomFaults(rng, extra)...)
 	rng.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
+	if v := os.Getenv("GPUAAS_CHAOS_FAULTS"); v != "" {
+		faults = strings.Split(v, ",")
+	}
 	t.Logf("seed %d (GPUAAS_CHAOS_SEED), faults %v", s, faults)
 	rg := Start(t, coordinatorBin, nodes(t))
-	// Holds of 2-6 s: every one longer than the election timeout, some
-	// long enough to show requests that hang.
-	rep := rg.Run(t, Config{Duration: duration(t, 45*time.Second), Faults: faults, Hold: 2 * time.Second, HoldMax: 6 * time.Second,
+	rep := rg.Run(t, Config{Duration: d, Faults: faults, Hold: hold, HoldMax: holdMax,
 		Seed: s, OutDir: outDir(t)})
 	t.Log(rep)
 	require.NoError(t, recordSoak(s, rep), "soak summary")
@@ -142,7 +184,7 @@ func TestPrivilegedChaos(t *testing.T) {
 	assert.GreaterOrEqual(t, len(rep.Faults), len(faults)/2, "the faults must have been injected")
 	// Liveness (issue 14: no request to a healthy server waits more than
 	// 10 s) is reported, and required only with
-	// GPUAAS_CHAOS_REQUIRE_LIVENESS=1 until forwarding fails fast.
+	// GPUAAS_CHAOS_REQUIRE_LIVENESS=1.
 	if os.Getenv("GPUAAS_CHAOS_REQUIRE_LIVENESS") == "1" {
 		assert.Zero(t, rep.StuckHealthy, "requests to servers no fault targeted waited more than %s", StuckAfter)
 	}

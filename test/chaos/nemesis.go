@@ -25,16 +25,18 @@ const (
 	SplitMinority   = "split-leader-minority" // the leader plus ⌊n/2⌋-1 others cut from the rest
 	DropToLeader    = "drop-to-leader"        // one-way: packets from the others to the leader vanish
 	DropFromLeader  = "drop-from-leader"      // one-way: packets from the leader to the others vanish
+	DiskFull        = "disk-full"             // fill one server's data filesystem (writes fail with ENOSPC); freed at the heal, restarted if it exited
 )
 
 // AllFaults lists every kind.
 var AllFaults = []string{KillLeader, KillFollower, KillRandom, PauseLeader, PauseFollower,
-	IsolateLeader, IsolateFollower, SplitMinority, DropToLeader, DropFromLeader}
+	IsolateLeader, IsolateFollower, SplitMinority, DropToLeader, DropFromLeader, DiskFull}
 
 // Nemesis injects faults into a cluster.
 type Nemesis struct {
 	C    *proctest.Cluster
 	Net  *Net
+	Disk *Disk // for disk-full
 	H    *History
 	Hold time.Duration
 	// HoldMax, when above Hold, draws each fault's hold from [Hold, HoldMax].
@@ -85,6 +87,34 @@ func (n *Nemesis) Inject(ctx context.Context, kind string) error {
 			return err
 		}
 		heal = func() error { return n.C.Thaw(i) }
+	case DiskFull:
+		if n.Disk == nil {
+			return fmt.Errorf("%s: the rig has no fillable disks", kind)
+		}
+		i := n.Rng.IntN(size)
+		targets = []int{i}
+		filled, err := n.Disk.Fill(i)
+		if err != nil {
+			return err
+		}
+		if n.Log != nil {
+			n.Log("%6.1fs nemesis: filled %s's disk (%d MiB)", n.H.Now().Seconds(), n.C.Nodes[i].ID, filled>>20)
+		}
+		heal = func() error {
+			if err := n.Disk.Free(i); err != nil {
+				return err
+			}
+			if n.C.Exited(i) {
+				// Failing safe may mean exiting: restart it, as a
+				// supervisor would, now that there is space again.
+				if n.Log != nil {
+					n.Log("%6.1fs nemesis: %s exited on the full disk; restarting it", n.H.Now().Seconds(), n.C.Nodes[i].ID)
+				}
+				n.C.Kill(i)
+				n.C.StartNode(i)
+			}
+			return nil
+		}
 	case IsolateLeader, IsolateFollower, SplitMinority, DropToLeader, DropFromLeader:
 		switch kind {
 		case IsolateLeader:

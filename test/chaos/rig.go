@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -49,8 +50,9 @@ type Config struct {
 
 // Rig is a formed cluster in its namespaces.
 type Rig struct {
-	C   *proctest.Cluster
-	Net *Net
+	C    *proctest.Cluster
+	Net  *Net
+	Disk *Disk
 }
 
 // Region, SKU and the inventory every run uses: 6 nodes of 8 slots, so
@@ -69,7 +71,9 @@ const (
 func Start(t testing.TB, bin string, n int) *Rig {
 	t.Helper()
 	nw := NewNet(t, n)
+	disk := &Disk{}
 	c := proctest.Start(t, bin, proctest.Options{
+		Prepare:   disk.Prepare(t),
 		Size:      n,
 		Inventory: server.SyntheticInventory(Region, rigNodes, rigSlots),
 		Args: []string{
@@ -83,6 +87,16 @@ func Start(t testing.TB, bin string, n int) *Rig {
 		},
 		Addrs: nw.Addrs, Wrap: nw.Wrap, DialContext: nw.DialContext, ClientTimeout: time.Minute,
 	})
+	if d := os.Getenv("GPUAAS_CHAOS_OUT"); d != "" {
+		// Keep the servers' logs with the run's other evidence when it
+		// failed (or GPUAAS_CHAOS_KEEP_LOGS is set).
+		t.Cleanup(func() {
+			if !t.Failed() && os.Getenv("GPUAAS_CHAOS_KEEP_LOGS") == "" {
+				return
+			}
+			keepLogs(t, c, filepath.Join(d, fmt.Sprintf("%s-%d-logs", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())))
+		})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), bootLimit)
 	defer cancel()
 	if _, err := c.Leader(ctx); err != nil {
@@ -99,7 +113,7 @@ func Start(t testing.TB, bin string, n int) *Rig {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &Rig{C: c, Net: nw}
+	return &Rig{C: c, Net: nw, Disk: disk}
 }
 
 // Run runs the workload under the nemesis, heals everything, lets the
@@ -122,7 +136,7 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 	slots := rg.slotIDs(t)
 	h := NewHistory()
 	w := &Workload{C: c, H: h, Clients: cfg.Clients, Region: Region, SKU: SKU, Slots: slots, Timeout: cfg.Timeout, Seed: cfg.Seed}
-	nem := &Nemesis{C: c, Net: rg.Net, H: h, Hold: cfg.Hold, HoldMax: cfg.HoldMax, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d)), Log: t.Logf}
+	nem := &Nemesis{C: c, Net: rg.Net, Disk: rg.Disk, H: h, Hold: cfg.Hold, HoldMax: cfg.HoldMax, Rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d)), Log: t.Logf}
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
@@ -152,6 +166,17 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 		t.Errorf("heal: %v", err)
 	}
 	for i := range c.Nodes {
+		if rg.Disk != nil {
+			if err := rg.Disk.Free(i); err != nil {
+				t.Errorf("free disk: %v", err)
+			}
+		}
+		if c.Exited(i) {
+			// It stopped by itself (e.g. Raft gave up on a full disk):
+			// restart it like a supervisor would.
+			t.Logf("%s had exited; restarting it. Its last log lines:\n%s", c.Nodes[i].ID, tail(c.Nodes[i].LogPath, 10))
+			c.Kill(i)
+		}
 		if c.Running(i) {
 			_ = c.Thaw(i)
 		} else {
@@ -187,6 +212,9 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 			t.Logf("stop %s: %v; its last log lines:\n%s", c.Nodes[i].ID, err, tail(c.Nodes[i].LogPath, 25))
 		}
 	}
+	if d := os.Getenv("GPUAAS_CHAOS_OUT"); d != "" && rep.SlowStops > 0 {
+		keepLogs(t, c, filepath.Join(d, fmt.Sprintf("%s-%d-slowstop-logs", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())))
+	}
 	if err := Replay(c, acked, rep); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
@@ -221,6 +249,23 @@ func (rg *Rig) converge(limit time.Duration) error {
 		case <-ctx.Done():
 			return fmt.Errorf("replicas did not converge within %s after the faults healed: applied indexes %v", limit, idx)
 		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// keepLogs copies every server's log into dir.
+func keepLogs(t testing.TB, c *proctest.Cluster, dir string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keep logs: %v", err)
+		return
+	}
+	for _, n := range c.Nodes {
+		b, err := os.ReadFile(n.LogPath)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, n.ID+".log"), b, 0o644)
+		}
+		if err != nil {
+			t.Logf("keep log of %s: %v", n.ID, err)
 		}
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -185,14 +186,60 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	case err = <-serveErr:
 		log.Error("http server stopped", "err", err)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	herr := hs.Shutdown(sctx)
-	serr := srv.Shutdown()
+	serr := shutdown(log, hs, srv, shutdownGrace, raftShutdownWait)
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
-	return errors.Join(err, herr, serr)
+	return errors.Join(err, serr)
+}
+
+// Shutdown bounds. A coordinator told to stop is stopped within
+// shutdownGrace + raftShutdownWait (plus a one-second gossip leave), so a
+// supervisor's SIGTERM is never followed by a hang.
+const (
+	// shutdownGrace is how long requests in flight get to finish after
+	// SIGTERM. Then their connections are closed: long-polls (which may
+	// wait proto.MaxBlockingWait), forwarded requests whose leader does
+	// not answer and streams end there, and their clients retry
+	// elsewhere (a keyed write with its Idempotency-Key).
+	shutdownGrace = 3 * time.Second
+	// raftShutdownWait bounds stopping Raft, the leader loops, the Raft
+	// transport and the store.
+	raftShutdownWait = 4 * time.Second
+)
+
+// shutdown stops the HTTP server (grace for requests in flight, then
+// their connections are cut) and then the Raft server (bounded by
+// raftWait), logging how long each step took. A step that overruns its
+// bound is logged and abandoned: the process exits anyway, and a server
+// that did not close its store cleanly recovers from its Raft log on
+// the next start.
+func shutdown(log *slog.Logger, hs *http.Server, srv *server.Server, grace, raftWait time.Duration) error {
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		// Requests still running after the grace: cut them.
+		log.Warn("shutdown: requests still in flight after the grace; closing their connections", "grace", grace, "err", err)
+		if err := hs.Close(); err != nil {
+			log.Warn("shutdown: close http server", "err", err)
+		}
+	}
+	log.Info("shutdown: http server stopped", "took", time.Since(start).Round(time.Millisecond))
+	rstart := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown() }()
+	select {
+	case err := <-done:
+		log.Info("shutdown: raft server stopped", "took", time.Since(rstart).Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond))
+		return err
+	case <-time.After(raftWait):
+		// The goroutines say where it is stuck.
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		log.Error("shutdown: raft server overran its bound; goroutines follow", "step", srv.ShutdownStep(), "goroutines", stacks.String())
+		return fmt.Errorf("shutdown: raft server did not stop within %s (stuck at: %s); exiting without it", raftWait, srv.ShutdownStep())
+	}
 }
 
 // limitsFrom turns the flags into the API's limits.

@@ -83,6 +83,10 @@ type Options struct {
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// ClientTimeout bounds each request of Cluster.Client (default 15 s).
 	ClientTimeout time.Duration
+	// Prepare, when set, runs once per server before its first start,
+	// with its (not yet created) data directory: e.g. to mount a
+	// size-limited filesystem there that a fault fills.
+	Prepare func(i int, dataDir string) error
 }
 
 // Cluster is a set of coordinator processes.
@@ -223,7 +227,11 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 			}
 		}
 	})
-	for i := range c.Nodes {
+	for i, n := range c.Nodes {
+		if o.Prepare != nil {
+			require.NoError(tb, os.MkdirAll(n.DataDir, 0o700))
+			require.NoError(tb, o.Prepare(i, n.DataDir), "prepare %s", n.ID)
+		}
 		c.StartNode(i)
 	}
 	return c
@@ -281,6 +289,24 @@ func (c *Cluster) Running(i int) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.cmd != nil
+}
+
+// Exited reports whether server i was started and its process has
+// exited on its own (crashed or stopped itself); Kill or Stop then
+// clears it, StartNode after that restarts it.
+func (c *Cluster) Exited(i int) bool {
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Kill sends SIGKILL to server i and waits for it to die.
