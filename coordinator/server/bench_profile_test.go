@@ -22,5 +22,9 @@ func TestProfilePlacements(t *testing.T) {
 	require.NoError(t, err)
 	defer debug.SetGCPercent(prevGC)
 	run := benchPlacementsOn(t, v, true)
-	t.Logf("voters %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v", v, run.perS, run.appliesPerS, run.cpu)
+	t.Logf("voters %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, FSM apply CPU per placement %v (%d entries replayed)",
+		v, run.perS, run.appliesPerS, run.cpu, run.applyCPU, run.entries)
+	if run.applyCPUByGC != nil {
+		t.Logf("FSM apply CPU per placement by GOGC: %s", gcSweep(run.applyCPUByGC))
+	}
 }
