@@ -73,8 +73,25 @@ func (t MessageType) String() string {
 	return fmt.Sprintf("message_type_%d", uint8(t))
 }
 
-// Encode frames a command: the type byte, then the JSON body.
+// Encode frames a command: the type byte, then the body in the binary
+// codec (codec.go: a version byte and MessagePack). DecodeBody reads it.
+// A json.RawMessage body is already encoded: it is framed as is, a legacy
+// JSON body (as written before the binary codec).
 func Encode(t MessageType, body any) ([]byte, error) {
+	if raw, ok := body.(json.RawMessage); ok {
+		return append([]byte{byte(t)}, raw...), nil
+	}
+	b, err := AppendBinary(append(make([]byte, 0, 256), byte(t)), body)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", t, err)
+	}
+	return b, nil
+}
+
+// EncodeJSON frames a command with a JSON body: the encoding of every
+// log entry written before the binary codec, which DecodeBody still
+// reads. Only tests and tools that write such legacy entries use it.
+func EncodeJSON(t MessageType, body any) ([]byte, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", t, err)

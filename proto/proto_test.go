@@ -1,20 +1,56 @@
 package proto
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
 func TestEncodeDecode(t *testing.T) {
-	b, err := Encode(NodeDrainType, NodeDrainRequest{NodeID: "n1", Draining: true})
+	want := NodeDrainRequest{At: time.Date(2026, 11, 25, 23, 0, 0, 123, time.UTC), NodeID: "n1", Draining: true}
+	b, err := Encode(NodeDrainType, want)
 	require.NoError(t, err)
 	typ, body, err := Decode(b)
 	require.NoError(t, err)
 	require.Equal(t, NodeDrainType, typ)
-	require.JSONEq(t, `{"at":"0001-01-01T00:00:00Z","node_id":"n1","draining":true}`, string(body))
+	require.Equal(t, CodecMsgpackV1, body[0], "binary body behind a version byte")
+	var got NodeDrainRequest
+	require.NoError(t, DecodeBody(body, &got))
+	require.Equal(t, want, got)
+	again, err := Encode(NodeDrainType, got)
+	require.NoError(t, err)
+	require.Equal(t, b, again, "the same value encodes to the same bytes")
 	_, _, err = Decode(nil)
 	require.Error(t, err)
+}
+
+// A log written before the binary codec holds JSON bodies: they decode to
+// the same value; a body behind an unknown version byte is refused.
+func TestDecodeBodyReadsLegacyJSONAndRefusesUnknownVersions(t *testing.T) {
+	want := NodeSetStateRequest{At: time.Date(2026, 11, 25, 23, 0, 0, 0, time.UTC), NodeID: "n1", State: NodeActive, Reason: "r"}
+	legacy, err := EncodeJSON(NodeSetStateType, want)
+	require.NoError(t, err)
+	require.Equal(t, byte('{'), legacy[1])
+	for _, body := range [][]byte{legacy[1:], append([]byte(" \n\t"), legacy[1:]...)} {
+		var got NodeSetStateRequest
+		require.NoError(t, DecodeBody(body, &got))
+		require.Equal(t, want, got)
+	}
+	bin, err := Encode(NodeSetStateType, want)
+	require.NoError(t, err)
+	for _, v := range []byte{0x00, 0x02, 0x1f} {
+		body := append([]byte{v}, bin[2:]...)
+		var got NodeSetStateRequest
+		err := DecodeBody(body, &got)
+		require.ErrorContains(t, err, fmt.Sprintf("unknown body codec version %d", v))
+		require.Equal(t, NodeSetStateRequest{}, got, "a refused body decodes nothing")
+	}
+	var got NodeSetStateRequest
+	require.ErrorContains(t, DecodeBody(nil, &got), "empty body")
+	require.ErrorContains(t, DecodeBody(append(bin[1:], 0xc0), &got), "trailing bytes")
+	require.Error(t, DecodeBody(bin[1:len(bin)-3], &got), "truncated body")
 }
 
 func TestMessageTypesNamedAndBelowFlag(t *testing.T) {

@@ -190,7 +190,7 @@ func TestAuditVerifyDetectsTamperedSnapshot(t *testing.T) {
 			e := newEnv(t)
 			e.writeSome(5)
 			var buf bytes.Buffer
-			require.NoError(t, fsm.WriteSnapshot(&buf, e.lb.Store().Snapshot()))
+			require.NoError(t, fsm.WriteSnapshotJSON(&buf, e.lb.Store().Snapshot()))
 			var lines []string
 			at := map[uint64]int{}
 			sc := bufio.NewScanner(&buf)

@@ -192,7 +192,7 @@ func TestAuditPrune(t *testing.T) {
 
 // snapshotLines returns the snapshot of h as lines.
 func snapshotLines(t *testing.T, h *fsmtest.Harness) []string {
-	return strings.Split(strings.TrimSuffix(string(snapshotBytes(t, h.FSM)), "\n"), "\n")
+	return strings.Split(strings.TrimSuffix(string(snapshotJSON(t, h.FSM)), "\n"), "\n")
 }
 
 // restoreLines restores lines (the trailer's count recomputed, as a

@@ -16,7 +16,6 @@
 package fsm
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -303,10 +302,11 @@ func (f *FSM) applyBatchedAudit(index uint64, cmd []byte, prev any, a *attachedA
 	return resp
 }
 
-// decode unmarshals a command body; a failure is fatal (see package doc).
+// decode decodes a command body (proto.DecodeBody: binary, or JSON from
+// before the binary codec); a failure is fatal (see package doc).
 func decode[T any](t proto.MessageType, body []byte, index uint64) *T {
 	var v T
-	if err := json.Unmarshal(body, &v); err != nil {
+	if err := proto.DecodeBody(body, &v); err != nil {
 		panic(fmt.Sprintf("fsm: index %d: decode %s: %v", index, t, err))
 	}
 	return &v

@@ -14,9 +14,10 @@ import (
 // body to a small loaded ledger: the FSM answers (applied or refused), and
 // the ledger invariants hold after it (the Checker checks what the
 // command wrote). The one panic allowed is the documented one for a body
-// that is not the type's JSON at all (proposers only encode validated Go
-// values, so such an entry means the log is corrupt); any other panic is
-// a bug. A command_batch is fuzzed through
+// that does not decode into the type's request at all — binary (codec
+// version byte + MessagePack), legacy JSON, or an unknown codec version
+// (proposers only encode validated Go values, so such an entry means the
+// log is corrupt); any other panic is a bug. A command_batch is fuzzed through
 // DecodeBatch alone: an undecodable batch entry panics on purpose
 // (divergence is worse than a crash), and only the leader frames them.
 // `go test` runs the seeds; `make fuzz` explores.
@@ -24,8 +25,18 @@ func FuzzApplyCommand(f *testing.F) {
 	inv := fsmtest.Inventory{SliceNodes: 2, BaremetalNodes: 1, SlotsPerNode: 2}
 	setup := inv.Commands(fsmtest.Epoch)
 	for _, c := range setup {
-		b := c.Encode()
+		b := c.Encode() // binary: the codec version byte, then MessagePack
 		f.Add(b[0], b[1:])
+		legacy, err := proto.EncodeJSON(c.Type, c.Req) // a log from before the binary codec
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(legacy[0], legacy[1:])
+	}
+	if b := setup[len(setup)-1].Encode(); len(b) > 8 {
+		f.Add(b[0], b[1:len(b)-4])                    // truncated binary body
+		f.Add(b[0], append([]byte{0x02}, b[2:]...))   // unknown codec version
+		f.Add(b[0], append(b[1:len(b):len(b)], 0xc0)) // trailing bytes
 	}
 	f.Add(byte(proto.AllocationPlaceType), []byte(`{"at":"2026-01-01T00:00:00Z"}`))
 	f.Add(byte(proto.SlotApproveType), []byte(`{"at":"2026-01-01T00:00:00Z","slot":{"id":"../x"}}`))

@@ -385,7 +385,7 @@ func TestRestoreQuarantinesCorruptSlots(t *testing.T) {
 	capEdit := func(field string, v any) func(s map[string]any) {
 		return func(s map[string]any) { s["capacity"].(map[string]any)[field] = v }
 	}
-	data := corruptSnapshot(t, snapshotBytes(t, h.FSM), map[string]func(map[string]any){
+	data := corruptSnapshot(t, snapshotJSON(t, h.FSM), map[string]func(map[string]any){
 		slot(node(2), 0): capEdit("gpu_pci_address", ""),
 		slot(node(3), 5): capEdit("nvme", map[string]any{}),
 		slot(node(4), 7): capEdit("fabric_vf_pci_address", ""),
@@ -457,7 +457,7 @@ func TestRestoreQuarantinesASlotItsLiveClaimHoldsUnseen(t *testing.T) {
 	h.Load(fsmtest.Inventory{SliceNodes: 1})
 	id := slot(n0, 3)
 	h.Place(h.SliceRequest("forgot", "", n0, id))
-	data := corruptSnapshot(t, snapshotBytes(t, h.FSM), map[string]func(map[string]any){
+	data := corruptSnapshot(t, snapshotJSON(t, h.FSM), map[string]func(map[string]any){
 		id: func(s map[string]any) { s["status"], s["claim_id"] = "available", "" },
 	}, "", "")
 	var logBuf bytes.Buffer

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,23 +12,40 @@ import (
 	"github.com/gpuaas/gpuaas/proto"
 )
 
-// Snapshot stream format (JSON lines, streamed both ways):
+// Snapshot stream format. A JSON header line names the format and version:
 //
-//	{"format":"gpuaas-ledger","version":1}          header
+//	{"format":"gpuaas-ledger","version":2}
+//
+// Version 2 (written since the binary codec) follows it with binary
+// records, each
+//
+//	uvarint len(t) | t | uvarint len(v) | v
+//
+// where t is the record type and v the value in proto's binary codec
+// (codec version byte, then MessagePack: proto.AppendBinary). Version 1
+// (JSON lines, WriteSnapshotJSON; still read) follows it with
+//
 //	{"t":"regions","v":{...}}                        one record per object,
 //	...                                              tables in state.Tables order,
 //	{"t":"index","v":{"table":"slots","index":42}}   then the index table,
 //	{"t":"end","n":1234}                             trailer: records written
 //
-// Every table has its own record type ("t" names the table, "v" is that
-// table's object). Output is deterministic: two stores holding the same
-// state produce byte-identical snapshots. Derived tables (node summaries)
-// are not written; restore rebuilds them.
+// In both, every table has its own record type (t names the table, v is
+// that table's object), the index records follow the tables, and the
+// trailer "end" carries the number of records written (v2: as its value).
+// Output is deterministic: two stores holding the same state produce
+// byte-identical snapshots. Derived tables (node summaries) are not
+// written; restore rebuilds them.
 const (
-	snapshotFormat  = "gpuaas-ledger"
-	snapshotVersion = 1
-	recordIndex     = "index"
-	recordEnd       = "end"
+	snapshotFormat = "gpuaas-ledger"
+	// snapshotVersion is the version WriteSnapshot writes.
+	snapshotVersion     = 2
+	snapshotVersionJSON = 1
+	recordIndex         = "index"
+	recordEnd           = "end"
+	// maxRecordValue bounds one binary record's value: a corrupt length
+	// is refused, not allocated.
+	maxRecordValue = 64 << 20
 )
 
 type snapshotHeader struct {
@@ -47,30 +65,61 @@ type recordIn struct {
 	N int             `json:"n"`
 }
 
-// WriteSnapshot streams every table of snap to w.
+// WriteSnapshot streams every table of snap to w (version 2: binary
+// records).
 func WriteSnapshot(w io.Writer, snap *state.Snapshot) error {
 	bw := bufio.NewWriterSize(w, 256<<10)
-	enc := json.NewEncoder(bw)
-	if err := enc.Encode(snapshotHeader{Format: snapshotFormat, Version: snapshotVersion}); err != nil {
+	if err := json.NewEncoder(bw).Encode(snapshotHeader{Format: snapshotFormat, Version: snapshotVersion}); err != nil {
 		return fmt.Errorf("write snapshot header: %w", err)
 	}
-	n := 0
-	put := func(table string, v any) error {
-		n++
+	var buf []byte
+	put := func(t string, v any) error {
+		var err error
+		buf = binary.AppendUvarint(buf[:0], uint64(len(t)))
+		buf = append(buf, t...)
+		n := len(buf)
+		buf = append(buf, make([]byte, binary.MaxVarintLen64)...) // room for the value's length
+		if buf, err = proto.AppendBinary(buf, v); err != nil {
+			return fmt.Errorf("write snapshot record %s: %w", t, err)
+		}
+		// Move the value left behind its real length prefix.
+		vlen := len(buf) - n - binary.MaxVarintLen64
+		l := binary.PutUvarint(buf[n:], uint64(vlen))
+		copy(buf[n+l:], buf[n+binary.MaxVarintLen64:])
+		if _, err := bw.Write(buf[:n+l+vlen]); err != nil {
+			return fmt.Errorf("write snapshot record %s: %w", t, err)
+		}
+		return nil
+	}
+	n, err := eachRecord(snap, put)
+	if err != nil {
+		return err
+	}
+	if err := put(recordEnd, n); err != nil {
+		return fmt.Errorf("write snapshot trailer: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("flush snapshot: %w", err)
+	}
+	return nil
+}
+
+// WriteSnapshotJSON streams snap in the version 1 format (JSON lines): a
+// dump a person or a tool can read and edit; ReadSnapshot reads it back.
+func WriteSnapshotJSON(w io.Writer, snap *state.Snapshot) error {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	enc := json.NewEncoder(bw)
+	if err := enc.Encode(snapshotHeader{Format: snapshotFormat, Version: snapshotVersionJSON}); err != nil {
+		return fmt.Errorf("write snapshot header: %w", err)
+	}
+	n, err := eachRecord(snap, func(table string, v any) error {
 		if err := enc.Encode(recordOut{T: table, V: v}); err != nil {
 			return fmt.Errorf("write snapshot record %s: %w", table, err)
 		}
 		return nil
-	}
-	for _, table := range state.Tables {
-		if err := eachObject(snap, table, func(v any) error { return put(table, v) }); err != nil {
-			return err
-		}
-	}
-	for _, e := range snap.IndexEntries() {
-		if err := put(recordIndex, e); err != nil {
-			return err
-		}
+	})
+	if err != nil {
+		return err
 	}
 	if err := enc.Encode(recordOut{T: recordEnd, N: n}); err != nil {
 		return fmt.Errorf("write snapshot trailer: %w", err)
@@ -79,6 +128,24 @@ func WriteSnapshot(w io.Writer, snap *state.Snapshot) error {
 		return fmt.Errorf("flush snapshot: %w", err)
 	}
 	return nil
+}
+
+// eachRecord calls put for every record of snap in stream order (tables,
+// then the index records) and returns how many there were.
+func eachRecord(snap *state.Snapshot, put func(t string, v any) error) (int, error) {
+	n := 0
+	for _, table := range state.Tables {
+		if err := eachObject(snap, table, func(v any) error { n++; return put(table, v) }); err != nil {
+			return 0, err
+		}
+	}
+	for _, e := range snap.IndexEntries() {
+		n++
+		if err := put(recordIndex, e); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
 }
 
 // eachObject calls fn for every object of table in primary-key order.
@@ -158,21 +225,35 @@ func ReadSnapshot(r io.Reader) (*state.Store, error) {
 // of a missing or ended allocation is ended, and the report counts what
 // was restored and quarantined (and any violation left).
 func ReadCheckedSnapshot(r io.Reader) (*state.Store, *RestoreReport, error) {
-	dec := json.NewDecoder(bufio.NewReaderSize(r, 256<<10))
-	var h snapshotHeader
-	if err := dec.Decode(&h); err != nil {
+	br := bufio.NewReaderSize(r, 256<<10)
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
 		return nil, nil, fmt.Errorf("read snapshot header: %w", err)
 	}
-	if h.Format != snapshotFormat || h.Version != snapshotVersion {
-		return nil, nil, fmt.Errorf("read snapshot header: format %q version %d, want %q version %d", h.Format, h.Version, snapshotFormat, snapshotVersion)
+	var h snapshotHeader
+	if err := json.Unmarshal(line, &h); err != nil {
+		return nil, nil, fmt.Errorf("read snapshot header: %w", err)
+	}
+	var next func() (recordIn, error)
+	switch {
+	case h.Format != snapshotFormat || h.Version != snapshotVersion && h.Version != snapshotVersionJSON:
+		return nil, nil, fmt.Errorf("read snapshot header: format %q version %d, want %q version %d or %d", h.Format, h.Version, snapshotFormat, snapshotVersionJSON, snapshotVersion)
+	case h.Version == snapshotVersionJSON:
+		dec := json.NewDecoder(br)
+		next = func() (rec recordIn, err error) { return rec, dec.Decode(&rec) }
+	default:
+		next = func() (recordIn, error) { return readBinaryRecord(br) }
 	}
 	store := state.New()
 	tx := store.BeginRestore()
 	defer tx.Abort()
 	n, indexRows := 0, 0
 	for {
-		var rec recordIn
-		if err := dec.Decode(&rec); err != nil {
+		rec, err := next()
+		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil, nil, fmt.Errorf("read snapshot: truncated after %d records (no trailer)", n)
 			}
@@ -247,9 +328,53 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 	}
 }
 
-func restoreInto[T any](raw json.RawMessage, put func(*T) error) error {
+// readBinaryRecord reads one version 2 record. A stream that ends inside
+// a record is io.ErrUnexpectedEOF; one that ends before it, io.EOF.
+func readBinaryRecord(br *bufio.Reader) (recordIn, error) {
+	var rec recordIn
+	tl, err := binary.ReadUvarint(br)
+	if err != nil {
+		return rec, err
+	}
+	if tl == 0 || tl > 64 {
+		return rec, fmt.Errorf("record type of %d bytes", tl)
+	}
+	t := make([]byte, tl)
+	if _, err := io.ReadFull(br, t); err != nil {
+		return rec, unexpected(err)
+	}
+	vl, err := binary.ReadUvarint(br)
+	if err != nil {
+		return rec, unexpected(err)
+	}
+	if vl == 0 || vl > maxRecordValue {
+		return rec, fmt.Errorf("record %q: value of %d bytes", t, vl)
+	}
+	v := make([]byte, vl)
+	if _, err := io.ReadFull(br, v); err != nil {
+		return rec, unexpected(err)
+	}
+	rec.T, rec.V = string(t), v
+	if rec.T == recordEnd {
+		if err := proto.DecodeBody(v, &rec.N); err != nil {
+			return rec, fmt.Errorf("trailer: %w", err)
+		}
+	}
+	return rec, nil
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// restoreInto decodes a record's value (binary, or JSON in a version 1
+// stream: proto.DecodeBody tells them apart) and puts it.
+func restoreInto[T any](raw []byte, put func(*T) error) error {
 	v := new(T)
-	if err := json.Unmarshal(raw, v); err != nil {
+	if err := proto.DecodeBody(raw, v); err != nil {
 		return err
 	}
 	return put(v)

@@ -112,6 +112,15 @@ func snapshotBytes(t *testing.T, f *fsm.FSM) []byte {
 	return buf.Bytes()
 }
 
+// snapshotJSON is f's state as a version 1 snapshot (JSON lines): what a
+// coordinator wrote before the binary codec, and what tests edit by line.
+func snapshotJSON(t *testing.T, f *fsm.FSM) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	require.NoError(t, fsm.WriteSnapshotJSON(&buf, f.Store().Snapshot()))
+	return buf.Bytes()
+}
+
 func TestSnapshotRoundTripPerTable(t *testing.T) {
 	t.Parallel()
 	h := rich(t)
@@ -136,6 +145,16 @@ func TestSnapshotRoundTripPerTable(t *testing.T) {
 	})
 	t.Run("re-snapshot is byte-identical", func(t *testing.T) {
 		assert.Equal(t, string(data), string(snapshotBytes(t, restored)))
+	})
+	t.Run("version 1 JSON snapshot restores the same state", func(t *testing.T) {
+		legacy := snapshotJSON(t, h.FSM)
+		require.True(t, bytes.HasPrefix(legacy, []byte(`{"format":"gpuaas-ledger","version":1}`+"\n")), "%.80s", legacy)
+		require.True(t, bytes.HasPrefix(data, []byte(`{"format":"gpuaas-ledger","version":2}`+"\n")), "%.80q", data)
+		assert.Less(t, len(data), len(legacy), "the binary snapshot is the smaller")
+		fromJSON := fsm.New(nil, nil)
+		require.NoError(t, fromJSON.Restore(io.NopCloser(bytes.NewReader(legacy))))
+		assert.Equal(t, string(data), string(snapshotBytes(t, fromJSON)))
+		assert.Empty(t, cmp.Diff(want, tables(fromJSON.Store().Snapshot())))
 	})
 	require.NoError(t, fsm.CheckInvariants(got))
 }
@@ -259,21 +278,34 @@ func TestRestoreAbandonsOldStore(t *testing.T) {
 func TestRestoreRefusesDamagedSnapshots(t *testing.T) {
 	t.Parallel()
 	h := rich(t)
-	data := string(snapshotBytes(t, h.FSM))
+	data := string(snapshotJSON(t, h.FSM))
 	lines := strings.SplitAfter(data, "\n")
+	bin := string(snapshotBytes(t, h.FSM))
+	hdr := strings.Index(bin, "\n") + 1
 	cases := map[string]string{
 		"empty":           "",
 		"wrong format":    strings.Replace(data, "gpuaas-ledger", "other", 1),
-		"newer version":   strings.Replace(data, `"version":1`, `"version":2`, 1),
+		"newer version":   strings.Replace(data, `"version":1`, `"version":3`, 1),
 		"truncated":       strings.Join(lines[:len(lines)/2], ""),
 		"no trailer":      strings.Join(lines[:len(lines)-2], ""),
 		"record dropped":  strings.Join(append(append([]string{}, lines[:3]...), lines[4:]...), ""),
 		"unknown record":  strings.Replace(data, `{"t":"regions"`, `{"t":"planets"`, 1),
 		"malformed value": strings.Replace(data, `{"t":"slots","v":{`, `{"t":"slots","v":{"index":"x",`, 1),
+		// The binary format (version 2).
+		"binary truncated":         bin[:len(bin)/2],
+		"binary no trailer":        bin[:strings.LastIndex(bin, "\x03end")],
+		"binary header only":       bin[:hdr],
+		"binary unknown record":    strings.Replace(bin, "\x07regions", "\x07planets", 1),
+		"binary unknown codec":     bin[:hdr] + strings.Replace(bin[hdr:], "\x01", "\x02", 1), // the first record's codec byte
+		"binary huge length":       bin[:hdr] + "\x07regions\xff\xff\xff\xff\x0f" + bin[hdr:],
+		"binary as version 1":      strings.Replace(bin, `"version":2`, `"version":1`, 1),
+		"version 1 read as binary": strings.Replace(data, `"version":1`, `"version":2`, 1),
 	}
+	require.True(t, strings.HasPrefix(bin[hdr:], "\x07regions"), "the fixture's first record is a region: %q", bin[hdr:hdr+16])
 	for name, in := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			require.NotEqual(t, bin, in, "the case changes the snapshot")
 			f := fsm.New(nil, nil)
 			h2 := fsmtest.New(t)
 			h2.FSM = f

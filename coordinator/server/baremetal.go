@@ -31,11 +31,9 @@ import (
 // Every step is derived from the ledger and idempotent, so a new leader
 // finishes what the old one started.
 
-// coordinatorTask reports whether a task type is run by the coordinator
-// itself, never by an agent.
-func coordinatorTask(typ string) bool {
-	return typ == proto.TaskBaremetalHandoff || typ == proto.TaskBaremetalRelease
-}
+// coordinatorTaskTypes are the task types the coordinator runs itself,
+// never an agent.
+var coordinatorTaskTypes = []string{proto.TaskBaremetalHandoff, proto.TaskBaremetalRelease}
 
 // BaremetalResult is the result the coordinator records on a finished
 // baremetal task.
@@ -56,12 +54,11 @@ func (s *Server) runBaremetal(ctx context.Context) {
 		}
 		snap := store.Snapshot()
 		for _, st := range []proto.TaskState{proto.TaskQueued, proto.TaskRunning} {
-			for _, t := range snap.TasksByState(st) {
-				if !coordinatorTask(t.Type) {
-					continue
-				}
-				if err := s.driveBaremetal(ctx, snap, t); err != nil && ctx.Err() == nil {
-					s.log.Warn("baremetal task", "task", t.ID, "allocation", t.AllocationID, "err", err)
+			for _, typ := range coordinatorTaskTypes {
+				for _, t := range snap.OpenTasks(typ, st) {
+					if err := s.driveBaremetal(ctx, snap, t); err != nil && ctx.Err() == nil {
+						s.log.Warn("baremetal task", "task", t.ID, "allocation", t.AllocationID, "err", err)
+					}
 				}
 			}
 		}

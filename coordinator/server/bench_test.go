@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -69,7 +71,7 @@ func TestBenchCoordinator(t *testing.T) {
 	// shows how much of the gap is the ledger apply path itself.
 	one := benchPlacementsOn(t, 1, true)
 	single := one.perS
-	t.Logf("placements/s on a single voter: %.0f (CPU per placement %v)", single, one.cpu)
+	t.Logf("placements/s on a single voter: %.0f (CPU per placement %v, FSM apply CPU per placement %v over %d log entries replayed)", single, one.cpu, one.applyCPU, one.entries)
 	p50, p99 := benchFailover(t)
 	t.Logf("failover write unavailability p50 %.3fs p99 %.3fs", p50, p99)
 
@@ -84,6 +86,10 @@ func TestBenchCoordinator(t *testing.T) {
 			fmt.Sprintf("placements_per_s_3voters (every placement and release carries its audit record in the same log entry, as API requests do) / the same run without audit records (%.0f placements/s, %v CPU per placement), same process", bare.perS, bare.cpu.Round(time.Microsecond))),
 		bench.AtLeast("placements_vs_raw_raft_ratio", placements/raw, "ratio", 0.5,
 			"placements_per_s_3voters / raft_noop_applies_per_s_3voters, same run; raw Raft commits one no-op entry per call, a placement is one command of a batched entry plus its release and outbox delivery"),
+		bench.AtMost("fsm_apply_us_per_placement", float64(one.applyCPU.Nanoseconds())/1e3, "us", 150,
+			fmt.Sprintf("process CPU of the ledger FSM (server stack: peer, enrollment, ledger FSMs) applying the committed log of the single-voter placement run (%d command_batch entries: placements, their audit records, force releases, outbox deliveries), replayed alone into a fresh FSM as raft applies it (ApplyBatch of up to %d entries) after the run, garbage collection included (GOGC %d), divided by the placements the run committed; the same run reached %.0f placements/s on the one voter at %v of process CPU per placement (planner, Raft, HTTP-free API path, apply)",
+				one.entries, DefaultTiming.MaxAppendEntries, DefaultGCPercent, single, one.cpu.Round(time.Microsecond))+
+				"; the same replay at other GOGC settings (how DefaultGCPercent is chosen): "+gcSweep(one.applyCPUByGC)),
 		bench.AtMost("failover_write_unavailable_p99_s", p99, "s", 2,
 			"10 trials: kill -9 of the leader process, time until a write (PUT region through any live server, followers forward) succeeds again; "+timing),
 		bench.Info("failover_write_unavailable_p50_s", p50, "s", "same trials as the p99"),
@@ -110,6 +116,14 @@ type placeRun struct {
 	perS        float64       // committed placements per second
 	appliesPerS float64       // raft log entries applied per second
 	cpu         time.Duration // process CPU (all replicas) per committed placement
+	// applyCPU is the FSM apply CPU per committed placement on one
+	// replica: the run's committed log replayed alone into a fresh
+	// server FSM stack (its releases and outbox deliveries included).
+	applyCPU time.Duration
+	entries  int // log entries of the run (replayed)
+	// applyCPUByGC is applyCPU measured again at other GOGC settings
+	// (replayGC), to choose DefaultGCPercent by measurement.
+	applyCPUByGC map[int]time.Duration
 }
 
 // benchAudit is the pending audit record an API request would carry.
@@ -122,12 +136,12 @@ func benchAudit(route, kind, id string, status int, before any) *audit.Pending {
 }
 
 func benchPlacementsOn(t *testing.T, voters int, audited bool) placeRun {
-	return benchPlacementsCA(t, voters, audited, nil)
+	return benchPlacementsCA(t, voters, audited, nil, voters == 1)
 }
 
 // benchPlacementsCA is benchPlacementsOn with Raft over mutual TLS from
 // ca (nil: plain TCP).
-func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA) placeRun {
+func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, replayGC bool) placeRun {
 	nodes := startClusterCA(t, voters, nil, ca)
 	leader := waitLeader(t, nodes)
 	ctx := context.Background()
@@ -210,9 +224,11 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA) place
 	cpu := processCPU() - cpu0
 	srv := cur.Load()
 	elapsed := time.Since(t0).Seconds()
-	run := placeRun{perS: rate, appliesPerS: float64(srv.raft.AppliedIndex()-idx0) / elapsed}
-	if n := rate * elapsed; n > 0 {
-		run.cpu = time.Duration(float64(cpu) / n)
+	idx1 := srv.raft.AppliedIndex()
+	run := placeRun{perS: rate, appliesPerS: float64(idx1-idx0) / elapsed}
+	placed := rate * elapsed
+	if placed > 0 {
+		run.cpu = time.Duration(float64(cpu) / placed)
 	}
 	close(releases)
 	relWG.Wait()
@@ -220,10 +236,81 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA) place
 		t.Logf("WARNING: leadership moved during the placement run (%d retried calls): the machine is overloaded", f)
 	}
 	require.NoError(t, checkLiveClaims(srv.Store().Snapshot()))
+	logs := raftLogs(t, srv, idx1)
 	for _, n := range nodes {
 		n.stop()
 	}
+	if placed > 0 && logs != nil {
+		run.applyCPU, run.entries = replayCPU(t, logs, idx0, placed)
+		if replayGC {
+			run.applyCPUByGC = map[int]time.Duration{}
+			for _, gc := range replayGCPercents {
+				prev := debug.SetGCPercent(gc)
+				run.applyCPUByGC[gc], _ = replayCPU(t, logs, idx0, placed)
+				debug.SetGCPercent(prev)
+			}
+		}
+	}
 	return run
+}
+
+// replayGCPercents are the GOGC settings the single-voter replay is
+// measured at beside DefaultGCPercent.
+var replayGCPercents = []int{100, 200, 400, 800, 1600}
+
+// gcSweep formats applyCPUByGC for a report note.
+func gcSweep(m map[int]time.Duration) string {
+	var parts []string
+	for _, gc := range replayGCPercents {
+		if d, ok := m[gc]; ok {
+			parts = append(parts, fmt.Sprintf("GOGC %d: %.0fµs", gc, float64(d.Nanoseconds())/1e3))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// raftLogs reads srv's log entries 1..last (nil when the log was
+// compacted: a snapshot was taken during the run).
+func raftLogs(t *testing.T, srv *Server, last uint64) []*raft.Log {
+	first, err := srv.store.FirstIndex()
+	require.NoError(t, err)
+	if first > 1 {
+		t.Logf("WARNING: log compacted to %d: no replay", first)
+		return nil
+	}
+	out := make([]*raft.Log, 0, last)
+	for i := first; i <= last; i++ {
+		l := new(raft.Log)
+		require.NoError(t, srv.store.GetLog(i, l))
+		out = append(out, l)
+	}
+	return out
+}
+
+// replayCPU applies logs to a fresh server FSM stack (peer, enrollment,
+// ledger) as raft does (ApplyBatch of up to MaxAppendEntries entries) and
+// returns the process CPU of applying the entries after from, per
+// placement, with the number of those entries. Nothing else runs in the
+// process then (the cluster is stopped), so the CPU is the apply's,
+// garbage collection included.
+func replayCPU(t *testing.T, logs []*raft.Log, from uint64, placements float64) (time.Duration, int) {
+	f := newPeerFSM(newEnrollFSM(newLedger(testLogger(t)).fsm))
+	apply := func(ls []*raft.Log) {
+		for len(ls) > 0 {
+			n := min(len(ls), DefaultTiming.MaxAppendEntries)
+			f.ApplyBatch(ls[:n])
+			ls = ls[n:]
+		}
+	}
+	split := 0
+	for split < len(logs) && logs[split].Index <= from {
+		split++
+	}
+	apply(logs[:split])
+	runtime.GC()
+	cpu0 := processCPU()
+	apply(logs[split:])
+	return time.Duration(float64(processCPU()-cpu0) / placements), len(logs) - split
 }
 
 // processCPU is this process's user+system CPU time: on the shared 2-core

@@ -38,8 +38,8 @@ func TestBenchTLS(t *testing.T) {
 	var plain, withTLS placeRun
 	const rounds = 2
 	for range rounds {
-		p := benchPlacementsCA(t, 3, true, nil)
-		s := benchPlacementsCA(t, 3, true, ca)
+		p := benchPlacementsCA(t, 3, true, nil, false)
+		s := benchPlacementsCA(t, 3, true, ca, false)
 		plain.perS += p.perS / rounds
 		withTLS.perS += s.perS / rounds
 	}

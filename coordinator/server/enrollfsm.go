@@ -33,7 +33,7 @@ func newEnrollFSM(inner raft.FSM) *enrollFSM {
 
 func decodeCmd[T any](l *raft.Log, name string) T {
 	var req T
-	if err := json.Unmarshal(l.Data[1:], &req); err != nil {
+	if err := proto.DecodeBody(l.Data[1:], &req); err != nil {
 		panic(fmt.Sprintf("apply %s at index %d: %v", name, l.Index, err))
 	}
 	return req

@@ -125,7 +125,7 @@ func (f *peerFSM) Apply(l *raft.Log) any {
 		return nil
 	default:
 		var req proto.PeerUpsertRequest
-		if err := json.Unmarshal(l.Data[1:], &req); err != nil {
+		if err := proto.DecodeBody(l.Data[1:], &req); err != nil {
 			panic(fmt.Sprintf("apply peer_upsert at index %d: %v", l.Index, err))
 		}
 		f.mu.Lock()

@@ -200,6 +200,7 @@ const (
 	idxAllocation  = "allocation"
 	idxNode        = "node"
 	idxRegionAvail = "region_available"
+	idxOpen        = "open"
 )
 
 func schema() *memdb.DBSchema {
@@ -238,6 +239,15 @@ func schema() *memdb.DBSchema {
 				return nil, false
 			}
 			return str(str(b, o.AllocationID), o.ID), true
+		}),
+		// Open (queued or running) tasks by type and state: the leader's
+		// task loops visit these on every task write, so they must not
+		// scan the finished ones.
+		idx(idxOpen, true, true, func(b []byte, o *proto.Task) ([]byte, bool) {
+			if o.State != proto.TaskQueued && o.State != proto.TaskRunning {
+				return nil, false
+			}
+			return str(str(str(b, o.Type), string(o.State)), o.ID), true
 		})))
 	add(table(TableOutbox,
 		idx(idxID, true, false, byString(func(o *proto.OutboxEntry) string { return o.ID }, false))))

@@ -446,6 +446,16 @@ func (s *Snapshot) TasksByState(st proto.TaskState) []*proto.Task {
 	return out
 }
 
+// OpenTasks returns the tasks of type typ in state st (queued or running)
+// sorted by ID, through an index of open tasks: it costs what it returns,
+// not the size of the task table.
+func (s *Snapshot) OpenTasks(typ string, st proto.TaskState) []*proto.Task {
+	if st != proto.TaskQueued && st != proto.TaskRunning {
+		return nil
+	}
+	return list[proto.Task](s, TableTasks, idxOpen+"_prefix", typ, st)
+}
+
 // Task returns the task with id.
 func (s *Snapshot) Task(id string) (*proto.Task, bool) {
 	return first[proto.Task](s, TableTasks, idxID, id)

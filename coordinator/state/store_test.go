@@ -381,3 +381,48 @@ func TestSnapshotListsAreStableAndTxnSeesOwnWrites(t *testing.T) {
 	mine[0] = nil
 	assert.NotNil(t, now.NodeSlots("a")[0])
 }
+
+// OpenTasks lists the queued or running tasks of one type in ID order and
+// forgets a task once it finishes (the open-task index follows updates).
+func TestOpenTasksFollowsStateChanges(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	task := func(id, typ string, st proto.TaskState) *proto.Task {
+		return &proto.Task{ID: id, Type: typ, NodeID: "n1", State: st}
+	}
+	put(t, s, 1, func(tx *state.Txn) error {
+		for _, k := range []*proto.Task{
+			task("t3", proto.TaskBaremetalHandoff, proto.TaskQueued),
+			task("t1", proto.TaskBaremetalHandoff, proto.TaskQueued),
+			task("t2", proto.TaskBaremetalHandoff, proto.TaskRunning),
+			task("t4", proto.TaskBaremetalRelease, proto.TaskQueued),
+			task("t5", proto.TaskBaremetalHandoff, proto.TaskSucceeded),
+		} {
+			if err := tx.PutTask(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ids := func(ts []*proto.Task) []string {
+		var out []string
+		for _, k := range ts {
+			out = append(out, k.ID)
+		}
+		return out
+	}
+	snap := s.Snapshot()
+	assert.Equal(t, []string{"t1", "t3"}, ids(snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskQueued)))
+	assert.Equal(t, []string{"t2"}, ids(snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskRunning)))
+	assert.Equal(t, []string{"t4"}, ids(snap.OpenTasks(proto.TaskBaremetalRelease, proto.TaskQueued)))
+	assert.Empty(t, snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskSucceeded), "only open states are indexed")
+	put(t, s, 2, func(tx *state.Txn) error {
+		if err := tx.PutTask(task("t1", proto.TaskBaremetalHandoff, proto.TaskRunning)); err != nil {
+			return err
+		}
+		return tx.PutTask(task("t2", proto.TaskBaremetalHandoff, proto.TaskFailed))
+	})
+	snap = s.Snapshot()
+	assert.Equal(t, []string{"t3"}, ids(snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskQueued)))
+	assert.Equal(t, []string{"t1"}, ids(snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskRunning)))
+}

@@ -89,11 +89,12 @@ func (h *Harness) Load(inv Inventory) {
 // Snap returns a snapshot of the current store.
 func (h *Harness) Snap() *state.Snapshot { return h.FSM.Store().Snapshot() }
 
-// Dump returns the full state as snapshot text (a byte-exact dump).
+// Dump returns the full state as snapshot text (a byte-exact dump in the
+// readable version 1 JSON lines, so a failing comparison shows the diff).
 func (h *Harness) Dump() string {
 	h.TB.Helper()
 	var buf bytes.Buffer
-	require.NoError(h.TB, fsm.WriteSnapshot(&buf, h.Snap()))
+	require.NoError(h.TB, fsm.WriteSnapshotJSON(&buf, h.Snap()))
 	return buf.String()
 }
 
