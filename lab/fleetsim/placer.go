@@ -40,8 +40,12 @@ type PlaceConfig struct {
 // allocation), in milliseconds.
 type PlaceStats struct {
 	Placed, Refused, Failed, Released int64
-	LatenciesMS                       []float64
-	LastError                         string
+	// ReleaseFailed counts releases that did not go through in 30 s.
+	ReleaseFailed int64
+	LatenciesMS   []float64
+	LastError     string
+	// LastPlaceError is the last failed placement's error.
+	LastPlaceError string
 }
 
 // Quantile returns the q-quantile of the latencies (0 with none).
@@ -74,11 +78,12 @@ func Place(ctx context.Context, cfg PlaceConfig) (PlaceStats, error) {
 		cfg.Hold = 2 * time.Second
 	}
 	var (
-		mu      sync.Mutex
-		st      PlaceStats
-		keys    atomic.Int64
-		relWG   sync.WaitGroup
-		lastErr atomic.Pointer[string]
+		mu           sync.Mutex
+		st           PlaceStats
+		keys         atomic.Int64
+		relWG        sync.WaitGroup
+		lastErr      atomic.Pointer[string]
+		lastPlaceErr atomic.Pointer[string]
 	)
 	fail := func(err error) {
 		s := err.Error()
@@ -125,6 +130,8 @@ func Place(ctx context.Context, cfg PlaceConfig) (PlaceStats, error) {
 					} else {
 						st.Failed++
 						fail(err)
+						s := err.Error()
+						lastPlaceErr.Store(&s)
 					}
 					mu.Unlock()
 					continue
@@ -144,6 +151,9 @@ func Place(ctx context.Context, cfg PlaceConfig) (PlaceStats, error) {
 					time.Sleep(cfg.Hold)
 					if err := release(relCtx, api, a.ID); err != nil {
 						fail(err)
+						mu.Lock()
+						st.ReleaseFailed++
+						mu.Unlock()
 						return
 					}
 					mu.Lock()
@@ -158,6 +168,9 @@ func Place(ctx context.Context, cfg PlaceConfig) (PlaceStats, error) {
 	if p := lastErr.Load(); p != nil {
 		st.LastError = *p
 	}
+	if p := lastPlaceErr.Load(); p != nil {
+		st.LastPlaceError = *p
+	}
 	return st, nil
 }
 
@@ -169,6 +182,15 @@ func release(ctx context.Context, api *cli.Client, id string) error {
 		_, err := api.Do(ctx, http.MethodPost, "/v1/allocations/"+url.PathEscape(id)+"/release", nil, struct{}{}, nil)
 		if err == nil {
 			return nil
+		}
+		if proto.CodeOf(err) == proto.CodeIllegalTransition {
+			// An earlier attempt whose answer was lost may have committed.
+			if r, gerr := api.Do(ctx, http.MethodGet, "/v1/allocations/"+url.PathEscape(id), url.Values{"consistent": {"true"}}, nil, nil); gerr == nil {
+				var a proto.Allocation
+				if json.Unmarshal(r.Body, &a) == nil && (a.State == proto.AllocReleasing || a.State == proto.AllocReleased) {
+					return nil
+				}
+			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("release %s: %w", id, err)
