@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -65,6 +66,13 @@ func (c *Client) UseTLS(pool *x509.CertPool) {
 			return &tls.Certificate{}, nil // none yet: enrollment and renewal need none
 		}}
 	t.ForceAttemptHTTP2 = true
+}
+
+// SetDialContext makes the client open its connections with dial (a
+// fleet simulator runs many agents in one process and closes one agent's
+// connections to simulate its death).
+func (c *Client) SetDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
+	c.http.Transport.(*http.Transport).DialContext = dial
 }
 
 // SetCertificate sets the node's client certificate. Idle connections

@@ -10,7 +10,6 @@ package api
 // forbidden, reports are filed under the credential's node.
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
@@ -370,7 +369,11 @@ func (a *API) agentTasks(c *call) error {
 	// Answer a little before the route's deadline (timeouts.go).
 	deadline := time.Now().Add(min(wait, remaining(c.r.Context())-blockingAnswerMargin))
 	for {
+		// The node's own watch, taken before the snapshot (a write in
+		// between closes it): a task write wakes its node's poll only,
+		// not every agent's (state.Store.NodeTasksCh).
 		store := a.b.Store()
+		watch := store.NodeTasksCh(node)
 		snap := store.Snapshot()
 		tasks, idx := pendingTasks(snap, node)
 		left := time.Until(deadline)
@@ -381,13 +384,18 @@ func (a *API) agentTasks(c *call) error {
 			c.index = snap.TableIndex(state.TableTasks)
 			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: idx})
 		}
-		ctx, cancel := context.WithTimeout(c.r.Context(), left)
 		done := a.metrics.LongPoll(metrics.LongPollAgentTasks)
-		_, err := store.Wait(ctx, snap.TableIndex(state.TableTasks), state.TableTasks)
+		t := time.NewTimer(left)
+		select {
+		case <-watch:
+		case <-store.AbandonCh():
+		case <-t.C:
+		case <-c.r.Context().Done():
+		}
+		t.Stop()
 		done()
-		cancel()
-		if err != nil && c.r.Context().Err() != nil {
-			return c.r.Context().Err()
+		if err := c.r.Context().Err(); err != nil {
+			return err
 		}
 	}
 }

@@ -77,6 +77,7 @@ func (t *Txn) PurgeAllocation(id string) error {
 		}
 	}
 	for _, k := range tasks {
+		t.touchNodeTasks(k.NodeID)
 		if err := t.delete(TableTasks, k); err != nil {
 			return fmt.Errorf("purge allocation %s: %w", id, err)
 		}

@@ -45,6 +45,9 @@ type Store struct {
 	ch          [numTables]chan struct{}
 	abandonCh   chan struct{}
 	abandonOnce sync.Once
+	// nodeTasks wakes the long-polls of the nodes whose tasks a commit
+	// wrote (nodewatch.go).
+	nodeTasks nodeWatch
 }
 
 // New returns an empty store.
@@ -76,7 +79,12 @@ func (s *Store) Snapshot() *Snapshot {
 
 // Abandon marks the store replaced: pending and future Waits return
 // ErrAbandoned. Snapshots already taken stay readable.
-func (s *Store) Abandon() { s.abandonOnce.Do(func() { close(s.abandonCh) }) }
+func (s *Store) Abandon() {
+	s.abandonOnce.Do(func() {
+		close(s.abandonCh)
+		s.nodeTasks.fireAll()
+	})
+}
 
 // AbandonCh is closed when the store is abandoned.
 func (s *Store) AbandonCh() <-chan struct{} { return s.abandonCh }
@@ -125,10 +133,11 @@ func (s *Store) Wait(ctx context.Context, minIndex uint64, tables ...string) (ui
 
 // publish commits a memdb write transaction and advances the indexes of
 // the tables it wrote, waking their waiters.
-func (s *Store) publish(txn *memdb.Txn, tables uint32, index func(i int) uint64) {
+func (s *Store) publish(txn *memdb.Txn, tables uint32, index func(i int) uint64, taskNodes map[string]struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	txn.Commit()
+	s.nodeTasks.fire(taskNodes)
 	for i := range s.idx {
 		if tables&(1<<i) == 0 {
 			continue

@@ -30,6 +30,9 @@ type Txn struct {
 	// undo logs every write once a Savepoint was taken (batch mode).
 	undo   []undo
 	undoOn bool
+	// taskNodes are the nodes whose tasks this txn wrote (their
+	// long-polls wake on commit; a restore wakes every one).
+	taskNodes map[string]struct{}
 }
 
 // undo is one reversible write: a memdb row (table set; old nil = the
@@ -155,10 +158,11 @@ func (t *Txn) Commit() error {
 				written |= 1 << i
 			}
 		}
-		t.store.publish(t.txn, written, func(i int) uint64 { return t.restored[i] })
+		t.store.publish(t.txn, written, func(i int) uint64 { return t.restored[i] }, nil)
+		t.store.nodeTasks.fireAll()
 		return nil
 	}
-	t.store.publish(t.txn, t.tables, func(i int) uint64 { return t.lastIdx[i] })
+	t.store.publish(t.txn, t.tables, func(i int) uint64 { return t.lastIdx[i] }, t.taskNodes)
 	return nil
 }
 
@@ -379,7 +383,16 @@ func countClaim(sum *NodeSummary, kind proto.ClaimKind, d int) {
 func (t *Txn) PutTask(k *proto.Task) error {
 	old, ok := t.Task(k.ID)
 	t.stamp(TableTasks, &k.Meta, metaOf(old, ok, func(o *proto.Task) *proto.Meta { return &o.Meta }))
+	t.touchNodeTasks(k.NodeID)
 	return t.insert(TableTasks, prior(old, ok), k)
+}
+
+// touchNodeTasks records that node's tasks were written.
+func (t *Txn) touchNodeTasks(node string) {
+	if t.taskNodes == nil {
+		t.taskNodes = map[string]struct{}{}
+	}
+	t.taskNodes[node] = struct{}{}
 }
 
 // PutOutbox writes an outbox entry.

@@ -64,6 +64,9 @@ type Options struct {
 	// file) is loaded by the first leader.
 	Inventory any
 	Args      []string // extra flags for every server
+	// NodeArgs, when set, gives server i's own extra flags (e.g. its
+	// -gossip-bind address).
+	NodeArgs func(i int) []string
 	// Principals are extra tokens besides the admin's: name → role
 	// ("tenant", "viewer", ...); DoAs sends as one of them.
 	Principals map[string]string
@@ -209,6 +212,11 @@ func Start(tb testing.TB, bin string, o Options) *Cluster {
 			n.args = append(n.args, "-inventory", invPath)
 		}
 	}
+	if o.NodeArgs != nil {
+		for i, n := range c.Nodes {
+			n.args = append(n.args, o.NodeArgs(i)...)
+		}
+	}
 	tb.Cleanup(func() {
 		for _, n := range c.Nodes {
 			n.kill()
@@ -307,6 +315,18 @@ func (c *Cluster) Exited(i int) bool {
 	default:
 		return false
 	}
+}
+
+// PID is server i's process ID (0 while it is not running), for a
+// benchmark that reads its CPU time and RSS from /proc.
+func (c *Cluster) PID(i int) int {
+	n := c.Nodes[i]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil || n.cmd.Process == nil {
+		return 0
+	}
+	return n.cmd.Process.Pid
 }
 
 // Kill sends SIGKILL to server i and waits for it to die.

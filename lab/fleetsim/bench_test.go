@@ -1,0 +1,321 @@
+package fleetsim
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/metrics/metricstest"
+	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
+	bench "github.com/gpuaas/gpuaas/test/bench"
+)
+
+// Goals of the fleet benchmark (issue 15 §3).
+const (
+	goalPlaceP99MS  = 50.0
+	goalDetectS     = 5.0
+	benchWindow     = 45 * time.Second // > one readiness interval (30 s)
+	benchPlaceRate  = 20.0             // placements per second beside the fleet
+	benchGossipSize = 32               // agents that also gossip
+)
+
+// step is what one fleet size measured.
+type step struct {
+	agents                   int
+	inventoryS, enrollS      float64
+	p50, p99                 float64
+	placed, refused, failed  int64
+	coordCPUPct, simCPUPct   float64 // % of one core, the 3 coordinators summed; the simulator
+	rssMB                    []float64
+	raftEntriesPerS          float64
+	raftDBMB, raftGrowthMBph float64
+	snapMB, snapMS           float64
+	detectS                  float64
+	agentErrors              int64
+	load                     string
+	broke                    []string
+}
+
+// TestBenchFleet steps a simulated fleet (1,000, 2,500, 5,000, 10,000
+// agents; GPUAAS_FLEET_STEPS overrides) against a real 3-coordinator
+// cluster and writes results/parts/fleet.json. Each step is a fresh
+// cluster loaded with nodes x 8 slots; the agents enroll, then run at
+// production intervals while a placement stream places and releases
+// slices; then one gossiping agent dies.
+func TestBenchFleet(t *testing.T) {
+	if os.Getenv("GPUAAS_BENCH") == "" {
+		t.Skip("benchmark: run with GPUAAS_BENCH=1 (make bench)")
+	}
+	steps := []int{1000, 2500, 5000, 10000}
+	if v := os.Getenv("GPUAAS_FLEET_STEPS"); v != "" {
+		steps = nil
+		for _, s := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			require.NoError(t, err, "GPUAAS_FLEET_STEPS=%q", v)
+			steps = append(steps, n)
+		}
+	}
+	bin, err := proctest.Build(t.TempDir())
+	require.NoError(t, err)
+	var done []step
+	for _, n := range steps {
+		s := runStep(t, bin, n)
+		t.Logf("fleet %d: inventory %.0fs, enroll %.0fs, place p50 %.1f ms p99 %.1f ms (%d placed, %d refused, %d failed), coordinators %.0f%% CPU RSS %v MB, simulator %.0f%% CPU, raft %.0f entries/s, raft.db %.1f MB (+%.0f MB/h), snapshot %.1f MB in %.0f ms, death detected in %.2fs, agent errors %d, load %s; broke: %v",
+			n, s.inventoryS, s.enrollS, s.p50, s.p99, s.placed, s.refused, s.failed, s.coordCPUPct, s.rssMB, s.simCPUPct,
+			s.raftEntriesPerS, s.raftDBMB, s.raftGrowthMBph, s.snapMB, s.snapMS, s.detectS, s.agentErrors, s.load, s.broke)
+		done = append(done, s)
+	}
+	require.NoError(t, bench.WritePart("fleet", fleetMetrics(done)))
+}
+
+func fleetMetrics(steps []step) []bench.Metric {
+	var ms []bench.Metric
+	largest := 0
+	var broke string
+	for _, s := range steps {
+		if len(s.broke) == 0 && broke == "" {
+			largest = s.agents
+		} else if broke == "" {
+			broke = fmt.Sprintf("%d agents broke: %s", s.agents, strings.Join(s.broke, "; "))
+		}
+	}
+	var top step
+	for _, s := range steps {
+		if s.agents >= top.agents {
+			top = s
+		}
+	}
+	if top.agents == 0 {
+		return nil
+	}
+	name := func(m string) string {
+		if top.agents == 10000 {
+			return "fleet_10k_" + m
+		}
+		return fmt.Sprintf("fleet_%d_%s", top.agents, m)
+	}
+	ctx := fmt.Sprintf("%d simulated agents (one process, real enrollment + mTLS, heartbeat 10 s, readiness 30 s, long-poll 30 s) on a 3-voter TLS cluster with %d nodes x 8 slots; %.0f placements/s stream; load average %s (2 cores shared with other work)",
+		top.agents, top.agents, benchPlaceRate, top.load)
+	maxRSS := 0.0
+	for _, r := range top.rssMB {
+		maxRSS = max(maxRSS, r)
+	}
+	k := float64(top.agents) / 1000
+	ms = append(ms,
+		bench.AtMost(name("placement_p99_ms"), round(top.p99), "ms", goalPlaceP99MS,
+			fmt.Sprintf("POST /v1/allocations to committed answer, p50 %.1f ms, %d placed / %d refused / %d failed; %s", top.p50, top.placed, top.refused, top.failed, ctx)),
+		bench.Info(name("coordinator_rss_mb"), round(maxRSS), "MB", fmt.Sprintf("largest coordinator RSS after the window (all three: %v MB); %s", top.rssMB, ctx)),
+		bench.Info(name("cpu_pct"), round(top.coordCPUPct), "%", fmt.Sprintf("the three coordinators' CPU summed, %% of one core, over the %v steady window (the simulator itself: %.0f%%); %s", benchWindow, top.simCPUPct, ctx)),
+		bench.AtMost(name("agent_death_detect_s"), round(top.detectS), "s", goalDetectS,
+			fmt.Sprintf("a gossiping agent killed (connections closed, gossip member stopped without leaving) to its node unreachable on the API (%d of the agents gossip, the rest heartbeat); %s", benchGossipSize, ctx)),
+		bench.Info("fleet_coordinator_cpu_pct_per_1k_agents", round(top.coordCPUPct/k), "%", "coordinator CPU (3 replicas summed, % of one core) per 1,000 agents at "+strconv.Itoa(top.agents)),
+		bench.Info("fleet_coordinator_rss_mb_per_1k_agents", round(rssPer1k(steps)), "MB", "growth of the largest coordinator's RSS per 1,000 agents (nodes x 8 slots and their connections), slope between the smallest and largest step"),
+		bench.Info(name("raft_entries_per_s"), round(top.raftEntriesPerS), "entries/s", "Raft log entries applied per second in the steady window (readiness reports, task updates, placements; heartbeats write nothing while a node stays active); "+ctx),
+		bench.Info(name("raft_log_growth_mb_per_h"), round(top.raftGrowthMBph), "MB/h", fmt.Sprintf("leader's raft.db growth rate in the window (raft.db %.1f MB after it; snapshots truncate the log, bolt reuses pages)", top.raftDBMB)),
+		bench.Info(name("snapshot_mb"), round(top.snapMB), "MB", fmt.Sprintf("newest Raft snapshot on the leader at %d nodes x 8 slots", top.agents)),
+		bench.Info(name("snapshot_ms"), round(top.snapMS), "ms", "mean raft.snapshot.create + persist on the leader (its metrics)"),
+		bench.Info(name("enroll_s"), round(top.enrollS), "s", fmt.Sprintf("every agent minted a token and enrolled with a CSR (32 in flight); inventory load %.0f s", top.inventoryS)),
+	)
+	note := "no step broke"
+	if broke != "" {
+		note = broke
+	}
+	var per []string
+	for _, s := range steps {
+		per = append(per, fmt.Sprintf("%d: p99 %.1f ms, detect %.2f s, CPU %.0f%%, RSS %.0f MB, load %s", s.agents, s.p99, s.detectS, s.coordCPUPct, maxOf(s.rssMB), s.load))
+	}
+	ms = append(ms, bench.Info("fleet_largest_ok_agents", float64(largest), "agents",
+		fmt.Sprintf("largest step with placement p99 < %.0f ms, death detection < %.0f s, every agent enrolled and no failed placement (%s); steps: %s", goalPlaceP99MS, goalDetectS, note, strings.Join(per, " | "))))
+	return ms
+}
+
+func rssPer1k(steps []step) float64 {
+	if len(steps) < 2 {
+		if len(steps) == 1 {
+			return maxOf(steps[0].rssMB) / (float64(steps[0].agents) / 1000)
+		}
+		return 0
+	}
+	a, b := steps[0], steps[len(steps)-1]
+	return (maxOf(b.rssMB) - maxOf(a.rssMB)) / (float64(b.agents-a.agents) / 1000)
+}
+
+func maxOf(v []float64) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
+
+func round(v float64) float64 { return math.Round(v*100) / 100 }
+
+func runStep(t *testing.T, bin string, n int) step {
+	s := step{agents: n}
+	t0 := time.Now()
+	c := startCluster(t, bin, n)
+	s.inventoryS = time.Since(t0).Seconds()
+	defer func() {
+		for i := range c.Nodes {
+			c.Kill(i)
+		}
+	}()
+	cfg := c.fleetConfig(t, c.nodes)
+	cfg.GossipMembers = min(benchGossipSize, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	t0 = time.Now()
+	f, err := Start(ctx, cfg)
+	require.NoError(t, err, "fleet of %d", n)
+	defer f.Stop()
+	s.enrollS = time.Since(t0).Seconds()
+	// Let every agent's loops start (random phase within 30 s).
+	time.Sleep(20 * time.Second)
+
+	leader, err := c.Leader(ctx)
+	require.NoError(t, err)
+	cpu0 := coordCPU(c)
+	sim0 := procCPU(os.Getpid())
+	st0, err := c.Status(ctx, leader)
+	require.NoError(t, err)
+	db0 := fileMB(filepath.Join(c.Nodes[leader].DataDir, "raft", "raft.db"))
+	errs0 := f.Stats().Errors
+	w0 := time.Now()
+	pctx, pcancel := context.WithTimeout(ctx, benchWindow)
+	ps, err := Place(pctx, PlaceConfig{APIs: c.apis, Region: region, Clients: 4, Rate: benchPlaceRate, Hold: 3 * time.Second})
+	pcancel()
+	require.NoError(t, err)
+	win := time.Since(w0).Seconds()
+	s.coordCPUPct = (coordCPU(c) - cpu0) / win * 100
+	s.simCPUPct = (procCPU(os.Getpid()) - sim0) / win * 100
+	st1, err := c.Status(ctx, leader)
+	require.NoError(t, err)
+	s.raftEntriesPerS = float64(st1.Index-st0.Index) / win
+	s.raftDBMB = fileMB(filepath.Join(c.Nodes[leader].DataDir, "raft", "raft.db"))
+	s.raftGrowthMBph = (s.raftDBMB - db0) / win * 3600
+	for i := range c.Nodes {
+		s.rssMB = append(s.rssMB, round(procRSSMB(c.PID(i))))
+	}
+	s.p50, s.p99 = ps.Quantile(0.5), ps.Quantile(0.99)
+	s.placed, s.refused, s.failed = ps.Placed, ps.Refused, ps.Failed
+	s.agentErrors = f.Stats().Errors - errs0
+	if ps.Failed > 0 {
+		t.Logf("fleet %d: last placement error: %s", n, ps.LastPlaceError)
+	}
+	if s.agentErrors > 0 {
+		t.Logf("fleet %d: last agent error: %s", n, f.LastError())
+	}
+	s.snapMB, s.snapMS = snapshotStats(t, c, leader)
+	s.load = loadAvg()
+
+	// One gossiping agent dies.
+	victim := f.Nodes()[1]
+	require.NoError(t, f.Kill(victim))
+	s.detectS = c.waitState(t, victim, "unreachable", 2*time.Minute).Seconds()
+
+	if s.p99 >= goalPlaceP99MS {
+		s.broke = append(s.broke, fmt.Sprintf("placement p99 %.1f ms", s.p99))
+	}
+	if s.detectS >= goalDetectS {
+		s.broke = append(s.broke, fmt.Sprintf("death detection %.1f s", s.detectS))
+	}
+	if ps.Failed > 0 {
+		s.broke = append(s.broke, fmt.Sprintf("%d placements failed (%s)", ps.Failed, ps.LastPlaceError))
+	}
+	return s
+}
+
+// coordCPU is the three coordinators' CPU seconds.
+func coordCPU(c *cluster) float64 {
+	var sum float64
+	for i := range c.Nodes {
+		sum += procCPU(c.PID(i))
+	}
+	return sum
+}
+
+// procCPU is a process's user+system CPU seconds (/proc/PID/stat).
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	// Fields after the command: state is [0]; utime [11], stime [12].
+	u, _ := strconv.ParseFloat(f[11], 64)
+	k, _ := strconv.ParseFloat(f[12], 64)
+	return (u + k) / 100 // USER_HZ
+}
+
+// procRSSMB is a process's resident set (VmRSS) in MB.
+func procRSSMB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func fileMB(p string) float64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return float64(fi.Size()) / (1 << 20)
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:3], " ")
+}
+
+// snapshotStats is the size of the leader's newest snapshot and the mean
+// time its raft.snapshot.create + persist took (its metrics).
+func snapshotStats(t *testing.T, c *cluster, leader int) (mb, ms float64) {
+	dirs, _ := filepath.Glob(filepath.Join(c.Nodes[leader].DataDir, "raft", "snapshots", "*", "state.bin"))
+	var newest time.Time
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err == nil && fi.ModTime().After(newest) {
+			newest, mb = fi.ModTime(), float64(fi.Size())/(1<<20)
+		}
+	}
+	r, err := c.apis[leader].Do(context.Background(), http.MethodGet, "/v1/metrics", nil, nil, nil)
+	if err != nil {
+		t.Logf("scrape leader metrics: %v", err)
+		return mb, 0
+	}
+	fams, err := metricstest.Parse(strings.NewReader(string(r.Body)))
+	if err != nil {
+		t.Logf("parse leader metrics: %v", err)
+		return mb, 0
+	}
+	for _, name := range []string{"raft_snapshot_create", "raft_snapshot_persist"} {
+		mf := fams[name]
+		if mf == nil || len(mf.Metric) == 0 || mf.Metric[0].Summary == nil || mf.Metric[0].Summary.GetSampleCount() == 0 {
+			continue
+		}
+		sm := mf.Metric[0].Summary
+		ms += sm.GetSampleSum() / float64(sm.GetSampleCount())
+	}
+	return mb, ms
+}
