@@ -368,6 +368,7 @@ type allocData struct {
 	Events     []proto.TimelineEvent
 	Live       bool
 	Releasable bool // live and not releasing yet
+	AllocLive  bool // holds capacity (apps may run on it)
 	Index      uint64
 	Lease      string
 	Failed     string
@@ -413,7 +414,8 @@ func (u *UI) allocationData(q *req, id string, index uint64, wait string) (alloc
 	}
 	d.Events = tl.Items
 	d.Live = inProgress(d.A.State)
-	d.Releasable = d.A.Live() && d.A.State != proto.AllocReleasing
+	d.AllocLive = d.A.Live()
+	d.Releasable = d.AllocLive && d.A.State != proto.AllocReleasing
 	d.Bars, d.Span = gantt(d.A, tl.Items, u.now())
 	for _, b := range d.Bars {
 		if b.Status == "failed" {

@@ -41,6 +41,7 @@ type Config struct {
 
 // UI serves the console.
 type UI struct {
+	api    http.Handler
 	hc     *http.Client
 	seal   *sealer
 	ttl    time.Duration
@@ -67,7 +68,7 @@ func New(cfg Config) (*UI, error) {
 	if err != nil {
 		return nil, err
 	}
-	u := &UI{hc: &http.Client{Transport: inProcess{h: cfg.API}}, seal: s, ttl: cfg.SessionTTL, log: cfg.Logger, now: time.Now}
+	u := &UI{api: cfg.API, hc: &http.Client{Transport: inProcess{h: cfg.API}}, seal: s, ttl: cfg.SessionTTL, log: cfg.Logger, now: time.Now}
 	if u.ttl <= 0 {
 		u.ttl = 12 * time.Hour
 	}
@@ -99,6 +100,8 @@ func (u *UI) routes() {
 	m.HandleFunc("GET /ui/allocations/{id}/live", u.page(u.allocationLive))
 	m.HandleFunc("GET /ui/allocations/{id}/release", u.page(u.releaseConfirm))
 	m.HandleFunc("POST /ui/allocations/{id}/release", u.form(u.release))
+	m.HandleFunc("GET /ui/allocations/{id}/console", u.page(u.console))
+	m.HandleFunc("GET /ui/allocations/{id}/console/ws", u.consoleSocket)
 	m.HandleFunc("GET /ui/launch", u.page(u.launch))
 	m.HandleFunc("GET /ui/launch/shapes", u.page(u.launchShapes))
 	m.HandleFunc("POST /ui/launch/review", u.form(u.launchReview))
