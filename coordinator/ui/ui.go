@@ -113,6 +113,7 @@ func (u *UI) routes() {
 	m.HandleFunc("POST /ui/nodes/{id}/approve", u.form(u.nodeApprove))
 	m.HandleFunc("POST /ui/nodes/{id}/drain", u.form(u.nodeDrain(true)))
 	m.HandleFunc("POST /ui/nodes/{id}/undrain", u.form(u.nodeDrain(false)))
+	m.HandleFunc("POST /ui/nodes/{id}/reset-breaker", u.form(u.nodeResetBreaker))
 	m.HandleFunc("GET /ui/slots", u.page(u.slots))
 	m.HandleFunc("GET /ui/slots/{id}", u.page(u.slot))
 	m.HandleFunc("POST /ui/slots/{id}/{action}", u.form(u.slotAction))
