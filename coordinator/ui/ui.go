@@ -102,6 +102,11 @@ func (u *UI) routes() {
 	m.HandleFunc("POST /ui/allocations/{id}/release", u.form(u.release))
 	m.HandleFunc("GET /ui/allocations/{id}/console", u.page(u.console))
 	m.HandleFunc("GET /ui/allocations/{id}/console/ws", u.consoleSocket)
+	m.HandleFunc("GET /ui/apps", u.page(u.apps))
+	m.HandleFunc("GET /ui/apps/{name}", u.page(u.appTargets))
+	m.HandleFunc("POST /ui/apps/launch", u.form(u.appLaunch))
+	m.HandleFunc("POST /ui/allocations/{id}/apps/{app}/stop", u.form(u.appStop))
+	m.HandleFunc("/ui/allocations/{id}/apps/{app}/open/{rest...}", u.appOpen)
 	m.HandleFunc("GET /ui/launch", u.page(u.launch))
 	m.HandleFunc("GET /ui/launch/shapes", u.page(u.launchShapes))
 	m.HandleFunc("POST /ui/launch/review", u.form(u.launchReview))
@@ -306,6 +311,7 @@ func (u *UI) render(q *req, status int, name, title, nav string, data any) error
 		v.Who = q.who
 		v.CSRF = q.s.CSRF
 		v.Msg = q.r.URL.Query().Get("msg")
+		v.Error = q.r.URL.Query().Get("err")
 	}
 	return u.write(q.w, status, name, v)
 }
