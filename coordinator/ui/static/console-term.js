@@ -33,9 +33,9 @@
   }
   function setMode(mode) {
     modeEl.dataset.mode = mode;
-    modeEl.textContent = mode === "read_only" ? "read-only: another session holds the console read-write" :
-      mode === "read_write" ? "read-write" : "";
-    modeEl.className = "pill" + (mode === "read_only" ? " warn" : "");
+    modeEl.textContent = mode === "read-only" ? "read-only: another session holds the console read-write" :
+      mode === "read-write" ? "read-write" : "";
+    modeEl.className = "pill" + (mode === "read-only" ? " warn" : "");
   }
 
   function connect() {
