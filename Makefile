@@ -8,7 +8,7 @@ TEST_FLAGS ?=
 # make lab LAB_FLAGS=-maas onboards the lab hosts through the MAAS simulator and gpuaas-bootstrap.
 LAB_FLAGS ?=
 
-.PHONY: all deps build lab test test-unit vet check bench soak clean clean-daemons fuzz
+.PHONY: all deps build lab test test-unit vet check bench soak clean clean-daemons fuzz ui-vendor
 
 include images/guest/guest.mk
 include images/cuda/cuda.mk
@@ -99,6 +99,22 @@ soak: deps
 		$(GO) test -count=$$(( ($(RUNS) + $(PARALLEL) - 1) / $(PARALLEL) )) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
 		grep -E '^ *(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
 	$(GO) run ./test/bench/cmd/benchmerge; exit $$rc
+
+# The web console's vendored npm files (coordinator/ui/static, committed:
+# the build needs no network for them). ui-vendor fetches each pinned
+# package again with npm pack and checks the committed copy against it
+# and against static/VENDOR.sums; UI_VENDOR_UPDATE=1 copies the fetched
+# file over the committed one instead (then update VENDOR.sums).
+ui-vendor:
+	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; \
+	grep -v '^#' coordinator/ui/static/VENDOR.sums | grep '@xterm/' | while read -r sum file pkg path; do \
+		(cd "$$d" && npm pack --silent "$$pkg" >/dev/null); \
+		tgz=$$(ls "$$d"/*.tgz); mkdir -p "$$d/x"; tar -xzf "$$tgz" -C "$$d/x"; rm -f "$$tgz"; \
+		if [ -n "$(UI_VENDOR_UPDATE)" ]; then cp "$$d/x/package/$$path" coordinator/ui/static/$$file; fi; \
+		cmp "$$d/x/package/$$path" coordinator/ui/static/$$file; \
+		echo "$$sum  coordinator/ui/static/$$file" | sha256sum -c --quiet; echo "ok $$file = $$pkg $$path"; \
+		rm -rf "$$d/x"; \
+	done
 
 lab: build
 	$(BIN)/gpuaas-lab $(LAB_FLAGS)

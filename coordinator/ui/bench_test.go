@@ -131,7 +131,7 @@ func TestBenchConsole(t *testing.T) {
 	}
 	kib := float64(total) / 1024
 	t.Logf("wizard first load %.1f KiB", kib)
-	require.NoError(t, bench.WritePart("console", []bench.Metric{
+	require.NoError(t, bench.WritePart("webconsole", []bench.Metric{
 		bench.AtMost("ui_page_p99_ms", p99, "ms", 100, notes),
 		bench.AtMost("ui_wizard_first_load_kib", kib, "KiB", 300,
 			"bytes of GET /ui/launch, the stylesheet and htmx 2.0.4 (uncompressed: the coordinator serves them as they are embedded), signed in, 1,000-node ledger"),

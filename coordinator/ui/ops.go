@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/proto"
@@ -208,6 +209,8 @@ type slotPair struct {
 
 type nodeData struct {
 	D         proto.NodeDetail
+	Breaker   breakerView
+	GPUs      []gpuHealth
 	Topo      *proto.CandidateTopology
 	TopoErr   string
 	Pairs     []slotPair
@@ -237,6 +240,16 @@ func (u *UI) node(q *req) error {
 	var ts proto.List[*proto.Task]
 	if _, err := q.api.get("/v1/nodes/"+esc(id)+"/tasks", url.Values{"limit": {"50"}}, &ts); err == nil {
 		d.Tasks = ts.Items
+	}
+	d.Breaker = breakerOf(&d.D.Node)
+	if d.Topo != nil && d.Topo.Hardware != nil {
+		slotOf := map[string]string{}
+		for _, s := range sl.Items {
+			slotOf[s.Capacity.GPUPCIAddress] = s.ID
+		}
+		for _, g := range d.Topo.Hardware.GPUs {
+			d.GPUs = append(d.GPUs, gpuHealth{GPU: g, SlotID: slotOf[g.PCIAddress], Link: g.LinkDowngrade()})
+		}
 	}
 	d.DriftFlag, d.DriftWhy = nodeDrift(&d.D.Node)
 	if len(d.D.Drift) > 0 {
@@ -300,6 +313,59 @@ func (u *UI) nodeApprove(q *req) error {
 	return q.redirect(Prefix+"nodes/"+esc(id), idx, fmt.Sprintf("candidate %d approved as slot %s", i, s.ID))
 }
 
+// breakerView is a node's circuit breaker as the node and slot pages
+// show it (proto/breaker.go).
+type breakerView struct {
+	State    string // open | probation | closed | "" (never tripped, no failures)
+	Detail   string
+	Failures []proto.BreakerFailure
+	Trips    int
+	ClosedBy string
+}
+
+func breakerOf(n *proto.Node) breakerView {
+	b := n.Breaker
+	if b == nil {
+		return breakerView{}
+	}
+	v := breakerView{Failures: b.Failures, Trips: b.Trips, ClosedBy: b.ClosedBy}
+	switch {
+	case b.Open:
+		v.State = "open"
+		v.Detail = fmt.Sprintf("out of placement since %s until %s (or an admin's reset): %s",
+			b.OpenedAt.UTC().Format(time.RFC3339), b.Until.UTC().Format(time.RFC3339), b.Reason)
+	case b.Probation:
+		v.State = "probation"
+		v.Detail = "closed after its cool-down, on probation: one more failed allocation reopens it"
+	case len(b.Failures) > 0 || b.Trips > 0:
+		v.State = "closed"
+		v.Detail = fmt.Sprintf("%d recent failed allocation(s); it opens at %d within %v", len(b.Failures), proto.BreakerThreshold, proto.BreakerWindow)
+	}
+	return v
+}
+
+// gpuHealth is one GPU of the node's latest hardware scan: its PCIe link
+// and the faults hostops/gpuhealth found (Xids, fallen off the bus, ECC,
+// row remap, NVLink, thermal).
+type gpuHealth struct {
+	GPU    proto.GPUInventory
+	SlotID string
+	Link   string // how the link runs below its maximum, "" when it does not
+}
+
+func (u *UI) nodeResetBreaker(q *req) error {
+	id := q.r.PathValue("id")
+	idx, err := q.api.send(http.MethodPost, "/v1/nodes/"+esc(id)+"/breaker/reset", nil, nil, nil)
+	if err != nil {
+		return err
+	}
+	back := q.r.PostForm.Get("back")
+	if !strings.HasPrefix(back, Prefix) || strings.HasPrefix(back, "//") {
+		back = Prefix + "nodes/" + esc(id)
+	}
+	return q.redirect(back, idx, "circuit breaker of "+id+" reset: the node takes placements again")
+}
+
 func (u *UI) nodeDrain(drain bool) handlerFunc {
 	return func(q *req) error {
 		id := q.r.PathValue("id")
@@ -345,11 +411,73 @@ func (u *UI) slot(q *req) error {
 			return err
 		}
 	}
-	var s proto.Slot
-	if _, err := q.api.get("/v1/slots/"+esc(id), nil, &s); err != nil {
+	d := slotData{S: &proto.Slot{}}
+	if _, err := q.api.get("/v1/slots/"+esc(id), nil, d.S); err != nil {
 		return err
 	}
-	return u.render(q, http.StatusOK, "slot", "Slot "+id, "slots", &s)
+	var nd proto.NodeDetail
+	if _, err := q.api.get("/v1/nodes/"+esc(d.S.NodeID), nil, &nd); err == nil {
+		d.Breaker = breakerOf(&nd.Node)
+		d.NodeState = nd.Node.State
+	}
+	var topo proto.CandidateTopology
+	if _, err := q.api.get("/v1/nodes/"+esc(d.S.NodeID)+"/topology", nil, &topo); err == nil && topo.Hardware != nil {
+		for _, g := range topo.Hardware.GPUs {
+			if g.PCIAddress == d.S.Capacity.GPUPCIAddress {
+				d.GPU = &gpuHealth{GPU: g, SlotID: d.S.ID, Link: g.LinkDowngrade()}
+			}
+		}
+		d.ScannedAt = topo.DiscoveredAt
+	}
+	if q.Can("GET /v1/audit") {
+		d.History, d.HistoryMore, d.HistoryErr = slotHistory(q, id)
+	}
+	return u.render(q, http.StatusOK, "slot", "Slot "+id, "slots", d)
+}
+
+// slotData is the slot page: the slot, its node's circuit breaker, its
+// GPU's latest health scan, and its lifecycle trail from the audit log.
+type slotData struct {
+	S           *proto.Slot
+	NodeState   proto.NodeState
+	Breaker     breakerView
+	GPU         *gpuHealth
+	ScannedAt   time.Time
+	History     []proto.AuditRecord // newest first
+	HistoryMore bool                // older records were left out
+	HistoryErr  string
+}
+
+// maxSlotHistory is how many of a slot's audit records its page shows
+// (the newest); gpuaasctl slot history pages through all of them.
+const maxSlotHistory = 100
+
+// slotHistory reads the slot's lifecycle trail (GET /v1/audit?slot=: the
+// requests that touched it, the allocations placed on it, its node's
+// drain), as gpuaasctl slot history does, newest first.
+func slotHistory(q *req, id string) ([]proto.AuditRecord, bool, string) {
+	var all []proto.AuditRecord
+	after := ""
+	for range 20 {
+		v := url.Values{"slot": {id}, "limit": {strconv.Itoa(proto.MaxPageLimit)}}
+		if after != "" {
+			v.Set("after", after)
+		}
+		var l proto.List[proto.AuditRecord]
+		if _, err := q.api.get("/v1/audit", v, &l); err != nil {
+			return nil, false, errText(err)
+		}
+		all = append(all, l.Items...)
+		if after = l.Next; after == "" {
+			break
+		}
+	}
+	slices.Reverse(all)
+	more := len(all) > maxSlotHistory
+	if more {
+		all = all[:maxSlotHistory]
+	}
+	return all, more, ""
 }
 
 func (u *UI) slotAction(q *req) error {

@@ -36,6 +36,13 @@ var funcs = template.FuncMap{
 		}
 		return slotActionsData{V: v, Slot: s, Back: back}
 	},
+	"breakerCard": func(v view, b breakerView, node string) map[string]any {
+		back := Prefix + "nodes/" + esc(node)
+		if v.req != nil {
+			back = v.r.URL.Path
+		}
+		return map[string]any{"V": v, "B": b, "Node": node, "Back": back}
+	},
 	"allocStates": func() []proto.AllocState { return proto.AllocStates },
 	"pct":         func(f float64) string { return fmt.Sprintf("%.2f%%", f) },
 	"path":        esc,

@@ -346,6 +346,8 @@ func (u *UI) launchCreate(q *req) error {
 // ---- allocation page ----
 
 type bar struct {
+	started  time.Time
+	Progress *stageProgress // byte progress of a running stage (clone, image, wipe)
 	Stage    string
 	Status   string // succeeded | failed | running | pending | info
 	Start    string // offset from the first event
@@ -368,6 +370,7 @@ type allocData struct {
 	Events     []proto.TimelineEvent
 	Live       bool
 	Releasable bool // live and not releasing yet
+	AllocLive  bool // holds capacity (apps may run on it)
 	Index      uint64
 	Lease      string
 	Failed     string
@@ -380,16 +383,27 @@ func inProgress(s proto.AllocState) bool {
 
 func (u *UI) allocationData(q *req, id string, index uint64, wait string) (allocData, error) {
 	var d allocData
-	tq := url.Values(nil)
+	// The live part waits on the allocation's task list, as gpuaasctl
+	// alloc create --wait does: it answers as soon as a task or the
+	// allocation changes, and every stage event and every byte-progress
+	// report (the agent's clone, at most once a second) rewrites the
+	// task. Then the timeline and the rest are read at once.
+	tq := url.Values{"limit": {"100"}}
 	if index > 0 && wait != "" {
-		tq = url.Values{"index": {strconv.FormatUint(index, 10)}, "wait": {wait}}
+		tq.Set("index", strconv.FormatUint(index, 10))
+		tq.Set("wait", wait)
 	}
-	var tl proto.List[proto.TimelineEvent]
-	idx, err := q.api.get("/v1/allocations/"+esc(id)+"/timeline", tq, &tl)
+	var ts proto.List[*proto.Task]
+	idx, err := q.api.get("/v1/allocations/"+esc(id)+"/tasks", tq, &ts)
 	if err != nil {
 		return d, err
 	}
 	d.Index = idx
+	d.Tasks = ts.Items
+	var tl proto.List[proto.TimelineEvent]
+	if _, err := q.api.get("/v1/allocations/"+esc(id)+"/timeline", nil, &tl); err != nil {
+		return d, err
+	}
 	if _, err := q.api.get("/v1/allocations/"+esc(id), nil, &d.A); err != nil {
 		return d, err
 	}
@@ -407,13 +421,10 @@ func (u *UI) allocationData(q *req, id string, index uint64, wait string) (alloc
 		}
 		d.Claims = append(d.Claims, row)
 	}
-	var ts proto.List[*proto.Task]
-	if _, err := q.api.get("/v1/allocations/"+esc(id)+"/tasks", url.Values{"limit": {"100"}}, &ts); err == nil {
-		d.Tasks = ts.Items
-	}
 	d.Events = tl.Items
 	d.Live = inProgress(d.A.State)
-	d.Releasable = d.A.Live() && d.A.State != proto.AllocReleasing
+	d.AllocLive = d.A.Live()
+	d.Releasable = d.AllocLive && d.A.State != proto.AllocReleasing
 	d.Bars, d.Span = gantt(d.A, tl.Items, u.now())
 	for _, b := range d.Bars {
 		if b.Status == "failed" {
@@ -424,8 +435,16 @@ func (u *UI) allocationData(q *req, id string, index uint64, wait string) (alloc
 		}
 	}
 	for _, t := range d.Tasks {
-		if t.State == proto.TaskRunning && t.Total > 0 {
-			d.Progress = fmt.Sprintf("%s: %s of %s (%.0f%%)", t.Stage, humanBytes(uint64(t.Done)), humanBytes(uint64(t.Total)), 100*float64(t.Done)/float64(t.Total))
+		if t.State != proto.TaskRunning || t.Total <= 0 || t.Stage == "" {
+			continue
+		}
+		for i := range d.Bars {
+			b := &d.Bars[i]
+			if b.Stage != t.Stage || b.Status != "running" {
+				continue
+			}
+			b.Progress = progressOf(t.Done, t.Total, u.now().Sub(b.started))
+			d.Progress = t.Stage + ": " + b.Progress.Text
 		}
 	}
 	return d, nil
@@ -489,7 +508,7 @@ func gantt(a proto.Allocation, evs []proto.TimelineEvent, now time.Time) ([]bar,
 		if s.status == "running" {
 			e = end
 		}
-		b := bar{Stage: st, Status: s.status, Message: s.msg, Start: "+" + roundDur(s.start.Sub(t0)),
+		b := bar{started: s.start, Stage: st, Status: s.status, Message: s.msg, Start: "+" + roundDur(s.start.Sub(t0)),
 			X: pct(s.start.Sub(t0)), W: max(pct(e.Sub(s.start)), 0.5)}
 		if s.status != "info" {
 			b.Duration = roundDur(e.Sub(s.start))
@@ -507,6 +526,26 @@ func gantt(a proto.Allocation, evs []proto.TimelineEvent, now time.Time) ([]bar,
 		}
 	}
 	return bars, roundDur(end.Sub(t0))
+}
+
+// stageProgress is a running stage's byte progress as the agent last
+// reported it.
+type stageProgress struct {
+	Pct  float64
+	Text string // "1.2 GiB of 4.0 GiB (30%), 210.5 MiB/s"
+}
+
+func progressOf(done, total int64, elapsed time.Duration) *stageProgress {
+	if total <= 0 {
+		return nil
+	}
+	done = min(max(done, 0), total)
+	p := &stageProgress{Pct: 100 * float64(done) / float64(total)}
+	p.Text = fmt.Sprintf("%s of %s (%.0f%%)", humanBytes(uint64(done)), humanBytes(uint64(total)), p.Pct)
+	if elapsed > time.Second && done > 0 {
+		p.Text += fmt.Sprintf(", %s/s", humanBytes(uint64(float64(done)/elapsed.Seconds())))
+	}
+	return p
 }
 
 func roundDur(d time.Duration) string {

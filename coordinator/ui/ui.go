@@ -41,6 +41,7 @@ type Config struct {
 
 // UI serves the console.
 type UI struct {
+	api    http.Handler
 	hc     *http.Client
 	seal   *sealer
 	ttl    time.Duration
@@ -67,7 +68,7 @@ func New(cfg Config) (*UI, error) {
 	if err != nil {
 		return nil, err
 	}
-	u := &UI{hc: &http.Client{Transport: inProcess{h: cfg.API}}, seal: s, ttl: cfg.SessionTTL, log: cfg.Logger, now: time.Now}
+	u := &UI{api: cfg.API, hc: &http.Client{Transport: inProcess{h: cfg.API}}, seal: s, ttl: cfg.SessionTTL, log: cfg.Logger, now: time.Now}
 	if u.ttl <= 0 {
 		u.ttl = 12 * time.Hour
 	}
@@ -99,6 +100,13 @@ func (u *UI) routes() {
 	m.HandleFunc("GET /ui/allocations/{id}/live", u.page(u.allocationLive))
 	m.HandleFunc("GET /ui/allocations/{id}/release", u.page(u.releaseConfirm))
 	m.HandleFunc("POST /ui/allocations/{id}/release", u.form(u.release))
+	m.HandleFunc("GET /ui/allocations/{id}/console", u.page(u.console))
+	m.HandleFunc("GET /ui/allocations/{id}/console/ws", u.consoleSocket)
+	m.HandleFunc("GET /ui/apps", u.page(u.apps))
+	m.HandleFunc("GET /ui/apps/{name}", u.page(u.appTargets))
+	m.HandleFunc("POST /ui/apps/launch", u.form(u.appLaunch))
+	m.HandleFunc("POST /ui/allocations/{id}/apps/{app}/stop", u.form(u.appStop))
+	m.HandleFunc("/ui/allocations/{id}/apps/{app}/open/{rest...}", u.appOpen)
 	m.HandleFunc("GET /ui/launch", u.page(u.launch))
 	m.HandleFunc("GET /ui/launch/shapes", u.page(u.launchShapes))
 	m.HandleFunc("POST /ui/launch/review", u.form(u.launchReview))
@@ -110,6 +118,7 @@ func (u *UI) routes() {
 	m.HandleFunc("POST /ui/nodes/{id}/approve", u.form(u.nodeApprove))
 	m.HandleFunc("POST /ui/nodes/{id}/drain", u.form(u.nodeDrain(true)))
 	m.HandleFunc("POST /ui/nodes/{id}/undrain", u.form(u.nodeDrain(false)))
+	m.HandleFunc("POST /ui/nodes/{id}/reset-breaker", u.form(u.nodeResetBreaker))
 	m.HandleFunc("GET /ui/slots", u.page(u.slots))
 	m.HandleFunc("GET /ui/slots/{id}", u.page(u.slot))
 	m.HandleFunc("POST /ui/slots/{id}/{action}", u.form(u.slotAction))
@@ -302,6 +311,7 @@ func (u *UI) render(q *req, status int, name, title, nav string, data any) error
 		v.Who = q.who
 		v.CSRF = q.s.CSRF
 		v.Msg = q.r.URL.Query().Get("msg")
+		v.Error = q.r.URL.Query().Get("err")
 	}
 	return u.write(q.w, status, name, v)
 }

@@ -309,7 +309,7 @@ func TestGanttMarksTheFailedStage(t *testing.T) {
 	}, t0.Add(time.Hour))
 	assert.Equal(t, "4s", span, "an ended allocation's chart ends at its last event")
 	require.Len(t, bars, 3, "no pending stages after the end")
-	assert.Equal(t, bar{Stage: "plan", Status: "succeeded", Start: "+0s", Duration: "1s", X: 0, W: 25}, bars[0])
+	assert.Equal(t, bar{started: t0, Stage: "plan", Status: "succeeded", Start: "+0s", Duration: "1s", X: 0, W: 25}, bars[0])
 	assert.Equal(t, "failed", bars[2].Status)
 	assert.Equal(t, "no answer on 10.0.0.5:22", bars[2].Message)
 	assert.InDelta(t, 75, bars[2].X, 0.01)
@@ -365,4 +365,52 @@ func TestSecureCookieOverTLS(t *testing.T) {
 	res.Body.Close()
 	assert.Contains(t, res.Header.Get("Content-Security-Policy"), "script-src 'self'")
 	assert.Equal(t, "DENY", res.Header.Get("X-Frame-Options"))
+}
+
+// TestAllocationPageFollowsCloneProgressLive: the allocation page's live
+// part is a blocking query on the allocation's tasks, so a byte-progress
+// report of the clone (which rewrites the task, not the timeline) answers
+// it at once, and the clone's row shows the bar and the bytes.
+func TestAllocationPageFollowsCloneProgressLive(t *testing.T) {
+	c := newCoord(t, 1)
+	op := c.user(api.RoleOperator)
+	ctx := context.Background()
+	a, _, err := c.srv.Place(ctx, proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice",
+		GPUCount: 1, Region: "us-east", Owner: "operator-user"}, "progress-1")
+	require.NoError(t, err)
+	var task *proto.Task
+	require.Eventually(t, func() bool {
+		ts := c.srv.Store().Snapshot().Tasks("", a.ID, "", 10)
+		if len(ts) > 0 {
+			task = ts[0]
+		}
+		return task != nil
+	}, 10*time.Second, 20*time.Millisecond, "the placement's task")
+	update := func(ev *proto.StageEvent, done, total int64) {
+		_, _, err := c.srv.Apply(ctx, proto.TaskUpdateType, proto.TaskUpdateRequest{At: time.Now().UTC(), TaskID: task.ID, NodeID: task.NodeID,
+			State: proto.TaskRunning, Event: ev, Stage: proto.StageClone, Done: done, Total: total})
+		require.NoError(t, err)
+	}
+	update(&proto.StageEvent{Stage: proto.StageClone, Status: "started"}, 0, 4<<30)
+	status, body, _ := op.get("/ui/allocations/" + a.ID)
+	require.Equal(t, http.StatusOK, status)
+	m := regexp.MustCompile(`/live\?index=(\d+)`).FindStringSubmatch(body)
+	require.NotNil(t, m, "the page polls its live part: %s", body)
+
+	type answer struct {
+		body string
+		took time.Duration
+	}
+	got := make(chan answer, 1)
+	go func() {
+		t0 := time.Now()
+		_, b, _ := op.get("/ui/allocations/" + a.ID + "/live?index=" + m[1])
+		got <- answer{b, time.Since(t0)}
+	}()
+	time.Sleep(300 * time.Millisecond) // the poll is waiting
+	update(nil, 1<<30, 4<<30)
+	ans := <-got
+	assert.Less(t, ans.took, 2*time.Second, "a progress report answers the waiting poll (it does not wait out its 3 s)")
+	assert.Contains(t, ans.body, "1.0 GiB of 4.0 GiB (25%)")
+	assert.Regexp(t, `data-stage="clone"[\s\S]*class="stage-progress" data-pct="25"`, ans.body)
 }

@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +17,12 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/gpuaas/gpuaas/agent/slice"
 	"github.com/gpuaas/gpuaas/hostops"
 	"github.com/gpuaas/gpuaas/lab/hostsim"
+	"github.com/gpuaas/gpuaas/lab/simslice"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -98,6 +104,77 @@ func (b *browser) waitJS(what, cond string, bound time.Duration) {
 	}
 }
 
+// startBrowser starts a headless Chromium of its own for one user (its own
+// cookies: a new browser context in one Chromium hangs page actions with
+// chromedp v0.23.0).
+func startBrowser(t *testing.T, chromium, base, out string) *browser {
+	t.Helper()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		// The lab serves HTTPS from its own CA (.lab/ca.pem), which this
+		// throwaway browser profile does not hold; the other clients of
+		// the test (gpuaasctl, the API client) verify it.
+		chromedp.Flag("ignore-certificate-errors", true),
+		chromedp.WindowSize(1280, 900))
+	t.Cleanup(cancelAlloc)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(cancel)
+	require.NoError(t, chromedp.Do(ctx), "start chromium")
+	return &browser{t: t, ctx: ctx, base: base, out: out}
+}
+
+// typeInto types s into the serial console page's terminal (xterm.js's
+// input element; "\r" is Enter).
+func (b *browser) typeConsole(s string) {
+	b.t.Helper()
+	b.run("type "+strconv.Quote(s), chromedp.SendKeys(chromedp.CSS(".xterm-helper-textarea"), s))
+}
+
+// waitConsole waits for want in the console page's terminal text.
+func (b *browser) waitConsole(want string, bound time.Duration) {
+	b.t.Helper()
+	b.waitJS("console shows "+strconv.Quote(want), "window.gpuaasConsoleText && gpuaasConsoleText().includes("+strconv.Quote(want)+")", bound)
+}
+
+// launchSlice runs the wizard for a 1-GPU slice (image "": the site's
+// default) and returns the new allocation's ID from the page it lands on.
+func (b *browser) launchSlice(image, key string) string {
+	b.t.Helper()
+	b.run("launch", chromedp.Navigate(b.base+"launch"), chromedp.WaitVisible(chromedp.ID("wizard")))
+	b.waitJS("a 1-GPU slice placeable", `document.querySelector('#shape-slice-1 input') && !document.querySelector('#shape-slice-1 input').disabled`, 60*time.Second)
+	steps := []chromedp.Action[chromedp.Void]{chromedp.Click(chromedp.CSS(`#shape-slice-1 input`))}
+	if image != "" {
+		steps = append(steps, chromedp.SetValue(chromedp.ID("image"), image))
+	}
+	steps = append(steps, chromedp.SendKeys(chromedp.ID("ssh-key"), key), chromedp.Click(chromedp.ID("review")), chromedp.WaitVisible(chromedp.ID("create")))
+	b.run("fill the wizard", steps...)
+	b.run("create", chromedp.Click(chromedp.ID("create")), chromedp.WaitVisible(chromedp.ID("timeline")))
+	var path string
+	b.eval(`location.pathname`, &path)
+	id, ok := strings.CutPrefix(path, "/ui/allocations/")
+	require.True(b.t, ok, "the wizard lands on the allocation page: %s", path)
+	return id
+}
+
+// waitSSHReady waits for the allocation page (which updates itself) to
+// show the slice active with ssh_ready succeeded.
+func (b *browser) waitSSHReady(bound time.Duration) {
+	b.t.Helper()
+	b.waitJS("the timeline reaches ssh_ready, live", `document.querySelector('#state').innerText == 'active' &&
+		document.querySelector('tr[data-stage=ssh_ready]') && document.querySelector('tr[data-stage=ssh_ready]').className == 'g-succeeded'`, bound)
+}
+
+// release releases the allocation on its page, with the confirmation,
+// and waits for the page to show it released.
+func (b *browser) release(id string, bound time.Duration) {
+	b.t.Helper()
+	b.run("release "+id, chromedp.Navigate(b.base+"allocations/"+id), chromedp.WaitVisible(chromedp.ID("release")),
+		chromedp.Click(chromedp.ID("release")), chromedp.WaitVisible(chromedp.ID("confirm-release")),
+		chromedp.Click(chromedp.ID("confirm-release")), chromedp.WaitVisible(chromedp.ID("msg")))
+	b.waitJS("released, live", `document.querySelector('#state').innerText == 'released'`, bound)
+}
+
 func (b *browser) signIn(token string) {
 	b.t.Helper()
 	b.run("sign in",
@@ -158,7 +235,7 @@ func TestLabWebConsole(t *testing.T) {
 	dir := t.TempDir()
 	l := startLab(t, bin, dir, "-auto-approve=false")
 	admin := adminCtl(t, l)
-	var toks struct{ Admin, Operator, Viewer string }
+	var toks struct{ Admin, Operator, Viewer, Tenant string }
 	b, err := os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &toks))
@@ -177,23 +254,7 @@ func TestLabWebConsole(t *testing.T) {
 	_, err = admin("region", "set", "lab-west", "--disabled")
 	require.NoError(t, err)
 
-	// One Chromium per user, so each has its own cookies (a new browser
-	// context in one Chromium hangs page actions with chromedp v0.23.0).
-	user := func() *browser {
-		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-			chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-			chromedp.Flag("disable-dev-shm-usage", true), chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-			// The lab serves HTTPS from its own CA (.lab/ca.pem), which this
-			// throwaway browser profile does not hold; the other clients of
-			// the test (gpuaasctl, the API client) verify it.
-			chromedp.Flag("ignore-certificate-errors", true),
-			chromedp.WindowSize(1280, 900))
-		t.Cleanup(cancelAlloc)
-		ctx, cancel := chromedp.NewContext(alloc)
-		t.Cleanup(cancel)
-		require.NoError(t, chromedp.Do(ctx), "start chromium")
-		return &browser{t: t, ctx: ctx, base: base, out: out}
-	}
+	user := func() *browser { return startBrowser(t, chromium, base, out) }
 
 	// --- admin: approve candidates, disable and repair a slot ---
 	adm := user()
@@ -291,16 +352,83 @@ func TestLabWebConsole(t *testing.T) {
 	assert.NotEqual(t, proto.SlotDisabled, s6.Status, "the refused POSTs changed nothing")
 	assert.Empty(t, s6.StatusReason)
 
+	// --- tenant: their own slice through the wizard, only their own
+	// allocations, the serial console, the apps of their slice ---
+	require.NotEmpty(t, toks.Tenant, "the lab mints a tenant token")
+	tn := user()
+	tn.signIn(toks.Tenant)
+	assert.Contains(t, tn.text("#who"), "tenant")
+	tenantAlloc := tn.launchSlice("", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD tenant")
+	tn.waitSSHReady(60 * time.Second)
+	assert.Contains(t, tn.text("#alloc-sub"), "lab-tenant")
+	tn.run("tenant's allocations", chromedp.Navigate(base+"allocations"), chromedp.WaitVisible(chromedp.ID("allocations")))
+	mine := tn.text("#allocations")
+	assert.Contains(t, mine, tenantAlloc)
+	assert.NotContains(t, mine, allocID, "a tenant does not see another owner's allocation")
+	tn.shot("tenant-allocations")
+	tn.run("another owner's allocation", chromedp.Navigate(base+"allocations/"+allocID), chromedp.WaitVisible(chromedp.ID("error")))
+	assert.Contains(t, tn.text("#error"), "does not exist", "answered as a missing one")
+	// The serial console (lab/simslice's getty on a pty) in the browser.
+	tn.run("console page", chromedp.Navigate(base+"allocations/"+tenantAlloc), chromedp.WaitVisible(chromedp.ID("open-console")),
+		chromedp.Click(chromedp.ID("open-console")), chromedp.WaitVisible(chromedp.ID("terminal")))
+	tn.waitJS("attached read-write", `document.querySelector('#console-mode').dataset.mode == 'read-write'`, 30*time.Second)
+	tn.waitConsole("login: ", 20*time.Second)
+	tn.typeConsole(simslice.ConsoleUser + "\r")
+	tn.waitConsole("Password: ", 10*time.Second)
+	tn.typeConsole(simslice.ConsolePassword + "\r")
+	tn.waitConsole("~# ", 10*time.Second)
+	tn.typeConsole("hostname\r")
+	tn.waitConsole("\n"+slice.DomainName(tenantAlloc), 10*time.Second)
+	tn.shot("console")
+	// A second session of the same tenant only watches, and says so.
+	tn2 := user()
+	tn2.signIn(toks.Tenant)
+	tn2.run("second console", chromedp.Navigate(base+"allocations/"+tenantAlloc+"/console"), chromedp.WaitVisible(chromedp.ID("terminal")))
+	tn2.waitJS("attached read-only", `document.querySelector('#console-mode').dataset.mode == 'read-only'`, 30*time.Second)
+	assert.Contains(t, tn2.text("#console-mode"), "another session holds the console read-write")
+	tn.typeConsole("echo seen-by-the-watcher\r")
+	tn2.waitConsole("seen-by-the-watcher", 10*time.Second)
+	tn2.shot("console-readonly")
+	tn2.run("leave", chromedp.Click(chromedp.ID("console-disconnect")))
+	tn.run("leave", chromedp.Click(chromedp.ID("console-disconnect")))
+	tn.waitJS("closed", `document.querySelector('#console-status').dataset.state == 'closed'`, 10*time.Second)
+	// Apps: a catalog entry the admin publishes, judged for the tenant's slice.
+	manifest := filepath.Join(t.TempDir(), "hello.json")
+	require.NoError(t, os.WriteFile(manifest, []byte(`{"kind":"oci","image":"ghcr.io/gpuaas/hello-http@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		"description":"a static HTTP app","compat":{"shapes":["gpu_slice"],"min_gpus":1},"ports":[{"name":"http","port":8080,"protocol":"http"}],
+		"health_check":{"port":8080,"path":"/"}}`), 0o644))
+	for _, args := range [][]string{{"app", "publish", "hello-http:1", manifest}, {"app", "approve", "hello-http:1"}} {
+		o, err := admin(args...)
+		require.NoError(t, err, o)
+	}
+	tn.run("apps of the slice", chromedp.Navigate(base+"allocations/"+tenantAlloc), chromedp.WaitVisible(chromedp.ID("open-apps")),
+		chromedp.Click(chromedp.ID("open-apps")), chromedp.WaitVisible(chromedp.ID("compatible-apps")))
+	assert.Contains(t, tn.text("#compatible-apps"), "hello-http")
+	tn.shot("apps")
+	tn.run("target picker", chromedp.Navigate(base+"apps/hello-http"), chromedp.WaitVisible(chromedp.ID("target-picker")))
+	var picked bool
+	tn.eval(`document.querySelector('#target-`+tenantAlloc+` input').checked`, &picked)
+	assert.True(t, picked, "the tenant's active slice is a selectable target")
+	tn.shot("app-targets")
+	// Launch: the app instance API answers (launching), or, on a
+	// coordinator without it, the page says so and keeps working.
+	tn.run("launch the app", chromedp.Click(chromedp.ID("launch-app")), chromedp.WaitVisible(chromedp.ID("compatible-apps")))
+	var banner string
+	tn.eval(`(document.querySelector('#msg') || document.querySelector('#error') || {innerText: ''}).innerText`, &banner)
+	assert.Regexp(t, `hello-http:1 launching on `+tenantAlloc+`|launching apps is not available on this coordinator yet`, banner)
+	tn.release(tenantAlloc, 60*time.Second)
+
 	// --- operator releases with confirmation; the page follows it live ---
-	op.run("release", chromedp.Navigate(base+"allocations/"+allocID), chromedp.WaitVisible(chromedp.ID("release")),
-		chromedp.Click(chromedp.ID("release")), chromedp.WaitVisible(chromedp.ID("confirm-release")),
-		chromedp.Click(chromedp.ID("confirm-release")), chromedp.WaitVisible(chromedp.ID("msg")))
-	op.waitJS("released, live", `document.querySelector('#state').innerText == 'released'`, 60*time.Second)
+	op.release(allocID, 60*time.Second)
 
 	// --- admin repairs the disabled slot; a drifted node is flagged ---
 	adm.run("repair", chromedp.Navigate(base+"slots/j22u15-s7"), chromedp.WaitVisible(chromedp.ID("slot-status")),
 		chromedp.Click(chromedp.CSS(`button.repair`)), chromedp.WaitVisible(chromedp.ID("msg")))
 	assert.Equal(t, "available", adm.text("#slot-status"))
+	trail := adm.text("#slot-history")
+	assert.Contains(t, trail, "/v1/slots/j22u15-s7/disable", "the slot's lifecycle trail from the audit log")
+	assert.Contains(t, trail, "/v1/slots/j22u15-s7/repair")
+	assert.Contains(t, adm.text("#breaker"), "closed")
 	adm.shot("slot")
 	hostsDir, err := readLabHostsDir(dir)
 	require.NoError(t, err)
@@ -337,4 +465,86 @@ func TestLabWebConsole(t *testing.T) {
 	// Sign out: the session is gone.
 	op.run("sign out", chromedp.Navigate(base+"allocations"), chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("token")))
 	op.run("after sign-out", chromedp.Navigate(base+"allocations"), chromedp.WaitVisible(chromedp.ID("token")))
+}
+
+// TestPrivilegedLabWebConsoleWizard is the tenant's web console path on a
+// real lab VM (j22u15 under libvirt, TCG; see startRealSliceLab): the
+// tenant signs in, launches a 1-GPU slice of the lab guest image through
+// the wizard, watches the allocation page's timeline fill to ssh_ready,
+// reaches the guest with their key, logs in on the VM's serial console
+// in the browser, and releases it; the slot comes back wiped.
+func TestPrivilegedLabWebConsoleWizard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	chromium, err := exec.LookPath("chromium")
+	require.NoError(t, err, "Debian's chromium package is needed (make deps installs it)")
+	rl := startRealSliceLab(t, ctx)
+	l := rl.l
+	admin := &lab{bin: l.bin, env: append(append([]string(nil), l.env...), "GPUAAS_TOKEN="+rl.admin)}
+	out, err := admin.ctl(t, "image", "push", rl.img, "--name", "lab-guest", "--version", "v1", "--kind", "slice_base", "--marker-sha256", rl.m.MarkerSHA256)
+	require.NoError(t, err, out)
+	out, err = admin.ctl(t, "image", "approve", "lab-guest:v1")
+	require.NoError(t, err, out)
+	var toks struct{ Tenant string }
+	b, err := os.ReadFile(filepath.Join(l.dir, "tokens.secret.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &toks))
+	require.NotEmpty(t, toks.Tenant)
+	var addr string
+	for _, e := range l.env {
+		if v, ok := strings.CutPrefix(e, "GPUAAS_ADDR="); ok {
+			addr = v
+		}
+	}
+	require.NotEmpty(t, addr)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	signer, err := ssh.NewSignerFromKey(priv)
+	require.NoError(t, err)
+	tenantKey := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
+
+	tn := startBrowser(t, chromium, strings.TrimSuffix(addr, "/")+"/ui/", consoleOutDir(t))
+	tn.signIn(toks.Tenant)
+	start := time.Now()
+	id := tn.launchSlice("lab-guest:v1", tenantKey)
+	tn.waitSSHReady(12 * time.Minute)
+	t.Logf("wizard to ssh_ready on a real VM: %.1f s", time.Since(start).Seconds())
+	for _, stage := range proto.SliceStages {
+		var ok bool
+		tn.eval(`!!document.querySelector('tr[data-stage=`+stage+`].g-succeeded')`, &ok)
+		assert.True(t, ok, "the timeline shows stage %s succeeded", stage)
+	}
+	tn.shot("allocation-vm")
+	var a proto.Allocation
+	require.NoError(t, getJSON(ctx, rl.api, "/v1/allocations/"+id, &a))
+	require.Equal(t, "lab-tenant", a.Owner)
+	require.NotNil(t, a.Access)
+	dialGuest(t, a.Access.GuestIP, signer, a.Access.HostKeys...).Close()
+
+	// The VM's serial console in the browser (libvirt's console stream on
+	// the agent, through the gateway).
+	tn.run("console page", chromedp.Navigate(tn.base+"allocations/"+id+"/console"), chromedp.WaitVisible(chromedp.ID("terminal")))
+	tn.waitJS("attached read-write", `document.querySelector('#console-mode').dataset.mode == 'read-write'`, 60*time.Second)
+	tn.typeConsole("\r")
+	tn.waitConsole("login: ", 60*time.Second)
+	tn.typeConsole(labConsoleUser + "\r")
+	tn.waitConsole("Password: ", 30*time.Second)
+	tn.typeConsole(labConsolePassword + "\r")
+	tn.waitConsole("~# ", 30*time.Second)
+	tn.typeConsole("cat /run/gpuaas/instance-id\r")
+	tn.waitConsole("\ni-", 30*time.Second)
+	tn.shot("console-vm")
+	tn.run("leave", chromedp.Click(chromedp.ID("console-disconnect")))
+
+	var cl proto.List[proto.Claim]
+	require.NoError(t, getJSON(ctx, rl.api, "/v1/allocations/"+id+"/claims", &cl))
+	require.Len(t, cl.Items, 1)
+	tn.release(id, 5*time.Minute)
+	require.Eventually(t, func() bool {
+		var s proto.Slot
+		return getJSON(ctx, rl.api, "/v1/slots/"+cl.Items[0].SlotID, &s) == nil && s.Status == proto.SlotAvailable && s.WipeProof != nil
+	}, 5*time.Minute, time.Second, "the slot returns to available with a wipe proof")
 }
