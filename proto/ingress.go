@@ -394,3 +394,29 @@ type IngressView struct {
 type SiteIngressBody struct {
 	Ingress *SiteIngress `json:"ingress"`
 }
+
+// AppIngressRequest is the hook for apps that must be reachable from
+// outside the site (AppCompat.NeedsIngress): the ingress_add command that
+// opens every port of app on allocation, through the same path (pool,
+// never twice, quota) as a tenant's rules, with the app named on each
+// route. ok is false when the app needs no ingress. An app port of
+// protocol http is exposed as tcp. Whoever starts the app instance
+// proposes the command (a refusal — no declaration at the site, quota —
+// is the instance's failure reason).
+func AppIngressRequest(app *App, allocationID string, at time.Time) (req IngressAddRequest, ok bool) {
+	if app == nil || !app.Compat.NeedsIngress || len(app.Ports) == 0 {
+		return IngressAddRequest{}, false
+	}
+	req = IngressAddRequest{At: at, AllocationID: allocationID, App: app.Name}
+	for _, p := range app.Ports {
+		proto := IngressTCP
+		if p.Protocol == IngressUDP {
+			proto = IngressUDP
+		}
+		r := IngressRule{Protocol: proto, Port: p.Port}
+		if !slices.Contains(req.Rules, r) {
+			req.Rules = append(req.Rules, r)
+		}
+	}
+	return req, true
+}
