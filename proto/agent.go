@@ -100,6 +100,10 @@ type HeartbeatRequest struct {
 	// GossipKeyringVersion is the version of the gossip keyring the agent
 	// holds (0: none); the answer carries the keyring when it is older.
 	GossipKeyringVersion uint64 `json:"gossip_keyring_version,omitempty"`
+	// Ingress is the state of the node's ingress routes as the agent
+	// last programmed them; the coordinator records changes
+	// (ingress_report). Nil: the agent reports nothing this time.
+	Ingress []IngressStatus `json:"ingress,omitempty"`
 }
 
 // HeartbeatResponse tells the agent how the coordinator sees its node and
@@ -115,6 +119,10 @@ type HeartbeatResponse struct {
 	// GossipKeyring is the cluster's gossip keyring when the request's
 	// version is older than it (key rotation reaches agents this way).
 	GossipKeyring *GossipKeyring `json:"gossip_keyring,omitempty"`
+	// Ingress are the public ingress routes of the node's live slices
+	// (the desired state): the agent programs exactly these and removes
+	// every other rule of its ingress table.
+	Ingress []IngressStatus `json:"ingress"`
 }
 
 // AgentSlotsPayload is the part of a slice.provision / slice.release task

@@ -20,6 +20,9 @@ type AllocationCreateRequest struct {
 	Image         string        `json:"image,omitempty"`
 	SSHPublicKeys []string      `json:"ssh_public_keys,omitempty"`
 	Owner         string        `json:"owner,omitempty"`
+	// Ingress are public ingress rules ("tcp/22") to open with the
+	// allocation; the site must declare public addressing.
+	Ingress []string `json:"ingress,omitempty"`
 }
 
 // Validate checks the request against the SKU catalog. It returns an
@@ -66,6 +69,14 @@ func (r AllocationCreateRequest) Validate(skus []SKU) error {
 	}
 	if r.Image != "" {
 		if _, _, err := ParseImageSpec(r.Image); err != nil {
+			return err
+		}
+	}
+	if len(r.Ingress) > 0 {
+		if r.CapacityShape != ShapeGPUSlice {
+			return Errorf(CodeInvalidArgument, "ingress is for gpu_slice allocations (a baremetal node is the tenant's to address)")
+		}
+		if _, err := ParseIngressRules(r.Ingress); err != nil {
 			return err
 		}
 	}

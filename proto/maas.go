@@ -124,6 +124,10 @@ type Site struct {
 	IPoIBPool       *AddressPool     `json:"ipoib_pool,omitempty"`
 	GuestSubnetPlan *GuestSubnetPlan `json:"guest_subnet_plan,omitempty"`
 	WipePolicy      WipePolicy       `json:"wipe_policy"`
+	// Ingress is the site's public addressing (nil: the site owns none and
+	// public ingress is refused). It is set with PUT
+	// /v1/sites/{name}/ingress; a site upsert keeps it.
+	Ingress *SiteIngress `json:"ingress,omitempty"`
 	Meta
 }
 
@@ -410,6 +414,11 @@ func (s *Site) Validate() error {
 	if s.GuestSubnetPlan != nil {
 		if err := s.GuestSubnetPlan.Validate(); err != nil {
 			return Errorf(CodeInvalidArgument, "site %s: %v", s.Name, err.(*Error).Detail)
+		}
+	}
+	if s.Ingress != nil {
+		if err := s.Ingress.Validate(s.Name); err != nil {
+			return err
 		}
 	}
 	if !slices.Contains(WipePolicies, s.WipePolicy) {

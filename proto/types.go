@@ -246,6 +246,8 @@ type Allocation struct {
 	EndedAt        *time.Time    `json:"ended_at,omitempty"`
 	// Access tells the tenant how to reach the slice once active.
 	Access *SliceAccess `json:"access,omitempty"`
+	// Ingress are the allocation's public ingress routes (proto/ingress.go).
+	Ingress []IngressRoute `json:"ingress,omitempty"`
 	Meta
 }
 

@@ -169,6 +169,10 @@ type Config struct {
 	// NATTable the nftables table (family inet).
 	NATUplink string `json:"nat_uplink,omitempty"`
 	NATTable  string `json:"nat_table,omitempty"`
+	// IngressTable is the nftables table (family inet) of the public
+	// ingress DNAT rules the agent programs with -runtime real ("": the
+	// agent programs no public ingress).
+	IngressTable string `json:"ingress_table,omitempty"`
 	// VMDir holds per-allocation seeds and NVRAM; SerialLogDir the serial
 	// console logs. QEMU (user libvirt-qemu) must be able to traverse both,
 	// so they are not under the 0700 state directory.
@@ -234,6 +238,7 @@ func Defaults() Config {
 		DomainType:           "kvm",
 		DHCPDir:              "/var/lib/gpuaas/dhcp",
 		NATTable:             "gpuaas",
+		IngressTable:         "gpuaas_ingress",
 		VMDir:                "/var/lib/libvirt/gpuaas",
 		SerialLogDir:         "/var/log/gpuaas/serial",
 		WipePolicy:           "blkdiscard",
@@ -298,6 +303,7 @@ func defs() []flagDef {
 		s("dhcp-dir", "dnsmasq state directory (config, reservations, leases)", func(c *Config) *string { return &c.DHCPDir }),
 		s("nat-uplink", "interface guests are NATed out of (empty: no NAT)", func(c *Config) *string { return &c.NATUplink }),
 		s("nat-table", "nftables table (inet) of the guest NAT", func(c *Config) *string { return &c.NATTable }),
+		s("ingress-table", "nftables table (inet) of the public ingress DNAT (empty: no public ingress)", func(c *Config) *string { return &c.IngressTable }),
 		s("vm-dir", "per-allocation seed and NVRAM directory", func(c *Config) *string { return &c.VMDir }),
 		s("serial-log-dir", "directory of the VMs' serial console logs", func(c *Config) *string { return &c.SerialLogDir }),
 		s("wipe-policy", "default wipe policy: blkdiscard, nvme_format or zero", func(c *Config) *string { return &c.WipePolicy }),

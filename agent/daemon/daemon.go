@@ -96,6 +96,10 @@ type Daemon struct {
 	rt             SliceRuntime
 	rtClose        func() error
 	sliceReconcile *slice.Reconciliation
+	// ingress programs the public ingress rules (ingress.go; nil: none);
+	// ingressLast is its last convergence, reported with each heartbeat.
+	ingress     IngressProgrammer
+	ingressLast *IngressState
 	// console serves the console sessions (console.go; built on first use).
 	console *console.Manager
 
@@ -315,7 +319,7 @@ func (d *Daemon) diagSources() diag.Sources {
 				ls = []leases.Lease{}
 			}
 			d.mu.Lock()
-			rec, srec := d.reconcile, d.sliceReconcile
+			rec, srec, ing := d.reconcile, d.sliceReconcile, d.ingressLast
 			d.mu.Unlock()
 			return struct {
 				Leases []leases.Lease `json:"leases"`
@@ -325,7 +329,9 @@ func (d *Daemon) diagSources() diag.Sources {
 				LastReconcile *nodesched.Reconciliation `json:"last_reconcile,omitempty"`
 				// SliceReconcile is the slice runtime's start-up reconcile.
 				SliceReconcile *slice.Reconciliation `json:"slice_reconcile,omitempty"`
-			}{ls, rec, srec}, err
+				// Ingress is the last public ingress convergence.
+				Ingress *IngressState `json:"ingress,omitempty"`
+			}{ls, rec, srec, ing}, err
 		},
 		Tasks: func() (any, error) {
 			ts, err := d.store.Tasks()
@@ -424,7 +430,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if err != nil {
 		return proto.HeartbeatResponse{}, err
 	}
-	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion()}
+	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion(), Ingress: d.ingressReport()}
 	for _, l := range ls {
 		req.Leases = append(req.Leases, proto.ClaimRef{ClaimID: l.ClaimID, Kind: proto.ClaimSlot, NodeID: d.cfg.NodeID, SlotID: l.SlotID, Generation: l.Generation})
 	}
@@ -439,6 +445,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 		}
 	}
 	d.gossipUp()
+	d.convergeIngress(ctx, resp.Ingress)
 	if reconcile {
 		var claims []nodesched.Claim
 		for _, c := range resp.Claims {

@@ -23,6 +23,7 @@ import (
 	"github.com/gpuaas/gpuaas/agent/slice"
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 	"github.com/gpuaas/gpuaas/hostops/disk"
+	"github.com/gpuaas/gpuaas/hostops/ingress"
 	"github.com/gpuaas/gpuaas/hostops/nat"
 	"github.com/gpuaas/gpuaas/hostops/ovs"
 	"github.com/gpuaas/gpuaas/hostops/pci"
@@ -102,6 +103,14 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 			return nil, nil, err
 		}
 		n = nt
+	}
+	if cfg.IngressTable != "" {
+		ig, err := ingress.New(ingress.Config{Table: cfg.IngressTable})
+		if err != nil {
+			j.Close()
+			return nil, nil, err
+		}
+		d.ingress = ig
 	}
 	policy, _ := slice.Policy(cfg.WipePolicy, disk.PolicyDiscard)
 	hv := &slice.Libvirt{URI: cfg.LibvirtURI}

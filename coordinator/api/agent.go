@@ -537,7 +537,15 @@ func (a *API) agentHeartbeat(c *call) error {
 		state = proto.NodeActive
 		snap = a.b.Store().Snapshot()
 	}
-	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}}
+	if changed := ingressChanges(snap, node, body.Ingress); len(changed) > 0 {
+		_, idx, err := a.b.Apply(c.r.Context(), proto.IngressReportType, proto.IngressReportRequest{At: a.now(), NodeID: node, Routes: changed})
+		if err != nil {
+			return err
+		}
+		c.index = idx
+		snap = a.b.Store().Snapshot()
+	}
+	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}, Ingress: DesiredIngress(snap, node)}
 	for _, cl := range snap.LiveNodeClaims(node) {
 		resp.Claims = append(resp.Claims, proto.ClaimRef{ClaimID: cl.ID, Kind: cl.Kind, NodeID: cl.NodeID, SlotID: cl.SlotID, Generation: cl.Generation})
 	}
@@ -571,4 +579,49 @@ func (a *API) agentSlots(c *call) error {
 	}
 	c.index = snap.TableIndex(state.TableSlots)
 	return c.reply(http.StatusOK, out)
+}
+
+// DesiredIngress lists the public ingress routes of the live slices on
+// node: what its agent programs (and nothing else). A route's private
+// address is the slice's guest address once the slice is active (empty
+// before: the agent keeps it pending).
+func DesiredIngress(snap *state.Snapshot, node string) []proto.IngressStatus {
+	out := []proto.IngressStatus{}
+	for _, al := range snap.Allocations(state.AllocationFilter{NodeID: node}) {
+		if !al.Live() || al.State == proto.AllocReleasing || len(al.Ingress) == 0 {
+			continue
+		}
+		priv := ""
+		if al.Access != nil {
+			priv = al.Access.GuestIP
+		}
+		for _, r := range al.Ingress {
+			out = append(out, proto.IngressStatus{AllocationID: al.ID, Protocol: r.Protocol, Port: r.Port,
+				PublicAddress: r.PublicAddress, PublicPort: r.PublicPort, PrivateAddress: priv, State: r.State, Reason: r.Reason})
+		}
+	}
+	return out
+}
+
+// ingressChanges keeps the reported routes whose state differs from the
+// ledger's (a heartbeat proposes ingress_report only then). Malformed
+// entries are dropped (the apply would refuse the whole report).
+func ingressChanges(snap *state.Snapshot, node string, reported []proto.IngressStatus) []proto.IngressStatus {
+	var out []proto.IngressStatus
+	for _, st := range reported {
+		if st.Validate() != nil {
+			continue
+		}
+		al, ok := snap.Allocation(st.AllocationID)
+		if !ok || al.NodeID != node || !al.Live() {
+			continue
+		}
+		for _, r := range al.Ingress {
+			if r.Protocol == st.Protocol && r.Port == st.Port && r.PublicAddress == st.PublicAddress && r.PublicPort == st.PublicPort &&
+				(r.State != st.State || r.PrivateAddress != st.PrivateAddress || r.Reason != st.Reason) {
+				out = append(out, st)
+			}
+		}
+	}
+	return out
 }

@@ -147,6 +147,9 @@ func (a *API) routeTable() []Route {
 		{http.MethodGet, "/v1/allocations/{id}/timeline", RoleViewer, false, a.getTimeline},
 		{http.MethodGet, "/v1/allocations/{id}/claims", RoleViewer, false, a.getClaims},
 		{http.MethodGet, "/v1/allocations/{id}/tasks", RoleViewer, false, a.listAllocationTasks},
+		{http.MethodGet, "/v1/allocations/{id}/ingress", RoleViewer, false, a.getIngress},
+		{http.MethodPost, "/v1/allocations/{id}/ingress", RoleOperator, true, a.addIngress},
+		{http.MethodDelete, "/v1/allocations/{id}/ingress/{protocol}/{port}", RoleOperator, true, a.removeIngress},
 		{http.MethodGet, "/v1/allocations/{id}/console", RoleViewer, false, a.console},
 		{http.MethodGet, "/v1/allocations/{id}/console/sessions", RoleViewer, false, a.consoleSessions},
 		{http.MethodGet, "/v1/allocations/{id}/console/sessions/{session}/transcript", RoleViewer, false, a.consoleTranscript},
@@ -175,6 +178,7 @@ func (a *API) routeTable() []Route {
 
 		{http.MethodPut, "/v1/sites/{name}", RoleAdmin, true, a.putSite},
 		{http.MethodGet, "/v1/sites/{name}", RoleViewer, false, a.getSite},
+		{http.MethodPut, "/v1/sites/{name}/ingress", RoleAdmin, true, a.putSiteIngress},
 		{http.MethodPut, "/v1/sites/{name}/profiles/{profile}", RoleAdmin, true, a.putSiteProfile},
 		{http.MethodGet, "/v1/sites/{name}/profiles/{profile}", RoleViewer, false, a.getSiteProfile},
 		{http.MethodPost, "/v1/sites/{name}/onboard", RoleAdmin, true, a.onboard},

@@ -495,6 +495,13 @@ func (b *ledgerBackend) Place(_ context.Context, req proto.AllocationCreateReque
 		NodeID: nodeID, NodeModifyIndex: nodeIdx, Slots: slots, ClaimIDs: claims,
 		Task: proto.Task{ID: "t-" + id[2:] + "-p"},
 	}
+	rules, err := proto.ParseIngressRules(req.Ingress)
+	if err != nil {
+		return proto.Allocation{}, false, err
+	}
+	for _, r := range rules {
+		pr.Allocation.Ingress = append(pr.Allocation.Ingress, proto.IngressRoute{Protocol: r.Protocol, Port: r.Port})
+	}
 	resp, _, err := b.applyLocked(proto.AllocationPlaceType, pr)
 	if err != nil {
 		return proto.Allocation{}, false, err

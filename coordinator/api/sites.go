@@ -30,6 +30,9 @@ func (a *API) putSite(c *call) error {
 	if body.Credentials != nil {
 		return proto.Errorf(proto.CodeInvalidArgument, "credentials are sealed by the coordinator: send the MAAS key as maas_api_key")
 	}
+	if body.Ingress != nil {
+		return proto.Errorf(proto.CodeInvalidArgument, "ingress is set with PUT /v1/sites/%s/ingress (a site upsert keeps the declaration)", name)
+	}
 	if body.Name != "" && body.Name != name {
 		return proto.Errorf(proto.CodeInvalidArgument, "body name %q differs from the path's site %s", body.Name, name)
 	}

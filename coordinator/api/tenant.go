@@ -41,6 +41,10 @@ var tenantRoutes = map[string]tenantAccess{
 	// (transcripts are for admins).
 	"GET /v1/allocations/{id}/console":          tenantOwnAllocation,
 	"GET /v1/allocations/{id}/console/sessions": tenantOwnAllocation,
+	// Public ingress rules of the tenant's own slice.
+	"GET /v1/allocations/{id}/ingress":                      tenantOwnAllocation,
+	"POST /v1/allocations/{id}/ingress":                     tenantOwnAllocation,
+	"DELETE /v1/allocations/{id}/ingress/{protocol}/{port}": tenantOwnAllocation,
 	"GET /v1/usage":                   tenantOwnList,
 	"GET /v1/images":                  tenantCatalog,
 	"GET /v1/images/{name}/{version}": tenantCatalog,

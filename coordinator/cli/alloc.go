@@ -19,7 +19,7 @@ func (a *app) allocCmd() *cobra.Command {
 	c := &cobra.Command{Use: "alloc", Aliases: []string{"allocation", "allocations"}, Short: "Create, list, show and release allocations"}
 	c.AddCommand(a.allocCreateCmd(), a.allocListCmd(), a.allocShowCmd(), a.allocReleaseCmd(), a.allocForceReleaseCmd(),
 		a.allocTimelineCmd(), a.allocClaimsCmd(), a.allocTasksCmd(), a.allocSSHCmd(), a.allocConsoleCmd(),
-		a.allocConsoleSessionsCmd(), a.allocConsoleTranscriptCmd())
+		a.allocConsoleSessionsCmd(), a.allocConsoleTranscriptCmd(), a.allocIngressCmd())
 	return c
 }
 
@@ -61,6 +61,9 @@ func (a *app) allocCreateCmd() *cobra.Command {
 			if req.Region == "" {
 				return usagef("--region is required")
 			}
+			if _, err := proto.ParseIngressRules(req.Ingress); err != nil {
+				return usageError{fmt.Errorf("--ingress: %w", err)}
+			}
 			if key == "" {
 				var err error
 				if key, err = newIdempotencyKey(); err != nil {
@@ -100,6 +103,7 @@ func (a *app) allocCreateCmd() *cobra.Command {
 	f.StringVar(&req.Image, "image", "", "approved catalog image: NAME (newest approved version) or NAME:VERSION (slices default to the slice_base image approved last)")
 	f.StringArrayVar(&req.SSHPublicKeys, "ssh-key", nil, "OpenSSH public key (repeatable)")
 	f.StringVar(&req.Owner, "owner", "", "owner (default: the token's name)")
+	f.StringArrayVar(&req.Ingress, "ingress", nil, "public ingress rule to open with the slice, PROTOCOL/PORT e.g. tcp/22 (repeatable; the site must declare public addressing)")
 	f.StringVar(&key, "idempotency-key", "", "idempotency key (generated and printed when absent)")
 	f.BoolVar(&wait, "wait", false, "follow the allocation until it is active (prints the SSH command) or failed (exit 1)")
 	f.DurationVar(&waitLimit, "wait-timeout", 15*time.Minute, "how long --wait follows before giving up")
@@ -133,6 +137,9 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 	row(w, "Ended:", tsp(x.EndedAt))
 	if x.Access != nil {
 		row(w, "SSH:", x.Access.SSH())
+	}
+	for _, r := range x.Ingress {
+		row(w, "Ingress:", fmt.Sprintf("%s -> %s (%s)", r.Public(), r.Rule(), r.State))
 	}
 	row(w, "Index:", fmt.Sprintf("create %d, modify %d", x.CreateIndex, x.ModifyIndex))
 }

@@ -154,6 +154,6 @@ func (a *app) siteCmd() *cobra.Command {
 	}
 	decommission.Flags().StringVar(&dprofile, "profile", "", "site profile (required)")
 	decommission.Flags().StringVar(&dhost, "hostname", "", "host name (required)")
-	c.AddCommand(onboard, decommission)
+	c.AddCommand(onboard, decommission, a.siteIngressCmd())
 	return c
 }

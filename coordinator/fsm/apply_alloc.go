@@ -119,6 +119,15 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 		return nil, err
 	}
 	a.State = proto.AllocPlaced
+	if len(in.Ingress) > 0 {
+		rules := make([]proto.IngressRule, len(in.Ingress))
+		for i, r := range in.Ingress {
+			rules[i] = r.Rule()
+		}
+		if err := addIngress(tx, "allocation_place", a, rules, ""); err != nil {
+			return nil, err
+		}
+	}
 	for _, c := range claims {
 		if err := tx.PutClaim(c); err != nil {
 			return nil, err
@@ -557,6 +566,9 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 			status, msg = "failed", req.Reason
 		}
 		a.State, a.Reason = req.To, req.Reason
+		if !a.Live() {
+			releaseIngress(a)
+		}
 		if err := tx.PutAllocation(a); err != nil {
 			return nil, err
 		}
@@ -675,6 +687,7 @@ func (f *FSM) applyAllocationReleased(body []byte, index uint64) any {
 			return nil, err
 		}
 		a.State, a.EndedAt = proto.AllocReleased, &now
+		releaseIngress(a)
 		if err := tx.PutAllocation(a); err != nil {
 			return nil, err
 		}
@@ -745,6 +758,7 @@ func (f *FSM) applyAllocationForceRelease(body []byte, index uint64) any {
 			}
 		}
 		a.State, a.Reason, a.EndedAt = proto.AllocReleased, req.Reason, &now
+		releaseIngress(a)
 		if err := tx.PutAllocation(a); err != nil {
 			return nil, err
 		}

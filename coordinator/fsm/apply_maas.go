@@ -60,6 +60,11 @@ func (f *FSM) applySiteUpsert(body []byte, index uint64) any {
 			}
 			s.Credentials = old.Credentials // kept: the command did not replace them
 		}
+		// The ingress declaration has its own command (site_ingress_set).
+		s.Ingress = nil
+		if exists {
+			s.Ingress = old.Ingress
+		}
 		if exists {
 			for _, p := range tx.SiteProfiles(s.Name) {
 				if _, ok := s.Profiles[p.Name]; !ok {

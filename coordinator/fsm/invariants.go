@@ -23,7 +23,8 @@ import (
 //     spans nodes) and a live allocation holds the claims its shape needs;
 //   - released and failed allocations hold no live claims;
 //   - an available slot is untouched and complete, a held slot complete;
-//   - the derived node summaries (available and claim counts) match.
+//   - the derived node summaries (available and claim counts) match;
+//   - no public ingress endpoint is held by two live allocations' routes.
 
 // CheckInvariants checks every node and allocation of snap. It is
 // O(size of the ledger); to check after every command of a long log use
@@ -36,7 +37,7 @@ func CheckInvariants(snap *state.Snapshot) error {
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		errs = append(errs, checkAllocation(snap, a))
 	}
-	errs = append(errs, checkImages(snap), checkImageRefs(snap), checkApps(snap))
+	errs = append(errs, checkImages(snap), checkImageRefs(snap), checkApps(snap), checkIngress(snap))
 	return errors.Join(errs...)
 }
 
@@ -225,6 +226,7 @@ func (c *Checker) check(ch state.Changes) error {
 		}
 	}
 	clear(seen)
+	ingress := false
 	for _, id := range ch.Allocations {
 		if seen[id] {
 			continue
@@ -237,6 +239,12 @@ func (c *Checker) check(ch state.Changes) error {
 		if err := checkAllocation(snap, a); err != nil {
 			return err
 		}
+		ingress = ingress || len(a.Ingress) > 0
+	}
+	if ingress {
+		// Only commands that wrote an allocation with routes can break
+		// endpoint uniqueness: check the ledger's routes whole then.
+		return checkIngress(snap)
 	}
 	return nil
 }

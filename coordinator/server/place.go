@@ -393,6 +393,16 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[
 			SKU: r.SKU, GPUCount: r.GPUCount, Region: r.Region, Image: r.Image, SSHPublicKeys: r.SSHPublicKeys},
 		Task: proto.Task{ID: newID("task")},
 	}
+	if len(r.Ingress) > 0 {
+		// The ledger hands out the public endpoints in the apply.
+		rules, err := proto.ParseIngressRules(r.Ingress)
+		if err != nil {
+			return planned{call: c}, nil, err
+		}
+		for _, rule := range rules {
+			cmd.Allocation.Ingress = append(cmd.Allocation.Ingress, proto.IngressRoute{Protocol: rule.Protocol, Port: rule.Port})
+		}
+	}
 	it := planned{call: c}
 	switch r.CapacityShape {
 	case proto.ShapeGPUSlice:

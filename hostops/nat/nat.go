@@ -1,7 +1,9 @@
 // Package nat is the private NAT of a slice host's guest subnet, in its own
 // nftables table (inet gpuaas): guests registered in the set @guests are
 // masqueraded out of the uplink; forwarding is allowed guest->outside and
-// for established/related traffic back; nothing from outside gets in, and
+// for established/related traffic back; nothing from outside gets in
+// except connections DNATed to a guest by the public ingress table
+// (hostops/ingress: "ct status dnat", and their replies), and
 // routed guest-to-guest (hairpin) traffic through the bridge is dropped (the
 // switch's OpenFlow rules already keep VM ports apart: this is the second
 // wall). Guests reach the host itself only for DHCP and ping (input chain),
@@ -99,7 +101,9 @@ func (n *NAT) RenderBase() string {
 	fmt.Fprintf(&b, "flush chain %s input\n", t)
 	fmt.Fprintf(&b, "add rule %s forward iifname %q oifname %q drop comment \"no routed guest-to-guest traffic\"\n", t, c.Bridge, c.Bridge)
 	fmt.Fprintf(&b, "add rule %s forward oifname %q ip daddr %s ct state established,related accept\n", t, c.Bridge, c.Subnet)
+	fmt.Fprintf(&b, "add rule %s forward oifname %q ip daddr %s ct status dnat accept comment \"public ingress (DNATed by inet gpuaas_ingress)\"\n", t, c.Bridge, c.Subnet)
 	fmt.Fprintf(&b, "add rule %s forward iifname %q oifname %q ip saddr @guests accept\n", t, c.Bridge, c.Uplink)
+	fmt.Fprintf(&b, "add rule %s forward iifname %q ip saddr %s ct status dnat accept comment \"replies of public ingress\"\n", t, c.Bridge, c.Subnet)
 	fmt.Fprintf(&b, "add rule %s forward iifname %q drop comment \"unregistered guest or other destination\"\n", t, c.Bridge)
 	fmt.Fprintf(&b, "add rule %s forward oifname %q drop comment \"nothing from outside in\"\n", t, c.Bridge)
 	fmt.Fprintf(&b, "add rule %s postrouting oifname %q ip saddr @guests masquerade\n", t, c.Uplink)

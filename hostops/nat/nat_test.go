@@ -50,7 +50,9 @@ flush chain inet gpuaas postrouting
 flush chain inet gpuaas input
 add rule inet gpuaas forward iifname "ovsbr0" oifname "ovsbr0" drop comment "no routed guest-to-guest traffic"
 add rule inet gpuaas forward oifname "ovsbr0" ip daddr 10.77.0.0/24 ct state established,related accept
+add rule inet gpuaas forward oifname "ovsbr0" ip daddr 10.77.0.0/24 ct status dnat accept comment "public ingress (DNATed by inet gpuaas_ingress)"
 add rule inet gpuaas forward iifname "ovsbr0" oifname "eth1" ip saddr @guests accept
+add rule inet gpuaas forward iifname "ovsbr0" ip saddr 10.77.0.0/24 ct status dnat accept comment "replies of public ingress"
 add rule inet gpuaas forward iifname "ovsbr0" drop comment "unregistered guest or other destination"
 add rule inet gpuaas forward oifname "ovsbr0" drop comment "nothing from outside in"
 add rule inet gpuaas postrouting oifname "eth1" ip saddr @guests masquerade
