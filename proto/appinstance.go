@@ -323,5 +323,8 @@ const AgentAppProxyPath = "/v1/agent/app-proxy"
 type AppProxyDial struct {
 	InstanceID string `json:"instance_id"`
 	Port       int    `json:"port"`
-	Error      string `json:"error,omitempty"`
+	// Logs > 0 asks for the end of the instance's output instead (at
+	// most Logs bytes, sent as one binary message).
+	Logs  int    `json:"logs,omitempty"`
+	Error string `json:"error,omitempty"`
 }
