@@ -31,14 +31,15 @@ type rtSpec struct {
 }
 
 type rtProcess struct {
-	Terminal        bool      `json:"terminal"`
-	User            rtUser    `json:"user"`
-	Args            []string  `json:"args"`
-	Env             []string  `json:"env"`
-	Cwd             string    `json:"cwd"`
-	Capabilities    rtCaps    `json:"capabilities"`
-	Rlimits         []rtLimit `json:"rlimits"`
-	NoNewPrivileges bool      `json:"noNewPrivileges"`
+	Terminal     bool     `json:"terminal"`
+	User         rtUser   `json:"user"`
+	Args         []string `json:"args"`
+	Env          []string `json:"env"`
+	Cwd          string   `json:"cwd"`
+	Capabilities rtCaps   `json:"capabilities"`
+	// No rlimits: the process inherits the runtime's (the agent's or
+	// the guest's), which a container may not raise past anyway.
+	NoNewPrivileges bool `json:"noNewPrivileges"`
 }
 
 type rtUser struct {
@@ -203,7 +204,6 @@ func runtimeConfig(s Spec, ic ImageConfig, rootfs string, o bundleOptions) (rtSp
 		Process: rtProcess{
 			User: user, Args: args, Env: envList, Cwd: cwd,
 			Capabilities:    rtCaps{Bounding: defaultCaps, Effective: defaultCaps, Permitted: defaultCaps},
-			Rlimits:         []rtLimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
 			NoNewPrivileges: true,
 		},
 		Root:     rtRoot{Path: "rootfs"},

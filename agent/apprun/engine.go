@@ -183,14 +183,15 @@ func validateSpec(s Spec) error {
 	return nil
 }
 
-// crun drives the OCI runtime through a shell.
-type crun struct {
+// ociRuntime drives the OCI runtime (crun or runc: the same command
+// line for what is used here) through a shell.
+type ociRuntime struct {
 	bin     string // the runtime's path on the machine it runs on
 	root    string // --root ("" = the runtime's default)
 	noPivot bool   // the machine's root is an initramfs: pivot_root cannot leave it
 }
 
-func (c crun) cmd(args ...string) string {
+func (c ociRuntime) cmd(args ...string) string {
 	s := c.bin
 	if c.root != "" {
 		s += " --root " + c.root
@@ -198,7 +199,7 @@ func (c crun) cmd(args ...string) string {
 	return s + " " + strings.Join(args, " ")
 }
 
-// containerState is `crun state`'s answer.
+// containerState is `<runtime> state`'s answer.
 type containerState struct {
 	Status  string    `json:"status"` // created | running | stopped | paused
 	Pid     int       `json:"pid"`
@@ -206,23 +207,23 @@ type containerState struct {
 }
 
 // state returns the container's state, or ErrNotFound.
-func (c crun) state(ctx context.Context, sh shell, name string) (containerState, error) {
+func (c ociRuntime) state(ctx context.Context, sh shell, name string) (containerState, error) {
 	out, err := sh.run(ctx, c.cmd("state", name), nil)
 	if err != nil {
 		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "No such file") {
 			return containerState{}, ErrNotFound
 		}
-		return containerState{}, fmt.Errorf("crun state %s: %w", name, err)
+		return containerState{}, fmt.Errorf("%s state %s: %w", c.bin, name, err)
 	}
 	var st containerState
 	if err := json.Unmarshal(out, &st); err != nil {
-		return containerState{}, fmt.Errorf("crun state %s: %w: %q", name, err, out)
+		return containerState{}, fmt.Errorf("%s state %s: %w: %q", c.bin, name, err, out)
 	}
 	return st, nil
 }
 
 // start runs the bundle detached, its output to <bundle>/output.log.
-func (c crun) start(ctx context.Context, sh shell, name, bundle string) error {
+func (c ociRuntime) start(ctx context.Context, sh shell, name, bundle string) error {
 	args := []string{"run", "--detach"}
 	if c.noPivot {
 		args = append(args, "--no-pivot")
@@ -230,13 +231,13 @@ func (c crun) start(ctx context.Context, sh shell, name, bundle string) error {
 	args = append(args, "--bundle", bundle, name, "</dev/null", ">"+bundle+"/output.log", "2>&1")
 	if _, err := sh.run(ctx, c.cmd(args...), nil); err != nil {
 		log, _ := sh.run(ctx, "cat "+bundle+"/output.log", nil)
-		return fmt.Errorf("crun run %s: %w: %s", name, err, tail(log, 2048))
+		return fmt.Errorf("%s run %s: %w: %s", c.bin, name, err, tail(log, 2048))
 	}
 	return nil
 }
 
 // remove kills and deletes the container (absent is fine).
-func (c crun) remove(ctx context.Context, sh shell, name string) error {
+func (c ociRuntime) remove(ctx context.Context, sh shell, name string) error {
 	if _, err := c.state(ctx, sh, name); errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -244,7 +245,7 @@ func (c crun) remove(ctx context.Context, sh shell, name string) error {
 		if strings.Contains(err.Error(), "does not exist") {
 			return nil
 		}
-		return fmt.Errorf("crun delete %s: %w", name, err)
+		return fmt.Errorf("%s delete %s: %w", c.bin, name, err)
 	}
 	return nil
 }

@@ -21,6 +21,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // LocalConfig configures the local runner.
@@ -29,7 +31,7 @@ type LocalConfig struct {
 	// (--root); it must be on a filesystem the runtime can use as a
 	// container root (not an overlay of another container).
 	Dir string
-	// Runtime is the OCI runtime binary (default "crun" from $PATH).
+	// Runtime is the OCI runtime binary (default DefaultLocalRuntime).
 	Runtime string
 	// Subnet is carved into /30s, one per instance's network namespace
 	// (default 10.213.0.0/16).
@@ -41,16 +43,16 @@ type LocalConfig struct {
 type Local struct {
 	cfg  LocalConfig
 	recs *records
-	rt   crun
+	rt   ociRuntime
 	sh   localShell
 }
 
 // NewLocal returns a local runner keeping its state under cfg.Dir.
 func NewLocal(cfg LocalConfig) (*Local, error) {
 	if cfg.Runtime == "" {
-		p, err := exec.LookPath("crun")
+		p, err := DefaultLocalRuntime()
 		if err != nil {
-			return nil, fmt.Errorf("apprun: no OCI runtime: %w (install crun)", err)
+			return nil, err
 		}
 		cfg.Runtime = p
 	}
@@ -67,12 +69,34 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"bundles", "crun"} {
+	for _, d := range []string{"bundles", "runtime"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("apprun: %w", err)
 		}
 	}
-	return &Local{cfg: cfg, recs: recs, rt: crun{bin: cfg.Runtime, root: filepath.Join(cfg.Dir, "crun")}}, nil
+	return &Local{cfg: cfg, recs: recs, rt: ociRuntime{bin: cfg.Runtime, root: filepath.Join(cfg.Dir, "runtime")}}, nil
+}
+
+// DefaultLocalRuntime picks this host's OCI runtime: crun on a cgroup2
+// (unified) host, runc on a cgroup v1 or hybrid one, which crun 1.8 (Debian
+// 12) refuses ("cgroups in hybrid mode not supported") while runc manages
+// it. The guest always runs crun (its cgroup2 is mounted by its init).
+func DefaultLocalRuntime() (string, error) {
+	want := "runc"
+	if unifiedCgroups() {
+		want = "crun"
+	}
+	p, err := exec.LookPath(want)
+	if err != nil {
+		return "", fmt.Errorf("apprun: no OCI runtime: %w (install %s; make deps does)", err, want)
+	}
+	return p, nil
+}
+
+// unifiedCgroups reports whether /sys/fs/cgroup is a cgroup2 mount.
+func unifiedCgroups() bool {
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
 // localShell runs commands on this host.
