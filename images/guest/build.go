@@ -52,10 +52,11 @@ const (
 const DefaultCmdline = "console=ttyS0,115200 random.trust_cpu=on quiet loglevel=4"
 
 // URootCommands are the u-root core commands in the initramfs besides uinit
-// (which serves SSH itself: see images/guest/uinit/sshd.go). u-root compiles
+// (which serves SSH itself: see images/guest/uinit/sshd.go); rm and tail
+// are the app runner's (agent/apprun: removing a bundle, an app's logs). u-root compiles
 // them against this module's go.mod, where each is a tool directive so that
 // `go mod tidy` keeps the modules they import.
-var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg"}
+var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg", "rm", "tail"}
 
 // The recipe itself is an input: changing how the image is built changes
 // the cache key.
