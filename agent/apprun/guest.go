@@ -355,7 +355,7 @@ func (g *Guest) gpuOptions(ctx context.Context, sh shell, gpus []string) (bundle
 		}
 	}
 	const hook = "/usr/bin/nvidia-container-runtime-hook"
-	if _, err := sh.run(ctx, hook+" -version", nil); err == nil {
+	if _, err := sh.run(ctx, "ls "+hook, nil); err == nil {
 		o.Hooks = append(o.Hooks, rtHook{Path: hook, Args: []string{"nvidia-container-runtime-hook", "prestart"},
 			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}})
 	}
