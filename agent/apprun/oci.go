@@ -130,7 +130,9 @@ func ImageDigest(ref string) (string, error) {
 // OpenLayout extracts the layout archive at archive into dir (which it
 // creates), verifying every blob against its name, and resolves the image
 // manifest with digest want: an entry of index.json, or the linux/amd64
-// entry of an index index.json names by that digest.
+// entry of an index index.json names by that digest. want may instead be
+// the sha256 of the archive file itself (how a blob store keys it): then
+// index.json must name exactly one image, which is the one.
 func OpenLayout(archive, dir, want string) (*Image, error) {
 	if !digestPattern.MatchString(want) {
 		return nil, fmt.Errorf("image layout %s: %q is not a sha256 digest", archive, want)
@@ -146,7 +148,8 @@ func OpenLayout(archive, dir, want string) (*Image, error) {
 	img := &Image{Dir: dir}
 	var index, layout []byte
 	blobs := 0
-	tr := tar.NewReader(f)
+	whole := sha256.New()
+	tr := tar.NewReader(io.TeeReader(f, whole))
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -182,6 +185,10 @@ func OpenLayout(archive, dir, want string) (*Image, error) {
 			// layout) are not part of the image spec's layout; ignore.
 		}
 	}
+	if _, err := io.Copy(whole, f); err != nil { // what follows the tar's end
+		return nil, fmt.Errorf("image layout %s: %w", archive, err)
+	}
+	archiveDigest := "sha256:" + hex.EncodeToString(whole.Sum(nil))
 	if layout == nil || index == nil {
 		return nil, fmt.Errorf("image layout %s: no oci-layout or index.json (not an OCI image layout archive)", archive)
 	}
@@ -194,6 +201,12 @@ func OpenLayout(archive, dir, want string) (*Image, error) {
 	var idx Index
 	if err := json.Unmarshal(index, &idx); err != nil {
 		return nil, fmt.Errorf("image layout %s: index.json: %w", archive, err)
+	}
+	if want == archiveDigest {
+		if len(idx.Manifests) != 1 {
+			return nil, fmt.Errorf("image layout %s: named by the archive's digest, its index.json must name one image, not %d", archive, len(idx.Manifests))
+		}
+		want = idx.Manifests[0].Digest
 	}
 	desc, err := img.resolve(idx, want)
 	if err != nil {

@@ -123,6 +123,17 @@ func TestOpenLayoutAndUnpack(t *testing.T) {
 	require.Equal(t, "/app", link, "symlinks are kept as written, not resolved on the host")
 }
 
+// TestOpenLayoutByArchiveDigest: a layout named by the sha256 of its
+// archive (a blob store's key) opens the one image its index names.
+func TestOpenLayoutByArchiveDigest(t *testing.T) {
+	p, digest := testLayout(t, [][]byte{tarBytes(t, []layoutFile{{name: "app", data: "x"}})}, nil)
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	img, err := OpenLayout(p, filepath.Join(t.TempDir(), "layout"), sha(b))
+	require.NoError(t, err)
+	require.Equal(t, digest, img.Digest)
+}
+
 func TestOpenLayoutRefuses(t *testing.T) {
 	good := tarBytes(t, []layoutFile{{name: "app", data: "x"}})
 	for name, tc := range map[string]struct {
