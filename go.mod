@@ -131,6 +131,8 @@ tool (
 	github.com/u-root/u-root/cmds/core/ls
 	github.com/u-root/u-root/cmds/core/mount
 	github.com/u-root/u-root/cmds/core/poweroff
+	github.com/u-root/u-root/cmds/core/rm
 	github.com/u-root/u-root/cmds/core/shasum
+	github.com/u-root/u-root/cmds/core/tail
 	honnef.co/go/tools/cmd/staticcheck
 )

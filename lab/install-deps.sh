@@ -15,6 +15,9 @@ PKGS=(
   # the lab guest image and the slice VMs: libvirt + QEMU (TCG), OVMF, UKI
   libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86 ovmf
   systemd-boot-efi binutils linux-image-amd64
+  # the OCI runtimes of launchable apps (agent/apprun): crun in the lab
+  # guest's initramfs and on a cgroup2 host, runc on a cgroup v1/hybrid one
+  crun runc
   # a child subreaper for the lab libvirtd (lab/labhost: QEMU reaped at once)
   tini
   # the web console's browser tests (test/e2e TestLabWebConsole, chromedp)

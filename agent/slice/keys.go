@@ -167,3 +167,22 @@ func keyNeeded(phase string, live bool) bool {
 	}
 	return false
 }
+
+// GuestKey returns the signer that opens allocation alloc's guest: the app
+// runner's channel into a slice (agent/apprun: SSH with the allocation's
+// own key, the one its seed authorizes). It fails for an allocation this
+// agent has no record of or whose key was destroyed (its guest is gone).
+func (r *Runtime) GuestKey(alloc string) (ssh.Signer, error) {
+	rec, ok, err := r.d.Journal.Get(alloc)
+	if err != nil {
+		return nil, fmt.Errorf("allocation %s: %w", alloc, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("allocation %s: no slice of it on this host", alloc)
+	}
+	if !keyNeeded(rec.Phase, true) {
+		return nil, fmt.Errorf("allocation %s: its slice is %s; nothing may log in to its guest", alloc, rec.Phase)
+	}
+	s, _, err := r.guestKey(&rec)
+	return s, err
+}

@@ -62,7 +62,14 @@ func TestCUDAPinned(t *testing.T) {
 	for _, want := range []string{"nvidia-driver-570-open", "nvidia-dkms-570-open", "nvidia-fabricmanager-570", "nvidia-compute-utils-570", "cuda-toolkit-12-8"} {
 		assert.Contains(t, names, want, "the CUDA layer installs %s", want)
 	}
+	for _, want := range []string{"crun", "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1"} {
+		assert.Contains(t, names, want, "launchables need %s", want)
+	}
 	for n, v := range names {
+		if strings.Contains(n, "-container") {
+			assert.Equal(t, ToolkitVersion, v, "the container toolkit's packages are on one version")
+			continue
+		}
 		if strings.HasPrefix(n, "nvidia-") || strings.HasPrefix(n, "libnvidia-") {
 			assert.True(t, strings.HasPrefix(v, DriverVersion+"-"), "%s %s is on driver %s", n, v, DriverVersion)
 		}
@@ -82,7 +89,11 @@ func TestCUDAPinned(t *testing.T) {
 		assert.Regexp(t, `^[a-z0-9.+-]+=[0-9][A-Za-z0-9.+~-]*$`, a)
 	}
 	assert.Contains(t, s, "apt-mark hold nvidia-driver-570-open ")
-	assert.Contains(t, s, "systemctl enable nvidia-persistenced.service nvidia-fabricmanager.service\n")
+	assert.Contains(t, s, "systemctl enable nvidia-persistenced.service nvidia-fabricmanager.service gpuaas-nvidia-cdi.service\n")
+	assert.Contains(t, s, "test -x /usr/bin/nvidia-container-runtime-hook\n")
+	assert.Contains(t, s, "cat > /etc/systemd/system/gpuaas-nvidia-cdi.service <<'UNIT'\n"+CDIUnit()+"UNIT\n")
+	assert.Contains(t, CDIUnit(), "ExecStart=/usr/bin/nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml\n")
+	assert.Contains(t, s, "crun="+CrunVersion+" ")
 	assert.Contains(t, s, `if [ "$finger" != "EB693B3035CD5710E231E123A4B469963BF863CC" ]`)
 	assert.Contains(t, s, "curl -fsSL --retry 3 https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/3bf863cc.pub")
 	assert.Contains(t, s, `dkms status -k "$kver" | grep -E '^nvidia/570.124.06.*: installed'`)

@@ -29,7 +29,7 @@ import (
 )
 
 // uinitSteps are the steps images/guest/uinit logs, in order.
-var uinitSteps = []string{"load modules", "mount seed", "apply seed", "mount disk", "dhcp", "sshd"}
+var uinitSteps = []string{"load modules", "mount seed", "apply seed", "mount disk", "cgroup2", "dhcp", "sshd"}
 
 // bootTimeout bounds the wait for the guest's ready line: the TCG firmware
 // alone takes 15-21 s here, longer on a loaded 2-core machine.

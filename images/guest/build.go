@@ -52,35 +52,39 @@ const (
 const DefaultCmdline = "console=ttyS0,115200 random.trust_cpu=on quiet loglevel=4"
 
 // URootCommands are the u-root core commands in the initramfs besides uinit
-// (which serves SSH itself: see images/guest/uinit/sshd.go). u-root compiles
+// (which serves SSH itself: see images/guest/uinit/sshd.go); rm and tail
+// are the app runner's (agent/apprun: removing a bundle, an app's logs). u-root compiles
 // them against this module's go.mod, where each is a tool directive so that
 // `go mod tidy` keeps the modules they import.
-var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg"}
+var URootCommands = []string{"init", "gosh", "dhclient", "shasum", "cat", "ls", "ip", "mount", "hostname", "poweroff", "dmesg", "rm", "tail"}
 
 // The recipe itself is an input: changing how the image is built changes
 // the cache key.
 //
-//go:embed build.go modules.go uki.go disk.go variant.go
+//go:embed build.go modules.go uki.go disk.go variant.go hostbins.go
 var recipe embed.FS
 
 // Manifest describes one built image; it is written next to it as
 // manifest.json.
 type Manifest struct {
-	Name          string    `json:"name"`
-	Version       string    `json:"version"`
-	Kind          string    `json:"kind"`
-	SHA256        string    `json:"sha256"`
-	Size          int64     `json:"size"`
-	KernelVersion string    `json:"kernel_version"`
-	URootVersion  string    `json:"uroot_version"`
-	MarkerSHA256  string    `json:"marker_sha256"`
-	InputHash     string    `json:"input_hash"`
-	Cmdline       string    `json:"cmdline"`
-	Modules       []string  `json:"modules"`
-	ESPFirstLBA   int64     `json:"esp_first_lba"`
-	ESPLastLBA    int64     `json:"esp_last_lba"`
-	BuiltAt       time.Time `json:"built_at"`
-	BuildSeconds  float64   `json:"build_seconds"`
+	Name          string   `json:"name"`
+	Version       string   `json:"version"`
+	Kind          string   `json:"kind"`
+	SHA256        string   `json:"sha256"`
+	Size          int64    `json:"size"`
+	KernelVersion string   `json:"kernel_version"`
+	URootVersion  string   `json:"uroot_version"`
+	MarkerSHA256  string   `json:"marker_sha256"`
+	InputHash     string   `json:"input_hash"`
+	Cmdline       string   `json:"cmdline"`
+	Modules       []string `json:"modules"`
+	// HostBinaries are the Debian programs and libraries copied in
+	// (hostbins.go: the OCI runtime and tar).
+	HostBinaries []string  `json:"host_binaries,omitempty"`
+	ESPFirstLBA  int64     `json:"esp_first_lba"`
+	ESPLastLBA   int64     `json:"esp_last_lba"`
+	BuiltAt      time.Time `json:"built_at"`
+	BuildSeconds float64   `json:"build_seconds"`
 
 	// Variant, ReadinessCheck and Commands describe a non-base flavour
 	// (variant.go); CatalogKind is the image catalog kind to publish it as.
@@ -225,6 +229,7 @@ type inputs struct {
 	uroot   string
 	modules []Module
 	modDir  string
+	hostBin []hostFile
 	hash    string
 }
 
@@ -247,6 +252,9 @@ func resolveInputs(o Options) (inputs, error) {
 	in.modDir = filepath.Join(o.ModulesRoot, in.kver)
 	if in.modules, err = resolveModules(in.modDir, append(slices.Clone(o.Modules), in.variant.ExtraModules...)); err != nil {
 		return in, fmt.Errorf("kernel %s: %w", in.kver, err)
+	}
+	if in.hostBin, err = resolveHostBinaries(HostBinaries); err != nil {
+		return in, err
 	}
 	h := sha256.New()
 	field := func(k, v string) { fmt.Fprintf(h, "%s=%d:%s\n", k, len(v), v) }
@@ -286,6 +294,11 @@ func resolveInputs(o Options) (inputs, error) {
 	}
 	for _, m := range in.modules {
 		if err := fileField("module/"+m.Name, filepath.Join(in.modDir, m.Rel)); err != nil {
+			return in, err
+		}
+	}
+	for _, f := range in.hostBin {
+		if err := fileField("hostbin"+f.Dst, f.Src); err != nil {
 			return in, err
 		}
 	}
@@ -483,8 +496,13 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	if err != nil {
 		return Manifest{}, err
 	}
+	// 2b. The host binaries (the OCI runtime, tar) and their libraries.
+	binCPIO, err := hostBinariesCPIO(in.hostBin)
+	if err != nil {
+		return Manifest{}, err
+	}
 	initrd := filepath.Join(work, "initrd.cpio")
-	if err := concatFiles(initrd, []string{urootCPIO}, modCPIO); err != nil {
+	if err := concatFiles(initrd, []string{urootCPIO}, append(modCPIO, binCPIO...)); err != nil {
 		return Manifest{}, err
 	}
 
@@ -572,6 +590,9 @@ func build(ctx context.Context, in inputs, dir string) (Manifest, error) {
 	}
 	for _, mod := range in.modules {
 		m.Modules = append(m.Modules, mod.Name)
+	}
+	for _, f := range in.hostBin {
+		m.HostBinaries = append(m.HostBinaries, f.Dst)
 	}
 	// Every variant, the base included, names its catalog kind: the lab
 	// publishes each image under it.

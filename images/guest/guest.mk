@@ -11,3 +11,10 @@ guest-image: deps
 .PHONY: guest-image-cuda
 guest-image-cuda: deps
 	$(GO) run ./images/cmd/mkguest -variant cuda
+
+# `make app-image` builds the repository's test app (images/apps/hello) as
+# an OCI image layout archive, bin/apps/hello.oci.tar, and prints its
+# reference by digest (the same digest on every build).
+.PHONY: app-image
+app-image:
+	$(GO) run ./images/cmd/mkapp -o $(BIN)/apps/hello.oci.tar

@@ -10,7 +10,8 @@
 //  3. set the hostname, write /run/gpuaas/instance-id and the root
 //     authorized_keys;
 //  4. mount the boot disk's EFI system partition at /disk (where the
-//     image's marker file lives);
+//     image's marker file lives), and the unified cgroup hierarchy at
+//     /sys/fs/cgroup for the app runner's OCI runtime (cgroup.go);
 //  5. take a DHCP lease on the first ethernet interface;
 //  6. serve SSH on port 22 with a fresh host key (sshd.go);
 //  7. serve a login on the serial console, ttyS0 (console.go).
@@ -54,6 +55,7 @@ func main() {
 	})
 	step("apply seed", func() error { return applySeed(seed) })
 	step("mount disk", mountDisk)
+	step("cgroup2", mountCgroup2)
 	step("dhcp", dhcp)
 	step("sshd", sshd)
 	go serveConsole(seed.Hostname)

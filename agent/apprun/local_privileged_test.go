@@ -1,0 +1,154 @@
+package apprun
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/images/apps"
+	"github.com/gpuaas/gpuaas/images/guest"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/test/testenv"
+)
+
+var (
+	helloOnce  sync.Once
+	helloBuilt apps.Built
+	helloErr   error
+)
+
+// helloImage builds the repository's hello app image once per test binary.
+func helloImage(t *testing.T) apps.Built {
+	t.Helper()
+	helloOnce.Do(func() {
+		wd, _ := os.Getwd()
+		root, err := guest.FindModuleRoot(wd)
+		if err != nil {
+			helloErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "gpuaas-hello-")
+		if err != nil {
+			helloErr = err
+			return
+		}
+		helloBuilt, helloErr = apps.Build(context.Background(), root, apps.Hello, filepath.Join(dir, "hello.oci.tar"))
+	})
+	require.NoError(t, helloErr)
+	return helloBuilt
+}
+
+// helloSpec is an instance of the hello app.
+func helloSpec(t *testing.T, id string) Spec {
+	b := helloImage(t)
+	return Spec{InstanceID: id, AllocationID: "alloc-" + id, ImagePath: b.Path,
+		Env: map[string]string{"GREETING": "x"},
+		App: proto.App{Name: "hello", Version: "1.0.0", Kind: proto.AppKind("oci"), Image: b.Ref,
+			Ports:       []proto.AppPort{{Name: "http", Port: 8080, Protocol: "http"}},
+			HealthCheck: &proto.AppHealthCheck{Port: 8080, Path: "/healthz", TimeoutSeconds: 30}}}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode, string(b))
+	return string(b)
+}
+
+// TestPrivilegedLocalRunner runs the hello app's OCI image with crun in a
+// network namespace: started, healthy, reachable, Start again converges on
+// the one container, logs, Stop leaves nothing behind.
+func TestPrivilegedLocalRunner(t *testing.T) {
+	testenv.Root(t)
+	testenv.Commands(t, "ip")
+	rt, err := DefaultLocalRuntime()
+	if err != nil {
+		testenv.Missing(t, "an OCI runtime", err.Error())
+	}
+	dir := t.TempDir()
+	l, err := NewLocal(LocalConfig{Dir: dir})
+	require.NoError(t, err)
+	s := helloSpec(t, "loc-"+strings.ToLower(randomID(t)))
+	t.Cleanup(func() { l.Stop(context.Background(), s.InstanceID) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	start := time.Now()
+	st, err := l.Start(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, st.State, st.Detail)
+	t.Logf("local start to healthy: %s", time.Since(start).Round(time.Millisecond))
+	ep := st.Endpoints[8080]
+	require.NotEmpty(t, ep)
+	require.Contains(t, httpGet(t, "http://"+ep+"/"), s.InstanceID)
+
+	// The app runs under crun, in its own pid namespace, as nobody.
+	out, err := exec.Command(rt, "--root", filepath.Join(dir, "runtime"), "list", "-q").Output()
+	require.NoError(t, err)
+	require.Equal(t, []string{containerName(s.InstanceID)}, strings.Fields(string(out)))
+
+	st2, err := l.Start(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, st2.State)
+	require.Equal(t, ep, st2.Endpoints[8080])
+	out, err = exec.Command(rt, "--root", filepath.Join(dir, "runtime"), "list", "-q").Output()
+	require.NoError(t, err)
+	require.Len(t, strings.Fields(string(out)), 1, "Start twice: one container")
+
+	// A second runner on the same state (an agent restart) sees it.
+	l2, err := NewLocal(LocalConfig{Dir: dir})
+	require.NoError(t, err)
+	st3, err := l2.Status(ctx, s.InstanceID)
+	require.NoError(t, err)
+	require.Equal(t, StateRunning, st3.State)
+
+	logs, err := l.Logs(ctx, s.InstanceID, 1<<10)
+	require.NoError(t, err)
+	require.Contains(t, string(logs), "listening on :8080")
+
+	require.NoError(t, l.Stop(ctx, s.InstanceID))
+	_, err = l.Status(ctx, s.InstanceID)
+	require.ErrorIs(t, err, ErrNotFound)
+	require.NoFileExists(t, "/run/netns/"+netnsName(s.InstanceID))
+	require.NoDirExists(t, filepath.Join(dir, "bundles", containerName(s.InstanceID)))
+	out, err = exec.Command(rt, "--root", filepath.Join(dir, "runtime"), "list", "-q").Output()
+	require.NoError(t, err)
+	require.Empty(t, strings.TrimSpace(string(out)))
+	require.NoError(t, l.Stop(ctx, s.InstanceID), "stopping a stopped instance is not an error")
+}
+
+// TestPrivilegedLocalRunnerFailedHealth: an app that never answers its
+// health check is failed with the reason, and Stop clears it.
+func TestPrivilegedLocalRunnerFailedHealth(t *testing.T) {
+	testenv.Root(t)
+	testenv.Commands(t, "ip")
+	_, err := DefaultLocalRuntime()
+	if err != nil {
+		testenv.Missing(t, "an OCI runtime", err.Error())
+	}
+	l, err := NewLocal(LocalConfig{Dir: t.TempDir()})
+	require.NoError(t, err)
+	s := helloSpec(t, "bad-"+strings.ToLower(randomID(t)))
+	s.App.HealthCheck = &proto.AppHealthCheck{Port: 8080, Path: "/nope", TimeoutSeconds: 3}
+	t.Cleanup(func() { l.Stop(context.Background(), s.InstanceID) })
+	st, err := l.Start(context.Background(), s)
+	require.NoError(t, err)
+	require.Equal(t, StateFailed, st.State)
+	require.Contains(t, st.Detail, "404")
+	require.NoError(t, l.Stop(context.Background(), s.InstanceID))
+	require.NoFileExists(t, "/run/netns/"+netnsName(s.InstanceID))
+}
