@@ -285,17 +285,30 @@ func healthy(ctx context.Context, r *record, alive func(context.Context) error) 
 	}
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
 	var last error
-	for {
-		last = probe(ctx, client, addr, hc.Path)
+	timedOut := func() error {
 		if last == nil {
+			last = ctx.Err()
+		}
+		return fmt.Errorf("health check %s: %v after %s", what, last, timeout)
+	}
+	for {
+		err := probe(ctx, client, addr, hc.Path)
+		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil {
+			return timedOut()
+		}
+		last = err
 		if err := alive(ctx); err != nil {
+			if ctx.Err() != nil {
+				return timedOut()
+			}
 			return fmt.Errorf("health check %s: %v; and %w", what, last, err)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("health check %s: %v after %s", what, last, timeout)
+			return timedOut()
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

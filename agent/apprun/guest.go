@@ -195,6 +195,12 @@ func (g *Guest) Start(ctx context.Context, s Spec) (Status, error) {
 		}
 	}
 	defer g.recs.lock(s.InstanceID)()
+	t0 := time.Now()
+	phases := []any{"instance", s.InstanceID, "guest", s.GuestAddr}
+	phase := func(name string) {
+		phases = append(phases, name+"_ms", time.Since(t0).Milliseconds())
+		t0 = time.Now()
+	}
 	c, err := g.connect(ctx, s.AllocationID, s.GuestAddr)
 	if err != nil {
 		return Status{}, err
@@ -206,6 +212,7 @@ func (g *Guest) Start(ctx context.Context, s Spec) (Status, error) {
 		return Status{}, fmt.Errorf("apprun: instance %s: %w", s.InstanceID, err)
 	}
 	rt := g.runtime(noPivot)
+	phase("connect")
 	if r, err := g.recs.get(s.InstanceID); err == nil {
 		st, serr := rt.state(ctx, sh, r.Container)
 		if serr == nil && st.Status == "running" && r.Host == s.GuestAddr {
@@ -257,6 +264,7 @@ func (g *Guest) Start(ctx context.Context, s Spec) (Status, error) {
 		return fail(err)
 	}
 	os.RemoveAll(filepath.Join(stage, "layout"))
+	phase("unpack")
 	if len(opts.Hooks) > 0 {
 		if s.Env == nil {
 			s.Env = map[string]string{}
@@ -280,10 +288,15 @@ func (g *Guest) Start(ctx context.Context, s Spec) (Status, error) {
 	if err := g.copyBundle(ctx, sh, bundle, r.Bundle); err != nil {
 		return fail(err)
 	}
+	phase("copy")
 	if err := rt.start(ctx, sh, r.Container, r.Bundle); err != nil {
 		return fail(err)
 	}
-	if err := healthy(ctx, r, g.alive(sh, rt, r)); err != nil {
+	phase("run")
+	err = healthy(ctx, r, g.alive(sh, rt, r))
+	phase("health")
+	g.cfg.Log.Info("app instance started in the guest", phases...)
+	if err != nil {
 		// Left in place for Logs and Status; Stop removes it.
 		return Status{InstanceID: s.InstanceID, State: StateFailed, Detail: err.Error(), Endpoints: r.endpoints()}, nil
 	}

@@ -238,14 +238,3 @@ func TestRuntimeConfig(t *testing.T) {
 	_, err = runtimeConfig(s, ic, root, bundleOptions{})
 	require.ErrorContains(t, err, "neither Entrypoint nor Cmd")
 }
-
-func randomID(t *testing.T) string {
-	t.Helper()
-	b := make([]byte, 4)
-	f, err := os.Open("/dev/urandom")
-	require.NoError(t, err)
-	defer f.Close()
-	_, err = f.Read(b)
-	require.NoError(t, err)
-	return hex.EncodeToString(b)
-}

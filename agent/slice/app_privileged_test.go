@@ -33,7 +33,7 @@ func TestPrivilegedSliceApp(t *testing.T) {
 	realNetwork(t, cfg)
 	p, err := buildRuntime(cfg, nil)
 	require.NoError(t, err)
-	defer p.close()
+	t.Cleanup(p.close) // after the release below (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
