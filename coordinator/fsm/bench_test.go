@@ -3,6 +3,7 @@ package fsm_test
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/fsm/fsmtest"
+	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
 )
@@ -173,17 +175,23 @@ func BenchmarkWriteSnapshot(b *testing.B) {
 		}
 	}
 	snap := pb.f.Store().Snapshot()
-	var size int
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		var w countingWriter
-		if err := fsm.WriteSnapshot(&w, snap); err != nil {
-			b.Fatal(err)
-		}
-		size = int(w)
+	for _, c := range []struct {
+		name  string
+		write func(io.Writer, *state.Snapshot) error
+	}{{"binary", fsm.WriteSnapshot}, {"json-v1", fsm.WriteSnapshotJSON}} {
+		b.Run(c.name, func(b *testing.B) {
+			var size int
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				var w countingWriter
+				if err := c.write(&w, snap); err != nil {
+					b.Fatal(err)
+				}
+				size = int(w)
+			}
+			b.ReportMetric(float64(size)/1e6, "MB")
+		})
 	}
-	b.ReportMetric(float64(size)/1e6, "MB")
 }
 
 type countingWriter int
@@ -235,16 +243,23 @@ func BenchmarkRestoreChecked(b *testing.B) {
 			b.Fatal(e)
 		}
 	}
-	var buf bytes.Buffer
-	if err := fsm.WriteSnapshot(&buf, pb.f.Store().Snapshot()); err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		_, rep, err := fsm.ReadCheckedSnapshot(bytes.NewReader(buf.Bytes()))
-		if err != nil || rep.Quarantined != 0 || rep.Violations != nil {
-			b.Fatal(err, rep.Quarantined, rep.Violations)
-		}
+	for _, c := range []struct {
+		name  string
+		write func(io.Writer, *state.Snapshot) error
+	}{{"binary", fsm.WriteSnapshot}, {"json-v1", fsm.WriteSnapshotJSON}} {
+		b.Run(c.name, func(b *testing.B) {
+			var buf bytes.Buffer
+			if err := c.write(&buf, pb.f.Store().Snapshot()); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				_, rep, err := fsm.ReadCheckedSnapshot(bytes.NewReader(buf.Bytes()))
+				if err != nil || rep.Quarantined != 0 || rep.Violations != nil {
+					b.Fatal(err, rep.Quarantined, rep.Violations)
+				}
+			}
+		})
 	}
 }
 

@@ -81,7 +81,7 @@ func TestBenchCoordinator(t *testing.T) {
 		bench.Info("raft_noop_applies_per_s_3voters", raw, "applies/s",
 			fmt.Sprintf("hashicorp/raft v1.7.3 + raft-boltdb/v2 (fsync on), 3 in-process voters on loopback TCP, %d concurrent clients, %v; same server wiring as the ledger (%s)", benchClients, benchDuration, timing)),
 		bench.AtLeast("placements_per_s_3voters", placements, "placements/s", 3750,
-			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place, 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released (Server.Apply) by a pool of 64 releasers running beside them, so capacity never runs out; only committed successes count. The planner proposes each planned batch as ONE command_batch log entry and the server's applier groups concurrent releases (and outbox deliveries) the same way: %.0f log entries/s carried the run. Process GOGC %d (the coordinator binary's default, -gc-percent). Limit: ledger FSM apply CPU, not Raft: each placement costs a place, a release and an outbox delivery, applied by each of 3 in-process replicas sharing 2 cores (memdb radix inserts on every index of every written row ~1/3 of it, GC, JSON decode); %v of process CPU per committed placement in this run (all 3 replicas + Raft + planner), %v on a single voter, which reaches %.0f placements/s; the machine was shared with other work, so the rates move with its load much more than the CPU per placement does", benchClients, applies, DefaultGCPercent, three.cpu.Round(time.Microsecond), one.cpu.Round(time.Microsecond), single)),
+			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place, 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released (Server.Apply) by a pool of 64 releasers running beside them, so capacity never runs out; only committed successes count. The planner proposes each planned batch as ONE command_batch log entry and the server's applier groups concurrent releases (and outbox deliveries) the same way: %.0f log entries/s carried the run. Process GOGC %d (the coordinator binary's default, -gc-percent). Commands travel in the binary codec (MessagePack behind a version byte). Limit: ledger FSM apply CPU, not Raft: each placement costs a place, a force release, an outbox delivery and two audit records, applied by each of 3 in-process replicas sharing 2 cores (go-memdb re-inserting every index of every written row is ~half of it, then GC and the audit records' JSON hashing; fsm_apply_us_per_placement and docs/perf.md); %v of process CPU per committed placement in this run (all 3 replicas + Raft + planner), %v on a single voter, which reaches %.0f placements/s; the machine was shared with other work, so the rates move with its load much more than the CPU per placement does", benchClients, applies, DefaultGCPercent, three.cpu.Round(time.Microsecond), one.cpu.Round(time.Microsecond), single)),
 		bench.AtLeast("audit_placements_ratio", placements/bare.perS, "ratio", 0.7,
 			fmt.Sprintf("placements_per_s_3voters (every placement and release carries its audit record in the same log entry, as API requests do) / the same run without audit records (%.0f placements/s, %v CPU per placement), same process", bare.perS, bare.cpu.Round(time.Microsecond))),
 		bench.AtLeast("placements_vs_raw_raft_ratio", placements/raw, "ratio", 0.5,
@@ -89,7 +89,7 @@ func TestBenchCoordinator(t *testing.T) {
 		bench.AtMost("fsm_apply_us_per_placement", float64(one.applyCPU.Nanoseconds())/1e3, "us", 150,
 			fmt.Sprintf("process CPU of the ledger FSM (server stack: peer, enrollment, ledger FSMs) applying the committed log of the single-voter placement run (%d command_batch entries: placements, their audit records, force releases, outbox deliveries), replayed alone into a fresh FSM as raft applies it (ApplyBatch of up to %d entries) after the run, garbage collection included (GOGC %d), divided by the placements the run committed; the same run reached %.0f placements/s on the one voter at %v of process CPU per placement (planner, Raft, HTTP-free API path, apply)",
 				one.entries, DefaultTiming.MaxAppendEntries, DefaultGCPercent, single, one.cpu.Round(time.Microsecond))+
-				"; the same replay at other GOGC settings (how DefaultGCPercent is chosen): "+gcSweep(one.applyCPUByGC)),
+				"; the same replay at other GOGC settings, lower of two rounds (how DefaultGCPercent is chosen): "+gcSweep(one.applyCPUByGC)),
 		bench.AtMost("failover_write_unavailable_p99_s", p99, "s", 2,
 			"10 trials: kill -9 of the leader process, time until a write (PUT region through any live server, followers forward) succeeds again; "+timing),
 		bench.Info("failover_write_unavailable_p50_s", p50, "s", "same trials as the p99"),
@@ -243,11 +243,18 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	if placed > 0 && logs != nil {
 		run.applyCPU, run.entries = replayCPU(t, logs, idx0, placed)
 		if replayGC {
+			// Two rounds, the lower of each kept: the machine's other
+			// load moves a single replay by tens of percent.
 			run.applyCPUByGC = map[int]time.Duration{}
-			for _, gc := range replayGCPercents {
-				prev := debug.SetGCPercent(gc)
-				run.applyCPUByGC[gc], _ = replayCPU(t, logs, idx0, placed)
-				debug.SetGCPercent(prev)
+			for range 2 {
+				for _, gc := range replayGCPercents {
+					prev := debug.SetGCPercent(gc)
+					d, _ := replayCPU(t, logs, idx0, placed)
+					debug.SetGCPercent(prev)
+					if old, ok := run.applyCPUByGC[gc]; !ok || d < old {
+						run.applyCPUByGC[gc] = d
+					}
+				}
 			}
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/sitekey"
+	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/proto/prototest"
 )
@@ -95,7 +96,8 @@ func TestSiteCredentialsNeverReachRaftInClear(t *testing.T) {
 			scanned++
 			if filepath.Base(path) == "state.bin" {
 				snaps++
-				assert.Contains(t, string(b), `"sites"`, "the snapshot holds the site table")
+				// A binary snapshot record: uvarint length, then the table name.
+				assert.Contains(t, string(b), "\x05"+state.TableSites, "the snapshot holds the site table")
 			}
 			for _, needle := range []string{secret, "S3cr3tV4lueThatMustNeverLeak", base64.StdEncoding.EncodeToString([]byte(secret))} {
 				assert.False(t, bytes.Contains(b, []byte(needle)), "%s holds the MAAS key in clear", path)
