@@ -126,10 +126,11 @@ func (u *UI) allocationApps(q *req, id string, d *appsData) error {
 	}
 	var inst proto.List[appInstance]
 	if _, err := q.api.get("/v1/allocations/"+esc(id)+"/apps", nil, &inst); err != nil {
-		if !isMissingRoute(err) {
-			return err
+		// The page goes on without the instances either way.
+		d.InstancesMissing = "the app instances cannot be listed: " + errText(err)
+		if isMissingRoute(err) {
+			d.InstancesMissing = "this coordinator does not serve app instances yet (" + errText(err) + ")"
 		}
-		d.InstancesMissing = "this coordinator does not serve app instances yet (" + errText(err) + ")"
 	}
 	d.Instances = inst.Items
 	return nil

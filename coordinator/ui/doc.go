@@ -1,8 +1,10 @@
 // Package ui is the web console every coordinator serves under /ui/: a
-// tenant's H200 launch wizard and allocation pages, and an operator's
-// inventory (overview, nodes, slots, images). Pages are server-rendered
-// html/template with htmx (vendored under static/, 0BSD, see
-// static/LICENSE.htmx) for the live parts; everything is embedded in the
+// tenant's H200 launch wizard, allocation pages, serial console and apps,
+// and an operator's inventory (overview, nodes, slots, images). Pages are
+// server-rendered html/template with htmx (vendored under static/, 0BSD,
+// see static/LICENSE.htmx) for the live parts, and xterm.js (MIT,
+// static/LICENSE.xterm) on the serial console page only; the vendored
+// files are pinned in static/VENDOR.sums. Everything is embedded in the
 // binary, nothing is loaded from elsewhere, so the console works
 // air-gapped.
 //
@@ -50,5 +52,14 @@
 // N-1, so it shows the write on whichever coordinator serves it. Pages
 // showing something in progress (an allocation being provisioned or
 // released) re-render their live part with htmx long-polls: each poll is
-// an API blocking query on the timeline from the last index seen.
+// an API blocking query on the allocation's tasks from the last index
+// seen (a stage event or a byte-progress report rewrites the task).
+//
+// # Serial console and apps
+//
+// The console page's WebSocket and an app's Open link cannot carry a
+// bearer token, and the session cookie is scoped to /ui/: console.go and
+// apps.go hand those requests to the API handler in process with the
+// session's token instead of the cookie (after a same-origin check), so
+// the API's console gateway and workload proxy decide and record them.
 package ui

@@ -413,7 +413,7 @@ func (u *UI) allocationData(q *req, id string, index uint64, wait string) (alloc
 	}
 	for _, c := range cl.Items {
 		row := claimRow{Claim: c}
-		if c.SlotID != "" {
+		if c.SlotID != "" && q.Can("GET /v1/slots/{id}") {
 			var s proto.Slot
 			if _, err := q.api.get("/v1/slots/"+esc(c.SlotID), nil, &s); err == nil {
 				row.Slot = &s

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -128,7 +130,27 @@ func startBrowser(t *testing.T, chromium, base, out string) *browser {
 // input element; "\r" is Enter).
 func (b *browser) typeConsole(s string) {
 	b.t.Helper()
-	b.run("type "+strconv.Quote(s), chromedp.SendKeys(chromedp.CSS(".xterm-helper-textarea"), s))
+	// Text goes in as one insertText (an input event, as from an IME) and
+	// Enter as a bare key press: chromedp.SendKeys' keydown plus char
+	// events would reach xterm.js twice.
+	b.run("type "+strconv.Quote(s), chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
+		chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			for i, part := range strings.Split(s, "\r") {
+				if i > 0 {
+					for _, typ := range []input.DispatchKeyEventType{input.DispatchKeyEventTypeRawKeyDown, input.DispatchKeyEventTypeKeyUp} {
+						if _, err := cdp.Call(ctx, t, input.DispatchKeyEvent, input.DispatchKeyEventParams{Type: typ, Key: "Enter", Code: "Enter", WindowsVirtualKeyCode: 13}); err != nil {
+							return err
+						}
+					}
+				}
+				if part != "" {
+					if _, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: part}); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}))
 }
 
 // waitConsole waits for want in the console page's terminal text.
@@ -173,6 +195,15 @@ func (b *browser) release(id string, bound time.Duration) {
 		chromedp.Click(chromedp.ID("release")), chromedp.WaitVisible(chromedp.ID("confirm-release")),
 		chromedp.Click(chromedp.ID("confirm-release")), chromedp.WaitVisible(chromedp.ID("msg")))
 	b.waitJS("released, live", `document.querySelector('#state').innerText == 'released'`, bound)
+}
+
+// labLogs is the tail of the lab's logs when the test failed.
+func labLogs(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("lab logs:\n%s", logTails(dir))
+		}
+	})
 }
 
 func (b *browser) signIn(token string) {
@@ -234,6 +265,7 @@ func TestLabWebConsole(t *testing.T) {
 	bin := buildBinaries(t)
 	dir := t.TempDir()
 	l := startLab(t, bin, dir, "-auto-approve=false")
+	labLogs(t, dir)
 	admin := adminCtl(t, l)
 	var toks struct{ Admin, Operator, Viewer, Tenant string }
 	b, err := os.ReadFile(filepath.Join(dir, "tokens.secret.json"))
