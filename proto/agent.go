@@ -100,6 +100,10 @@ type HeartbeatRequest struct {
 	// GossipKeyringVersion is the version of the gossip keyring the agent
 	// holds (0: none); the answer carries the keyring when it is older.
 	GossipKeyringVersion uint64 `json:"gossip_keyring_version,omitempty"`
+	// CABundleVersion is the version of the cluster CA bundle the agent
+	// trusts ("": the CA file of its configuration); the answer carries
+	// the bundle when it differs.
+	CABundleVersion string `json:"ca_bundle_version,omitempty"`
 }
 
 // HeartbeatResponse tells the agent how the coordinator sees its node and
@@ -115,6 +119,9 @@ type HeartbeatResponse struct {
 	// GossipKeyring is the cluster's gossip keyring when the request's
 	// version is older than it (key rotation reaches agents this way).
 	GossipKeyring *GossipKeyring `json:"gossip_keyring,omitempty"`
+	// CABundle is the cluster's CA trust bundle when the request's version
+	// differs (CA rotation reaches agents this way).
+	CABundle *CABundle `json:"ca_bundle,omitempty"`
 }
 
 // AgentSlotsPayload is the part of a slice.provision / slice.release task

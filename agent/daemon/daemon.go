@@ -50,16 +50,17 @@ const CredentialFile = "credential"
 
 // Daemon is one running agent.
 type Daemon struct {
-	cfg    config.Config
-	root   hostops.Root
-	src    evidence.Source
-	store  *leases.Store
-	client *client.Client
-	caPool *x509.CertPool // the cluster CA (nil: the system roots)
-	sched  *nodesched.Scheduler
-	log    *slog.Logger
-	gw     netip.Prefix
-	fabric *fabric.Spec
+	cfg      config.Config
+	root     hostops.Root
+	src      evidence.Source
+	store    *leases.Store
+	client   *client.Client
+	caPool   *x509.CertPool  // the cluster CA (nil: the system roots)
+	caBundle *proto.CABundle // the bundle of the last CA rotation (nil: the CA file)
+	sched    *nodesched.Scheduler
+	log      *slog.Logger
+	gw       netip.Prefix
+	fabric   *fabric.Spec
 
 	reg      *prometheus.Registry
 	tasksRun *prometheus.CounterVec
@@ -424,7 +425,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if err != nil {
 		return proto.HeartbeatResponse{}, err
 	}
-	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion()}
+	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion(), CABundleVersion: d.caBundleVersion()}
 	for _, l := range ls {
 		req.Leases = append(req.Leases, proto.ClaimRef{ClaimID: l.ClaimID, Kind: proto.ClaimSlot, NodeID: d.cfg.NodeID, SlotID: l.SlotID, Generation: l.Generation})
 	}
@@ -436,6 +437,11 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if resp.GossipKeyring != nil {
 		if err := d.setKeyring(*resp.GossipKeyring); err != nil {
 			d.log.Warn("gossip keyring from heartbeat", "err", err)
+		}
+	}
+	if resp.CABundle != nil {
+		if err := d.setCABundle(ctx, *resp.CABundle); err != nil {
+			d.log.Warn("CA bundle from heartbeat", "err", err)
 		}
 	}
 	d.gossipUp()

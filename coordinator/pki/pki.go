@@ -504,3 +504,44 @@ func DeriveCA(secret string, now time.Time) (*CA, error) {
 	}
 	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), Key: key}, nil
 }
+
+// ID is a CA's ID in the rotation table: the first 16 hex digits of the
+// SHA-256 of its certificate.
+func ID(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return fmt.Sprintf("%x", sum[:8])
+}
+
+// SignedBy reports whether ca's key signed cert.
+func SignedBy(cert, ca *x509.Certificate) bool {
+	return cert.CheckSignatureFrom(ca) == nil
+}
+
+// ParseCertsPEM parses every certificate of a PEM bundle.
+func ParseCertsPEM(b []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM CERTIFICATE block")
+	}
+	return out, nil
+}
+
+// EncodeCertPEM encodes a certificate as a PEM block.
+func EncodeCertPEM(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+}
