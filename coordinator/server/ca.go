@@ -248,4 +248,3 @@ func (s *Server) CAInUse() string {
 	}
 	return ""
 }
-
