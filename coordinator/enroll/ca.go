@@ -4,9 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
-	"sort"
 	"strings"
-	"time"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -126,20 +124,4 @@ func (t *Table) RetireCA(req proto.CARetireRequest) error {
 	at := req.At
 	t.cas[i].State, t.cas[i].RetiredAt, t.cas[i].KeyPEM = proto.CARetired, &at, ""
 	return nil
-}
-
-// CertsOfCA lists the unexpired, unrevoked agent certificates the CA id
-// signed at now (first is the table's first CA: certificates recorded
-// before rotation existed name none and are its).
-func (t *Table) CertsOfCA(id string, first bool, now time.Time) []proto.NodeCert {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	var out []proto.NodeCert
-	for _, c := range t.certs {
-		if c.RevokedAt == nil && c.NotAfter.After(now) && (c.CA == id || c.CA == "" && first) {
-			out = append(out, *c)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].NodeID < out[j].NodeID })
-	return out
 }

@@ -233,18 +233,3 @@ func (s *Server) RetireCA(ctx context.Context, id, by string) (uint64, error) {
 	_, idx, err := s.Apply(ctx, proto.CARetireType|proto.IgnoreUnknownTypeFlag, proto.CARetireRequest{At: s.cfg.Now().UTC(), By: by, ID: id})
 	return idx, err
 }
-
-// CAInUse is for the safety checks: the ID of the CA that signed this
-// server's certificate now.
-func (s *Server) CAInUse() string {
-	if s.cfg.TLS == nil {
-		return ""
-	}
-	cur := s.cfg.TLS.cur()
-	for _, t := range cur.trusted {
-		if pki.SignedBy(cur.cert.Leaf, t) {
-			return pki.ID(t)
-		}
-	}
-	return ""
-}
