@@ -250,7 +250,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	errc := make(chan error, 4)
 
 	if d.cfg.DiagAddr != "" {
-		srv, err := diag.Listen(diag.Options{Addr: d.cfg.DiagAddr, Token: d.cfg.DiagToken, Registry: d.reg, Log: d.log, Sources: d.diagSources()})
+		o := diag.Options{Addr: d.cfg.DiagAddr, Token: d.cfg.DiagToken, Registry: d.reg, Log: d.log, Sources: d.diagSources()}
+		if usesTLS(d.cfg.Coordinators) {
+			// HTTPS with the node's certificate; the cluster CA's
+			// coordinators and this node may call it (agent/diag).
+			o.TLS = &diag.TLSOptions{NodeID: d.cfg.NodeID, Certificate: d.client.Certificate, ClientCAs: d.client.Roots}
+		}
+		srv, err := diag.Listen(o)
 		if err != nil {
 			return err
 		}

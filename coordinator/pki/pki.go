@@ -272,7 +272,8 @@ func (ca *CA) IssueServer(id string, hosts []string, now time.Time, ttl time.Dur
 	return tlsCert(der, key)
 }
 
-// SignNodeCSR signs an agent's CSR as a client certificate for nodeID,
+// SignNodeCSR signs an agent's CSR as a client certificate for nodeID
+// (also used to serve the agent's diagnostics port),
 // valid for ttl: the subject is node:<id>, the URI SAN gpuaas://node/<id>
 // (whatever the CSR asked for: only its key is used).
 func (ca *CA) SignNodeCSR(csrPEM []byte, nodeID string, now time.Time, ttl time.Duration) (certPEM []byte, cert *x509.Certificate, err error) {
@@ -297,9 +298,13 @@ func (ca *CA) SignNodeCSR(csrPEM []byte, nodeID string, now time.Time, ttl time.
 		return nil, nil, errors.New("CSR: the key must be ECDSA")
 	}
 	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "node:" + nodeID, Organization: []string{"gpuaas"}},
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		Subject:  pkix.Name{CommonName: "node:" + nodeID, Organization: []string{"gpuaas"}},
+		KeyUsage: x509.KeyUsageDigitalSignature,
+		// Client auth for the coordinators; server auth for the agent's
+		// diagnostics port. It names no host, only the node (URI SAN), so
+		// a client that checks host names (gpuaasctl, the API's clients)
+		// never takes it for a coordinator.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 		URIs:        []*url.URL{IdentityURI(RoleNode, nodeID)},
 	}
 	der, err := ca.sign(tmpl, csr.PublicKey, now, ttl)
