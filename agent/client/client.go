@@ -81,8 +81,11 @@ func (c *Client) UseTLS(pool *x509.CertPool) {
 			}
 			return nil
 		},
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if cert := c.Certificate(); cert != nil {
+		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			// An expired certificate, or one of a CA the coordinator no
+			// longer trusts (a retired CA), would fail the handshake: the
+			// renewal route takes the credential alone.
+			if cert := c.Certificate(); cert != nil && (cert.Leaf == nil || time.Now().Before(cert.Leaf.NotAfter)) && cri.SupportsCertificate(cert) == nil {
 				return cert, nil
 			}
 			return &tls.Certificate{}, nil // none yet: enrollment and renewal need none

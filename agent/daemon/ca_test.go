@@ -73,6 +73,18 @@ func TestAgentFollowsCARotation(t *testing.T) {
 	_, err = r.d.client.Heartbeat(ctx, proto.HeartbeatRequest{CABundleVersion: r.d.caBundleVersion()})
 	require.NoError(t, err, "heartbeats after the retirement")
 
+	// An agent still holding a certificate of the retired CA (down through
+	// the rotation) does not present it and renews with its credential.
+	key, csr, err := pki.NewNodeKey("j22u15")
+	require.NoError(t, err)
+	stalePEM, _, err := oldCA.SignNodeCSR(csr, "j22u15", time.Now(), time.Hour)
+	require.NoError(t, err)
+	stale, err := pki.KeyPair(stalePEM, key)
+	require.NoError(t, err)
+	r.d.client.SetCertificate(&stale)
+	require.NoError(t, r.d.renewCertNow(ctx))
+	assert.True(t, pki.SignedBy(r.d.client.Certificate().Leaf, newCA))
+
 	// A restarted agent trusts the kept bundle, not its CA file (the old CA).
 	r.stop()
 	cfg.BootstrapToken = ""
