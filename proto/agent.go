@@ -104,6 +104,10 @@ type HeartbeatRequest struct {
 	// last programmed them; the coordinator records changes
 	// (ingress_report). Nil: the agent reports nothing this time.
 	Ingress []IngressStatus `json:"ingress,omitempty"`
+	// CABundleVersion is the version of the cluster CA bundle the agent
+	// trusts ("": the CA file of its configuration); the answer carries
+	// the bundle when it differs.
+	CABundleVersion string `json:"ca_bundle_version,omitempty"`
 }
 
 // HeartbeatResponse tells the agent how the coordinator sees its node and
@@ -123,6 +127,9 @@ type HeartbeatResponse struct {
 	// (the desired state): the agent programs exactly these and removes
 	// every other rule of its ingress table.
 	Ingress []IngressStatus `json:"ingress"`
+	// CABundle is the cluster's CA trust bundle when the request's version
+	// differs (CA rotation reaches agents this way).
+	CABundle *CABundle `json:"ca_bundle,omitempty"`
 }
 
 // AgentSlotsPayload is the part of a slice.provision / slice.release task

@@ -53,7 +53,7 @@ func ServerOnly(t MessageType) bool {
 	switch t &^ IgnoreUnknownTypeFlag {
 	case PeerUpsertType, BootstrapTokenMintType, NodeEnrollType, NodeCredentialRevokeType, NodeBootstrapReportType,
 		JoinTokenMintType, JoinTokenUseType, GossipKeyringOpType, APITokenCreateType, APITokenRevokeType,
-		NodeCertIssueType, NodeCertRevokeType, AuditExportAckType:
+		NodeCertIssueType, NodeCertRevokeType, AuditExportAckType, CAIntroduceType, CAActivateType, CARetireType:
 		return true
 	}
 	return false

@@ -38,6 +38,9 @@ type NodeCertIssueRequest struct {
 	NodeID   string    `json:"node_id"`
 	Serial   string    `json:"serial"` // lower-case hex
 	NotAfter time.Time `json:"not_after"`
+	// CA is the ID (fingerprint) of the CA that signed it (absent for
+	// certificates issued before CA rotation existed: the first CA's).
+	CA string `json:"ca,omitempty"`
 }
 
 // NodeCertRevokeRequest revokes one certificate (Serial) or all of a
@@ -57,6 +60,7 @@ type NodeCert struct {
 	IssuedAt  time.Time  `json:"issued_at"`
 	NotAfter  time.Time  `json:"not_after"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	CA        string     `json:"ca,omitempty"`
 }
 
 // CertificateRequest is the body of POST /v1/agent/certificate.

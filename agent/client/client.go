@@ -36,6 +36,7 @@ type Client struct {
 	mu         sync.Mutex
 	credential string
 	cert       *tls.Certificate // the node's client certificate (mutual TLS)
+	roots      *x509.CertPool   // the CAs coordinators' certificates chain to (nil: system roots)
 	next       int              // index of the coordinator to try first
 }
 
@@ -54,13 +55,38 @@ func New(urls []string, credential string) (*Client, error) {
 }
 
 // UseTLS makes the client check the coordinators' certificates against
-// pool (the cluster CA) and present the node's client certificate
-// (SetCertificate) when a coordinator asks for one.
+// pool (the cluster CA; nil: the system roots) and present the node's
+// client certificate (SetCertificate) when a coordinator asks for one.
+// SetRoots changes the pool later (a CA rotation).
 func (c *Client) UseTLS(pool *x509.CertPool) {
+	c.mu.Lock()
+	c.roots = pool
+	c.mu.Unlock()
 	t := c.http.Transport.(*http.Transport)
-	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if cert := c.Certificate(); cert != nil {
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12,
+		// The chain and host name are verified in VerifyConnection against
+		// the pool in use at each handshake.
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("the coordinator presented no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, ic := range cs.PeerCertificates[1:] {
+				inter.AddCert(ic)
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: c.Roots(), Intermediates: inter,
+				DNSName: cs.ServerName, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+			if err != nil {
+				return fmt.Errorf("coordinator certificate: %w", err)
+			}
+			return nil
+		},
+		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			// An expired certificate, or one of a CA the coordinator no
+			// longer trusts (a retired CA), would fail the handshake: the
+			// renewal route takes the credential alone.
+			if cert := c.Certificate(); cert != nil && (cert.Leaf == nil || time.Now().Before(cert.Leaf.NotAfter)) && cri.SupportsCertificate(cert) == nil {
 				return cert, nil
 			}
 			return &tls.Certificate{}, nil // none yet: enrollment and renewal need none
@@ -73,6 +99,22 @@ func (c *Client) UseTLS(pool *x509.CertPool) {
 // connections to simulate its death).
 func (c *Client) SetDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
 	c.http.Transport.(*http.Transport).DialContext = dial
+}
+
+// SetRoots replaces the CAs the coordinators' certificates are checked
+// against; idle connections are closed, so the next requests check them.
+func (c *Client) SetRoots(pool *x509.CertPool) {
+	c.mu.Lock()
+	c.roots = pool
+	c.mu.Unlock()
+	c.http.CloseIdleConnections()
+}
+
+// Roots returns the CAs in use (nil: the system roots).
+func (c *Client) Roots() *x509.CertPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.roots
 }
 
 // SetCertificate sets the node's client certificate. Idle connections

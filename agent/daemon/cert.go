@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/internal/atomicfile"
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // The node's client certificate (mutual TLS on the agent routes) and its
@@ -20,6 +22,8 @@ import (
 const (
 	CertFile = "node.crt"
 	KeyFile  = "node.key"
+	// CABundleFile keeps the cluster CA bundle of the last rotation.
+	CABundleFile = "ca-bundle.json"
 )
 
 // usesTLS reports whether any coordinator is an https URL.
@@ -43,6 +47,17 @@ func (d *Daemon) setupTLS() error {
 		if d.caPool, err = pki.LoadPool(d.cfg.CAFile); err != nil {
 			return err
 		}
+	}
+	// A bundle a coordinator sent (a CA rotation) is newer than the
+	// configured CA file: it wins.
+	if b, err := loadCABundle(d.cfg.StateDir); err != nil {
+		d.log.Warn("CA bundle kept in the state directory is unreadable; using the CA file", "err", err)
+	} else if b != nil {
+		pool, err := pki.PoolFromPEM([]byte(b.PEM))
+		if err != nil {
+			return fmt.Errorf("CA bundle %s: %w", filepath.Join(d.cfg.StateDir, CABundleFile), err)
+		}
+		d.caPool, d.caBundle = pool, b
 	}
 	d.client.UseTLS(d.caPool)
 	certPEM, err := os.ReadFile(filepath.Join(d.cfg.StateDir, CertFile))
@@ -117,6 +132,11 @@ func (d *Daemon) renewCert(ctx context.Context, now time.Time) error {
 	if c := d.client.Certificate(); c != nil && now.Before(renewAt(c)) {
 		return nil
 	}
+	return d.renewCertNow(ctx)
+}
+
+// renewCertNow gets a new certificate for the node.
+func (d *Daemon) renewCertNow(ctx context.Context) error {
 	key, csr, err := d.newCSR()
 	if err != nil {
 		return err
@@ -145,4 +165,62 @@ func (d *Daemon) certLoop(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// loadCABundle reads the kept CA bundle (nil when there is none).
+func loadCABundle(dir string) (*proto.CABundle, error) {
+	b, err := os.ReadFile(filepath.Join(dir, CABundleFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var cb proto.CABundle
+	if err := json.Unmarshal(b, &cb); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CABundleFile), err)
+	}
+	return &cb, nil
+}
+
+// caBundleVersion is the version of the CA bundle the agent trusts (""
+// for its CA file).
+func (d *Daemon) caBundleVersion() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.caBundle == nil {
+		return ""
+	}
+	return d.caBundle.Version
+}
+
+// setCABundle trusts the CAs a coordinator sent (a CA rotation), keeps
+// them in the state directory and, when the active CA did not sign the
+// node's certificate, renews it at once.
+func (d *Daemon) setCABundle(ctx context.Context, b proto.CABundle) error {
+	pool, err := pki.PoolFromPEM([]byte(b.PEM))
+	if err != nil {
+		return fmt.Errorf("CA bundle from the coordinator: %w", err)
+	}
+	active, err := pki.ParseCertPEM([]byte(b.Active))
+	if err != nil {
+		return fmt.Errorf("CA bundle from the coordinator: active CA: %w", err)
+	}
+	raw, err := json.Marshal(b)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(d.cfg.StateDir, CABundleFile), raw, 0o644); err != nil {
+		return fmt.Errorf("keep the CA bundle: %w", err)
+	}
+	d.mu.Lock()
+	d.caPool, d.caBundle = pool, &b
+	d.mu.Unlock()
+	d.client.SetRoots(pool)
+	d.log.Info("CA bundle from the coordinator: trusting it", "version", b.Version, "active", pki.ID(active))
+	if c := d.client.Certificate(); c != nil && !pki.SignedBy(c.Leaf, active) {
+		d.log.Info("the active CA did not sign this node's certificate: renewing it now", "serial", pki.SerialHex(c.Leaf), "active", pki.ID(active))
+		return d.renewCertNow(ctx)
+	}
+	return nil
 }

@@ -108,7 +108,7 @@ func startCoord(t testing.TB, nodes ...string) *coord {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
 	mux.Handle("/", api.New(backend{srv}, auth, quiet))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: pki.APIServerConfig(ca.Pool(), cert),
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: pki.APIServerConfigFrom(srv.TLS()),
 		ErrorLog: log.New(io.Discard, "", 0)}
 	go hs.ServeTLS(ln, "", "")
 	t.Cleanup(func() {

@@ -50,16 +50,17 @@ const CredentialFile = "credential"
 
 // Daemon is one running agent.
 type Daemon struct {
-	cfg    config.Config
-	root   hostops.Root
-	src    evidence.Source
-	store  *leases.Store
-	client *client.Client
-	caPool *x509.CertPool // the cluster CA (nil: the system roots)
-	sched  *nodesched.Scheduler
-	log    *slog.Logger
-	gw     netip.Prefix
-	fabric *fabric.Spec
+	cfg      config.Config
+	root     hostops.Root
+	src      evidence.Source
+	store    *leases.Store
+	client   *client.Client
+	caPool   *x509.CertPool  // the cluster CA (nil: the system roots)
+	caBundle *proto.CABundle // the bundle of the last CA rotation (nil: the CA file)
+	sched    *nodesched.Scheduler
+	log      *slog.Logger
+	gw       netip.Prefix
+	fabric   *fabric.Spec
 
 	reg      *prometheus.Registry
 	tasksRun *prometheus.CounterVec
@@ -253,7 +254,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	errc := make(chan error, 4)
 
 	if d.cfg.DiagAddr != "" {
-		srv, err := diag.Listen(diag.Options{Addr: d.cfg.DiagAddr, Token: d.cfg.DiagToken, Registry: d.reg, Log: d.log, Sources: d.diagSources()})
+		o := diag.Options{Addr: d.cfg.DiagAddr, Token: d.cfg.DiagToken, Registry: d.reg, Log: d.log, Sources: d.diagSources()}
+		if usesTLS(d.cfg.Coordinators) {
+			// HTTPS with the node's certificate; the cluster CA's
+			// coordinators and this node may call it (agent/diag).
+			o.TLS = &diag.TLSOptions{NodeID: d.cfg.NodeID, Certificate: d.client.Certificate, ClientCAs: d.client.Roots}
+		}
+		srv, err := diag.Listen(o)
 		if err != nil {
 			return err
 		}
@@ -430,7 +437,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if err != nil {
 		return proto.HeartbeatResponse{}, err
 	}
-	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion(), Ingress: d.ingressReport()}
+	req := proto.HeartbeatRequest{GossipKeyringVersion: d.keyringVersion(), Ingress: d.ingressReport(), CABundleVersion: d.caBundleVersion()}
 	for _, l := range ls {
 		req.Leases = append(req.Leases, proto.ClaimRef{ClaimID: l.ClaimID, Kind: proto.ClaimSlot, NodeID: d.cfg.NodeID, SlotID: l.SlotID, Generation: l.Generation})
 	}
@@ -442,6 +449,11 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 	if resp.GossipKeyring != nil {
 		if err := d.setKeyring(*resp.GossipKeyring); err != nil {
 			d.log.Warn("gossip keyring from heartbeat", "err", err)
+		}
+	}
+	if resp.CABundle != nil {
+		if err := d.setCABundle(ctx, *resp.CABundle); err != nil {
+			d.log.Warn("CA bundle from heartbeat", "err", err)
 		}
 	}
 	d.gossipUp()

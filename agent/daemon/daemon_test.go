@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/agent/diag"
 	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 	"github.com/gpuaas/gpuaas/lab/labagent"
@@ -188,19 +189,26 @@ func TestAgentEndToEnd(t *testing.T) {
 	assert.Len(t, rec.Kept, 2)
 	assert.Empty(t, rec.Released)
 
-	// Diagnostics on the agent's local port.
-	resp, err := http.Get("http://" + a15.d.DiagAddr() + "/v1/diag/leases")
+	// Diagnostics on the agent's local port: HTTPS with the node's
+	// certificate (the client checks the node's identity); plain HTTP is
+	// refused.
+	dc := diag.NewClient(c.ca.Pool(), "j22u15", nil)
+	resp, err := dc.Get("https://" + a15.d.DiagAddr() + "/v1/diag/leases")
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Contains(t, string(b), alloc.ID)
 	assert.Contains(t, string(b), `"last_reconcile"`)
 
-	resp, err = http.Get("http://" + a15.d.DiagAddr() + "/metrics")
+	resp, err = dc.Get("https://" + a15.d.DiagAddr() + "/metrics")
 	require.NoError(t, err)
 	b, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Contains(t, string(b), "gpuaas_agent_leases 2")
+	resp, err = http.Get("http://" + a15.d.DiagAddr() + "/v1/diag/leases")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plain HTTP to the diagnostics port")
 
 	// Release: the slice.release task drops the leases.
 	code, body = c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/release", c.op, nil, nil)

@@ -1,14 +1,28 @@
 // Package diag serves the agent's diagnostics port for lab engineers:
 // /v1/diag/topology, /v1/diag/readiness, /v1/diag/leases, /v1/diag/tasks
-// (JSON), /metrics (Prometheus) and /debug/pprof/. It is local-only by
-// default: binding a non-loopback address is refused unless a diag token
-// is configured, and with a token every request must carry it as a bearer
-// token.
+// (JSON), /metrics (Prometheus) and /debug/pprof/.
+//
+// When the agent talks TLS to the coordinators (it has the cluster CA and
+// a node certificate), the port is HTTPS with the node's certificate
+// (its URI SAN names the node: gpuaas://node/<id>; NewClient checks the
+// chain and that identity), and plain HTTP to it is refused. Who may call
+// it:
+//   - a client certificate of the cluster CA naming a coordinator, or
+//     this node (mutual TLS);
+//   - the diag token as a bearer token, when one is configured (-diag-token);
+//   - without a token, a caller on loopback (the default bind is
+//     loopback; binding a non-loopback address needs a token).
+//
+// Anyone else gets a 401 naming these. Without TLS (coordinators on plain
+// HTTP, tests only) the port is plain HTTP with the token and loopback
+// rules.
 package diag
 
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +56,37 @@ type Options struct {
 	// runtime and process collectors are added.
 	Registry *prometheus.Registry
 	Log      *slog.Logger
+	// TLS, when set, serves HTTPS with the node's certificate and takes
+	// client certificates of the cluster CA.
+	TLS *TLSOptions
+}
+
+// TLSOptions is the diagnostics port's TLS: read at every handshake (the
+// node certificate is renewed, the CA bundle rotates).
+type TLSOptions struct {
+	NodeID string
+	// Certificate is the node's certificate (nil: none yet; handshakes
+	// fail until the agent enrolled).
+	Certificate func() *tls.Certificate
+	// ClientCAs is the cluster CA bundle client certificates must chain to.
+	ClientCAs func() *x509.CertPool
+}
+
+func (o *TLSOptions) config() *tls.Config {
+	get := func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		if c := o.Certificate(); c != nil {
+			return c, nil
+		}
+		return nil, errors.New("the agent has no node certificate yet (not enrolled)")
+	}
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: get,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: get,
+				ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: o.ClientCAs()}, nil
+		},
+	}
 }
 
 // ErrRemoteWithoutToken refuses a non-loopback bind without a token.
@@ -91,7 +136,11 @@ func Listen(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("diag listen %s: %w", opts.Addr, err)
 	}
 	s := &Server{opts: opts, ln: ln}
-	s.srv = &http.Server{Handler: Handler(opts), ReadHeaderTimeout: 5 * time.Second}
+	s.srv = &http.Server{Handler: Handler(opts), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug)}
+	if opts.TLS != nil {
+		s.srv.TLSConfig = opts.TLS.config()
+	}
 	return s, nil
 }
 
@@ -101,7 +150,13 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Serve serves until ctx ends.
 func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
+	go func() {
+		if s.opts.TLS != nil {
+			errc <- s.srv.ServeTLS(s.ln, "", "")
+			return
+		}
+		errc <- s.srv.Serve(s.ln)
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("diag serve: %w", err)
@@ -134,19 +189,95 @@ func Handler(opts Options) http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	if opts.Token == "" {
-		return mux
-	}
 	want := []byte("Bearer " + opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(strings.TrimSpace(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent-diag"`)
-			problem(w, http.StatusUnauthorized, "a valid diag bearer token is required")
+		if who := certCaller(r, opts.TLS); who != "" {
+			mux.ServeHTTP(w, r) // a coordinator's or this node's certificate
 			return
 		}
-		mux.ServeHTTP(w, r)
+		if opts.Token != "" {
+			got := []byte(strings.TrimSpace(r.Header.Get("Authorization")))
+			if subtle.ConstantTimeCompare(got, want) == 1 {
+				mux.ServeHTTP(w, r)
+				return
+			}
+		} else if loopback(r) {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="gpuaas-agent-diag"`)
+		problem(w, http.StatusUnauthorized, refusal(opts))
 	})
+}
+
+// refusal says who may call the port.
+func refusal(opts Options) string {
+	var ways []string
+	if opts.TLS != nil {
+		ways = append(ways, "a client certificate of the cluster CA naming a coordinator or this node ("+opts.TLS.NodeID+")")
+	}
+	if opts.Token != "" {
+		ways = append(ways, "the diag token as a bearer token (Authorization: Bearer)")
+	} else {
+		ways = append(ways, "a connection from loopback")
+	}
+	return "the agent's diagnostics need " + strings.Join(ways, ", or ")
+}
+
+// certCaller names the verified client certificate's identity when it is
+// a coordinator's or this node's ("" otherwise).
+func certCaller(r *http.Request, o *TLSOptions) string {
+	if o == nil || r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+		return ""
+	}
+	leaf := r.TLS.VerifiedChains[0][0]
+	for _, u := range leaf.URIs {
+		if u.Scheme != "gpuaas" {
+			continue
+		}
+		id := strings.TrimPrefix(u.Path, "/")
+		if u.Host == "server" && id != "" || u.Host == "node" && id == o.NodeID {
+			return u.Host + ":" + id
+		}
+	}
+	return ""
+}
+
+// loopback reports whether the caller is on this host's loopback.
+func loopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// NewClient is an HTTPS client for a node's diagnostics port: it checks
+// that the port's certificate chains to pool and names node (its URI SAN;
+// the certificate names no host) and presents cert when not nil.
+func NewClient(pool *x509.CertPool, node string, cert *tls.Certificate) *http.Client {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12,
+		InsecureSkipVerify: true, //nolint:gosec // the chain and the node identity are verified below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("the diagnostics port presented no certificate")
+			}
+			leaf := cs.PeerCertificates[0]
+			if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+				return fmt.Errorf("diagnostics certificate: %w", err)
+			}
+			for _, u := range leaf.URIs {
+				if u.Scheme == "gpuaas" && u.Host == "node" && strings.TrimPrefix(u.Path, "/") == node {
+					return nil
+				}
+			}
+			return fmt.Errorf("the diagnostics certificate %q is not node %s's", leaf.Subject.CommonName, node)
+		}}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 }
 
 func value(f func() (any, bool), missing string) http.HandlerFunc {

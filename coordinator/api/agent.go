@@ -66,6 +66,10 @@ func AgentRoutes() []AgentRoute {
 		{http.MethodGet, "/v1/bundles/{digest}/content", "bootstrap", false},
 		{http.MethodGet, "/v1/operator/gossip-keys", "admin", false},
 		{http.MethodPost, "/v1/operator/gossip-keys", "admin", true},
+		{http.MethodGet, "/v1/operator/ca", "admin", false},
+		{http.MethodPost, "/v1/operator/ca/rotate", "admin", true},
+		{http.MethodPost, "/v1/operator/ca/activate", "admin", true},
+		{http.MethodPost, "/v1/operator/ca/retire", "admin", true},
 	}
 }
 
@@ -91,6 +95,10 @@ func (a *API) registerAgentRoutes() {
 		"GET /v1/bundles/{digest}/content":        a.bundleContent,
 		"GET /v1/operator/gossip-keys":            a.listGossipKeys,
 		"POST /v1/operator/gossip-keys":           a.gossipKeyOp,
+		"GET /v1/operator/ca":                     a.caStatus,
+		"POST /v1/operator/ca/rotate":             a.caRotate,
+		"POST /v1/operator/ca/activate":           a.caActivate,
+		"POST /v1/operator/ca/retire":             a.caRetire,
 	}
 	for _, r := range AgentRoutes() {
 		h := handlers[r.Method+" "+r.Pattern]
@@ -558,6 +566,10 @@ func (a *API) agentHeartbeat(c *call) error {
 	resp.Orphaned = orphaned
 	if k := a.gossipKeyring(); k != nil && k.Version != body.GossipKeyringVersion {
 		resp.GossipKeyring = k // key rotation reaches the agent
+	}
+	a.caSeen.note(node, body.CABundleVersion, a.now())
+	if b := a.caBundle(); b != nil && b.Version != body.CABundleVersion {
+		resp.CABundle = b // CA rotation reaches the agent
 	}
 	return c.reply(http.StatusOK, resp)
 }

@@ -114,8 +114,8 @@ func (a *API) checkAgentCert(r *http.Request, tab *enroll.Table, rt Route, node 
 
 // signedCert is a certificate signed for a node, not yet recorded.
 type signedCert struct {
-	node, serial, pem string
-	notAfter          time.Time
+	node, serial, pem, ca string
+	notAfter              time.Time
 }
 
 // signNodeCert signs a CSR for node; nothing is proposed (a bad CSR
@@ -132,18 +132,19 @@ func (a *API) signNodeCert(node, csr string) (signedCert, error) {
 	if ttl <= 0 {
 		ttl = pki.DefaultNodeTTL
 	}
-	certPEM, cert, err := t.CA.SignNodeCSR([]byte(csr), node, a.now(), ttl)
+	active := t.Active()
+	certPEM, cert, err := active.SignNodeCSR([]byte(csr), node, a.now(), ttl)
 	if err != nil {
 		return signedCert{}, proto.Errorf(proto.CodeInvalidArgument, "csr: %v", err)
 	}
-	return signedCert{node: node, serial: pki.SerialHex(cert), pem: string(certPEM), notAfter: cert.NotAfter.UTC()}, nil
+	return signedCert{node: node, serial: pki.SerialHex(cert), pem: string(certPEM), notAfter: cert.NotAfter.UTC(), ca: pki.ID(active.Cert)}, nil
 }
 
 // record enters a signed certificate in the replicated table (the
 // revocation list's serials).
 func (sc signedCert) record(a *API, c *call) error {
 	_, idx, err := a.b.Apply(c.r.Context(), proto.NodeCertIssueType|proto.IgnoreUnknownTypeFlag, proto.NodeCertIssueRequest{
-		At: a.now(), NodeID: sc.node, Serial: sc.serial, NotAfter: sc.notAfter})
+		At: a.now(), NodeID: sc.node, Serial: sc.serial, NotAfter: sc.notAfter, CA: sc.ca})
 	if err != nil {
 		return err
 	}

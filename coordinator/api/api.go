@@ -81,6 +81,8 @@ type API struct {
 	peers  peerIPs   // the peers' IPs, whose forwarded requests are not limited
 	// refused counts refusals for the audit log (refusals.go).
 	refused refusals
+	// caSeen is the CA bundle version each agent reported (ca.go).
+	caSeen caSeen
 
 	consoles    consoleGateway   // console sessions on this replica (console.go)
 	appProxy    appProxyHub      // agents' parked workload proxy connections (appproxy.go)

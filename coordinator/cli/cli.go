@@ -140,7 +140,7 @@ func (a *app) root() *cobra.Command {
 
 	root.AddCommand(a.allocCmd(), a.nodeCmd(), a.slotCmd(), a.topologyCmd(), a.availabilityCmd(),
 		a.tasksCmd(), a.usageCmd(), a.regionCmd(), a.poolCmd(), a.operatorCmd(), a.statusCmd(), a.tokenCmd(),
-		a.workflowCmd(), a.siteCmd(), a.bundleCmd(), a.auditCmd())
+		a.workflowCmd(), a.siteCmd(), a.bundleCmd(), a.auditCmd(), a.caCmd())
 	root.AddCommand(a.imageCmd(), a.appCmd())
 	return root
 }

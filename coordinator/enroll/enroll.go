@@ -68,6 +68,8 @@ type Table struct {
 	certs  map[string]*proto.NodeCert // agent client certificates by serial, until they expire
 	// auditAck is the audit log's acknowledged export watermark.
 	auditAck *proto.AuditExportAck
+	// cas is the cluster CA rotation table (ca.go).
+	cas []proto.CARecord
 }
 
 // New returns an empty table.
@@ -214,6 +216,8 @@ type snapshot struct {
 	Certs []proto.NodeCert `json:"certs,omitempty"`
 	// AuditExported is absent before the first acknowledged export.
 	AuditExported *proto.AuditExportAck `json:"audit_exported,omitempty"`
+	// CAs is absent before the first CA rotation.
+	CAs []proto.CARecord `json:"cas,omitempty"`
 }
 
 // MarshalJSON serializes the table deterministically (sorted).
@@ -242,6 +246,7 @@ func (t *Table) MarshalJSON() ([]byte, error) {
 		a := *t.auditAck
 		s.AuditExported = &a
 	}
+	s.CAs = t.cas
 	return json.Marshal(s)
 }
 
@@ -271,6 +276,7 @@ func (t *Table) Restore(b []byte) error {
 	t.mu.Lock()
 	t.tokens, t.creds, t.byHash, t.gossip, t.certs = fresh.tokens, fresh.creds, fresh.byHash, fresh.gossip, fresh.certs
 	t.auditAck = s.AuditExported
+	t.cas = s.CAs
 	t.mu.Unlock()
 	return nil
 }

@@ -45,7 +45,7 @@ func (t *Table) IssueCert(req proto.NodeCertIssueRequest) error {
 	if n >= maxCertsPerNode {
 		return proto.Errorf(proto.CodeConflict, "node %s already holds %d unexpired certificates", req.NodeID, n)
 	}
-	t.certs[req.Serial] = &proto.NodeCert{Serial: req.Serial, NodeID: req.NodeID, IssuedAt: req.At, NotAfter: req.NotAfter}
+	t.certs[req.Serial] = &proto.NodeCert{Serial: req.Serial, NodeID: req.NodeID, IssuedAt: req.At, NotAfter: req.NotAfter, CA: req.CA}
 	return nil
 }
 

@@ -272,7 +272,8 @@ func (ca *CA) IssueServer(id string, hosts []string, now time.Time, ttl time.Dur
 	return tlsCert(der, key)
 }
 
-// SignNodeCSR signs an agent's CSR as a client certificate for nodeID,
+// SignNodeCSR signs an agent's CSR as a client certificate for nodeID
+// (also used to serve the agent's diagnostics port),
 // valid for ttl: the subject is node:<id>, the URI SAN gpuaas://node/<id>
 // (whatever the CSR asked for: only its key is used).
 func (ca *CA) SignNodeCSR(csrPEM []byte, nodeID string, now time.Time, ttl time.Duration) (certPEM []byte, cert *x509.Certificate, err error) {
@@ -297,9 +298,13 @@ func (ca *CA) SignNodeCSR(csrPEM []byte, nodeID string, now time.Time, ttl time.
 		return nil, nil, errors.New("CSR: the key must be ECDSA")
 	}
 	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "node:" + nodeID, Organization: []string{"gpuaas"}},
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		Subject:  pkix.Name{CommonName: "node:" + nodeID, Organization: []string{"gpuaas"}},
+		KeyUsage: x509.KeyUsageDigitalSignature,
+		// Client auth for the coordinators; server auth for the agent's
+		// diagnostics port. It names no host, only the node (URI SAN), so
+		// a client that checks host names (gpuaasctl, the API's clients)
+		// never takes it for a coordinator.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 		URIs:        []*url.URL{IdentityURI(RoleNode, nodeID)},
 	}
 	der, err := ca.sign(tmpl, csr.PublicKey, now, ttl)
@@ -503,4 +508,45 @@ func DeriveCA(secret string, now time.Time) (*CA, error) {
 		return nil, fmt.Errorf("parse CA certificate: %w", err)
 	}
 	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), Key: key}, nil
+}
+
+// ID is a CA's ID in the rotation table: the first 16 hex digits of the
+// SHA-256 of its certificate.
+func ID(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return fmt.Sprintf("%x", sum[:8])
+}
+
+// SignedBy reports whether ca's key signed cert.
+func SignedBy(cert, ca *x509.Certificate) bool {
+	return cert.CheckSignatureFrom(ca) == nil
+}
+
+// ParseCertsPEM parses every certificate of a PEM bundle.
+func ParseCertsPEM(b []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM CERTIFICATE block")
+	}
+	return out, nil
+}
+
+// EncodeCertPEM encodes a certificate as a PEM block.
+func EncodeCertPEM(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 }

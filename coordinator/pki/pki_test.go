@@ -103,7 +103,13 @@ func TestSignNodeCSR(t *testing.T) {
 			require.Equal(t, RoleNode, role)
 			require.Equal(t, tc.wantID, id)
 			require.Equal(t, "node:"+tc.wantID, parsed.Subject.CommonName)
-			require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, parsed.ExtKeyUsage, "a node certificate cannot serve")
+			// Client auth for the coordinators, server auth for the agent's
+			// diagnostics port only: it names no host, so a client that
+			// checks host names never takes it for a coordinator.
+			require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, parsed.ExtKeyUsage)
+			require.Empty(t, parsed.DNSNames, "a node certificate names no host")
+			require.Empty(t, parsed.IPAddresses, "a node certificate names no host")
+			require.Error(t, parsed.VerifyHostname("127.0.0.1"))
 		})
 	}
 }

@@ -47,7 +47,8 @@ func isEnrollCommand(l *raft.Log) bool {
 	}
 	switch proto.MessageType(l.Data[0]) &^ proto.IgnoreUnknownTypeFlag {
 	case proto.BootstrapTokenMintType, proto.NodeEnrollType, proto.NodeCredentialRevokeType, proto.NodeBootstrapReportType, proto.GossipKeyringOpType,
-		proto.NodeCertIssueType, proto.NodeCertRevokeType, proto.AuditExportAckType:
+		proto.NodeCertIssueType, proto.NodeCertRevokeType, proto.AuditExportAckType,
+		proto.CAIntroduceType, proto.CAActivateType, proto.CARetireType:
 		return true
 	}
 	return false
@@ -99,6 +100,21 @@ func (f *enrollFSM) Apply(l *raft.Log) any {
 			return err
 		}
 		return n
+	case proto.CAIntroduceType:
+		if err := f.table.IntroduceCA(decodeCmd[proto.CAIntroduceRequest](l, "ca_introduce")); err != nil {
+			return err
+		}
+		return nil
+	case proto.CAActivateType:
+		if err := f.table.ActivateCA(decodeCmd[proto.CAActivateRequest](l, "ca_activate")); err != nil {
+			return err
+		}
+		return nil
+	case proto.CARetireType:
+		if err := f.table.RetireCA(decodeCmd[proto.CARetireRequest](l, "ca_retire")); err != nil {
+			return err
+		}
+		return nil
 	case proto.AuditExportAckType:
 		if err := f.table.AckAuditExport(decodeCmd[proto.AuditExportAck](l, "audit_export_ack")); err != nil {
 			return err

@@ -205,6 +205,10 @@ func New(cfg Config) (*Server, error) {
 	s.planner = newPlanner(s)
 	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
 
+	if cfg.TLS != nil {
+		s.wg.Add(1)
+		go s.syncCA(s.ctx)
+	}
 	s.wg.Add(4)
 	go s.runApplier()
 	go s.watchLeadership()

@@ -73,7 +73,7 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 	}
 	var clusterCA string
 	if s.cfg.TLS != nil {
-		clusterCA = string(s.cfg.TLS.CA.CertPEM)
+		clusterCA = string(s.cfg.TLS.BundlePEM())
 	}
 	maasflow.New(maasflow.Config{
 		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url, ClusterCA: clusterCA,

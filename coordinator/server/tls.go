@@ -10,12 +10,14 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -27,8 +29,8 @@ import (
 
 // TLSConfig is a coordinator's share of the cluster CA.
 type TLSConfig struct {
-	// CA is the cluster CA (certificate and key: every coordinator signs
-	// agent certificates when it leads).
+	// CA is the cluster CA the server starts with (certificate and key:
+	// every coordinator signs agent certificates when it leads).
 	CA *pki.CA
 	// Cert is this server's serving and peer certificate (server role,
 	// issued by CA).
@@ -36,7 +38,62 @@ type TLSConfig struct {
 	// NodeCertTTL is the lifetime of the agent certificates this server
 	// signs (default pki.DefaultNodeTTL).
 	NodeCertTTL time.Duration
+	// Trusted are CAs trusted beside CA at start (a rotation in progress,
+	// kept in <data-dir>/tls/rotation.json).
+	Trusted []*x509.Certificate
+
+	// live is the material in use: CA at start, then whatever the
+	// replicated rotation table says (ca.go). Read at every handshake.
+	live atomic.Pointer[tlsLive]
 }
+
+// tlsLive is the TLS material in use.
+type tlsLive struct {
+	active  *pki.CA             // signs agent certificates
+	trusted []*x509.Certificate // every CA trusted, active first
+	pool    *x509.CertPool
+	cert    *tls.Certificate // this server's
+	bundle  []byte           // PEM of trusted
+	version string           // the rotation table's bundle version ("" before any)
+}
+
+func newTLSLive(active *pki.CA, trusted []*x509.Certificate, cert *tls.Certificate, version string) *tlsLive {
+	l := &tlsLive{active: active, cert: cert, version: version, pool: x509.NewCertPool()}
+	seen := map[string]bool{}
+	for _, c := range append([]*x509.Certificate{active.Cert}, trusted...) {
+		if id := pki.ID(c); !seen[id] {
+			seen[id] = true
+			l.trusted = append(l.trusted, c)
+			l.pool.AddCert(c)
+			l.bundle = append(l.bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+		}
+	}
+	return l
+}
+
+func (c *TLSConfig) cur() *tlsLive {
+	if l := c.live.Load(); l != nil {
+		return l
+	}
+	cert := c.Cert
+	c.live.CompareAndSwap(nil, newTLSLive(c.CA, c.Trusted, &cert, ""))
+	return c.live.Load()
+}
+
+// Active is the CA that signs now.
+func (c *TLSConfig) Active() *pki.CA { return c.cur().active }
+
+// Pool holds every CA trusted now.
+func (c *TLSConfig) Pool() *x509.CertPool { return c.cur().pool }
+
+// Certificate is this server's certificate now.
+func (c *TLSConfig) Certificate() *tls.Certificate { return c.cur().cert }
+
+// BundlePEM is every CA trusted now, PEM.
+func (c *TLSConfig) BundlePEM() []byte { return c.cur().bundle }
+
+// BundleVersion is the rotation table's bundle version in use.
+func (c *TLSConfig) BundleVersion() string { return c.cur().version }
 
 func (c *TLSConfig) validate() error {
 	if c.CA == nil {
@@ -75,7 +132,7 @@ func (s *Server) URL(httpAddr string) string { return s.Scheme() + "://" + httpA
 func (s *Server) PeerTransport() *http.Transport {
 	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: true}
 	if s.cfg.TLS != nil {
-		t.TLSClientConfig = pki.PeerClientConfig(s.cfg.TLS.CA.Pool(), s.cfg.TLS.Cert)
+		t.TLSClientConfig = pki.PeerClientConfigFrom(s.cfg.TLS)
 	}
 	return t
 }
@@ -100,11 +157,10 @@ func newTLSStreamLayer(bind string, advertise net.Addr, c *TLSConfig) (*tlsStrea
 		ln.Close()
 		return nil, fmt.Errorf("raft address %s is not advertisable: set the raft advertise address", advertise)
 	}
-	pool := c.CA.Pool()
 	return &tlsStreamLayer{
-		Listener:  tls.NewListener(ln, pki.PeerServerConfig(pool, c.Cert)),
+		Listener:  tls.NewListener(ln, pki.PeerServerConfigFrom(c)),
 		advertise: advertise,
-		client:    pki.PeerClientConfig(pool, c.Cert),
+		client:    pki.PeerClientConfigFrom(c),
 	}, nil
 }
 
@@ -205,14 +261,15 @@ func (s *Server) handleCA(w http.ResponseWriter, r *http.Request) {
 		refuse(err)
 		return
 	}
-	keyPEM, err := pki.EncodeKeyPEM(s.cfg.TLS.CA.Key)
+	active := s.cfg.TLS.Active()
+	keyPEM, err := pki.EncodeKeyPEM(active.Key)
 	if err != nil {
 		refuse(err)
 		return
 	}
 	s.log.Info("handed the cluster CA to a joining server", "server", req.ServerID, "remote", r.RemoteAddr)
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(CAResponse{CACert: string(s.cfg.TLS.CA.CertPEM), CAKey: string(keyPEM), Proof: proof})
+	json.NewEncoder(w).Encode(CAResponse{CACert: string(active.CertPEM), CAKey: string(keyPEM), Proof: proof})
 }
 
 // FetchCA gets the cluster CA from one of addrs (the join addresses) for a

@@ -16,9 +16,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/agent/diag"
 	"github.com/gpuaas/gpuaas/agent/leases"
 	"github.com/gpuaas/gpuaas/agent/nodesched"
 	"github.com/gpuaas/gpuaas/coordinator/cli"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/hostsim/hostsimtest"
 	"github.com/gpuaas/gpuaas/lab/launch"
@@ -193,8 +195,14 @@ type diagLeases struct {
 func (e *agentsEnv) leases(h fleet.Host) diagLeases {
 	e.t.Helper()
 	var d diagLeases
+	pool, err := pki.LoadPool(launch.CAFile(e.labDir))
+	require.NoError(e.t, err)
+	// HTTPS with the node's certificate (agent/diag); a loopback caller
+	// needs no token.
+	hc := diag.NewClient(pool, h.Name, nil)
+	defer hc.CloseIdleConnections()
 	require.Eventually(e.t, func() bool {
-		resp, err := http.Get("http://" + h.Diag + "/v1/diag/leases")
+		resp, err := hc.Get("https://" + h.Diag + "/v1/diag/leases")
 		if err != nil {
 			return false
 		}

@@ -173,7 +173,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	serveErr := make(chan error, 1)
 	if tlsCfg != nil {
-		hs.TLSConfig = pki.APIServerConfig(tlsCfg.CA.Pool(), tlsCfg.Cert)
+		hs.TLSConfig = pki.APIServerConfigFrom(tlsCfg)
 		go func() { serveErr <- hs.ServeTLS(ln, "", "") }()
 	} else {
 		go func() { serveErr <- hs.Serve(ln) }()

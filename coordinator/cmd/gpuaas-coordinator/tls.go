@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -27,13 +28,24 @@ func loadTLS(ctx context.Context, o *options, clusterSecret, joinToken, httpAdve
 	}
 	now := time.Now()
 	var ca *pki.CA
+	var trusted []*x509.Certificate
 	var err error
-	if o.CACert != "" {
+	dir := filepath.Join(o.DataDir, "tls")
+	rotated, rtrusted, ok, err := server.LoadRotation(dir)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		// A CA rotation happened: the replicated table's CAs, as this
+		// server last followed them, win over -ca-cert and the derived
+		// or kept CA (Raft replays the table once the server is up).
+		ca, trusted = rotated, rtrusted
+		log.Info("using the cluster CA of the last rotation", "file", filepath.Join(dir, server.RotationFile), "active", pki.ID(ca.Cert))
+	} else if o.CACert != "" {
 		if ca, err = pki.LoadCA(o.CACert, o.CAKey); err != nil {
 			return nil, err
 		}
 	} else {
-		dir := filepath.Join(o.DataDir, "tls")
 		create := o.BootstrapExpect <= 1 && len(o.Join) == 0
 		var created bool
 		ca, created, err = pki.LoadOrCreate(dir, create, now)
@@ -73,7 +85,7 @@ func loadTLS(ctx context.Context, o *options, clusterSecret, joinToken, httpAdve
 	if err != nil {
 		return nil, err
 	}
-	return &server.TLSConfig{CA: ca, Cert: cert, NodeCertTTL: o.NodeCertTTL}, nil
+	return &server.TLSConfig{CA: ca, Cert: cert, NodeCertTTL: o.NodeCertTTL, Trusted: trusted}, nil
 }
 
 // fetchCA gets the cluster CA from the join addresses (2 minutes at most).

@@ -843,7 +843,7 @@ func printSummary(out io.Writer, dir string, st state, leader string, views []ho
 			case n.Readiness != nil && n.Readiness.SliceReady:
 				ready = "slice-ready"
 			}
-			fmt.Fprintf(out, "  %-7s %-9s %-7s %-32s %d slots  %-9s  agent pid %d  diag http://%s/v1/diag/readiness\n",
+			fmt.Fprintf(out, "  %-7s %-9s %-7s %-32s %d slots  %-9s  agent pid %d  diag https://%s/v1/diag/readiness\n",
 				n.ID, n.ProfileIntent, n.State, ready, v.node.SlotSummary.Total, mode.hostMode(n.ID, n.ProfileIntent), v.pid, v.host.Diag)
 			if n.ID == realSliceHost && !mode.Real {
 				fmt.Fprintf(out, "          simulated because: %s\n", mode.Cause)
