@@ -372,7 +372,7 @@ func (rg *Rig) resolve(t testing.TB) Ledger {
 			defer wg.Done()
 			for id := range ids {
 				var cl proto.List[*proto.Claim]
-				get("/v1/allocations/"+url.PathEscape(id)+"/claims", &cl)
+				get("/v1/allocations/"+url.PathEscape(id)+"/claims?consistent=true", &cl)
 				mu.Lock()
 				for _, c := range cl.Items {
 					claimSlot[c.ID] = c.SlotID

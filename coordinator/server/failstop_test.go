@@ -1,0 +1,58 @@
+package server
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fullDisk is a log store whose writes fail while full is set.
+type fullDisk struct {
+	*raft.InmemStore
+	full bool
+}
+
+func (d *fullDisk) StoreLogs(ls []*raft.Log) error {
+	if d.full {
+		return syscall.ENOSPC
+	}
+	return d.InmemStore.StoreLogs(ls)
+}
+
+func (d *fullDisk) StoreLog(l *raft.Log) error { return d.StoreLogs([]*raft.Log{l}) }
+
+func (d *fullDisk) DeleteRange(lo, hi uint64) error {
+	if d.full {
+		return syscall.ENOSPC
+	}
+	return d.InmemStore.DeleteRange(lo, hi)
+}
+
+// TestFailStopLogs: the first failed log write is returned to Raft as is
+// and reported once; successful writes report nothing.
+func TestFailStopLogs(t *testing.T) {
+	disk := &fullDisk{InmemStore: raft.NewInmemStore()}
+	var reported []error
+	fs := &failStopLogs{LogStore: disk, failed: func(err error) { reported = append(reported, err) }}
+
+	require.NoError(t, fs.StoreLogs([]*raft.Log{{Index: 1, Term: 1}}))
+	require.NoError(t, fs.DeleteRange(1, 1))
+	assert.Empty(t, reported, "writes that succeed report nothing")
+
+	disk.full = true
+	err := fs.StoreLog(&raft.Log{Index: 2, Term: 1})
+	require.ErrorIs(t, err, syscall.ENOSPC, "Raft gets the write's own error")
+	require.ErrorIs(t, fs.StoreLogs([]*raft.Log{{Index: 2, Term: 1}}), syscall.ENOSPC)
+	require.ErrorIs(t, fs.DeleteRange(1, 2), syscall.ENOSPC)
+	require.Len(t, reported, 1, "reported once")
+	assert.True(t, errors.Is(reported[0], syscall.ENOSPC))
+	assert.Contains(t, reported[0].Error(), "raft log write")
+
+	// Without a callback the store only passes errors through.
+	plain := &failStopLogs{LogStore: disk}
+	require.ErrorIs(t, plain.StoreLogs([]*raft.Log{{Index: 3, Term: 1}}), syscall.ENOSPC)
+}
