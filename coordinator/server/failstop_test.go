@@ -4,10 +4,13 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 )
 
 // fullDisk is a log store whose writes fail while full is set.
@@ -55,4 +58,24 @@ func TestFailStopLogs(t *testing.T) {
 	// Without a callback the store only passes errors through.
 	plain := &failStopLogs{LogStore: disk}
 	require.ErrorIs(t, plain.StoreLogs([]*raft.Log{{Index: 3, Term: 1}}), syscall.ENOSPC)
+}
+
+// TestNoPipelinedReplication: both Raft transports (TLS and plain) refuse
+// pipelined replication, so Raft replicates with synchronous appends and
+// never enters hashicorp/raft's pipeline, which deadlocks when a
+// follower rejects an append (see server.go).
+func TestNoPipelinedReplication(t *testing.T) {
+	ca, err := pki.NewCA("test CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		ca   *pki.CA
+	}{{"plain", nil}, {"tls", ca}} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := startClusterCA(t, 1, nil, tc.ca)
+			n := waitLeader(t, nodes)
+			_, err := n.srv.trans.AppendEntriesPipeline("peer", raft.ServerAddress(n.srv.RaftAddr()))
+			require.ErrorIs(t, err, raft.ErrPipelineReplicationNotSupported)
+		})
+	}
 }

@@ -163,13 +163,24 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	var trans *raft.NetworkTransport
+	// MaxRPCsInFlight 1: no pipelined replication. hashicorp/raft's
+	// pipeline deadlocks when a follower rejects an append (a restart, a
+	// failed log write): its decoder stops taking answers while the
+	// sender waits for it, so the leader never replicates to that
+	// follower again (it falls behind for good; upstream issue 612) and
+	// raft.Shutdown waits for the stuck sender forever. The fault rig hit
+	// both. Synchronous appends carry whole batches (MaxAppendEntries),
+	// which upstream measured to lose nothing against the pipeline
+	// (NetworkTransportConfig.MaxRPCsInFlight).
+	tc := &raft.NetworkTransportConfig{MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog, MaxRPCsInFlight: 1}
 	if cfg.TLS != nil {
 		var stream *tlsStreamLayer
 		if stream, err = newTLSStreamLayer(cfg.RaftBind, adv, cfg.TLS); err == nil {
-			trans = raft.NewNetworkTransportWithLogger(stream, 4, 10*time.Second, hlog)
+			tc.Stream = stream
+			trans = raft.NewNetworkTransportWithConfig(tc)
 		}
 	} else {
-		trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 4, 10*time.Second, hlog)
+		trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, adv, tc)
 	}
 	if err != nil {
 		store.Close()

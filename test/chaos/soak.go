@@ -86,7 +86,7 @@ func writeSoakSummary() error {
 		bench.AtMost("soak_linearizability_violations", float64(viol), "count", 0, "porcupine, per allocation and per slot; check timeouts "+fmt.Sprint(timeouts)),
 		bench.AtMost("soak_double_claims", float64(dbl), "count", 0, "log replay of every replica with the invariant checker"),
 		bench.AtMost("soak_lost_acks", float64(lost), "count", 0, "acknowledged idempotency keys missing from a replica after the run"),
-		bench.Info("soak_slow_stops", float64(slowStops), "count", "servers that did not stop within 10 s of SIGTERM at the end of a run"),
+		bench.Info("soak_slow_stops", float64(slowStops), "count", "servers that did not stop cleanly within 10 s of SIGTERM at the end of a run (a timeout or a non-zero exit)"),
 		bench.Info("soak_stuck_requests", float64(stuck), "count", fmt.Sprintf("requests over %s, %d of them to servers no fault targeted; max latency %s", StuckAfter, stuckHealthy, maxLat.Round(time.Millisecond))),
 	}
 	if err := bench.WritePart("soak", ms); err != nil {
