@@ -79,3 +79,18 @@ func TestNoPipelinedReplication(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaderReady: a leader is ready once its ledger has applied the log
+// it held when it won; a follower never is.
+func TestLeaderReady(t *testing.T) {
+	nodes := startCluster(t, 3, nil)
+	l := waitLeader(t, nodes)
+	require.Eventually(t, func() bool { ok, _ := l.srv.LeaderReady(); return ok }, 10*time.Second, 10*time.Millisecond)
+	for _, n := range nodes {
+		if n != l {
+			ok, why := n.srv.LeaderReady()
+			assert.False(t, ok)
+			assert.Contains(t, why, "not the leader")
+		}
+	}
+}

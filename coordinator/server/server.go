@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,6 +74,10 @@ type Server struct {
 	// ledUntil is when this server last stopped leading (unix ns): as
 	// leader it was in contact with a leader, itself (LastContact).
 	ledUntil atomic.Int64
+	// leadFrom is the last log index this server held when it last
+	// became the leader (math.MaxUint64 while it does not lead): its
+	// ledger is complete once it has applied that far (LeaderReady).
+	leadFrom atomic.Uint64
 
 	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
 	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
@@ -217,6 +222,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("start raft %s: %w", cfg.NodeID, err)
 	}
 	s.raft = r
+	s.leadFrom.Store(math.MaxUint64)
 	s.planner = newPlanner(s)
 	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
 
