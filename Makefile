@@ -97,7 +97,7 @@ SOAK_UNTIL ?=
 soak: deps
 	@set -o pipefail; mkdir -p test/bench/results; \
 	GPUAAS_SOAK=1 GPUAAS_SOAK_UNTIL=$(SOAK_UNTIL) GPUAAS_SOAK_PARALLEL=$(PARALLEL) GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
-		$(GO) test -count=$$(( ($(RUNS) + $(PARALLEL) - 1) / $(PARALLEL) )) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
+		$(GO) test -count=$$(( ($(RUNS) + $(PARALLEL) - 1) / $(PARALLEL) )) -parallel $(PARALLEL) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
 		grep -E '^ *(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
 	$(GO) run ./test/bench/cmd/benchmerge; exit $$rc
 

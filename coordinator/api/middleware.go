@@ -446,7 +446,44 @@ func (a *API) dispatch(c *call, kind string) {
 		a.forward(c, nil)
 		return
 	}
+	if c.rt.Write {
+		if ready, why := a.awaitLeaderReady(r.Context()); !ready {
+			writeProblem(w, r, proto.Errorf(proto.CodeUnavailable, "this replica has just become the leader and has not applied its log yet (%s); the request was not run; retry shortly", why))
+			return
+		}
+	}
 	a.run(c, kind, forwarded)
+}
+
+// LeaderReadiness is a Backend that knows whether, as the leader, its
+// ledger already holds its whole log (a *server.Server does): a newly
+// elected leader's writes wait for that, since they are checked against
+// the ledger before they are proposed.
+type LeaderReadiness interface {
+	LeaderReady() (bool, string)
+}
+
+// leaderReadyWait bounds how long a write waits for a newly elected
+// leader to apply its log (it commits and applies it within an
+// election's time).
+const leaderReadyWait = 2 * time.Second
+
+// awaitLeaderReady waits (bounded by leaderReadyWait and ctx) until this
+// replica, the leader, has applied its log; without LeaderReadiness it
+// is ready at once.
+func (a *API) awaitLeaderReady(ctx context.Context) (bool, string) {
+	lr, ok := a.b.(LeaderReadiness)
+	if !ok {
+		return true, ""
+	}
+	deadline := time.Now().Add(leaderReadyWait)
+	for {
+		ready, why := lr.LeaderReady()
+		if ready || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return ready, why
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // run runs the handler of c and renders its error; a not-leader error of

@@ -72,6 +72,11 @@ type Config struct {
 	Purge PurgeConfig
 	// AuditRetention caps the audit log's size (export first).
 	AuditRetention AuditRetentionConfig
+	// StorageFailed, when set, is called (once) when writing this
+	// replica's Raft log fails (disk full, I/O error), after the write's
+	// error is returned to Raft. The coordinator binary exits there (see
+	// failstop.go); nil keeps Raft's own handling.
+	StorageFailed func(error)
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,6 +74,10 @@ type Server struct {
 	// ledUntil is when this server last stopped leading (unix ns): as
 	// leader it was in contact with a leader, itself (LastContact).
 	ledUntil atomic.Int64
+	// leadFrom is the last log index this server held when it last
+	// became the leader (math.MaxUint64 while it does not lead): its
+	// ledger is complete once it has applied that far (LeaderReady).
+	leadFrom atomic.Uint64
 
 	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
 	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
@@ -163,13 +168,24 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	var trans *raft.NetworkTransport
+	// MaxRPCsInFlight 1: no pipelined replication. hashicorp/raft's
+	// pipeline deadlocks when a follower rejects an append (a restart, a
+	// failed log write): its decoder stops taking answers while the
+	// sender waits for it, so the leader never replicates to that
+	// follower again (it falls behind for good; upstream issue 612) and
+	// raft.Shutdown waits for the stuck sender forever. The fault rig hit
+	// both. Synchronous appends carry whole batches (MaxAppendEntries),
+	// which upstream measured to lose nothing against the pipeline
+	// (NetworkTransportConfig.MaxRPCsInFlight).
+	tc := &raft.NetworkTransportConfig{MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog, MaxRPCsInFlight: 1}
 	if cfg.TLS != nil {
 		var stream *tlsStreamLayer
 		if stream, err = newTLSStreamLayer(cfg.RaftBind, adv, cfg.TLS); err == nil {
-			trans = raft.NewNetworkTransportWithLogger(stream, 4, 10*time.Second, hlog)
+			tc.Stream = stream
+			trans = raft.NewNetworkTransportWithConfig(tc)
 		}
 	} else {
-		trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, adv, 4, 10*time.Second, hlog)
+		trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, adv, tc)
 	}
 	if err != nil {
 		store.Close()
@@ -191,7 +207,11 @@ func New(cfg Config) (*Server, error) {
 	rc := raftConfig(cfg.NodeID, cfg.Timing)
 	rc.NotifyCh = s.notify
 	rc.Logger = hlog
-	logs, err := raft.NewLogCache(1024, store)
+	var logStore raft.LogStore = store
+	if cfg.StorageFailed != nil {
+		logStore = &failStopLogs{LogStore: store, failed: cfg.StorageFailed}
+	}
+	logs, err := raft.NewLogCache(1024, logStore)
 	if err != nil {
 		s.closeStores()
 		return nil, fmt.Errorf("raft log cache: %w", err)
@@ -202,6 +222,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("start raft %s: %w", cfg.NodeID, err)
 	}
 	s.raft = r
+	s.leadFrom.Store(math.MaxUint64)
 	s.planner = newPlanner(s)
 	log.Info("raft started", "raft_addr", s.raftAddr, "http_addr", cfg.HTTPAddr, "existing_state", hasState)
 

@@ -106,9 +106,9 @@ func outDir(t *testing.T) string {
 }
 
 // TestPrivilegedChaos is one randomized short run: three coordinators, a
-// workload of eight clients, and six faults in random order — kills,
-// pauses longer than the election timeout, partitions and one-way drops,
-// each kind at most once — then the checkers. The history must be
+// workload of ten clients, and faults in random order — a kill -9, a
+// pause longer than the election timeout, a partition, a full disk on one
+// replica and more of any kind (one-way drops, ...) — then the checkers. The history must be
 // linearizable per allocation and per slot, the log replay must find no
 // double claim and no lost acknowledgement. make soak runs it RUNS times.
 func TestPrivilegedChaos(t *testing.T) {
@@ -158,10 +158,10 @@ func chaosRun(t *testing.T, s uint64) {
 	d := duration(t, 45*time.Second)
 	// Holds of 2-6 s: every one longer than the election timeout, some
 	// long enough to show requests that hang. A short run (make soak)
-	// holds 1.5-4 s and has four faults.
+	// holds 1.5-4 s and has five faults.
 	hold, holdMax, extra := 2*time.Second, 6*time.Second, 2
 	if d < 30*time.Second {
-		hold, holdMax, extra = 1500*time.Millisecond, 4*time.Second, 0
+		hold, holdMax, extra = 1500*time.Millisecond, 4*time.Second, 1
 	}
 	faults = append(faults, RandomFaults(rng, extra)...)
 	rng.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })

@@ -25,7 +25,7 @@ const (
 	SplitMinority   = "split-leader-minority" // the leader plus ⌊n/2⌋-1 others cut from the rest
 	DropToLeader    = "drop-to-leader"        // one-way: packets from the others to the leader vanish
 	DropFromLeader  = "drop-from-leader"      // one-way: packets from the leader to the others vanish
-	DiskFull        = "disk-full"             // fill one server's data filesystem (writes fail with ENOSPC); freed at the heal, restarted if it exited
+	DiskFull        = "disk-full"             // one server's data filesystem full (writes fail with ENOSPC); freed at the heal, restarted if it exited
 )
 
 // AllFaults lists every kind.
@@ -98,7 +98,7 @@ func (n *Nemesis) Inject(ctx context.Context, kind string) error {
 			return err
 		}
 		if n.Log != nil {
-			n.Log("%6.1fs nemesis: filled %s's disk (%d MiB)", n.H.Now().Seconds(), n.C.Nodes[i].ID, filled>>20)
+			n.Log("%6.1fs nemesis: filled %s's disk (shrunk to %.1f MiB)", n.H.Now().Seconds(), n.C.Nodes[i].ID, float64(filled)/(1<<20))
 		}
 		heal = func() error {
 			if err := n.Disk.Free(i); err != nil {

@@ -333,14 +333,16 @@ func (rg *Rig) resolve(t testing.TB) Ledger {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	get := func(path string, out any) {
-		for {
-			_, err := rg.C.Do(ctx, 0, http.MethodGet, path, "", nil, out)
+	// get retries on any server until ctx ends (t.Fatal only from the
+	// test's goroutine: the claim readers report through get's error).
+	get := func(path string, out any) error {
+		for i := 0; ; i++ {
+			_, err := rg.C.Do(ctx, i%len(rg.C.Nodes), http.MethodGet, path, "", nil, out)
 			if err == nil {
-				return
+				return nil
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("GET %s: %v", path, err)
+				return fmt.Errorf("GET %s: %w", path, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -352,7 +354,9 @@ func (rg *Rig) resolve(t testing.TB) Ledger {
 		if after != "" {
 			q.Set("after", after)
 		}
-		get("/v1/allocations?"+q.Encode(), &page)
+		if err := get("/v1/allocations?"+q.Encode(), &page); err != nil {
+			t.Fatal(err)
+		}
 		for _, a := range page.Items {
 			keyAlloc[a.IdempotencyKey] = a.ID
 			allocClaims[a.ID] = a.ClaimIDs
@@ -364,6 +368,7 @@ func (rg *Rig) resolve(t testing.TB) Ledger {
 	}
 	claimSlot := map[string]string{}
 	var mu sync.Mutex
+	var getErr error
 	ids := make(chan string)
 	var wg sync.WaitGroup
 	for range 8 {
@@ -372,7 +377,12 @@ func (rg *Rig) resolve(t testing.TB) Ledger {
 			defer wg.Done()
 			for id := range ids {
 				var cl proto.List[*proto.Claim]
-				get("/v1/allocations/"+url.PathEscape(id)+"/claims", &cl)
+				if err := get("/v1/allocations/"+url.PathEscape(id)+"/claims?consistent=true", &cl); err != nil {
+					mu.Lock()
+					getErr = err
+					mu.Unlock()
+					continue
+				}
 				mu.Lock()
 				for _, c := range cl.Items {
 					claimSlot[c.ID] = c.SlotID
@@ -386,6 +396,9 @@ func (rg *Rig) resolve(t testing.TB) Ledger {
 	}
 	close(ids)
 	wg.Wait()
+	if getErr != nil {
+		t.Fatal(getErr)
+	}
 	return Ledger{KeyAlloc: keyAlloc, AllocClaims: allocClaims, ClaimSlot: claimSlot}
 }
 

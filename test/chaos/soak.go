@@ -67,13 +67,26 @@ func writeSoakSummary() error {
 	}
 	now := time.Now().UTC()
 	n := len(soakRuns)
-	note := fmt.Sprintf("make soak: %d randomized TestPrivilegedChaos runs (3 coordinators in network namespaces, 10 clients, up to 6 faults each: kill -9, SIGSTOP, partitions, one-way drops), %d ops, %d faults", n, ops, faults)
+	kinds := map[string]int{}
+	for _, r := range soakRuns {
+		for _, f := range r.rep.Faults {
+			kinds[f.Kind]++
+		}
+	}
+	var ks []string
+	for _, k := range AllFaults {
+		if kinds[k] > 0 {
+			ks = append(ks, fmt.Sprintf("%s %d", k, kinds[k]))
+		}
+	}
+	note := fmt.Sprintf("make soak: %d randomized TestPrivilegedChaos runs (3 coordinators in network namespaces, 10 clients, %s each; one kill -9, one SIGSTOP, one partition, one full disk and one more of any kind per short run), %d ops, %d faults (%s)",
+		n, soakLength(), ops, faults, strings.Join(ks, ", "))
 	ms := []bench.Metric{
 		bench.AtLeast("soak_runs", float64(n), "runs", 200, note),
 		bench.AtMost("soak_linearizability_violations", float64(viol), "count", 0, "porcupine, per allocation and per slot; check timeouts "+fmt.Sprint(timeouts)),
 		bench.AtMost("soak_double_claims", float64(dbl), "count", 0, "log replay of every replica with the invariant checker"),
 		bench.AtMost("soak_lost_acks", float64(lost), "count", 0, "acknowledged idempotency keys missing from a replica after the run"),
-		bench.Info("soak_slow_stops", float64(slowStops), "count", "servers that did not stop within 10 s of SIGTERM at the end of a run"),
+		bench.Info("soak_slow_stops", float64(slowStops), "count", "servers that did not stop cleanly within 10 s of SIGTERM at the end of a run (a timeout or a non-zero exit)"),
 		bench.Info("soak_stuck_requests", float64(stuck), "count", fmt.Sprintf("requests over %s, %d of them to servers no fault targeted; max latency %s", StuckAfter, stuckHealthy, maxLat.Round(time.Millisecond))),
 	}
 	if err := bench.WritePart("soak", ms); err != nil {
@@ -99,4 +112,17 @@ func writeSoakSummary() error {
 			r.rep.AllocViolations+r.rep.SlotViolations, r.rep.DoubleClaims, r.rep.LostAcks, r.rep.Stuck, r.rep.MaxLatency.Seconds())
 	}
 	return os.WriteFile(filepath.Join(dir, "soak.md"), []byte(sb.String()), 0o644)
+}
+
+// soakLength describes a run's length under make soak.
+func soakLength() string {
+	d := os.Getenv("GPUAAS_CHAOS_DURATION")
+	if d == "" {
+		d = "45s"
+	}
+	p := os.Getenv("GPUAAS_SOAK_PARALLEL")
+	if p == "" {
+		p = "1"
+	}
+	return fmt.Sprintf("%s of workload, %s runs at once", d, p)
 }

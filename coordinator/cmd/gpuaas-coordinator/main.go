@@ -134,6 +134,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Inventory: inv, Logger: log, SiteKey: siteKey,
 		Purge:          server.PurgeConfig{Retention: o.RetainEnded},
 		AuditRetention: server.AuditRetentionConfig{MaxRecords: o.AuditMaxRecords, Interval: o.AuditRetainEvery},
+		// Fail-stop: a replica whose Raft log write failed (disk full,
+		// I/O error) exits at once; its supervisor restarts it and it
+		// rejoins once the disk takes writes (server/failstop.go).
+		StorageFailed: func(err error) {
+			log.Error("raft log write failed; stopping this replica (restart it once its disk takes writes)", "node", o.NodeID, "err", err)
+			os.Exit(exitStorageFailed)
+		},
 		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
 			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan, DeployExpiry: o.MAASDeployExpiry, ReleaseExpiry: o.MAASReleaseExpiry},
 	})
@@ -192,6 +199,10 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	return errors.Join(err, serr)
 }
+
+// exitStorageFailed is the exit status of a replica that stopped because
+// writing its Raft log failed.
+const exitStorageFailed = 3
 
 // Shutdown bounds. A coordinator told to stop is stopped within
 // shutdownGrace + raftShutdownWait (plus a one-second gossip leave), so a

@@ -28,19 +28,33 @@ func TestStopBoundedWithRequestsInFlight(t *testing.T) {
 	defer cancel()
 	_, err := c.Leader(ctx)
 	require.NoError(t, err)
+	// Until it has caught up, a replica refuses reads (503).
+	require.Eventually(t, func() bool {
+		_, err := c.Do(ctx, 0, http.MethodGet, "/v1/allocations", "", nil, nil)
+		return err == nil
+	}, 30*time.Second, 50*time.Millisecond, "the replica serves reads")
 	st, err := c.Status(ctx, 0)
 	require.NoError(t, err)
 	// Long-polls on an index far ahead: they block until the deadline.
 	const polls = 4
-	ended := make(chan time.Time, polls)
+	type end struct {
+		at   time.Time
+		code int
+		err  error
+	}
+	ended := make(chan end, polls)
 	for range polls {
 		go func() {
-			_, _ = c.Do(ctx, 0, http.MethodGet, "/v1/allocations?wait=5m&index="+strconv.FormatUint(st.Index+1_000_000, 10), "", nil, nil)
-			ended <- time.Now()
+			code, err := c.Do(ctx, 0, http.MethodGet, "/v1/allocations?wait=5m&index="+strconv.FormatUint(st.Index+1_000_000, 10), "", nil, nil)
+			ended <- end{time.Now(), code, err}
 		}()
 	}
 	time.Sleep(2 * time.Second) // the polls are in (TLS handshakes on a loaded machine)
-	require.Empty(t, ended, "a long-poll ended before the stop")
+	select {
+	case e := <-ended:
+		t.Fatalf("a long-poll ended before the stop: %d %v", e.code, e.err)
+	default:
+	}
 	start := time.Now()
 	require.NoError(t, c.Stop(0), "the coordinator must exit cleanly within 10 s of SIGTERM")
 	took := time.Since(start)
@@ -48,8 +62,8 @@ func TestStopBoundedWithRequestsInFlight(t *testing.T) {
 	assert.GreaterOrEqual(t, took, shutdownGrace-500*time.Millisecond, "requests in flight get the grace")
 	for range polls {
 		select {
-		case at := <-ended:
-			assert.Less(t, at.Sub(start), shutdownGrace+2*time.Second, "a long-poll is cut at the end of the grace")
+		case e := <-ended:
+			assert.Less(t, e.at.Sub(start), shutdownGrace+2*time.Second, "a long-poll is cut at the end of the grace")
 		case <-time.After(5 * time.Second):
 			t.Fatal("a long-poll was not answered after the server stopped")
 		}

@@ -1,0 +1,61 @@
+package api
+
+import (
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// lateLeader is a leader whose ledger has not yet applied its log until
+// ready is set.
+type lateLeader struct {
+	*ledgerBackend
+	ready atomic.Bool
+}
+
+func (l *lateLeader) LeaderReady() (bool, string) {
+	if l.ready.Load() {
+		return true, ""
+	}
+	return false, "became the leader at index 9, applied 0"
+}
+
+// TestWriteWaitsForALeaderToApplyItsLog: a newly elected leader whose
+// ledger lags its log does not check writes against it: a write waits
+// (bounded) until the ledger has caught up, and is refused unrun with
+// 503 if it does not in time; reads are not held.
+func TestWriteWaitsForALeaderToApplyItsLog(t *testing.T) {
+	t.Parallel()
+	lb := newLedgerBackend()
+	ll := &lateLeader{ledgerBackend: lb}
+	e := newEnvWith(t, ll)
+	e.lb = lb
+
+	r, took := timed(func() resp {
+		return e.do(RoleAdmin, http.MethodPut, "/v1/regions/late", proto.RegionPutBody{})
+	})
+	p := r.requireProblem(t, http.StatusServiceUnavailable, proto.CodeUnavailable)
+	assert.Contains(t, p.Detail, "has not applied its log yet")
+	assert.Contains(t, p.Detail, "applied 0")
+	assert.Contains(t, p.Detail, "not run")
+	assert.GreaterOrEqual(t, took, leaderReadyWait)
+	assert.Less(t, took, leaderReadyWait+time.Second)
+	_, ok := lb.Store().Snapshot().Region("late")
+	assert.False(t, ok, "not applied")
+
+	// Reads are served meanwhile.
+	require.Equal(t, http.StatusOK, e.do(RoleViewer, http.MethodGet, "/v1/regions", nil).status)
+
+	// Caught up while the write waits: it is served.
+	time.AfterFunc(200*time.Millisecond, func() { ll.ready.Store(true) })
+	r = e.do(RoleAdmin, http.MethodPut, "/v1/regions/late", proto.RegionPutBody{})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	_, ok = lb.Store().Snapshot().Region("late")
+	assert.True(t, ok)
+}

@@ -1,0 +1,96 @@
+package server
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/pki"
+)
+
+// fullDisk is a log store whose writes fail while full is set.
+type fullDisk struct {
+	*raft.InmemStore
+	full bool
+}
+
+func (d *fullDisk) StoreLogs(ls []*raft.Log) error {
+	if d.full {
+		return syscall.ENOSPC
+	}
+	return d.InmemStore.StoreLogs(ls)
+}
+
+func (d *fullDisk) StoreLog(l *raft.Log) error { return d.StoreLogs([]*raft.Log{l}) }
+
+func (d *fullDisk) DeleteRange(lo, hi uint64) error {
+	if d.full {
+		return syscall.ENOSPC
+	}
+	return d.InmemStore.DeleteRange(lo, hi)
+}
+
+// TestFailStopLogs: the first failed log write is returned to Raft as is
+// and reported once; successful writes report nothing.
+func TestFailStopLogs(t *testing.T) {
+	disk := &fullDisk{InmemStore: raft.NewInmemStore()}
+	var reported []error
+	fs := &failStopLogs{LogStore: disk, failed: func(err error) { reported = append(reported, err) }}
+
+	require.NoError(t, fs.StoreLogs([]*raft.Log{{Index: 1, Term: 1}}))
+	require.NoError(t, fs.DeleteRange(1, 1))
+	assert.Empty(t, reported, "writes that succeed report nothing")
+
+	disk.full = true
+	err := fs.StoreLog(&raft.Log{Index: 2, Term: 1})
+	require.ErrorIs(t, err, syscall.ENOSPC, "Raft gets the write's own error")
+	require.ErrorIs(t, fs.StoreLogs([]*raft.Log{{Index: 2, Term: 1}}), syscall.ENOSPC)
+	require.ErrorIs(t, fs.DeleteRange(1, 2), syscall.ENOSPC)
+	require.Len(t, reported, 1, "reported once")
+	assert.True(t, errors.Is(reported[0], syscall.ENOSPC))
+	assert.Contains(t, reported[0].Error(), "raft log write")
+
+	// Without a callback the store only passes errors through.
+	plain := &failStopLogs{LogStore: disk}
+	require.ErrorIs(t, plain.StoreLogs([]*raft.Log{{Index: 3, Term: 1}}), syscall.ENOSPC)
+}
+
+// TestNoPipelinedReplication: both Raft transports (TLS and plain) refuse
+// pipelined replication, so Raft replicates with synchronous appends and
+// never enters hashicorp/raft's pipeline, which deadlocks when a
+// follower rejects an append (see server.go).
+func TestNoPipelinedReplication(t *testing.T) {
+	ca, err := pki.NewCA("test CA", time.Now(), time.Hour)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		ca   *pki.CA
+	}{{"plain", nil}, {"tls", ca}} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := startClusterCA(t, 1, nil, tc.ca)
+			n := waitLeader(t, nodes)
+			_, err := n.srv.trans.AppendEntriesPipeline("peer", raft.ServerAddress(n.srv.RaftAddr()))
+			require.ErrorIs(t, err, raft.ErrPipelineReplicationNotSupported)
+		})
+	}
+}
+
+// TestLeaderReady: a leader is ready once its ledger has applied the log
+// it held when it won; a follower never is.
+func TestLeaderReady(t *testing.T) {
+	nodes := startCluster(t, 3, nil)
+	l := waitLeader(t, nodes)
+	require.Eventually(t, func() bool { ok, _ := l.srv.LeaderReady(); return ok }, 10*time.Second, 10*time.Millisecond)
+	for _, n := range nodes {
+		if n != l {
+			ok, why := n.srv.LeaderReady()
+			assert.False(t, ok)
+			assert.Contains(t, why, "not the leader")
+		}
+	}
+}
