@@ -69,7 +69,15 @@ func TestBenchFleet(t *testing.T) {
 	require.NoError(t, err)
 	var done []step
 	for _, n := range steps {
-		s := runStep(t, bin, n)
+		s, err := runStep(t, bin, n)
+		if err != nil {
+			// A step that cannot finish (no stable leader, enrollment
+			// refused) broke; larger fleets will not fit either.
+			t.Logf("fleet %d: %v", n, err)
+			s.broke = append(s.broke, err.Error())
+			done = append(done, s)
+			break
+		}
 		t.Logf("fleet %d: inventory %.0fs, enroll %.0fs, place p50 %.1f ms p99 %.1f ms (%d placed, %d refused, %d failed), coordinators %.0f%% CPU RSS %v MB, simulator %.0f%% CPU, raft %.0f entries/s, raft.db %.1f MB (+%.0f MB/h), snapshot %.1f MB in %.0f ms, death detected in %.2fs (%d false deaths before), agent errors %d, load %s; broke: %v",
 			n, s.inventoryS, s.enrollS, s.p50, s.p99, s.placed, s.refused, s.failed, s.coordCPUPct, s.rssMB, s.simCPUPct,
 			s.raftEntriesPerS, s.raftDBMB, s.raftGrowthMBph, s.snapMB, s.snapMS, s.detectS, s.falseDeaths, s.agentErrors, s.load, s.broke)
@@ -161,8 +169,8 @@ func maxOf(v []float64) float64 {
 
 func round(v float64) float64 { return math.Round(v*100) / 100 }
 
-func runStep(t *testing.T, bin string, n int) step {
-	s := step{agents: n}
+func runStep(t *testing.T, bin string, n int) (s step, err error) {
+	s = step{agents: n, load: loadAvg()}
 	t0 := time.Now()
 	c := startCluster(t, bin, n)
 	s.inventoryS = time.Since(t0).Seconds()
@@ -177,20 +185,30 @@ func runStep(t *testing.T, bin string, n int) step {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	t0 = time.Now()
-	f, err := Start(ctx, cfg)
-	require.NoError(t, err, "fleet of %d", n)
+	ectx, ecancel := context.WithTimeout(ctx, 15*time.Minute)
+	f, err := Start(ectx, cfg)
+	ecancel()
+	if err != nil {
+		return s, fmt.Errorf("enrollment of %d agents: %w", n, err)
+	}
 	defer f.Stop()
 	s.enrollS = time.Since(t0).Seconds()
 	t.Logf("fleet %d: enrolled in %.0fs (load %s)", n, s.enrollS, loadAvg())
 	// Let every agent's loops start (random phase within 30 s).
 	time.Sleep(20 * time.Second)
 
-	leader, err := c.Leader(ctx)
-	require.NoError(t, err)
+	lctx, lcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer lcancel()
+	leader, err := c.Leader(lctx)
+	if err != nil {
+		return s, fmt.Errorf("%d agents running: %w (leader elections: %d)", n, err, countLog(c, "entering leader state"))
+	}
 	cpu0 := coordCPU(c)
 	sim0 := procCPU(os.Getpid())
-	st0, err := c.Status(ctx, leader)
-	require.NoError(t, err)
+	st0, err := c.Status(lctx, leader)
+	if err != nil {
+		return s, fmt.Errorf("leader status: %w", err)
+	}
 	db0 := fileMB(filepath.Join(c.Nodes[leader].DataDir, "raft", "raft.db"))
 	errs0 := f.Stats().Errors
 	w0 := time.Now()
@@ -202,7 +220,9 @@ func runStep(t *testing.T, bin string, n int) step {
 	s.coordCPUPct = (coordCPU(c) - cpu0) / win * 100
 	s.simCPUPct = (procCPU(os.Getpid()) - sim0) / win * 100
 	st1, err := c.Status(ctx, leader)
-	require.NoError(t, err)
+	if err != nil {
+		return s, fmt.Errorf("leader status after the window: %w", err)
+	}
 	s.raftEntriesPerS = float64(st1.Index-st0.Index) / win
 	s.raftDBMB = fileMB(filepath.Join(c.Nodes[leader].DataDir, "raft", "raft.db"))
 	s.raftGrowthMBph = (s.raftDBMB - db0) / win * 3600
@@ -225,10 +245,16 @@ func runStep(t *testing.T, bin string, n int) step {
 	// declared it dead falsely (its heartbeat revives the node): it must
 	// be active when it is killed.
 	victim := f.Nodes()[1]
-	c.waitState(t, victim, "active", 2*time.Minute)
+	if _, err := c.waitStateErr(victim, "active", 2*time.Minute); err != nil {
+		return s, err
+	}
 	s.falseDeaths = countLog(c, `msg="gossip: node state"`, "to=unreachable")
 	require.NoError(t, f.Kill(victim))
-	s.detectS = c.waitState(t, victim, "unreachable", 2*time.Minute).Seconds()
+	d, err := c.waitStateErr(victim, "unreachable", time.Minute)
+	s.detectS = d.Seconds()
+	if err != nil {
+		s.broke = append(s.broke, err.Error())
+	}
 
 	if s.p99 >= goalPlaceP99MS {
 		s.broke = append(s.broke, fmt.Sprintf("placement p99 %.1f ms", s.p99))
@@ -239,7 +265,10 @@ func runStep(t *testing.T, bin string, n int) step {
 	if ps.Failed > 0 {
 		s.broke = append(s.broke, fmt.Sprintf("%d placements failed (%s)", ps.Failed, ps.LastPlaceError))
 	}
-	return s
+	if e := countLog(c, "entering leader state"); e > 1 {
+		s.broke = append(s.broke, fmt.Sprintf("%d leader elections (the first one included)", e))
+	}
+	return s, nil
 }
 
 // countLog counts the coordinators' log lines holding every one of subs.

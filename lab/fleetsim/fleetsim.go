@@ -297,10 +297,16 @@ func (f *Fleet) run(ctx context.Context, a *Agent) {
 	f.wg.Add(3)
 	go func() {
 		defer f.wg.Done()
+		// The leases the agent holds are the live claims the last
+		// heartbeat named (an agent in step with the ledger; a real
+		// agent's come from its lease store), so the coordinator's
+		// lease-drift check finds nothing to record.
+		var leases []proto.ClaimRef
 		f.every(ctx, f.cfg.HeartbeatInterval, func() error {
-			_, err := a.client.Heartbeat(ctx, proto.HeartbeatRequest{})
+			resp, err := a.client.Heartbeat(ctx, proto.HeartbeatRequest{Leases: leases})
 			if err == nil {
 				f.heartbeats.Add(1)
+				leases = resp.Claims
 			}
 			return err
 		})
