@@ -541,6 +541,10 @@ func (a *API) agentTopology(c *call) error {
 	return c.reply(http.StatusOK, resp)
 }
 
+// heartbeatNoter is a backend that tracks HTTP heartbeats for liveness
+// (*server.Server).
+type heartbeatNoter interface{ NoteHeartbeat(node string) }
+
 func (a *API) agentHeartbeat(c *call) error {
 	if _, err := c.query(); err != nil {
 		return err
@@ -554,6 +558,9 @@ func (a *API) agentHeartbeat(c *call) error {
 	n, ok := snap.Node(node)
 	if !ok {
 		return proto.Errorf(proto.CodeNotFound, "node %s does not exist", node)
+	}
+	if h, ok := a.b.(heartbeatNoter); ok {
+		h.NoteHeartbeat(node) // the leader's liveness record (server/heartbeat.go)
 	}
 	state := n.State
 	if state == proto.NodeUnreachable || state == proto.NodeRegistered {

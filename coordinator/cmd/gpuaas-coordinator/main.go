@@ -131,7 +131,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
-		Purge: server.PurgeConfig{Retention: o.RetainEnded},
+		Purge: server.PurgeConfig{Retention: o.RetainEnded}, AgentHeartbeatTTL: o.AgentHeartbeatTTL,
 		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
 			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan, DeployExpiry: o.MAASDeployExpiry, ReleaseExpiry: o.MAASReleaseExpiry},
 	})
