@@ -41,6 +41,7 @@ type step struct {
 	snapMB, snapMS           float64
 	detectS                  float64
 	falseDeaths              int
+	detectHeartbeatS         float64
 	agentErrors              int64
 	load                     string
 	broke                    []string
@@ -78,9 +79,9 @@ func TestBenchFleet(t *testing.T) {
 			done = append(done, s)
 			break
 		}
-		t.Logf("fleet %d: inventory %.0fs, enroll %.0fs, place p50 %.1f ms p99 %.1f ms (%d placed, %d refused, %d failed), coordinators %.0f%% CPU RSS %v MB, simulator %.0f%% CPU, raft %.0f entries/s, raft.db %.1f MB (+%.0f MB/h), snapshot %.1f MB in %.0f ms, death detected in %.2fs (%d false deaths before), agent errors %d, load %s; broke: %v",
+		t.Logf("fleet %d: inventory %.0fs, enroll %.0fs, place p50 %.1f ms p99 %.1f ms (%d placed, %d refused, %d failed), coordinators %.0f%% CPU RSS %v MB, simulator %.0f%% CPU, raft %.0f entries/s, raft.db %.1f MB (+%.0f MB/h), snapshot %.1f MB in %.0f ms, death detected in %.2fs (heartbeat-only agent: %.1fs; %d false deaths before), agent errors %d, load %s; broke: %v",
 			n, s.inventoryS, s.enrollS, s.p50, s.p99, s.placed, s.refused, s.failed, s.coordCPUPct, s.rssMB, s.simCPUPct,
-			s.raftEntriesPerS, s.raftDBMB, s.raftGrowthMBph, s.snapMB, s.snapMS, s.detectS, s.falseDeaths, s.agentErrors, s.load, s.broke)
+			s.raftEntriesPerS, s.raftDBMB, s.raftGrowthMBph, s.snapMB, s.snapMS, s.detectS, s.detectHeartbeatS, s.falseDeaths, s.agentErrors, s.load, s.broke)
 		done = append(done, s)
 	}
 	require.NoError(t, bench.WritePart("fleet", fleetMetrics(done)))
@@ -132,6 +133,7 @@ func fleetMetrics(steps []step) []bench.Metric {
 		bench.Info(name("raft_log_growth_mb_per_h"), round(top.raftGrowthMBph), "MB/h", fmt.Sprintf("leader's raft.db growth rate in the window (raft.db %.1f MB after it; snapshots truncate the log, bolt reuses pages)", top.raftDBMB)),
 		bench.Info(name("snapshot_mb"), round(top.snapMB), "MB", fmt.Sprintf("newest Raft snapshot on the leader at %d nodes x 8 slots", top.agents)),
 		bench.Info(name("snapshot_ms"), round(top.snapMS), "ms", "mean raft.snapshot.create + persist on the leader (its metrics)"),
+		bench.Info(name("agent_death_detect_heartbeat_s"), round(top.detectHeartbeatS), "s", fmt.Sprintf("an agent outside the gossip pool killed to its node unreachable: the leader's HTTP heartbeat expiry (-agent-heartbeat-ttl 30 s = 3 heartbeat intervals, swept every second); the bound for the %d agents that do not gossip in this run", top.agents-benchGossipSize)),
 		bench.Info(name("false_deaths"), float64(top.falseDeaths), "count", fmt.Sprintf("gossiping agents (%d of them) the pool declared dead while they ran, before the kill: their members share the starved simulator process (load %s); each came back with its next heartbeat", benchGossipSize, top.load)),
 		bench.Info(name("enroll_s"), round(top.enrollS), "s", fmt.Sprintf("every agent minted a token and enrolled with a CSR (32 in flight); inventory load %.0f s", top.inventoryS)),
 	)
@@ -249,12 +251,36 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 		return s, err
 	}
 	s.falseDeaths = countLog(c, `msg="gossip: node state"`, "to=unreachable")
+	// At the same time an agent outside the pool dies: the leader's
+	// heartbeat expiry (-agent-heartbeat-ttl, 30 s) declares it.
+	quiet := ""
+	if n > benchGossipSize+1 {
+		quiet = f.Nodes()[benchGossipSize+1]
+		if _, err := c.waitStateErr(quiet, "active", 2*time.Minute); err != nil {
+			return s, err
+		}
+	}
 	require.NoError(t, f.Kill(victim))
+	hb := make(chan time.Duration, 1)
+	if quiet != "" {
+		require.NoError(t, f.Kill(quiet))
+		go func() {
+			d, err := c.waitStateErr(quiet, "unreachable", 2*time.Minute)
+			if err != nil {
+				t.Logf("fleet %d: heartbeat expiry: %v", n, err)
+				d = 0
+			}
+			hb <- d
+		}()
+	} else {
+		hb <- 0
+	}
 	d, err := c.waitStateErr(victim, "unreachable", time.Minute)
 	s.detectS = d.Seconds()
 	if err != nil {
 		s.broke = append(s.broke, err.Error())
 	}
+	s.detectHeartbeatS = (<-hb).Seconds()
 
 	if s.p99 >= goalPlaceP99MS {
 		s.broke = append(s.broke, fmt.Sprintf("placement p99 %.1f ms", s.p99))
