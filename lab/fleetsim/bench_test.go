@@ -205,9 +205,8 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	t0 = time.Now()
-	ectx, ecancel := context.WithTimeout(ctx, 15*time.Minute)
-	f, err := Start(ectx, cfg)
-	ecancel()
+	cfg.EnrollTimeout = 15 * time.Minute
+	f, err := Start(ctx, cfg)
 	if err != nil {
 		return s, fmt.Errorf("enrollment of %d agents: %w", n, err)
 	}
@@ -231,6 +230,7 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 	}
 	db0 := fileMB(filepath.Join(c.Nodes[leader].DataDir, "raft", "raft.db"))
 	errs0 := f.Stats().Errors
+	beats0 := f.Stats().Heartbeats
 	elections0 := countLog(c, "entering leader state")
 	w0 := time.Now()
 	pctx, pcancel := context.WithTimeout(ctx, benchWindow)
@@ -253,6 +253,9 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 	s.p50, s.p99 = ps.Quantile(0.5), ps.Quantile(0.99)
 	s.placed, s.refused, s.failed = ps.Placed, ps.Refused, ps.Failed
 	s.agentErrors = f.Stats().Errors - errs0
+	if beats := f.Stats().Heartbeats - beats0; float64(beats) < 0.5*float64(n)*win/10 {
+		s.broke = append(s.broke, fmt.Sprintf("only %d heartbeats in %.0f s from %d agents (last agent error: %s)", beats, win, n, f.LastError()))
+	}
 	if ps.Failed > 0 {
 		t.Logf("fleet %d: last placement error: %s", n, ps.LastPlaceError)
 	}

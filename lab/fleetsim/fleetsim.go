@@ -66,6 +66,9 @@ type Config struct {
 	PollWait          time.Duration
 	// EnrollConcurrency bounds the enrollments in flight (default 32).
 	EnrollConcurrency int
+	// EnrollTimeout bounds the whole enrollment (0: none); the agents'
+	// loops run until Start's context ends.
+	EnrollTimeout time.Duration
 	// GossipMembers is how many agents (the first ones) also join the
 	// gossip pool through GossipJoin (coordinator gossip addresses).
 	GossipMembers int
@@ -146,6 +149,12 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 		return nil, err
 	}
 	f := &Fleet{cfg: cfg, byNode: make(map[string]*Agent, len(cfg.Nodes))}
+	runCtx := ctx
+	if cfg.EnrollTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.EnrollTimeout)
+		defer cancel()
+	}
 	sem := make(chan struct{}, cfg.EnrollConcurrency)
 	var (
 		mu       sync.Mutex
@@ -194,7 +203,7 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 		f.byNode[a.Node] = a
 	}
 	for _, a := range f.agents {
-		actx, cancel := context.WithCancel(ctx)
+		actx, cancel := context.WithCancel(runCtx)
 		a.cancel = cancel
 		f.run(actx, a)
 	}
