@@ -141,9 +141,10 @@ type Agent struct {
 	pool   *membership.Pool
 }
 
-// Start enrolls every node's agent (bounded concurrency) and starts their
-// loops; it returns once all are enrolled, or the first enrollment error.
-// The loops run until ctx ends or Stop.
+// Start enrolls every node's agent (bounded concurrency), each starting
+// its loops once enrolled; it returns once all are enrolled, or the first
+// enrollment error (every agent stopped). The loops run until ctx ends or
+// Stop.
 func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
@@ -184,6 +185,11 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 				mu.Unlock()
 				return
 			}
+			// The agent starts its loops as soon as it is enrolled, as
+			// a real agent does (the leader expects its heartbeats).
+			actx, cancel := context.WithCancel(runCtx)
+			a.cancel = cancel
+			f.run(actx, a)
 			f.agents[i] = a
 		}()
 	}
@@ -197,15 +203,11 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 				a.kill()
 			}
 		}
+		f.wg.Wait()
 		return nil, firstErr
 	}
 	for _, a := range f.agents {
 		f.byNode[a.Node] = a
-	}
-	for _, a := range f.agents {
-		actx, cancel := context.WithCancel(runCtx)
-		a.cancel = cancel
-		f.run(actx, a)
 	}
 	return f, nil
 }
