@@ -10,8 +10,10 @@ package api
 // forbidden, reports are filed under the credential's node.
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -477,8 +479,22 @@ func (a *API) agentReadiness(c *call) error {
 		return proto.Errorf(proto.CodeInvalidArgument, "readiness lists %d slots' hardware; at most %d are accepted", len(body.SlotHardware), proto.MaxSlotHardwareSlots)
 	}
 	var wasReady bool
-	if n, ok := a.b.Store().Snapshot().Node(c.agentNode()); ok && n.Readiness != nil {
+	snap := a.b.Store().Snapshot()
+	if n, ok := snap.Node(c.agentNode()); ok && n.Readiness != nil {
 		wasReady = n.Readiness.SliceReady
+		if sameReadiness(n.Readiness, &body) && a.now().Sub(n.Readiness.ObservedAt) < readinessRefresh {
+			// Nothing changed and the stored report is fresh: no write
+			// (10,000 agents reporting every 30 s would otherwise be
+			// 333 Raft entries a second saying nothing; docs/scale.md).
+			// The handler runs on the leader (a write route), whose
+			// view holds every report the agent had answered.
+			if i, err := a.recordSlotHardware(c, c.agentNode(), body.SlotHardware); err != nil {
+				return err
+			} else if i > 0 {
+				c.index = i
+			}
+			return c.reply(http.StatusOK, n)
+		}
 	}
 	resp, idx, err := a.b.Apply(c.r.Context(), proto.NodeReadinessType, proto.NodeReadinessRequest{At: a.now(), NodeID: c.agentNode(), Readiness: body})
 	if err != nil {
@@ -498,6 +514,20 @@ func (a *API) agentReadiness(c *call) error {
 		}
 	}
 	return c.reply(http.StatusOK, resp)
+}
+
+// readinessRefresh is how old a stored readiness report may get before
+// an unchanged one is written again (its observed_at refreshed).
+const readinessRefresh = 5 * time.Minute
+
+// sameReadiness reports whether two readiness reports say the same,
+// observed_at aside.
+func sameReadiness(a, b *proto.Readiness) bool {
+	x, y := *a, *b
+	x.ObservedAt, y.ObservedAt = time.Time{}, time.Time{}
+	bx, err1 := json.Marshal(x)
+	by, err2 := json.Marshal(y)
+	return err1 == nil && err2 == nil && bytes.Equal(bx, by)
 }
 
 func (a *API) agentTopology(c *call) error {
@@ -521,6 +551,10 @@ func (a *API) agentTopology(c *call) error {
 	return c.reply(http.StatusOK, resp)
 }
 
+// heartbeatNoter is a backend that tracks HTTP heartbeats for liveness
+// (*server.Server).
+type heartbeatNoter interface{ NoteHeartbeat(node string) }
+
 func (a *API) agentHeartbeat(c *call) error {
 	if _, err := c.query(); err != nil {
 		return err
@@ -534,6 +568,9 @@ func (a *API) agentHeartbeat(c *call) error {
 	n, ok := snap.Node(node)
 	if !ok {
 		return proto.Errorf(proto.CodeNotFound, "node %s does not exist", node)
+	}
+	if h, ok := a.b.(heartbeatNoter); ok {
+		h.NoteHeartbeat(node) // the leader's liveness record (server/heartbeat.go)
 	}
 	state := n.State
 	if state == proto.NodeUnreachable || state == proto.NodeRegistered {

@@ -77,6 +77,11 @@ type Config struct {
 	// error is returned to Raft. The coordinator binary exits there (see
 	// failstop.go); nil keeps Raft's own handling.
 	StorageFailed func(error)
+	// AgentHeartbeatTTL is how long an enrolled agent outside the gossip
+	// pool may go without an HTTP heartbeat before the leader marks its
+	// node unreachable (heartbeat.go); 0 or negative: never (the
+	// coordinator binary passes DefaultAgentHeartbeatTTL).
+	AgentHeartbeatTTL time.Duration
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.

@@ -42,7 +42,7 @@ func (s *Server) startLeaderLoops() {
 	s.log.Info("gained leadership; starting leader loops")
 	loops := []func(context.Context){}
 	if s.ledger != nil {
-		loops = append(loops, s.planner.run, s.pumpOutbox, s.loadInventoryUntilDone, s.runMAASFlows, s.runBaremetal, s.purgeHistory, s.closeBreakers, s.auditRetention)
+		loops = append(loops, s.planner.run, s.pumpOutbox, s.loadInventoryUntilDone, s.runMAASFlows, s.runBaremetal, s.purgeHistory, s.closeBreakers, s.auditRetention, s.expireHeartbeats)
 	}
 	for _, loop := range loops {
 		s.wg.Add(1)

@@ -81,6 +81,7 @@ type Server struct {
 
 	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
 	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
+	beats     beats                             // last HTTP heartbeats seen as leader (heartbeat.go)
 }
 
 // NotLeaderError is returned by writes on a follower. LeaderHTTP is the

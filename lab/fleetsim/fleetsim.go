@@ -66,6 +66,9 @@ type Config struct {
 	PollWait          time.Duration
 	// EnrollConcurrency bounds the enrollments in flight (default 32).
 	EnrollConcurrency int
+	// EnrollTimeout bounds the whole enrollment (0: none); the agents'
+	// loops run until Start's context ends.
+	EnrollTimeout time.Duration
 	// GossipMembers is how many agents (the first ones) also join the
 	// gossip pool through GossipJoin (coordinator gossip addresses).
 	GossipMembers int
@@ -138,14 +141,21 @@ type Agent struct {
 	pool   *membership.Pool
 }
 
-// Start enrolls every node's agent (bounded concurrency) and starts their
-// loops; it returns once all are enrolled, or the first enrollment error.
-// The loops run until ctx ends or Stop.
+// Start enrolls every node's agent (bounded concurrency), each starting
+// its loops once enrolled; it returns once all are enrolled, or the first
+// enrollment error (every agent stopped). The loops run until ctx ends or
+// Stop.
 func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
 	f := &Fleet{cfg: cfg, byNode: make(map[string]*Agent, len(cfg.Nodes))}
+	runCtx := ctx
+	if cfg.EnrollTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.EnrollTimeout)
+		defer cancel()
+	}
 	sem := make(chan struct{}, cfg.EnrollConcurrency)
 	var (
 		mu       sync.Mutex
@@ -175,6 +185,11 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 				mu.Unlock()
 				return
 			}
+			// The agent starts its loops as soon as it is enrolled, as
+			// a real agent does (the leader expects its heartbeats).
+			actx, cancel := context.WithCancel(runCtx)
+			a.cancel = cancel
+			f.run(actx, a)
 			f.agents[i] = a
 		}()
 	}
@@ -188,15 +203,11 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 				a.kill()
 			}
 		}
+		f.wg.Wait()
 		return nil, firstErr
 	}
 	for _, a := range f.agents {
 		f.byNode[a.Node] = a
-	}
-	for _, a := range f.agents {
-		actx, cancel := context.WithCancel(ctx)
-		a.cancel = cancel
-		f.run(actx, a)
 	}
 	return f, nil
 }
@@ -297,10 +308,16 @@ func (f *Fleet) run(ctx context.Context, a *Agent) {
 	f.wg.Add(3)
 	go func() {
 		defer f.wg.Done()
+		// The leases the agent holds are the live claims the last
+		// heartbeat named (an agent in step with the ledger; a real
+		// agent's come from its lease store), so the coordinator's
+		// lease-drift check finds nothing to record.
+		var leases []proto.ClaimRef
 		f.every(ctx, f.cfg.HeartbeatInterval, func() error {
-			_, err := a.client.Heartbeat(ctx, proto.HeartbeatRequest{})
+			resp, err := a.client.Heartbeat(ctx, proto.HeartbeatRequest{Leases: leases})
 			if err == nil {
 				f.heartbeats.Add(1)
+				leases = resp.Claims
 			}
 			return err
 		})

@@ -22,7 +22,7 @@ func TestFleetSmall(t *testing.T) {
 	}
 	bin, err := proctest.Build(t.TempDir())
 	require.NoError(t, err)
-	c := startCluster(t, bin, 50)
+	c := startCluster(t, bin, 50, "-agent-heartbeat-ttl", "3s")
 	cfg := c.fleetConfig(t, c.nodes)
 	cfg.HeartbeatInterval, cfg.ReadinessInterval, cfg.PollWait = time.Second, 2*time.Second, 5*time.Second
 	cfg.GossipMembers = 5
@@ -47,6 +47,19 @@ func TestFleetSmall(t *testing.T) {
 	require.NoError(t, f.Kill(victim))
 	took := c.waitState(t, victim, "unreachable", 30*time.Second)
 	t.Logf("death of %s detected in %v", victim, took)
+
+	// Agents outside the pool keep their nodes active by heartbeat; one
+	// dies and the leader's heartbeat expiry declares it.
+	quiet := f.Nodes()[20]
+	for _, n := range f.Nodes()[5:] {
+		if n != victim {
+			require.Equal(t, "active", mustState(t, c, n), "node %s kept active by its heartbeats", n)
+		}
+	}
+	require.NoError(t, f.Kill(quiet))
+	took = c.waitState(t, quiet, "unreachable", 30*time.Second)
+	t.Logf("heartbeat expiry of %s in %v", quiet, took)
+	assert.Less(t, took, 10*time.Second)
 
 	st := f.Stats()
 	assert.Equal(t, 50, st.Agents)

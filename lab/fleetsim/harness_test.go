@@ -104,6 +104,12 @@ func freeUDPTCP(t testing.TB) string {
 // that took.
 func (c *cluster) waitState(t testing.TB, node, want string, within time.Duration) time.Duration {
 	t.Helper()
+	d, err := c.waitStateErr(node, want, within)
+	require.NoError(t, err)
+	return d
+}
+
+func (c *cluster) waitStateErr(node, want string, within time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	t0 := time.Now()
@@ -111,11 +117,11 @@ func (c *cluster) waitState(t testing.TB, node, want string, within time.Duratio
 	for {
 		st, err := NodeState(ctx, c.apis[0], node)
 		if err == nil && string(st) == want {
-			return time.Since(t0)
+			return time.Since(t0), nil
 		}
 		last = fmt.Sprint(st, err)
 		if ctx.Err() != nil {
-			t.Fatalf("node %s not %s within %v (last: %s)", node, want, within, last)
+			return time.Since(t0), fmt.Errorf("node %s not %s within %v (last: %s)", node, want, within, last)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -40,6 +40,7 @@ type options struct {
 	LogLevel          string
 	LogFormat         string
 	HeartbeatTimeout  time.Duration
+	AgentHeartbeatTTL time.Duration
 	ElectionTimeout   time.Duration
 	LeaderLease       time.Duration
 	SnapshotThreshold uint64
@@ -126,6 +127,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")
+	fs.DurationVar(&o.AgentHeartbeatTTL, "agent-heartbeat-ttl", server.DefaultAgentHeartbeatTTL, "an enrolled agent outside the gossip pool silent (no HTTP heartbeat) this long has its node marked unreachable by the leader; negative: never")
 	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (default 500ms)")
 	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 500ms)")
 	fs.Uint64Var(&o.SnapshotThreshold, "raft-snapshot-threshold", 0, "log entries between snapshots (default 16384)")

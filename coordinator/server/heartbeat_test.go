@@ -1,0 +1,65 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/agent/membership"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// TestHeartbeatExpiry: the leader marks an enrolled agent's node
+// unreachable once the agent is silent for the TTL and the gossip pool
+// does not vouch for it; a heartbeating agent, one alive in the pool and
+// a node without a credential stay active.
+func TestHeartbeatExpiry(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	n := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", BootstrapExpect: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Inventory: sliceInventory("beating", "silent", "pooled", "noagent"),
+		AgentHeartbeatTTL: ttl})
+	state := func(id string) proto.NodeState { return nodeState(n.srv, id) }
+	require.Eventually(t, func() bool { return n.srv.IsLeader() && state("noagent") == proto.NodeActive }, 15*time.Second, 20*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	pool := newFakePool()
+	done := make(chan struct{})
+	go func() { n.srv.WatchAgents(ctx, pool); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for _, id := range []string{"beating", "silent"} {
+		enrollNode(t, n.srv, id)
+	}
+	h := enrollNode(t, n.srv, "pooled")
+	pool.set("pooled", membership.Meta{Role: membership.RoleAgent, NodeID: "pooled", Proof: membership.Prove(h, "pooled", "pooled", "")}, true)
+
+	stop := make(chan struct{})
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		for {
+			n.srv.NoteHeartbeat("beating")
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	t0 := time.Now()
+	require.Eventually(t, func() bool { return state("silent") == proto.NodeUnreachable }, 10*time.Second, 20*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(t0), ttl/2, "not before the TTL (counted from when the leader took over at the latest)")
+	time.Sleep(2 * heartbeatSweep)
+	assert.Equal(t, proto.NodeActive, state("beating"), "a heartbeating agent")
+	assert.Equal(t, proto.NodeActive, state("pooled"), "the pool vouches for it")
+	assert.Equal(t, proto.NodeActive, state("noagent"), "no credential: no agent to expect heartbeats from")
+
+	// The agent stops: its node goes too.
+	close(stop)
+	<-beat
+	require.Eventually(t, func() bool { return state("beating") == proto.NodeUnreachable }, 10*time.Second, 20*time.Millisecond)
+}
