@@ -98,6 +98,8 @@ type Daemon struct {
 	sliceReconcile *slice.Reconciliation
 	// console serves the console sessions (console.go; built on first use).
 	console *console.Manager
+	// apps runs the node's app instances (apps.go).
+	apps appState
 
 	gossip gossip
 }
@@ -279,7 +281,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop, d.consoleLoop} {
+	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop, d.consoleLoop, d.appLoop, d.appProxyLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -583,8 +585,8 @@ func (d *Daemon) taskLoop(ctx context.Context) error {
 		d.polls.Inc()
 		index = resp.Index
 		for _, t := range resp.Tasks {
-			if proto.IsConsoleTask(t.Type) {
-				continue // consoleLoop serves them
+			if proto.IsConsoleTask(t.Type) || proto.IsAppTask(t.Type) {
+				continue // consoleLoop and appLoop serve them
 			}
 			d.execute(ctx, t)
 		}
