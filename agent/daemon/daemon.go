@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/gpuaas/gpuaas/agent/apprun"
 	"github.com/gpuaas/gpuaas/agent/client"
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/agent/console"
@@ -186,6 +188,16 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	if rt != nil {
 		d.rt = rt
+		// The real runtime's slices run their apps in the guest, reached
+		// over SSH with the allocation's own key.
+		g, err := apprun.NewGuest(apprun.GuestConfig{StateDir: filepath.Join(cfg.StateDir, "apps"),
+			Key: func(_ context.Context, alloc string) (ssh.Signer, error) { return rt.GuestKey(alloc) },
+			Log: log.With("part", "apps")})
+		if err != nil {
+			d.store.Close()
+			return nil, errors.Join(fmt.Errorf("app runner: %w", err), rtClose())
+		}
+		d.apps.runner = g
 	}
 	d.rtClose = rtClose
 	d.reg = prometheus.NewRegistry()
