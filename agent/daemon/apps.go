@@ -44,7 +44,7 @@ import (
 
 // appProxyParked is how many idle proxy connections the agent keeps on
 // each coordinator.
-const appProxyParked = 2
+const appProxyParked = 4
 
 // SetAppRunner gives the agent the runner of its app instances (the guest
 // runner on a slice host, the local runner on the lab's simulated hosts).

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/apprun"
 	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/test/bench"
 )
 
 // recordingRunner is a fake apprun.Runner that records its calls and
@@ -371,4 +372,67 @@ func TestAppLaunchSurvivesAgentRestartAndProxies(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond)
 	require.Eventually(t, func() bool { return len(r.live()) == 0 }, 10*time.Second, 50*time.Millisecond, "the release stopped it")
 	assert.Contains(t, r.Calls(), "stop "+inst.ID)
+}
+
+// TestBenchWorkloadProxyOverhead measures workload_proxy_overhead_ms: the
+// median latency of a GET through the workload proxy (client → the
+// coordinator's API over TLS → a parked agent connection → the app) minus
+// the median of the same GET straight to the app, on a real coordinator
+// and agent (in one process) with a runner serving real HTTP.
+func TestBenchWorkloadProxyOverhead(t *testing.T) {
+	if os.Getenv("GPUAAS_BENCH") == "" {
+		t.Skip("set GPUAAS_BENCH=1 (make bench)")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	r := newRecordingRunner()
+	startAgentWith(t, cfg, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
+	alloc := activeSliceOn(t, c)
+	publishApp(t, c, "hello", []byte("bench layout"))
+	code, _ := c.launch(t, alloc.ID, "hello", "bench")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "hello").State == proto.AppInstanceRunning }, 20*time.Second, 20*time.Millisecond)
+	inst := c.instance(alloc.ID, "hello")
+	get := func(url, token string) time.Duration {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		start := time.Now()
+		resp, err := c.hc.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return time.Since(start)
+	}
+	proxy := c.url + inst.ProxyPath
+	direct := "http://" + inst.Endpoints["8080"] + "/"
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest(http.MethodGet, proxy, nil)
+		req.Header.Set("Authorization", "Bearer "+c.op)
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 15*time.Second, 50*time.Millisecond)
+	const runs = 200
+	var viaProxy, straight []float64
+	for range runs {
+		viaProxy = append(viaProxy, float64(get(proxy, c.op).Microseconds())/1000)
+		straight = append(straight, float64(get(direct, "").Microseconds())/1000)
+	}
+	sort.Float64s(viaProxy)
+	sort.Float64s(straight)
+	p50p, p50d := viaProxy[runs/2], straight[runs/2]
+	overhead := p50p - p50d
+	t.Logf("workload proxy: p50 %.2f ms through the proxy, %.2f ms direct: overhead %.2f ms (p90 via proxy %.2f ms)", p50p, p50d, overhead, viaProxy[runs*9/10])
+	require.NoError(t, bench.WritePart("apps_proxy", []bench.Metric{
+		bench.AtMost("workload_proxy_overhead_ms", overhead, "ms", 5, fmt.Sprintf(
+			"median GET through the workload proxy (client → coordinator API over TLS with a keep-alive client → a connection the agent parked → the app) "+
+				"minus the median GET straight to the app: %.2f − %.2f ms over %d requests each; p90 via the proxy %.2f ms; "+
+				"one coordinator and one agent in one process, a test runner serving real HTTP (no guest)", p50p, p50d, runs, viaProxy[runs*9/10])),
+	}))
 }
