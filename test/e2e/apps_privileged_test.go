@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,19 +110,29 @@ func TestPrivilegedLabAppLaunch(t *testing.T) {
 	ws.Close(websocket.StatusNormalClosure, "done")
 
 	// The sessions are in the audit log.
-	require.True(t, waitFor(10*time.Second, func() bool {
-		var l proto.List[proto.AuditRecord]
-		if e.do(e.api, http.MethodGet, "/v1/audit?kind=app_instance", nil, &l) != nil {
+	var seen []string
+	require.True(t, waitFor(15*time.Second, func() bool {
+		r, err := e.api.C.Do(e.ctx, http.MethodGet, "/v1/audit", url.Values{"kind": {"app_instance"}, "limit": {"1000"}}, nil, nil)
+		if err != nil {
+			seen = []string{err.Error()}
 			return false
 		}
+		var l proto.List[proto.AuditRecord]
+		if json.Unmarshal(r.Body, &l) != nil {
+			return false
+		}
+		seen = nil
 		ws := 0
-		for _, r := range l.Items {
-			if r.Route == "/v1/allocations/{id}/apps/{app}/proxy/{path}" && strings.Contains(string(r.After), `"websocket":true`) {
+		for _, rec := range l.Items {
+			var s proto.AppProxySession
+			_ = json.Unmarshal(rec.After, &s)
+			seen = append(seen, fmt.Sprintf("%s %s ws=%v in=%d out=%d", rec.Actor, rec.Route, s.WebSocket, s.BytesIn, s.BytesOut))
+			if rec.Route == "/v1/allocations/{id}/apps/{app}/proxy/{path}" && s.WebSocket && s.BytesIn > 0 && s.BytesOut > 0 {
 				ws++
 			}
 		}
 		return ws == 1
-	}), "the WebSocket session is audited")
+	}), "the WebSocket session is audited: %v", seen)
 
 	// Release: the app goes with the slice.
 	require.NoError(t, e.do(e.op, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil, nil))
