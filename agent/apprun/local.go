@@ -227,6 +227,10 @@ func (l *Local) Start(ctx context.Context, s Spec) (Status, error) {
 	if err := l.rt.start(ctx, l.sh, r.Container, r.Bundle); err != nil {
 		return fail(err)
 	}
+	r.StartedAt = time.Now().UTC()
+	if err := l.recs.put(r); err != nil {
+		return fail(err)
+	}
 	if err := healthy(ctx, r, l.alive(r)); err != nil {
 		// Left in place for Logs and Status; Stop removes it.
 		return Status{InstanceID: s.InstanceID, State: StateFailed, Detail: err.Error(), Endpoints: r.endpoints()}, nil
