@@ -86,6 +86,7 @@ func (r *AppApproveRequest) Validate() error {
 type AppBody struct {
 	Kind        AppKind         `json:"kind"`
 	Image       string          `json:"image"`
+	ImageSize   int64           `json:"image_size,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Compat      AppCompat       `json:"compat"`
 	Ports       []AppPort       `json:"ports,omitempty"`
@@ -225,7 +226,12 @@ type App struct {
 	Version string  `json:"version"`
 	Kind    AppKind `json:"kind"`
 	// Image is the OCI image by digest: "<repository>@sha256:<64 hex>".
-	Image       string          `json:"image"`
+	Image string `json:"image"`
+	// ImageSize is the size in bytes of the image's OCI layout archive
+	// (a tar whose SHA-256 is the image digest) as published to the
+	// coordinators' blob store (PUT /v1/apps/{name}/{version}/blob); 0:
+	// not published there (the app cannot be launched).
+	ImageSize   int64           `json:"image_size,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Compat      AppCompat       `json:"compat"`
 	Ports       []AppPort       `json:"ports,omitempty"`
@@ -287,6 +293,12 @@ func (a *App) Validate() error {
 	}
 	if err := ValidateOCIDigestRef(a.Image); err != nil {
 		return Errorf(CodeInvalidArgument, "app %s: %v", a.Name, err)
+	}
+	if a.ImageSize < 0 || a.ImageSize > MaxImageSize {
+		return Errorf(CodeInvalidArgument, "app %s: image_size %d is out of range (0 to %d bytes)", a.Name, a.ImageSize, MaxImageSize)
+	}
+	if err := ValidateAppInstanceName(a.Name); err != nil {
+		return err
 	}
 	if len(a.Description) > MaxAppDescription {
 		return Errorf(CodeInvalidArgument, "app %s: description is %d bytes; at most %d are allowed", a.Name, len(a.Description), MaxAppDescription)

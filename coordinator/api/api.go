@@ -81,6 +81,7 @@ type API struct {
 	peers  peerIPs   // the peers' IPs, whose forwarded requests are not limited
 
 	consoles    consoleGateway   // console sessions on this replica (console.go)
+	appProxy    appProxyHub      // agents' parked workload proxy connections (appproxy.go)
 	metrics     *metrics.Metrics // the replica's (metrics.go)
 	metricsHTTP http.Handler     // GET /v1/metrics
 }
@@ -95,9 +96,14 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	a.consoles.recorder = raftConsoleRecorder{b: b, log: log}
 	a.metrics = metricsOf(b)
 	a.metricsHTTP = a.newMetricsHandler()
-	a.routes = append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...)
+	a.routes = append(append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...), a.appInstanceRoutes()...)
+	a.routes = append(a.routes, a.appProxyRoutes()...)
 	allowed := map[string][]string{}
 	for _, rt := range a.routes {
+		if rt.Pattern == AppProxyPattern {
+			a.mux.Handle(rt.Method+" "+appProxyMuxPattern, a.instrument(rt.Method, AppProxyPattern, a.appProxyHandler()))
+			continue
+		}
 		if isBlobRoute(rt) {
 			a.mux.Handle(rt.Method+" "+rt.Pattern, a.instrument(rt.Method, rt.Pattern, a.blobHandler(rt)))
 			allowed[rt.Pattern] = append(allowed[rt.Pattern], rt.Method)

@@ -300,6 +300,9 @@ func TestContractQueryParameters(t *testing.T) {
 	e := newEnv(t)
 	e.seedLab()
 	for _, rt := range e.api.Routes() {
+		if rt.Pattern == AppProxyPattern {
+			continue // the workload proxy passes the query to the app
+		}
 		op := e.doc.Paths.Find(rt.Pattern).GetOperation(rt.Method)
 		path := concrete(rt.Pattern)
 		for _, p := range op.Parameters {

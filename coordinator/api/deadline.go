@@ -58,6 +58,9 @@ func (a *API) RunTaskDeadlines(ctx context.Context, stall time.Duration) {
 			a.expireTasks(ctx, stall)
 			a.settleEnded(ctx, settleGrace)
 			a.closeOrphanedConsoles(ctx, consoleOrphanGrace)
+			if n, err := a.expireAppInstances(ctx); err != nil {
+				a.log.Warn("app instance deadlines", "instances", n, "err", err)
+			}
 		}
 	}
 }

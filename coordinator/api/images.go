@@ -311,6 +311,12 @@ func (a *API) getImageBlob(c *call) error {
 // fetchFromPeers downloads a blob this replica lacks from the other
 // replicas (with the caller's credential), verifying it before storing.
 func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error {
+	return a.fetchBlobFromPeers(c, im, proto.BlobPath(im.Name, im.Version), store)
+}
+
+// fetchBlobFromPeers downloads the blob of im (its digest and size) that
+// the peers serve at path.
+func (a *API) fetchBlobFromPeers(c *call, im *proto.Image, path string, store *blobs.Store) error {
 	peers, err := a.b.Peers()
 	if err != nil {
 		return fmt.Errorf("list peers for blob %s: %w", im.Digest, err)
@@ -332,7 +338,7 @@ func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error
 				reasons = append(reasons, p.ID+": "+err.Error())
 				continue
 			}
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, base.String()+proto.BlobPath(im.Name, im.Version), nil)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, base.String()+path, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -354,7 +360,7 @@ func (a *API) fetchFromPeers(c *call, im *proto.Image, store *blobs.Store) error
 			return resp.Body, nil
 		}
 		return nil, proto.Errorf(proto.CodeNotFound, "image %s: blob %s is on no coordinator (upload it with PUT %s): %s",
-			im, im.Digest, proto.BlobPath(im.Name, im.Version), strings.Join(reasons, "; "))
+			im, im.Digest, path, strings.Join(reasons, "; "))
 	})
 	if err != nil && blobs.IsMismatch(err) {
 		return proto.Errorf(proto.CodeUnavailable, "image %s: a peer sent a blob that failed verification: %v", im, err)

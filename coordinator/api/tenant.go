@@ -55,6 +55,19 @@ var tenantRoutes = map[string]tenantAccess{
 	"GET /v1/apps/{name}/{version}":            tenantCatalog,
 	"GET /v1/apps/{name}/targets":              tenantCatalog,
 	"GET /v1/allocations/{id}/apps/compatible": tenantOwnAllocation,
+	// Launching, watching and stopping apps on the tenant's own
+	// allocations, and reaching them through the workload proxy.
+	"POST /v1/allocations/{id}/apps":            tenantOwnAllocation,
+	"GET /v1/allocations/{id}/apps":             tenantOwnAllocation,
+	"GET /v1/allocations/{id}/apps/{app}":       tenantOwnAllocation,
+	"GET /v1/allocations/{id}/apps/{app}/logs":  tenantOwnAllocation,
+	"POST /v1/allocations/{id}/apps/{app}/stop": tenantOwnAllocation,
+}
+
+func init() {
+	for _, m := range AppProxyMethods {
+		tenantRoutes[m+" "+AppProxyPattern] = tenantOwnAllocation
+	}
 }
 
 // TenantAccess reports whether a tenant token may use the route (for the

@@ -557,6 +557,11 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 			status, msg = "failed", req.Reason
 		}
 		a.State, a.Reason = req.To, req.Reason
+		if req.To == proto.AllocFailed {
+			if err := endAppInstances(tx, a.ID, "failed", true, at(req.At)); err != nil {
+				return nil, err
+			}
+		}
 		if err := tx.PutAllocation(a); err != nil {
 			return nil, err
 		}
@@ -604,6 +609,9 @@ func (f *FSM) applyAllocationRelease(body []byte, index uint64) any {
 			return nil, err
 		}
 		if err := appendTimeline(tx, a.ID, "release", "started", "", now); err != nil {
+			return nil, err
+		}
+		if err := endAppInstances(tx, a.ID, "is being released", false, now); err != nil {
 			return nil, err
 		}
 		return a, nil
@@ -678,6 +686,9 @@ func (f *FSM) applyAllocationReleased(body []byte, index uint64) any {
 		if err := tx.PutAllocation(a); err != nil {
 			return nil, err
 		}
+		if err := endAppInstances(tx, a.ID, "was released", true, now); err != nil {
+			return nil, err
+		}
 		msg := ""
 		if failed > 0 {
 			msg = fmt.Sprintf("%d slot(s) cleanup_blocked", failed)
@@ -746,6 +757,9 @@ func (f *FSM) applyAllocationForceRelease(body []byte, index uint64) any {
 		}
 		a.State, a.Reason, a.EndedAt = proto.AllocReleased, req.Reason, &now
 		if err := tx.PutAllocation(a); err != nil {
+			return nil, err
+		}
+		if err := endAppInstances(tx, a.ID, "was force-released", true, now); err != nil {
 			return nil, err
 		}
 		if err := appendTimeline(tx, a.ID, "force_release", "succeeded", req.Reason, now); err != nil {

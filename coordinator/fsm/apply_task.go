@@ -138,7 +138,15 @@ func (f *FSM) applyTaskUpdate(body []byte, index uint64) any {
 		case req.Done != 0 || req.Total != 0:
 			t.Done, t.Total = req.Done, req.Total
 		}
-		return &t, tx.PutTask(&t)
+		if err := tx.PutTask(&t); err != nil {
+			return nil, err
+		}
+		if proto.IsAppTask(t.Type) {
+			if err := appTaskUpdated(tx, &t, req, now); err != nil {
+				return nil, err
+			}
+		}
+		return &t, nil
 	})
 }
 

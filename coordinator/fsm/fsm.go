@@ -215,6 +215,9 @@ func (f *FSM) applyCommand(index uint64, data []byte) any {
 		if resp, ok := f.applyApp(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}
+		if resp, ok := f.applyAppInstance(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
+			return resp
+		}
 		if resp, ok := f.applyGossip(t&^proto.IgnoreUnknownTypeFlag, body, index); ok {
 			return resp
 		}

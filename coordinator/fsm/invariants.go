@@ -36,7 +36,7 @@ func CheckInvariants(snap *state.Snapshot) error {
 	for _, a := range snap.Allocations(state.AllocationFilter{}) {
 		errs = append(errs, checkAllocation(snap, a))
 	}
-	errs = append(errs, checkImages(snap), checkImageRefs(snap), checkApps(snap))
+	errs = append(errs, checkImages(snap), checkImageRefs(snap), checkApps(snap), checkAppInstances(snap))
 	return errors.Join(errs...)
 }
 
@@ -192,10 +192,14 @@ func (c *Checker) Apply(index uint64, data []byte) (any, error) {
 	c.applied = index
 	images := c.fsm.Store().Snapshot().TableIndex(state.TableImages)
 	apps := c.fsm.Store().Snapshot().TableIndex(state.TableApps)
+	instances := c.fsm.Store().Snapshot().TableIndex(state.TableAppInstances)
 	resp := c.fsm.ApplyCommand(index, data)
 	err := c.check(c.fsm.last)
 	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableApps) != apps {
 		err = checkApps(snap)
+	}
+	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableAppInstances) != instances {
+		err = checkAppInstances(snap)
 	}
 	if snap := c.fsm.Store().Snapshot(); err == nil && snap.TableIndex(state.TableImages) != images {
 		// Image commands are rare and the catalog small: check it whole,

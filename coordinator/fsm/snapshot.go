@@ -133,7 +133,7 @@ func eachObject(snap *state.Snapshot, table string, fn func(any) error) error {
 	case state.TableAudit:
 		snap.AuditEach(func(r *proto.AuditRecord) bool { add(r); return true })
 	default:
-		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) && !eachAppObject(snap, table, add) {
+		if !eachMAASObject(snap, table, add) && !eachImageObject(snap, table, add) && !eachAppObject(snap, table, add) && !eachAppInstanceObject(snap, table, add) {
 			return fmt.Errorf("snapshot: no record type for table %q", table)
 		}
 	}
@@ -241,6 +241,9 @@ func restoreRecord(tx *state.Txn, rec recordIn) error {
 			return err
 		}
 		if err, ok := restoreAppRecord(tx, rec); ok {
+			return err
+		}
+		if err, ok := restoreAppInstanceRecord(tx, rec); ok {
 			return err
 		}
 		return fmt.Errorf("unknown record type %q", rec.T)

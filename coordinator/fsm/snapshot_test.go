@@ -58,6 +58,7 @@ func rich(t *testing.T) *fsmtest.Harness {
 	addSites(h)
 	addImages(h)
 	addApps(h)
+	h.OK(proto.AppLaunchType, proto.AppLaunchRequest{At: h.At(), AllocationID: "act", App: "hello-http", Version: "1", Caller: "admin", Admin: true})
 	addAudit(h)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 	return h
@@ -82,6 +83,7 @@ func tables(s *state.Snapshot) map[string]any {
 		state.TableMAASWorkflows: s.MAASWorkflows(),
 		state.TableImages:        s.Images(""),
 		state.TableApps:          s.Apps(""),
+		state.TableAppInstances:  s.AppInstances(""),
 		state.TableBundles:       s.Bundles(),
 		state.TableAudit:         s.AuditRecords(0, 0, nil),
 		state.TableIndex:         s.IndexEntries(),
@@ -177,6 +179,8 @@ func reflectLen(v any) int {
 	case []*proto.Bundle:
 		return len(s)
 	case []*proto.App:
+		return len(s)
+	case []*proto.AppInstance:
 		return len(s)
 	case []*proto.AuditRecord:
 		return len(s)

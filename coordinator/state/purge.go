@@ -71,6 +71,11 @@ func (t *Txn) PurgeAllocation(id string) error {
 			return fmt.Errorf("purge allocation %s: %w", id, err)
 		}
 	}
+	for _, inst := range t.AppInstances(id) {
+		if err := t.delete(TableAppInstances, inst); err != nil {
+			return fmt.Errorf("purge allocation %s: %w", id, err)
+		}
+	}
 	for _, c := range claims {
 		if err := t.delete(TableClaims, c); err != nil {
 			return fmt.Errorf("purge allocation %s: %w", id, err)

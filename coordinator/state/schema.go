@@ -34,7 +34,7 @@ const (
 )
 
 // numTables is len(Tables).
-const numTables = 18
+const numTables = 19
 
 func init() {
 	if len(Tables) != numTables {
@@ -51,7 +51,7 @@ var Tables = []string{
 	TableRegions, TablePools, TableNodes, TableCandidates, TableSlots,
 	TableAllocations, TableClaims, TableTasks, TableOutbox, TableTimeline, TableUsage,
 	TableSites, TableSiteProfiles, TableMAASWorkflows, TableBundles,
-	TableImages, TableApps, TableAudit,
+	TableImages, TableApps, TableAudit, TableAppInstances,
 }
 
 func tableNum(table string) int {
@@ -248,6 +248,7 @@ func schema() *memdb.DBSchema {
 	addMAASTables(add)
 	addImageTables(add)
 	addAppTables(add)
+	addAppInstanceTables(add)
 	addBundleTables(add)
 	addAuditTables(add)
 	add(table(tableNodeSummary,
