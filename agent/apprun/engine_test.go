@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -122,4 +123,22 @@ func TestPreflightNoPivot(t *testing.T) {
 	}
 	_, err := g.preflight(context.Background(), &fakeShell{answers: map[string]string{"/usr/bin/crun": "ERR exit status 127: crun: not found"}})
 	require.ErrorContains(t, err, "needs the OCI runtime /usr/bin/crun and GNU tar")
+}
+
+// TestGuestGone: once the allocation's guest is gone (its key source says
+// so), Status reports the instance stopped and Stop forgets it.
+func TestGuestGone(t *testing.T) {
+	g, err := NewGuest(GuestConfig{StateDir: t.TempDir(), Key: func(context.Context, string) (ssh.Signer, error) {
+		return nil, fmt.Errorf("%w: allocation a1 released", ErrGuestGone)
+	}})
+	require.NoError(t, err)
+	require.NoError(t, g.recs.put(&record{InstanceID: "i1", AllocationID: "a1", Container: containerName("i1"), Host: "10.0.0.9"}))
+	st, err := g.Status(context.Background(), "i1")
+	require.NoError(t, err)
+	require.Equal(t, StateStopped, st.State)
+	require.NoError(t, g.Stop(context.Background(), "i1"))
+	_, err = g.Status(context.Background(), "i1")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = g.Logs(context.Background(), "i1", 10)
+	require.ErrorIs(t, err, ErrNotFound)
 }

@@ -56,7 +56,8 @@ type GuestConfig struct {
 	// StateDir holds the instance records and the bundles being staged.
 	StateDir string
 	// Key returns the SSH signer that opens the allocation's guest (the
-	// allocation's agent key).
+	// allocation's agent key); an error wrapping ErrGuestGone says the
+	// guest is gone (its slice released), so its apps are too.
 	Key func(ctx context.Context, allocationID string) (ssh.Signer, error)
 	// HostKey checks the guest's host key (nil: any; the agent reaches
 	// the guest over its own private bridge).
@@ -73,6 +74,11 @@ type GuestConfig struct {
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	Log  *slog.Logger
 }
+
+// ErrGuestGone is wrapped by a GuestConfig.Key error when the
+// allocation's guest no longer exists: Stop then forgets the instance (it
+// went with the guest) and Status reports it stopped.
+var ErrGuestGone = errors.New("apprun: the allocation's guest is gone")
 
 // guestAppDir is where bundles live in the guest.
 const guestAppDir = "/run/gpuaas/apps"
@@ -479,18 +485,16 @@ func (g *Guest) Stop(ctx context.Context, instanceID string) error {
 		return err
 	}
 	c, err := g.connect(ctx, r.AllocationID, r.Host)
+	if errors.Is(err, ErrGuestGone) {
+		g.cfg.Log.Info("app instance went with its guest", "instance", instanceID, "allocation", r.AllocationID)
+		os.RemoveAll(filepath.Join(g.cfg.StateDir, "staging", r.Container))
+		return g.recs.remove(instanceID)
+	}
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	return g.teardown(ctx, sshShell{c}, g.runtime(false), r)
-}
-
-// Forget drops the record of an instance whose guest is gone (its
-// allocation released: nothing is left to stop in it).
-func (g *Guest) Forget(instanceID string) error {
-	defer g.recs.lock(instanceID)()
-	return g.recs.remove(instanceID)
 }
 
 // Status implements Runner.
@@ -500,6 +504,9 @@ func (g *Guest) Status(ctx context.Context, instanceID string) (Status, error) {
 		return Status{}, err
 	}
 	c, err := g.connect(ctx, r.AllocationID, r.Host)
+	if errors.Is(err, ErrGuestGone) {
+		return Status{InstanceID: r.InstanceID, State: StateStopped, Detail: "its guest is gone", StartedAt: r.StartedAt}, nil
+	}
 	if err != nil {
 		return Status{}, err
 	}
