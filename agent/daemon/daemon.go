@@ -191,7 +191,13 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 		// The real runtime's slices run their apps in the guest, reached
 		// over SSH with the allocation's own key.
 		g, err := apprun.NewGuest(apprun.GuestConfig{StateDir: filepath.Join(cfg.StateDir, "apps"),
-			Key: func(_ context.Context, alloc string) (ssh.Signer, error) { return rt.GuestKey(alloc) },
+			Key: func(_ context.Context, alloc string) (ssh.Signer, error) {
+				k, err := rt.GuestKey(alloc)
+				if errors.Is(err, slice.ErrNoGuest) {
+					return nil, fmt.Errorf("%w: %v", apprun.ErrGuestGone, err)
+				}
+				return k, err
+			},
 			Log: log.With("part", "apps")})
 		if err != nil {
 			d.store.Close()

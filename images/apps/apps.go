@@ -12,8 +12,8 @@
 // ("gpuaas.lab/apps/hello@sha256:...").
 //
 // The layout is written by hand rather than with go-containerregistry: an
-// image of one layer is five small documents, and the readers (agent/apprun)
-// check every field they rely on against the image spec themselves.
+// image of one layer is five small documents, written with the OCI types
+// the reader (agent/apprun) checks every field of.
 package apps
 
 import (
@@ -30,71 +30,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"time"
+
+	"github.com/gpuaas/gpuaas/agent/apprun"
 )
-
-// OCI media types (image-spec v1.1).
-const (
-	MediaTypeIndex    = "application/vnd.oci.image.index.v1+json"
-	MediaTypeManifest = "application/vnd.oci.image.manifest.v1+json"
-	MediaTypeConfig   = "application/vnd.oci.image.config.v1+json"
-	MediaTypeLayerGz  = "application/vnd.oci.image.layer.v1.tar+gzip"
-	MediaTypeLayer    = "application/vnd.oci.image.layer.v1.tar"
-	// AnnotationRefName names a manifest inside a layout's index.
-	AnnotationRefName = "org.opencontainers.image.ref.name"
-	// LayoutVersion is the oci-layout file's imageLayoutVersion.
-	LayoutVersion = "1.0.0"
-)
-
-// Descriptor is an OCI content descriptor.
-type Descriptor struct {
-	MediaType   string            `json:"mediaType"`
-	Digest      string            `json:"digest"`
-	Size        int64             `json:"size"`
-	Annotations map[string]string `json:"annotations,omitempty"`
-}
-
-// Index is an OCI image index (a layout's index.json).
-type Index struct {
-	SchemaVersion int          `json:"schemaVersion"`
-	MediaType     string       `json:"mediaType,omitempty"`
-	Manifests     []Descriptor `json:"manifests"`
-}
-
-// Manifest is an OCI image manifest.
-type Manifest struct {
-	SchemaVersion int          `json:"schemaVersion"`
-	MediaType     string       `json:"mediaType,omitempty"`
-	Config        Descriptor   `json:"config"`
-	Layers        []Descriptor `json:"layers"`
-}
-
-// ImageConfig is the part of an OCI image configuration a runner uses.
-type ImageConfig struct {
-	Architecture string          `json:"architecture"`
-	OS           string          `json:"os"`
-	Config       ContainerConfig `json:"config"`
-	RootFS       RootFS          `json:"rootfs"`
-}
-
-// ContainerConfig is the image configuration's execution parameters.
-type ContainerConfig struct {
-	User         string              `json:"User,omitempty"`
-	ExposedPorts map[string]struct{} `json:"ExposedPorts,omitempty"`
-	Env          []string            `json:"Env,omitempty"`
-	Entrypoint   []string            `json:"Entrypoint,omitempty"`
-	Cmd          []string            `json:"Cmd,omitempty"`
-	WorkingDir   string              `json:"WorkingDir,omitempty"`
-	Labels       map[string]string   `json:"Labels,omitempty"`
-}
-
-// RootFS lists the uncompressed layer digests (diff IDs).
-type RootFS struct {
-	Type    string   `json:"type"`
-	DiffIDs []string `json:"diff_ids"`
-}
 
 // Hello is the repository's test app (images/apps/hello).
 var Hello = App{
@@ -168,14 +108,16 @@ func Build(ctx context.Context, moduleDir string, a App, out string) (Built, err
 		ArchiveSHA256: hex.EncodeToString(sum[:]), Size: int64(len(layout))}, nil
 }
 
+// goTool is the go command: on $PATH, else the usual install location.
 func goTool() string {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
+	if p, err := exec.LookPath("go"); err == nil {
 		return p
+	}
+	if _, err := os.Stat("/usr/local/go/bin/go"); err == nil {
+		return "/usr/local/go/bin/go"
 	}
 	return "go"
 }
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // epoch is every file's modification time: the image carries no build time.
 var epoch = time.Unix(0, 0).UTC()
@@ -208,8 +150,8 @@ func Layout(a App, exe []byte) ([]byte, string, error) {
 		return nil, "", err
 	}
 	port := fmt.Sprintf("%d", a.Port)
-	cfg := ImageConfig{Architecture: "amd64", OS: "linux",
-		Config: ContainerConfig{
+	cfg := apprun.ImageConfig{Architecture: "amd64", OS: "linux",
+		Config: apprun.ContainerConfig{
 			User:         "65534:65534",
 			ExposedPorts: map[string]struct{}{port + "/tcp": {}},
 			Env:          []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PORT=" + port},
@@ -217,24 +159,24 @@ func Layout(a App, exe []byte) ([]byte, string, error) {
 			WorkingDir:   "/",
 			Labels:       map[string]string{"org.opencontainers.image.title": a.Name, "org.opencontainers.image.version": a.Version},
 		},
-		RootFS: RootFS{Type: "layers", DiffIDs: []string{digestOf(layer)}},
+		RootFS: apprun.RootFS{Type: "layers", DiffIDs: []string{digestOf(layer)}},
 	}
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, "", err
 	}
-	man := Manifest{SchemaVersion: 2, MediaType: MediaTypeManifest,
-		Config: Descriptor{MediaType: MediaTypeConfig, Digest: digestOf(cfgJSON), Size: int64(len(cfgJSON))},
-		Layers: []Descriptor{{MediaType: MediaTypeLayerGz, Digest: digestOf(gz.Bytes()), Size: int64(gz.Len())}},
+	man := apprun.Manifest{SchemaVersion: 2, MediaType: apprun.MediaTypeManifest,
+		Config: apprun.Descriptor{MediaType: apprun.MediaTypeConfig, Digest: digestOf(cfgJSON), Size: int64(len(cfgJSON))},
+		Layers: []apprun.Descriptor{{MediaType: apprun.MediaTypeLayerGzip, Digest: digestOf(gz.Bytes()), Size: int64(gz.Len())}},
 	}
 	manJSON, err := json.Marshal(man)
 	if err != nil {
 		return nil, "", err
 	}
 	digest := digestOf(manJSON)
-	idx := Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{{
-		MediaType: MediaTypeManifest, Digest: digest, Size: int64(len(manJSON)),
-		Annotations: map[string]string{AnnotationRefName: a.Version},
+	idx := apprun.Index{SchemaVersion: 2, MediaType: apprun.MediaTypeIndex, Manifests: []apprun.Descriptor{{
+		MediaType: apprun.MediaTypeManifest, Digest: digest, Size: int64(len(manJSON)),
+		Annotations: map[string]string{apprun.AnnotationRefName: a.Version},
 	}}}
 	idxJSON, err := json.Marshal(idx)
 	if err != nil {
@@ -244,7 +186,7 @@ func Layout(a App, exe []byte) ([]byte, string, error) {
 		{Name: "blobs/", Mode: 0o755, Dir: true},
 		{Name: "blobs/sha256/", Mode: 0o755, Dir: true},
 		{Name: "index.json", Mode: 0o644, Data: idxJSON},
-		{Name: "oci-layout", Mode: 0o644, Data: []byte(`{"imageLayoutVersion":"` + LayoutVersion + `"}`)},
+		{Name: "oci-layout", Mode: 0o644, Data: []byte(`{"imageLayoutVersion":"` + apprun.LayoutVersion + `"}`)},
 	}
 	for _, b := range [][]byte{cfgJSON, gz.Bytes(), manJSON} {
 		files = append(files, tarFile{Name: "blobs/sha256/" + digestOf(b)[len("sha256:"):], Mode: 0o644, Data: b})
