@@ -56,13 +56,13 @@ test: deps check
 # their seeds and kept corpus (testdata/fuzz); make fuzz explores each for
 # FUZZTIME and keeps what fails under testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzDecodeBody:./proto FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto FuzzAppManifest:./proto FuzzDecodeAuditLine:./proto \
+FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzDecodeBody:./proto FuzzOpenLayout:./agent/apprun FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto FuzzAppManifest:./proto FuzzDecodeAuditLine:./proto \
 	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence \
 	FuzzImageManifest:./proto FuzzParseImageSpec:./proto FuzzAllocationCreateBody:./coordinator/api \
 	FuzzMAASResponses:./coordinator/maas FuzzReadFunction:./hostops/pci FuzzValidateDriver:./hostops/pci \
 	FuzzParseUdevSignature:./agent/discovery FuzzParseDiskIDs:./agent/discovery \
 	FuzzParseGPUHealth:./hostops/gpuhealth FuzzParse:./hostops/uevent FuzzImagePath:./agent/slice \
-	FuzzParseRules:./hostops/ingress
+	FuzzParseRules:./hostops/ingress FuzzAppLaunchAndResult:./proto
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \

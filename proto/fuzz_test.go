@@ -200,3 +200,44 @@ func FuzzDecodeAuditLine(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAppLaunchAndResult decodes what the app instance paths take from
+// outside: a launch body (from a tenant) and an app task's result (from an
+// agent): never a panic; an accepted launch request validates again after
+// a round trip, and an accepted result's image reference and endpoints
+// stay what they were.
+func FuzzAppLaunchAndResult(f *testing.F) {
+	f.Add([]byte(`{"app":"hello","version":"1.0.0"}`), []byte(`{"instance_id":"a-1.hello.9","state":"running","endpoints":{"8080":"10.213.0.2:8080"}}`))
+	f.Add([]byte(`{"app":"compatible"}`), []byte(`{"state":"failed","detail":"health check"}`))
+	f.Add([]byte(`{"app":"Hello","version":""}`), []byte(`{"endpoints":{"x":"y"}}`))
+	f.Fuzz(func(t *testing.T, launch, result []byte) {
+		var body proto.AppLaunchBody
+		if proto.DecodeResult("app launch", launch, &body) == nil {
+			req := proto.AppLaunchRequest{AllocationID: "a-1", App: body.App, Version: body.Version, Caller: "tenant"}
+			if req.Validate() == nil {
+				b, err := json.Marshal(req)
+				if err != nil {
+					t.Fatalf("encode: %v", err)
+				}
+				var again proto.AppLaunchRequest
+				if err := json.Unmarshal(b, &again); err != nil || again.Validate() != nil {
+					t.Fatalf("an accepted launch is refused once re-encoded: %v (%s)", err, b)
+				}
+				if again.App == "compatible" {
+					t.Fatalf("the reserved name was accepted")
+				}
+			}
+		}
+		var res proto.AppTaskResult
+		if proto.DecodeResult("app task result", result, &res) == nil {
+			b, err := json.Marshal(res)
+			if err != nil {
+				t.Fatalf("encode: %v", err)
+			}
+			var again proto.AppTaskResult
+			if err := json.Unmarshal(b, &again); err != nil || len(again.Endpoints) != len(res.Endpoints) {
+				t.Fatalf("a decoded result does not survive a round trip: %v (%s)", err, b)
+			}
+		}
+	})
+}

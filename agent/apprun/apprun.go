@@ -5,6 +5,15 @@
 // and runs the app's OCI image with a real OCI runtime there; the lab's
 // simulated slices (no guest) use a local runner standing in for the guest.
 //
+// The guest runner's channel is SSH with the allocation's own agent key
+// (agent/slice keys.go), not a guest agent: the key already exists, is
+// authorized by the guest's seed, opens exactly one guest and dies with
+// it, and every slice image already runs sshd, so nothing new listens in
+// the guest and no agent binary ships inside tenant images (guest.go
+// explains the rest: image, bundle, runtime). Both runners run the same
+// verified bundle with a real OCI runtime (crun; runc on a cgroup v1 host
+// for the local runner).
+//
 // This file is the contract between the agent's task code (above) and the
 // runners (below); change it only in both places at once.
 package apprun

@@ -53,12 +53,6 @@ type rtCaps struct {
 	Permitted []string `json:"permitted"`
 }
 
-type rtLimit struct {
-	Type string `json:"type"`
-	Hard uint64 `json:"hard"`
-	Soft uint64 `json:"soft"`
-}
-
 type rtRoot struct {
 	Path     string `json:"path"`
 	Readonly bool   `json:"readonly"`
@@ -192,9 +186,7 @@ func runtimeConfig(s Spec, ic ImageConfig, rootfs string, o bundleOptions) (rtSp
 		sysfs = rtMount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
 	}
 	rules := []rtDeviceRule{{Allow: false, Access: "rwm"}}
-	for _, d := range defaultDeviceRules {
-		rules = append(rules, d)
-	}
+	rules = append(rules, defaultDeviceRules...)
 	for _, d := range o.Devices {
 		maj, mnr := d.Major, d.Minor
 		rules = append(rules, rtDeviceRule{Allow: true, Type: d.Type, Major: &maj, Minor: &mnr, Access: "rwm"})

@@ -56,7 +56,8 @@ type GuestConfig struct {
 	// StateDir holds the instance records and the bundles being staged.
 	StateDir string
 	// Key returns the SSH signer that opens the allocation's guest (the
-	// allocation's agent key).
+	// allocation's agent key); an error wrapping ErrGuestGone says the
+	// guest is gone (its slice released), so its apps are too.
 	Key func(ctx context.Context, allocationID string) (ssh.Signer, error)
 	// HostKey checks the guest's host key (nil: any; the agent reaches
 	// the guest over its own private bridge).
@@ -73,6 +74,11 @@ type GuestConfig struct {
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	Log  *slog.Logger
 }
+
+// ErrGuestGone is wrapped by a GuestConfig.Key error when the
+// allocation's guest no longer exists: Stop then forgets the instance (it
+// went with the guest) and Status reports it stopped.
+var ErrGuestGone = errors.New("apprun: the allocation's guest is gone")
 
 // guestAppDir is where bundles live in the guest.
 const guestAppDir = "/run/gpuaas/apps"
@@ -168,7 +174,11 @@ func (g *Guest) connect(ctx context.Context, alloc, addr string) (*ssh.Client, e
 		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
 	}
 	cc, chans, reqs, err := ssh.NewClientConn(conn, target, &ssh.ClientConfig{
-		User: g.cfg.User, Auth: []ssh.AuthMethod{ssh.PublicKeys(key)}, HostKeyCallback: hk, Timeout: 30 * time.Second})
+		User: g.cfg.User, Auth: []ssh.AuthMethod{ssh.PublicKeys(key)}, HostKeyCallback: hk, Timeout: 30 * time.Second,
+		// ChaCha20-Poly1305 first: a guest without AES instructions (the
+		// lab's TCG guests) does software AES-GCM several times slower,
+		// and the bundle is megabytes.
+		Config: ssh.Config{Ciphers: []string{"chacha20-poly1305@openssh.com", "aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr"}}})
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("apprun: ssh %s: %w", target, err)
@@ -292,30 +302,29 @@ func (g *Guest) Start(ctx context.Context, s Spec) (Status, error) {
 	if err := rt.start(ctx, sh, r.Container, r.Bundle); err != nil {
 		return fail(err)
 	}
+	r.StartedAt = time.Now().UTC()
+	if err := g.recs.put(r); err != nil {
+		return fail(err)
+	}
 	phase("run")
 	err = healthy(ctx, r, g.alive(sh, rt, r))
 	phase("health")
 	g.cfg.Log.Info("app instance started in the guest", phases...)
 	if err != nil {
 		// Left in place for Logs and Status; Stop removes it.
-		return Status{InstanceID: s.InstanceID, State: StateFailed, Detail: err.Error(), Endpoints: r.endpoints()}, nil
+		return Status{InstanceID: s.InstanceID, State: StateFailed, Detail: err.Error(), Endpoints: r.endpoints(), StartedAt: r.StartedAt}, nil
 	}
-	st, err := rt.state(ctx, sh, r.Container)
-	return statusOf(r, st, err)
+	// Healthy means running: no further round trip to ask.
+	return Status{InstanceID: s.InstanceID, State: StateRunning, Endpoints: r.endpoints(), StartedAt: r.StartedAt}, nil
 }
 
 // preflight checks the guest has the runtime and tar, and reports whether
-// its root is an initramfs (pivot_root cannot leave it: --no-pivot).
+// its root is an initramfs (pivot_root cannot leave it: --no-pivot). One
+// round trip: every command in a guest costs a shell start.
 func (g *Guest) preflight(ctx context.Context, sh shell) (noPivot bool, err error) {
-	if _, err := sh.run(ctx, g.cfg.Runtime+" --version", nil); err != nil {
-		return false, fmt.Errorf("the guest has no OCI runtime at %s: %w", g.cfg.Runtime, err)
-	}
-	if _, err := sh.run(ctx, g.cfg.Tar+" --version", nil); err != nil {
-		return false, fmt.Errorf("the guest has no GNU tar at %s: %w", g.cfg.Tar, err)
-	}
-	out, err := sh.run(ctx, "cat /proc/self/mounts", nil)
+	out, err := sh.run(ctx, g.cfg.Runtime+" --version >/dev/null && "+g.cfg.Tar+" --version >/dev/null && cat /proc/self/mounts", nil)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("the guest needs the OCI runtime %s and GNU tar at %s: %w", g.cfg.Runtime, g.cfg.Tar, err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -476,18 +485,16 @@ func (g *Guest) Stop(ctx context.Context, instanceID string) error {
 		return err
 	}
 	c, err := g.connect(ctx, r.AllocationID, r.Host)
+	if errors.Is(err, ErrGuestGone) {
+		g.cfg.Log.Info("app instance went with its guest", "instance", instanceID, "allocation", r.AllocationID)
+		os.RemoveAll(filepath.Join(g.cfg.StateDir, "staging", r.Container))
+		return g.recs.remove(instanceID)
+	}
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	return g.teardown(ctx, sshShell{c}, g.runtime(false), r)
-}
-
-// Forget drops the record of an instance whose guest is gone (its
-// allocation released: nothing is left to stop in it).
-func (g *Guest) Forget(instanceID string) error {
-	defer g.recs.lock(instanceID)()
-	return g.recs.remove(instanceID)
 }
 
 // Status implements Runner.
@@ -497,6 +504,9 @@ func (g *Guest) Status(ctx context.Context, instanceID string) (Status, error) {
 		return Status{}, err
 	}
 	c, err := g.connect(ctx, r.AllocationID, r.Host)
+	if errors.Is(err, ErrGuestGone) {
+		return Status{InstanceID: r.InstanceID, State: StateStopped, Detail: "its guest is gone", StartedAt: r.StartedAt}, nil
+	}
 	if err != nil {
 		return Status{}, err
 	}

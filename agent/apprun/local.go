@@ -227,6 +227,10 @@ func (l *Local) Start(ctx context.Context, s Spec) (Status, error) {
 	if err := l.rt.start(ctx, l.sh, r.Container, r.Bundle); err != nil {
 		return fail(err)
 	}
+	r.StartedAt = time.Now().UTC()
+	if err := l.recs.put(r); err != nil {
+		return fail(err)
+	}
 	if err := healthy(ctx, r, l.alive(r)); err != nil {
 		// Left in place for Logs and Status; Stop removes it.
 		return Status{InstanceID: s.InstanceID, State: StateFailed, Detail: err.Error(), Endpoints: r.endpoints()}, nil
@@ -250,8 +254,13 @@ func (l *Local) alive(r *record) func(context.Context) error {
 	}
 }
 
-// netns makes the instance's network namespace and its veth pair.
+// netns makes the instance's network namespace and its veth pair, after
+// removing any left by a start that was cut short (an agent killed
+// mid-launch).
 func (l *Local) netns(ctx context.Context, r *record, hostIP, nsIP netip.Addr) error {
+	if err := l.dropNetns(ctx, r); err != nil {
+		return err
+	}
 	v := vethName(r.InstanceID)
 	cmds := []string{
 		"ip netns add " + r.NetNS,
@@ -280,14 +289,33 @@ func (l *Local) teardown(ctx context.Context, r *record) error {
 		return fmt.Errorf("apprun: remove bundle of %s: %w", r.InstanceID, err)
 	}
 	os.RemoveAll(r.Bundle + ".layout")
-	if r.NetNS != "" {
-		if _, err := os.Stat("/run/netns/" + r.NetNS); err == nil {
-			if _, err := l.sh.run(ctx, "ip netns del "+r.NetNS, nil); err != nil {
-				return fmt.Errorf("apprun: remove network namespace of %s: %w", r.InstanceID, err)
-			}
-		}
+	if err := l.dropNetns(ctx, r); err != nil {
+		return fmt.Errorf("apprun: %s: %w", r.InstanceID, err)
 	}
 	return l.recs.remove(r.InstanceID)
+}
+
+// dropNetns removes the instance's veth pair and network namespace if
+// they exist. The host end is deleted first: that destroys the pair at
+// once, where deleting the namespace alone frees its end of the pair
+// later, in the kernel's own time (and a quick re-create would find the
+// host end's name still taken).
+func (l *Local) dropNetns(ctx context.Context, r *record) error {
+	if r.NetNS == "" {
+		return nil
+	}
+	v := vethName(r.InstanceID)
+	if _, err := os.Stat("/sys/class/net/" + v); err == nil {
+		if _, err := l.sh.run(ctx, "ip link del "+v, nil); err != nil {
+			return fmt.Errorf("remove veth %s: %w", v, err)
+		}
+	}
+	if _, err := os.Stat("/run/netns/" + r.NetNS); err == nil {
+		if _, err := l.sh.run(ctx, "ip netns del "+r.NetNS, nil); err != nil {
+			return fmt.Errorf("remove network namespace %s: %w", r.NetNS, err)
+		}
+	}
+	return nil
 }
 
 // Stop implements Runner.

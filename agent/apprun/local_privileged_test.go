@@ -163,3 +163,36 @@ func randHex(t *testing.T) string {
 	require.NoError(t, err)
 	return hex.EncodeToString(b)
 }
+
+// TestPrivilegedLocalRunnerRecoversCutShortStart: an instance whose
+// container is gone but whose record, network namespace and veth pair
+// remain (an agent killed mid-launch) starts again at once under the same
+// names.
+func TestPrivilegedLocalRunnerRecoversCutShortStart(t *testing.T) {
+	testenv.Root(t)
+	testenv.Commands(t, "ip")
+	rt, err := apprun.DefaultLocalRuntime()
+	if err != nil {
+		testenv.Missing(t, "an OCI runtime", err.Error())
+	}
+	dir := t.TempDir()
+	l, err := apprun.NewLocal(apprun.LocalConfig{Dir: dir})
+	require.NoError(t, err)
+	s := helloSpec(t, "cut-"+randHex(t))
+	t.Cleanup(func() { l.Stop(context.Background(), s.InstanceID) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := l.Start(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, apprun.StateRunning, st.State, st.Detail)
+	out, err := exec.Command(rt, "--root", filepath.Join(dir, "runtime"), "delete", "--force", apprun.ContainerName(s.InstanceID)).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.FileExists(t, "/run/netns/"+apprun.NetnsName(s.InstanceID))
+
+	st, err = l.Start(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, apprun.StateRunning, st.State, st.Detail)
+	require.Contains(t, httpGet(t, "http://"+st.Endpoints[8080]+"/"), s.InstanceID)
+	require.NoError(t, l.Stop(ctx, s.InstanceID))
+	require.NoFileExists(t, "/run/netns/"+apprun.NetnsName(s.InstanceID))
+}

@@ -22,7 +22,7 @@ type layoutFile struct {
 	data       string
 }
 
-func tarBytes(t *testing.T, files []layoutFile) []byte {
+func tarBytes(t testing.TB, files []layoutFile) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -56,7 +56,7 @@ func sha(b []byte) string {
 
 // testLayout writes a layout archive with the given uncompressed layers;
 // mutate may change the documents before they are written.
-func testLayout(t *testing.T, layers [][]byte, mutate func(*ImageConfig, *Manifest)) (string, string) {
+func testLayout(t testing.TB, layers [][]byte, mutate func(*ImageConfig, *Manifest)) (string, string) {
 	t.Helper()
 	cfg := ImageConfig{Architecture: "amd64", OS: "linux", RootFS: RootFS{Type: "layers"},
 		Config: ContainerConfig{Entrypoint: []string{"/app"}, User: "1000:1000"}}

@@ -349,6 +349,24 @@ func (c *Client) GetBlob(ctx context.Context, path string, offset int64) (*http.
 	return nil, fmt.Errorf("get blob %s: %w", path, lastErr)
 }
 
+// URLs returns the coordinators' base URLs.
+func (c *Client) URLs() []string { return append([]string(nil), c.urls...) }
+
+// DialAppProxy parks a workload proxy connection on the coordinator at
+// base (one of URLs).
+func (c *Client) DialAppProxy(ctx context.Context, base string) (*websocket.Conn, error) {
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+c.Credential())
+	conn, resp, err := websocket.Dial(ctx, strings.TrimRight(base, "/")+proto.AgentAppProxyPath, &websocket.DialOptions{HTTPClient: c.http, HTTPHeader: h})
+	if err != nil {
+		if resp != nil {
+			return nil, fmt.Errorf("park an app proxy connection on %s: HTTP %d: %w", base, resp.StatusCode, err)
+		}
+		return nil, fmt.Errorf("park an app proxy connection on %s: %w", base, err)
+	}
+	return conn, nil
+}
+
 // DialConsole dials the console gateway of a session back: gateway is the
 // API address the session names (host:port or a URL). When it is one of
 // this client's coordinators, that coordinator's URL is used (its scheme

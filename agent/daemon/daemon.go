@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/crypto/ssh"
 
+	"github.com/gpuaas/gpuaas/agent/apprun"
 	"github.com/gpuaas/gpuaas/agent/client"
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/agent/console"
@@ -103,6 +105,8 @@ type Daemon struct {
 	ingressLast *IngressState
 	// console serves the console sessions (console.go; built on first use).
 	console *console.Manager
+	// apps runs the node's app instances (apps.go).
+	apps appState
 
 	gossip gossip
 }
@@ -189,6 +193,22 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	if rt != nil {
 		d.rt = rt
+		// The real runtime's slices run their apps in the guest, reached
+		// over SSH with the allocation's own key.
+		g, err := apprun.NewGuest(apprun.GuestConfig{StateDir: filepath.Join(cfg.StateDir, "apps"),
+			Key: func(_ context.Context, alloc string) (ssh.Signer, error) {
+				k, err := rt.GuestKey(alloc)
+				if errors.Is(err, slice.ErrNoGuest) {
+					return nil, fmt.Errorf("%w: %v", apprun.ErrGuestGone, err)
+				}
+				return k, err
+			},
+			Log: log.With("part", "apps")})
+		if err != nil {
+			d.store.Close()
+			return nil, errors.Join(fmt.Errorf("app runner: %w", err), rtClose())
+		}
+		d.apps.runner = g
 	}
 	d.rtClose = rtClose
 	d.reg = prometheus.NewRegistry()
@@ -290,7 +310,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop, d.consoleLoop} {
+	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop, d.consoleLoop, d.appLoop, d.appProxyLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -602,8 +622,8 @@ func (d *Daemon) taskLoop(ctx context.Context) error {
 		d.polls.Inc()
 		index = resp.Index
 		for _, t := range resp.Tasks {
-			if proto.IsConsoleTask(t.Type) {
-				continue // consoleLoop serves them
+			if proto.IsConsoleTask(t.Type) || proto.IsAppTask(t.Type) {
+				continue // consoleLoop and appLoop serve them
 			}
 			d.execute(ctx, t)
 		}

@@ -254,6 +254,9 @@ func (d *Daemon) release(ctx context.Context, t proto.Task) (json.RawMessage, er
 	if err := json.Unmarshal(t.Payload, &p); err != nil {
 		return nil, fmt.Errorf("task %s payload: %w", t.ID, err)
 	}
+	// The allocation's apps stop before its slice is torn down (their
+	// instances end stopped on the ledger when it is released).
+	d.stopAllocationApps(ctx, p.AllocationID)
 	if d.rt == nil {
 		ls, err := d.sched.Release(p.AllocationID)
 		if err != nil {

@@ -168,20 +168,24 @@ func keyNeeded(phase string, live bool) bool {
 	return false
 }
 
+// ErrNoGuest is GuestKey's error for an allocation whose guest is gone
+// (or never was on this host): there is nothing to log in to.
+var ErrNoGuest = errors.New("no guest")
+
 // GuestKey returns the signer that opens allocation alloc's guest: the app
 // runner's channel into a slice (agent/apprun: SSH with the allocation's
-// own key, the one its seed authorizes). It fails for an allocation this
-// agent has no record of or whose key was destroyed (its guest is gone).
+// own key, the one its seed authorizes). It fails with ErrNoGuest for an
+// allocation this agent has no record of or whose slice is over.
 func (r *Runtime) GuestKey(alloc string) (ssh.Signer, error) {
 	rec, ok, err := r.d.Journal.Get(alloc)
 	if err != nil {
 		return nil, fmt.Errorf("allocation %s: %w", alloc, err)
 	}
 	if !ok {
-		return nil, fmt.Errorf("allocation %s: no slice of it on this host", alloc)
+		return nil, fmt.Errorf("allocation %s: %w: no slice of it on this host", alloc, ErrNoGuest)
 	}
 	if !keyNeeded(rec.Phase, true) {
-		return nil, fmt.Errorf("allocation %s: its slice is %s; nothing may log in to its guest", alloc, rec.Phase)
+		return nil, fmt.Errorf("allocation %s: %w: its slice is %s", alloc, ErrNoGuest, rec.Phase)
 	}
 	s, _, err := r.guestKey(&rec)
 	return s, err

@@ -71,6 +71,12 @@ func (a *API) launchApp(c *call) error {
 	if err := c.decode(&body, false); err != nil {
 		return err
 	}
+	if err := proto.ValidateID("app name", body.App); err != nil {
+		return err
+	}
+	if err := proto.ValidateAppInstanceName(body.App); err != nil {
+		return err
+	}
 	snap := a.b.Store().Snapshot()
 	al, ok := snap.Allocation(id)
 	if !ok {

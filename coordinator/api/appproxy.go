@@ -5,7 +5,8 @@ package api
 //	user ──HTTP/WS──▶ any coordinator: /v1/allocations/{id}/apps/{app}/proxy/{path...}
 //	                    │ authenticated as the allocation's owner (or an admin)
 //	                    │ the instance must be running
-//	                    │ no parked connection of its node here: relayed to the leader
+//	                    │ a follower relays the request (upgrades too) to the leader,
+//	                    │ which holds the session and writes its audit record
 //	                    ▼
 //	                  take one of the node's parked connections
 //	agent ──WS──▶ GET /v1/agent/app-proxy (node credential; parked ahead of time,
@@ -311,9 +312,12 @@ func (a *API) serveAppProxy(c *call) error {
 	if err != nil {
 		return err
 	}
-	if !a.appProxy.has(inst.NodeID) && c.r.Header.Get(proto.ForwardedHeader) == "" && !a.b.IsLeader() {
-		// The agent parks where it can; the leader is the one every
-		// agent reaches.
+	if !a.b.IsLeader() {
+		// Sessions run on the leader, which writes their audit records
+		// (agents park on every coordinator, so on the leader too).
+		if c.r.Header.Get(proto.ForwardedHeader) != "" {
+			return proto.Errorf(proto.CodeUnavailable, "the workload proxy runs on the leader and leadership moved; retry")
+		}
 		a.clearConnDeadlines(c.w)
 		a.forwardStream(c)
 		return nil

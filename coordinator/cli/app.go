@@ -121,11 +121,12 @@ func reasonsOf(v sched.AppVerdict) string {
 }
 
 func (a *app) appCmd() *cobra.Command {
-	c := &cobra.Command{Use: "app", Aliases: []string{"apps"}, Short: "The app catalog and the target picker"}
+	c := &cobra.Command{Use: "app", Aliases: []string{"apps"}, Short: "The app catalog, the target picker and the apps running on allocations"}
 	list := pagedList[proto.App](a, "List the app catalog", "/v1/apps", appTable)
 	list.Aliases = []string{"ls"}
 	c.AddCommand(list, a.appShowCmd(), a.appPublishCmd(), a.appDecideCmd("approve", proto.ImageApproved),
-		a.appDecideCmd("revoke", proto.ImageRevoked), a.appTargetsCmd(), a.appCompatibleCmd())
+		a.appDecideCmd("revoke", proto.ImageRevoked), a.appTargetsCmd(), a.appCompatibleCmd(),
+		a.appLaunchCmd(), a.appStatusCmd(), a.appLogsCmd(), a.appStopCmd(), a.appInstancesCmd())
 	return c
 }
 

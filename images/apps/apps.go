@@ -30,7 +30,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"time"
 
@@ -109,14 +108,16 @@ func Build(ctx context.Context, moduleDir string, a App, out string) (Built, err
 		ArchiveSHA256: hex.EncodeToString(sum[:]), Size: int64(len(layout))}, nil
 }
 
+// goTool is the go command: on $PATH, else the usual install location.
 func goTool() string {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
+	if p, err := exec.LookPath("go"); err == nil {
 		return p
+	}
+	if _, err := os.Stat("/usr/local/go/bin/go"); err == nil {
+		return "/usr/local/go/bin/go"
 	}
 	return "go"
 }
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // epoch is every file's modification time: the image carries no build time.
 var epoch = time.Unix(0, 0).UTC()

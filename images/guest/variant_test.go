@@ -41,7 +41,7 @@ func TestCUDAVariant(t *testing.T) {
 	require.NoError(t, err)
 	built := s.runner.transcript()[n:]
 	require.True(t, strings.HasPrefix(built[0], "go tool u-root -o "), built[0])
-	require.True(t, strings.HasSuffix(built[0], " github.com/u-root/u-root/cmds/core/dmesg ./lab/guestgpu/nvidia-smi"), built[0])
+	require.True(t, strings.HasSuffix(built[0], " github.com/u-root/u-root/cmds/core/"+URootCommands[len(URootCommands)-1]+" ./lab/guestgpu/nvidia-smi"), built[0])
 	require.Equal(t, CUDAName, m.Name)
 	require.Equal(t, "slice_cuda", m.Kind)
 	require.Equal(t, "slice_cuda", m.CatalogKind)

@@ -2,7 +2,7 @@
 // (images/apps) and prints its image reference by digest, the value an app
 // manifest's "image" field takes:
 //
-//	go run ./images/cmd/mkapp -o bin/apps/hello.oci.tar
+//	go run ./images/cmd/mkapp -o bin/apps/hello.oci.tar [-manifest hello.json]
 package main
 
 import (
@@ -14,11 +14,13 @@ import (
 
 	"github.com/gpuaas/gpuaas/images/apps"
 	"github.com/gpuaas/gpuaas/images/guest"
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 func main() {
 	out := flag.String("o", "bin/apps/hello.oci.tar", "where to write the OCI image layout archive")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
+	manifest := flag.String("manifest", "", "also write the app manifest (gpuaasctl app publish's body, images/apps/manifests/hello.json) naming the archive by its sha256 and size")
 	flag.Parse()
 	wd, err := os.Getwd()
 	if err == nil {
@@ -33,9 +35,38 @@ func main() {
 		fmt.Fprintln(os.Stderr, "mkapp:", err)
 		os.Exit(1)
 	}
+	if *manifest != "" {
+		if err := writeManifest(*manifest, b); err != nil {
+			fmt.Fprintln(os.Stderr, "mkapp:", err)
+			os.Exit(1)
+		}
+	}
 	if *asJSON {
 		json.NewEncoder(os.Stdout).Encode(b)
 		return
 	}
 	fmt.Printf("%s\n  image  %s\n  sha256 %s (%d bytes, the archive)\n", b.Path, b.Ref, b.ArchiveSHA256, b.Size)
+}
+
+// writeManifest rewrites the hello manifest at path (or the repository's
+// example when path does not exist yet) with b's archive digest and size.
+func writeManifest(path string, b apps.Built) error {
+	src, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		src, err = os.ReadFile("images/apps/manifests/hello.json")
+	}
+	if err != nil {
+		return err
+	}
+	var body proto.AppBody
+	if err := json.Unmarshal(src, &body); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	body.Image = apps.Hello.Repository + "@sha256:" + b.ArchiveSHA256
+	body.ImageSize = b.Size
+	out, err := json.MarshalIndent(body, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(out, '\n'), 0o644)
 }

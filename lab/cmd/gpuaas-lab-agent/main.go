@@ -9,11 +9,15 @@
 package main
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
+	"path/filepath"
 
+	"github.com/gpuaas/gpuaas/agent/apprun"
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/agent/daemon"
 	"github.com/gpuaas/gpuaas/hostops"
@@ -52,5 +56,22 @@ func simulatedHost(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error 
 		return errors.Join(err, rt.Close())
 	}
 	log.Info("simulated slice runtime", "disks", rt.DiskDir())
+	// A simulated slice has no guest: its apps run on this host with the
+	// same OCI runtime and bundle, in a network namespace of their own
+	// standing in for the guest (apprun.Local). Each lab agent takes its
+	// own /24 of the runner's subnet so agents sharing the machine never
+	// hand out the same address.
+	sum := sha256.Sum256([]byte(cfg.NodeID + "\x00" + cfg.StateDir))
+	apps, err := apprun.NewLocal(apprun.LocalConfig{Dir: filepath.Join(cfg.StateDir, "apps"),
+		Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 213, sum[0], 0}), 24), Log: log.With("part", "apps")})
+	if err != nil {
+		// The lab runs on without apps: their launches fail naming this.
+		log.Warn("no local app runner: app launches on this host will fail", "err", err)
+		return nil
+	}
+	if err := d.SetAppRunner(apps); err != nil {
+		return err
+	}
+	log.Info("local app runner", "dir", filepath.Join(cfg.StateDir, "apps"))
 	return nil
 }

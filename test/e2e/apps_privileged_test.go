@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/agent/apprun"
+	"github.com/gpuaas/gpuaas/coordinator/cli"
+	"github.com/gpuaas/gpuaas/images/apps"
+	"github.com/gpuaas/gpuaas/images/guest"
+	"github.com/gpuaas/gpuaas/proto"
+	"github.com/gpuaas/gpuaas/test/bench"
+	"github.com/gpuaas/gpuaas/test/testenv"
+)
+
+// TestPrivilegedLabAppLaunch launches the repository's hello app (its OCI
+// image layout, built here, uploaded to the coordinators' blob store) on a
+// simulated lab slice through real coordinator and agent processes: the
+// lab agent's local runner runs it with crun in a network namespace of its
+// own. The agent is killed mid-launch and restarted: one instance. The
+// owner reaches it through the workload proxy of a follower coordinator
+// (HTTP and the app's WebSocket echo); the session is audited; a release
+// stops it.
+func TestPrivilegedLabAppLaunch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs coordinator and agent processes")
+	}
+	testenv.Root(t)
+	testenv.Commands(t, "ip")
+	if _, err := apprun.DefaultLocalRuntime(); err != nil {
+		testenv.Missing(t, "an OCI runtime", err.Error())
+	}
+	e, lc, a := consoleLab(t)
+
+	wd, _ := os.Getwd()
+	root, err := guest.FindModuleRoot(wd)
+	require.NoError(t, err)
+	built, err := apps.Build(e.ctx, root, apps.Hello, filepath.Join(t.TempDir(), "hello.oci.tar"))
+	require.NoError(t, err)
+	layout, err := os.ReadFile(built.Path)
+	require.NoError(t, err)
+	body := proto.AppBody{Kind: proto.AppOCI, Image: apps.Hello.Repository + "@sha256:" + built.ArchiveSHA256, ImageSize: built.Size,
+		Compat: proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}, MinGPUs: 1},
+		Ports:  []proto.AppPort{{Name: "http", Port: 8080, Protocol: "http"}}, HealthCheck: &proto.AppHealthCheck{Port: 8080, Path: "/healthz", TimeoutSeconds: 60}}
+	require.NoError(t, e.do(e.api, http.MethodPut, "/v1/apps/hello/1.0.0", body, nil))
+	_, err = e.api.C.Do(e.ctx, http.MethodPut, "/v1/apps/hello/1.0.0/blob", nil, cli.RawBody{Data: layout, ContentType: "application/octet-stream"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.do(e.api, http.MethodPost, "/v1/apps/hello/1.0.0/approve", proto.AppApproveBody{Note: "e2e"}, nil))
+
+	// Launch as the owner; kill the agent while the launch runs.
+	start := time.Now()
+	var inst proto.AppInstance
+	require.NoError(t, e.do(e.op, http.MethodPost, "/v1/allocations/"+a.ID+"/apps", proto.AppLaunchBody{App: "hello"}, &inst,
+		proto.IdempotencyKeyHeader, "e2e-launch"))
+	get := func() proto.AppInstance {
+		var x proto.AppInstance
+		if e.do(e.op, http.MethodGet, "/v1/allocations/"+a.ID+"/apps/hello", nil, &x) != nil {
+			return proto.AppInstance{}
+		}
+		return x
+	}
+	require.True(t, waitFor(30*time.Second, func() bool { return get().State != proto.AppInstancePending }), "the agent took the launch: %+v", get())
+	lc.p.Kill()
+	e.restart(lc.p)
+	require.True(t, waitFor(90*time.Second, func() bool { s := get().State; return s == proto.AppInstanceRunning || s.Terminal() }),
+		"running after the restart: %+v", get())
+	healthy := time.Since(start)
+	inst = get()
+	require.Equal(t, proto.AppInstanceRunning, inst.State, "%+v", inst)
+	t.Logf("launch to healthy (with an agent restart): %s", healthy.Round(time.Millisecond))
+
+	// One container: the local runner's runtime lists one.
+	stateDir := lc.h.StateDir
+	recs, err := os.ReadDir(filepath.Join(stateDir, "apps", "instances"))
+	require.NoError(t, err)
+	assert.Len(t, recs, 1, "one instance record")
+
+	// The workload proxy, through the operator's coordinator (maybe a
+	// follower): HTTP, then the app's WebSocket echo.
+	var greeting string
+	require.True(t, waitFor(30*time.Second, func() bool {
+		r, err := e.op.C.Do(e.ctx, http.MethodGet, inst.ProxyPath, nil, nil, nil)
+		if err != nil {
+			return false
+		}
+		greeting = string(r.Body)
+		return true
+	}), "proxy answered")
+	assert.Contains(t, greeting, "hello from gpuaas app")
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+e.op.C.Token)
+	wsURL := strings.Replace(e.op.C.Base.String(), "https://", "wss://", 1) + inst.ProxyPath + "ws"
+	ws, _, err := websocket.Dial(e.ctx, wsURL, &websocket.DialOptions{HTTPClient: e.op.C.HTTP, HTTPHeader: h})
+	require.NoError(t, err)
+	require.NoError(t, ws.Write(e.ctx, websocket.MessageText, []byte("echo through the workload proxy")))
+	_, msg, err := ws.Read(e.ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "echo through the workload proxy", string(msg))
+	ws.Close(websocket.StatusNormalClosure, "done")
+
+	// The sessions are in the audit log.
+	var seen []string
+	require.True(t, waitFor(15*time.Second, func() bool {
+		r, err := e.api.C.Do(e.ctx, http.MethodGet, "/v1/audit", url.Values{"kind": {"app_instance"}, "limit": {"1000"}}, nil, nil)
+		if err != nil {
+			seen = []string{err.Error()}
+			return false
+		}
+		var l proto.List[proto.AuditRecord]
+		if json.Unmarshal(r.Body, &l) != nil {
+			return false
+		}
+		seen = nil
+		ws := 0
+		for _, rec := range l.Items {
+			var s proto.AppProxySession
+			_ = json.Unmarshal(rec.After, &s)
+			seen = append(seen, fmt.Sprintf("%s %s ws=%v in=%d out=%d", rec.Actor, rec.Route, s.WebSocket, s.BytesIn, s.BytesOut))
+			if rec.Route == "/v1/allocations/{id}/apps/{app}/proxy/{path}" && s.WebSocket && s.BytesIn > 0 && s.BytesOut > 0 {
+				ws++
+			}
+		}
+		return ws == 1
+	}), "the WebSocket session is audited: %v", seen)
+
+	// Release: the app goes with the slice.
+	require.NoError(t, e.do(e.op, http.MethodPost, "/v1/allocations/"+a.ID+"/release", nil, nil))
+	require.True(t, waitFor(60*time.Second, func() bool { return get().State == proto.AppInstanceStopped }), "stopped by the release: %+v", get())
+	require.True(t, waitFor(30*time.Second, func() bool {
+		recs, err := os.ReadDir(filepath.Join(stateDir, "apps", "instances"))
+		return err == nil && len(recs) == 0
+	}), "the local runner removed it")
+
+	if os.Getenv("GPUAAS_BENCH") != "" {
+		require.NoError(t, bench.WritePart("apps_launch", []bench.Metric{
+			bench.Info("app_launch_to_healthy_simulated_s", healthy.Seconds(), "s", fmt.Sprintf(
+				"hello app on a simulated lab slice (local runner: crun in a network namespace on the host, no guest), from the launch request to running, "+
+					"including an agent kill and restart mid-launch; layout %d bytes fetched from the coordinators' blob store", built.Size)),
+		}))
+	}
+}
