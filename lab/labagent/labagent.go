@@ -41,6 +41,10 @@ type Options struct {
 	// Fast shortens the intervals for tests (heartbeat 200 ms, readiness
 	// 300 ms, long-poll 2 s).
 	Fast bool
+	// IngressNetns, when set, is the network namespace (path) where the
+	// agent programs its slices' public ingress (a simulated host has no
+	// network stack of its own).
+	IngressNetns string
 }
 
 // Config returns the agent configuration of a lab host.
@@ -65,6 +69,7 @@ func Config(o Options) (config.Config, error) {
 	c.HardwareEvents = false
 	c.ImageCacheDir = "/var/lib/gpuaas/images"
 	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
+	c.IngressNetns = o.IngressNetns
 	if o.Fast {
 		c.HeartbeatInterval = config.Duration(200 * time.Millisecond)
 		c.ReadinessInterval = config.Duration(300 * time.Millisecond)
@@ -103,6 +108,9 @@ func Args(c config.Config) []string {
 	}
 	if len(c.GossipJoin) > 0 {
 		a = append(a, "-gossip-bind", c.GossipBind, "-gossip-join", c.GossipJoin.String())
+	}
+	if c.IngressNetns != "" {
+		a = append(a, "-ingress-netns", c.IngressNetns, "-ingress-table", c.IngressTable)
 	}
 	return append(a, sliceArgs(c)...)
 }
