@@ -151,4 +151,3 @@ func waitRules(t *testing.T, h *ingresstest.Host, ok func([]ingress.Rule) bool, 
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
