@@ -389,6 +389,17 @@ type IngressView struct {
 	Routes       []IngressRoute `json:"routes"`
 }
 
+// IngressOffer is a region's public ingress as tenants see it: whether a
+// site of the region declares public addressing and, if so, what may be
+// exposed; Reason says why not otherwise.
+type IngressOffer struct {
+	Enabled        bool        `json:"enabled"`
+	Reason         string      `json:"reason,omitempty"`
+	Protocols      []string    `json:"protocols,omitempty"`
+	AllowedPorts   []PortRange `json:"allowed_ports,omitempty"`
+	QuotaPerTenant int         `json:"quota_per_tenant,omitempty"`
+}
+
 // SiteIngressBody is the body of PUT /v1/sites/{name}/ingress: the
 // declaration, or {"ingress": null} to withdraw it.
 type SiteIngressBody struct {
