@@ -69,7 +69,12 @@ func Config(o Options) (config.Config, error) {
 	c.HardwareEvents = false
 	c.ImageCacheDir = "/var/lib/gpuaas/images"
 	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
+	// Lab agents program public ingress only in a namespace they are
+	// given, never in this machine's own (the table would outlive them).
 	c.IngressNetns = o.IngressNetns
+	if c.IngressNetns == "" {
+		c.IngressTable = ""
+	}
 	if o.Fast {
 		c.HeartbeatInterval = config.Duration(200 * time.Millisecond)
 		c.ReadinessInterval = config.Duration(300 * time.Millisecond)
@@ -109,8 +114,9 @@ func Args(c config.Config) []string {
 	if len(c.GossipJoin) > 0 {
 		a = append(a, "-gossip-bind", c.GossipBind, "-gossip-join", c.GossipJoin.String())
 	}
+	a = append(a, "-ingress-table="+c.IngressTable)
 	if c.IngressNetns != "" {
-		a = append(a, "-ingress-netns", c.IngressNetns, "-ingress-table", c.IngressTable)
+		a = append(a, "-ingress-netns", c.IngressNetns)
 	}
 	return append(a, sliceArgs(c)...)
 }
