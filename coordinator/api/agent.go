@@ -579,8 +579,16 @@ func (a *API) agentSlots(c *call) error {
 // before: the agent keeps it pending).
 func DesiredIngress(snap *state.Snapshot, node string) []proto.IngressStatus {
 	out := []proto.IngressStatus{}
-	for _, al := range snap.Allocations(state.AllocationFilter{NodeID: node}) {
-		if !al.Live() || al.State == proto.AllocReleasing || len(al.Ingress) == 0 {
+	// The node's live claims name its live allocations (indexed: a
+	// heartbeat never scans the allocations table).
+	seen := map[string]bool{}
+	for _, cl := range snap.LiveNodeClaims(node) {
+		if seen[cl.AllocationID] {
+			continue
+		}
+		seen[cl.AllocationID] = true
+		al, ok := snap.Allocation(cl.AllocationID)
+		if !ok || al.NodeID != node || !al.Live() || al.State == proto.AllocReleasing || len(al.Ingress) == 0 {
 			continue
 		}
 		priv := ""
