@@ -2,6 +2,7 @@ package proto
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -275,7 +276,7 @@ func (r IngressRoute) Rule() IngressRule { return IngressRule{Protocol: r.Protoc
 
 // Public returns "address:port".
 func (r IngressRoute) Public() string {
-	return netip.AddrPortFrom(netip.MustParseAddr(r.PublicAddress), uint16(r.PublicPort)).String()
+	return net.JoinHostPort(r.PublicAddress, strconv.Itoa(r.PublicPort))
 }
 
 // Endpoint is a public endpoint's key: protocol, address and port.
