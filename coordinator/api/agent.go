@@ -530,12 +530,15 @@ func (a *API) agentHeartbeat(c *call) error {
 		snap = a.b.Store().Snapshot()
 	}
 	if changed := ingressChanges(snap, node, body.Ingress); len(changed) > 0 {
-		_, idx, err := a.b.Apply(c.r.Context(), proto.IngressReportType, proto.IngressReportRequest{At: a.now(), NodeID: node, Routes: changed})
-		if err != nil {
-			return err
+		// A report that cannot be recorded now is sent again with the
+		// next heartbeat; it never fails this one (the agent needs the
+		// answer to keep its leases).
+		if _, idx, err := a.b.Apply(c.r.Context(), proto.IngressReportType, proto.IngressReportRequest{At: a.now(), NodeID: node, Routes: changed}); err != nil {
+			a.log.Warn("heartbeat: ingress report not recorded", "node", node, "err", err)
+		} else {
+			c.index = idx
+			snap = a.b.Store().Snapshot()
 		}
-		c.index = idx
-		snap = a.b.Store().Snapshot()
 	}
 	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}, Ingress: DesiredIngress(snap, node)}
 	for _, cl := range snap.LiveNodeClaims(node) {
