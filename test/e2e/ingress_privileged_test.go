@@ -57,7 +57,9 @@ func TestPrivilegedLabVMIngress(t *testing.T) {
 	rootNS := "gpn-vmroot-" + netnstest.Suffix(t)
 	_, err = host.Run(ctx, command.Cmd{Name: "ip", Args: []string{"netns", "attach", rootNS, strconv.Itoa(os.Getpid())}})
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = host.Run(context.Background(), command.Cmd{Name: "ip", Args: []string{"netns", "delete", rootNS}}) })
+	t.Cleanup(func() {
+		_, _ = host.Run(context.Background(), command.Cmd{Name: "ip", Args: []string{"netns", "delete", rootNS}})
+	})
 	rl := startRealSliceLab(t, ctx, func(a *fleet.Agents) {
 		a.IngressNetns = map[string]string{"j22u15": "/run/netns/" + rootNS}
 	})
@@ -80,7 +82,9 @@ func TestPrivilegedLabVMIngress(t *testing.T) {
 		require.NoError(t, err, "ip %v", args)
 	}
 	// Deleting the namespace deletes the pair; this covers a failed start.
-	t.Cleanup(func() { _, _ = host.Run(context.Background(), command.Cmd{Name: "ip", Args: []string{"link", "del", peer}}) })
+	t.Cleanup(func() {
+		_, _ = host.Run(context.Background(), command.Cmd{Name: "ip", Args: []string{"link", "del", peer}})
+	})
 	pub.MustRun(t, "ip", "link", "set", "eth0", "up")
 	pub.AddAddr(t, "eth0", "172.31.252.2/30")
 	pub.MustRun(t, "ip", "route", "add", "203.0.113.0/24", "via", "172.31.252.1")
