@@ -264,6 +264,10 @@ type Availability struct {
 	// Unplaceable names, for every allowed GPU count one request cannot
 	// get now, the scheduler's reason (its explain output).
 	Unplaceable []Unplaceable `json:"unplaceable,omitempty"`
+	// Ingress is what the region's sites offer for public ingress (slice
+	// rows only), so a tenant's client (the web console's wizard) can
+	// offer it or say why not.
+	Ingress *IngressOffer `json:"ingress,omitempty"`
 }
 
 // Unplaceable is one GPU count of a SKU that cannot be placed now, and

@@ -2,6 +2,7 @@ package proto
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -275,7 +276,7 @@ func (r IngressRoute) Rule() IngressRule { return IngressRule{Protocol: r.Protoc
 
 // Public returns "address:port".
 func (r IngressRoute) Public() string {
-	return netip.AddrPortFrom(netip.MustParseAddr(r.PublicAddress), uint16(r.PublicPort)).String()
+	return net.JoinHostPort(r.PublicAddress, strconv.Itoa(r.PublicPort))
 }
 
 // Endpoint is a public endpoint's key: protocol, address and port.
@@ -387,6 +388,17 @@ type IngressView struct {
 	AllocationID string         `json:"allocation_id"`
 	Site         string         `json:"site,omitempty"`
 	Routes       []IngressRoute `json:"routes"`
+}
+
+// IngressOffer is a region's public ingress as tenants see it: whether a
+// site of the region declares public addressing and, if so, what may be
+// exposed; Reason says why not otherwise.
+type IngressOffer struct {
+	Enabled        bool        `json:"enabled"`
+	Reason         string      `json:"reason,omitempty"`
+	Protocols      []string    `json:"protocols,omitempty"`
+	AllowedPorts   []PortRange `json:"allowed_ports,omitempty"`
+	QuotaPerTenant int         `json:"quota_per_tenant,omitempty"`
 }
 
 // SiteIngressBody is the body of PUT /v1/sites/{name}/ingress: the

@@ -173,6 +173,10 @@ type Config struct {
 	// ingress DNAT rules the agent programs with -runtime real ("": the
 	// agent programs no public ingress).
 	IngressTable string `json:"ingress_table,omitempty"`
+	// IngressNetns is the path of the network namespace the ingress table
+	// lives in ("": the agent's own; the lab points its simulated hosts at
+	// a namespace standing in for the host's network stack).
+	IngressNetns string `json:"ingress_netns,omitempty"`
 	// VMDir holds per-allocation seeds and NVRAM; SerialLogDir the serial
 	// console logs. QEMU (user libvirt-qemu) must be able to traverse both,
 	// so they are not under the 0700 state directory.
@@ -304,6 +308,7 @@ func defs() []flagDef {
 		s("nat-uplink", "interface guests are NATed out of (empty: no NAT)", func(c *Config) *string { return &c.NATUplink }),
 		s("nat-table", "nftables table (inet) of the guest NAT", func(c *Config) *string { return &c.NATTable }),
 		s("ingress-table", "nftables table (inet) of the public ingress DNAT (empty: no public ingress)", func(c *Config) *string { return &c.IngressTable }),
+		s("ingress-netns", "network namespace (path) of the public ingress table (empty: the agent's own)", func(c *Config) *string { return &c.IngressNetns }),
 		s("vm-dir", "per-allocation seed and NVRAM directory", func(c *Config) *string { return &c.VMDir }),
 		s("serial-log-dir", "directory of the VMs' serial console logs", func(c *Config) *string { return &c.SerialLogDir }),
 		s("wipe-policy", "default wipe policy: blkdiscard, nvme_format or zero", func(c *Config) *string { return &c.WipePolicy }),

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/agent/slice"
+	"github.com/gpuaas/gpuaas/hostops/command"
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
 	"github.com/gpuaas/gpuaas/hostops/disk"
 	"github.com/gpuaas/gpuaas/hostops/ingress"
@@ -105,7 +106,7 @@ func (d *Daemon) newRuntime() (*slice.Runtime, func() error, error) {
 		n = nt
 	}
 	if cfg.IngressTable != "" {
-		ig, err := ingress.New(ingress.Config{Table: cfg.IngressTable})
+		ig, err := ingress.New(ingress.Config{Table: cfg.IngressTable, Runner: command.Exec{Netns: cfg.IngressNetns}})
 		if err != nil {
 			j.Close()
 			return nil, nil, err

@@ -585,12 +585,15 @@ func (a *API) agentHeartbeat(c *call) error {
 		snap = a.b.Store().Snapshot()
 	}
 	if changed := ingressChanges(snap, node, body.Ingress); len(changed) > 0 {
-		_, idx, err := a.b.Apply(c.r.Context(), proto.IngressReportType, proto.IngressReportRequest{At: a.now(), NodeID: node, Routes: changed})
-		if err != nil {
-			return err
+		// A report that cannot be recorded now is sent again with the
+		// next heartbeat; it never fails this one (the agent needs the
+		// answer to keep its leases).
+		if _, idx, err := a.b.Apply(c.r.Context(), proto.IngressReportType, proto.IngressReportRequest{At: a.now(), NodeID: node, Routes: changed}); err != nil {
+			a.log.Warn("heartbeat: ingress report not recorded", "node", node, "err", err)
+		} else {
+			c.index = idx
+			snap = a.b.Store().Snapshot()
 		}
-		c.index = idx
-		snap = a.b.Store().Snapshot()
 	}
 	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}, Ingress: DesiredIngress(snap, node)}
 	for _, cl := range snap.LiveNodeClaims(node) {
@@ -638,8 +641,16 @@ func (a *API) agentSlots(c *call) error {
 // before: the agent keeps it pending).
 func DesiredIngress(snap *state.Snapshot, node string) []proto.IngressStatus {
 	out := []proto.IngressStatus{}
-	for _, al := range snap.Allocations(state.AllocationFilter{NodeID: node}) {
-		if !al.Live() || al.State == proto.AllocReleasing || len(al.Ingress) == 0 {
+	// The node's live claims name its live allocations (indexed: a
+	// heartbeat never scans the allocations table).
+	seen := map[string]bool{}
+	for _, cl := range snap.LiveNodeClaims(node) {
+		if seen[cl.AllocationID] {
+			continue
+		}
+		seen[cl.AllocationID] = true
+		al, ok := snap.Allocation(cl.AllocationID)
+		if !ok || al.NodeID != node || !al.Live() || al.State == proto.AllocReleasing || len(al.Ingress) == 0 {
 			continue
 		}
 		priv := ""

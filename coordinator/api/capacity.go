@@ -80,7 +80,7 @@ func (a *API) putPool(c *call) error {
 }
 
 func (a *API) getAvailability(c *call) error {
-	o := readOpts{tables: []string{state.TableRegions, state.TableNodes, state.TableSlots, state.TableClaims}, paging: true, filters: []string{"region", "sku"}}
+	o := readOpts{tables: []string{state.TableRegions, state.TableNodes, state.TableSlots, state.TableClaims, state.TableSites}, paging: true, filters: []string{"region", "sku"}}
 	return c.read(o, func(s *state.Snapshot, q url.Values, p page) (any, error) {
 		region, err := idParam(q, "region")
 		if err != nil {
@@ -147,6 +147,9 @@ func (a *API) getAvailability(c *call) error {
 // never leaves this function.
 func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Availability {
 	av := proto.Availability{Region: r.Name, SKU: sku.Name, CapacityShape: sku.Shape, Placeable: []int{}, RegionDisabled: r.Disabled}
+	if sku.Shape == proto.ShapeGPUSlice {
+		av.Ingress = ingressOffer(s, r.Name)
+	}
 	if r.Disabled {
 		return av
 	}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
 	"github.com/gpuaas/gpuaas/proto"
@@ -145,4 +146,23 @@ func (a *API) removeIngress(c *call) error {
 		return err
 	}
 	return c.reply(http.StatusOK, v)
+}
+
+// ingressOffer is the region's public ingress as a tenant sees it: the
+// declaration of the first site (by name) of the region that has one.
+func ingressOffer(s *state.Snapshot, region string) *proto.IngressOffer {
+	var sites []string
+	for _, site := range s.Sites() {
+		if site.Region != region {
+			continue
+		}
+		sites = append(sites, site.Name)
+		if in := site.Ingress; in != nil {
+			return &proto.IngressOffer{Enabled: true, Protocols: in.Protocols, AllowedPorts: in.AllowedPorts, QuotaPerTenant: in.QuotaPerTenant}
+		}
+	}
+	if len(sites) == 0 {
+		return &proto.IngressOffer{Reason: "no site of region " + region + " declares public addressing"}
+	}
+	return &proto.IngressOffer{Reason: "site " + strings.Join(sites, ", ") + " declares no public addressing"}
 }

@@ -43,10 +43,11 @@ var funcs = template.FuncMap{
 		}
 		return map[string]any{"V": v, "B": b, "Node": node, "Back": back}
 	},
-	"allocStates": func() []proto.AllocState { return proto.AllocStates },
-	"pct":         func(f float64) string { return fmt.Sprintf("%.2f%%", f) },
-	"path":        esc,
-	"add":         func(a, b int) int { return a + b },
+	"allocStates":    func() []proto.AllocState { return proto.AllocStates },
+	"pct":            func(f float64) string { return fmt.Sprintf("%.2f%%", f) },
+	"path":           esc,
+	"add":            func(a, b int) int { return a + b },
+	"ingressAllowed": ingressAllowed,
 	"short": func(s string, n int) string {
 		if len(s) <= n {
 			return s

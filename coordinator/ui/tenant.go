@@ -94,16 +94,21 @@ type launchData struct {
 	ImagesErr string
 	SavedKeys []string
 	DiskSize  string
-	Form      launchForm
-	Error     string
+	// Ingress is the region's public ingress (nil: unknown); the
+	// network step offers it or says why not.
+	Ingress *proto.IngressOffer
+	Form    launchForm
+	Error   string
 }
 
 type launchForm struct {
-	Region string
-	Shape  string
-	Image  string
-	SSHKey string
-	Key    string // idempotency key (review onwards)
+	Region  string
+	Shape   string
+	Image   string
+	SSHKey  string
+	Network string // private_nat (default) or public
+	Ingress string // public ingress rules, "tcp/22 tcp/8888"
+	Key     string // idempotency key (review onwards)
 }
 
 func (u *UI) launch(q *req) error {
@@ -159,6 +164,7 @@ func (u *UI) launchData(q *req, f launchForm) (launchData, error) {
 		if d.Shapes, err = shapesFrom(av.Items, d.Region, d.Form.Shape); err != nil {
 			return d, err
 		}
+		d.Ingress = regionIngress(av.Items, d.Region)
 	}
 	var imgs proto.List[*proto.Image]
 	if _, err := q.api.get("/v1/images", url.Values{"state": {string(proto.ImageApproved)}}, &imgs); err != nil {
@@ -253,6 +259,29 @@ func shapesFrom(av []*proto.Availability, region, selected string) ([]shapeChoic
 	return out, nil
 }
 
+// regionIngress is the region's public ingress offer (from its slice
+// availability row).
+func regionIngress(av []*proto.Availability, region string) *proto.IngressOffer {
+	for _, a := range av {
+		if a.Region == region && a.CapacityShape == proto.ShapeGPUSlice && a.Ingress != nil {
+			return a.Ingress
+		}
+	}
+	return nil
+}
+
+// ingressAllowed renders an offer's ports ("tcp: 22, 8000-8999").
+func ingressAllowed(o *proto.IngressOffer) string {
+	if o == nil {
+		return ""
+	}
+	var ports []string
+	for _, r := range o.AllowedPorts {
+		ports = append(ports, r.String())
+	}
+	return strings.Join(o.Protocols, "/") + " ports " + strings.Join(ports, ", ") + fmt.Sprintf(", up to %d per tenant", o.QuotaPerTenant)
+}
+
 func plural(n int) string {
 	if n == 1 {
 		return ""
@@ -283,13 +312,30 @@ func (u *UI) request(q *req, f launchForm) (proto.AllocationCreateRequest, error
 	if k := strings.TrimSpace(f.SSHKey); k != "" {
 		req.SSHPublicKeys = []string{k}
 	}
+	switch f.Network {
+	case "", "private_nat":
+	case "public":
+		if s.Shape != proto.ShapeGPUSlice {
+			return req, badInput("public ingress is for GPU slices")
+		}
+		rules := strings.Fields(strings.ReplaceAll(f.Ingress, ",", " "))
+		if len(rules) == 0 {
+			return req, badInput("public ingress: name the ports to open, e.g. tcp/22")
+		}
+		if _, err := proto.ParseIngressRules(rules); err != nil {
+			return req, badInput("public ingress: %s", errText(err))
+		}
+		req.Ingress = rules
+	default:
+		return req, badInput("network %q is not private_nat or public", f.Network)
+	}
 	return req, nil
 }
 
 func readForm(r *http.Request) launchForm {
 	p := r.PostForm
 	return launchForm{Region: p.Get("region"), Shape: p.Get("shape"), Image: p.Get("image"),
-		SSHKey: strings.TrimSpace(p.Get("ssh_key")), Key: p.Get("idempotency_key")}
+		SSHKey: strings.TrimSpace(p.Get("ssh_key")), Network: p.Get("network"), Ingress: strings.TrimSpace(p.Get("ingress")), Key: p.Get("idempotency_key")}
 }
 
 type reviewData struct {

@@ -99,6 +99,10 @@ type Agents struct {
 	// Slices are the real slice runtime settings of the hosts that boot
 	// VMs on this machine (labhost.SetupSlice), by host name.
 	Slices map[string]labagent.Slice
+	// IngressNetns are the network namespaces (paths) where the hosts'
+	// agents program public ingress, by host name (tests: a namespace
+	// standing in for the simulated host's network stack).
+	IngressNetns map[string]string
 }
 
 // Proc returns the agent process of h, not started. token, when set, is
@@ -109,7 +113,7 @@ func (a Agents) Proc(h Host, token string) (*launch.Proc, error) {
 		return nil, fmt.Errorf("agent %s state dir: %w", h.Name, err)
 	}
 	o := labagent.Options{Host: h.Name, HostBase: h.Root, StateDir: h.StateDir, Coordinators: a.Coordinators,
-		CAFile: a.CAFile, GossipJoin: a.GossipJoin, Fast: a.Fast}
+		CAFile: a.CAFile, GossipJoin: a.GossipJoin, Fast: a.Fast, IngressNetns: a.IngressNetns[h.Name]}
 	if token != "" {
 		o.TokenFile = filepath.Join(h.StateDir, TokenFile)
 		if err := atomicfile.WriteFile(o.TokenFile, []byte(token+"\n"), 0o600); err != nil {

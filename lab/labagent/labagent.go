@@ -41,6 +41,10 @@ type Options struct {
 	// Fast shortens the intervals for tests (heartbeat 200 ms, readiness
 	// 300 ms, long-poll 2 s).
 	Fast bool
+	// IngressNetns, when set, is the network namespace (path) where the
+	// agent programs its slices' public ingress (a simulated host has no
+	// network stack of its own).
+	IngressNetns string
 }
 
 // Config returns the agent configuration of a lab host.
@@ -65,6 +69,12 @@ func Config(o Options) (config.Config, error) {
 	c.HardwareEvents = false
 	c.ImageCacheDir = "/var/lib/gpuaas/images"
 	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
+	// Lab agents program public ingress only in a namespace they are
+	// given, never in this machine's own (the table would outlive them).
+	c.IngressNetns = o.IngressNetns
+	if c.IngressNetns == "" {
+		c.IngressTable = ""
+	}
 	if o.Fast {
 		c.HeartbeatInterval = config.Duration(200 * time.Millisecond)
 		c.ReadinessInterval = config.Duration(300 * time.Millisecond)
@@ -103,6 +113,10 @@ func Args(c config.Config) []string {
 	}
 	if len(c.GossipJoin) > 0 {
 		a = append(a, "-gossip-bind", c.GossipBind, "-gossip-join", c.GossipJoin.String())
+	}
+	a = append(a, "-ingress-table="+c.IngressTable)
+	if c.IngressNetns != "" {
+		a = append(a, "-ingress-netns", c.IngressNetns)
 	}
 	return append(a, sliceArgs(c)...)
 }

@@ -50,3 +50,22 @@ func TestSliceArgsRoundTrip(t *testing.T) {
 	_, err = WithSlice(c, Slice{Bridge: "labbr15", Gateway: "10.215.0.1/24", VMDir: "relative"})
 	assert.ErrorContains(t, err, "-vm-dir")
 }
+
+// Lab agents program public ingress only in a namespace they are given:
+// without one the table is off (it would outlive them in this machine's
+// own namespace).
+func TestIngressArgs(t *testing.T) {
+	c, err := Config(Options{Host: "j22u15", HostBase: "/lab/hosts/j22u15", StateDir: "/lab/agents/j22u15", Coordinators: []string{"http://127.0.0.1:7480"}})
+	require.NoError(t, err)
+	assert.Empty(t, c.IngressTable)
+	got, err := config.Load(Args(c), func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Empty(t, got.IngressTable, "the agent's default table is turned off")
+	c, err = Config(Options{Host: "j22u15", HostBase: "/lab/hosts/j22u15", StateDir: "/lab/agents/j22u15", Coordinators: []string{"http://127.0.0.1:7480"},
+		IngressNetns: "/run/netns/gpn-ingh-1"})
+	require.NoError(t, err)
+	got, err = config.Load(Args(c), func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "gpuaas_ingress", got.IngressTable)
+	assert.Equal(t, "/run/netns/gpn-ingh-1", got.IngressNetns)
+}

@@ -182,7 +182,7 @@ type realSliceLab struct {
 
 // startRealSliceLab brings the real slice host up (every part it needs, or
 // the test skips: it is privileged).
-func startRealSliceLab(t *testing.T, ctx context.Context) realSliceLab {
+func startRealSliceLab(t *testing.T, ctx context.Context, opts ...func(*fleet.Agents)) realSliceLab {
 	t.Helper()
 	testenv.Commands(t, "losetup", "dnsmasq", "qemu-img", "objcopy", "sgdisk", "mkfs.vfat", "mmd", "mcopy")
 	libvirttest.SharedOVS(t)
@@ -235,6 +235,9 @@ func startRealSliceLab(t *testing.T, ctx context.Context) realSliceLab {
 
 	agents := fleet.Agents{Bin: filepath.Join(bin, "gpuaas-agent"), Coordinators: urls, CAFile: launch.CAFile(dir), GossipJoin: gossip,
 		LogDir: filepath.Join(dir, "logs"), Fast: true, Slices: map[string]labagent.Slice{"j22u15": sh.Slice}}
+	for _, o := range opts {
+		o(&agents)
+	}
 	token, err := api.MintToken(ctx, "j22u15", time.Hour)
 	require.NoError(t, err)
 	p, err := agents.Proc(h, token)

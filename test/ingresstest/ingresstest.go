@@ -29,7 +29,6 @@ import (
 // Addresses of the topology.
 const (
 	GatewayCIDR = "10.77.0.1/24"
-	Subnet      = "10.77.0.0/24"
 	UplinkHost  = "172.31.254.1"
 	Client      = "172.31.254.2"
 	PublicPool  = "203.0.113.0/24"
@@ -45,6 +44,7 @@ type Host struct {
 	Ingress *ingress.Ingress
 	Guests  map[string]*Guest // by allocation ID
 	sfx     string
+	gw      netip.Prefix
 }
 
 // Guest is one slice standing in for a VM: a namespace on the bridge
@@ -55,12 +55,17 @@ type Guest struct {
 	IP           netip.Addr
 }
 
-// New builds the host, its bridge, uplink, NAT and ingress table, and the
-// public client.
-func New(t testing.TB) *Host {
+// New builds the host, its bridge (GatewayCIDR), uplink, NAT and ingress
+// table, and the public client.
+func New(t testing.TB) *Host { return NewWith(t, GatewayCIDR) }
+
+// NewWith is New with the bridge's gateway address gateway (e.g.
+// "10.200.0.1/24", a lab host's guest gateway).
+func NewWith(t testing.TB, gateway string) *Host {
 	t.Helper()
 	ctx := context.Background()
-	h := &Host{Host: netnstest.New(t, "ingh"), Public: netnstest.New(t, "ingp"), Guests: map[string]*Guest{}, sfx: netnstest.Suffix(t)}
+	gw := netip.MustParsePrefix(gateway)
+	h := &Host{Host: netnstest.New(t, "ingh"), Public: netnstest.New(t, "ingp"), Guests: map[string]*Guest{}, sfx: netnstest.Suffix(t), gw: gw}
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: Bridge}}
 	nl := h.Host.Handle()
 	if err := nl.LinkAdd(br); err != nil {
@@ -69,7 +74,7 @@ func New(t testing.TB) *Host {
 	if err := nl.LinkSetUp(br); err != nil {
 		t.Fatalf("bring up %s: %v", Bridge, err)
 	}
-	h.Host.AddAddr(t, Bridge, GatewayCIDR)
+	h.Host.AddAddr(t, Bridge, gw.String())
 	netnstest.Veth(t, h.Host, Uplink, nil, h.Public, "eth0")
 	h.Host.AddAddr(t, Uplink, UplinkHost+"/30")
 	h.Public.AddAddr(t, "eth0", Client+"/30")
@@ -78,7 +83,7 @@ func New(t testing.TB) *Host {
 		t.Fatal(err)
 	}
 	var err error
-	h.NAT, err = nat.New(nat.Config{Bridge: Bridge, Uplink: Uplink, Subnet: netip.MustParsePrefix(Subnet), Runner: h.Host.Exec()})
+	h.NAT, err = nat.New(nat.Config{Bridge: Bridge, Uplink: Uplink, Subnet: gw.Masked(), Runner: h.Host.Exec()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +119,8 @@ func (h *Host) AddGuest(t testing.TB, alloc, ip string, port int) *Guest {
 	if err := nl.LinkSetMaster(l, br); err != nil {
 		t.Fatalf("attach %s to %s: %v", peer, Bridge, err)
 	}
-	g.NS.AddAddr(t, "eth0", ip+"/24")
-	g.NS.MustRun(t, "ip", "route", "add", "default", "via", strings.Split(GatewayCIDR, "/")[0])
+	g.NS.AddAddr(t, "eth0", netip.PrefixFrom(g.IP, h.gw.Bits()).String())
+	g.NS.MustRun(t, "ip", "route", "add", "default", "via", h.gw.Addr().String())
 	if err := h.NAT.Apply(context.Background(), nat.Guest{AllocationID: alloc, IP: g.IP}); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/agent/daemon"
 	"github.com/gpuaas/gpuaas/hostops"
+	"github.com/gpuaas/gpuaas/hostops/command"
+	"github.com/gpuaas/gpuaas/hostops/ingress"
 	"github.com/gpuaas/gpuaas/lab/hostsim/simruntime"
 	"github.com/gpuaas/gpuaas/lab/simslice"
 )
@@ -56,6 +58,18 @@ func simulatedHost(d *daemon.Daemon, cfg config.Config, log *slog.Logger) error 
 		return errors.Join(err, rt.Close())
 	}
 	log.Info("simulated slice runtime", "disks", rt.DiskDir())
+	if cfg.IngressNetns != "" && cfg.IngressTable != "" {
+		// The simulated slices' public ingress is programmed for real, in
+		// the namespace standing in for this host's network stack.
+		ig, err := ingress.New(ingress.Config{Table: cfg.IngressTable, Runner: command.Exec{Netns: cfg.IngressNetns}})
+		if err != nil {
+			return err
+		}
+		if err := d.SetIngress(ig); err != nil {
+			return err
+		}
+		log.Info("public ingress", "netns", cfg.IngressNetns, "table", cfg.IngressTable)
+	}
 	// A simulated slice has no guest: its apps run on this host with the
 	// same OCI runtime and bundle, in a network namespace of their own
 	// standing in for the guest (apprun.Local). Each lab agent takes its
