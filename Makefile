@@ -61,7 +61,8 @@ FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzSliceProvisionResult:./pr
 	FuzzImageManifest:./proto FuzzParseImageSpec:./proto FuzzAllocationCreateBody:./coordinator/api \
 	FuzzMAASResponses:./coordinator/maas FuzzReadFunction:./hostops/pci FuzzValidateDriver:./hostops/pci \
 	FuzzParseUdevSignature:./agent/discovery FuzzParseDiskIDs:./agent/discovery \
-	FuzzParseGPUHealth:./hostops/gpuhealth FuzzParse:./hostops/uevent FuzzImagePath:./agent/slice
+	FuzzParseGPUHealth:./hostops/gpuhealth FuzzParse:./hostops/uevent FuzzImagePath:./agent/slice \
+	FuzzCARotationCommands:./coordinator/enroll
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
