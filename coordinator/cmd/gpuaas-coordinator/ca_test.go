@@ -252,11 +252,13 @@ func TestCARotationOfAThreeServerCluster(t *testing.T) {
 		_, err = old.Get(c.URL(i) + "/readyz")
 		require.Error(t, err, "server %d still presents a certificate of the retired CA", i)
 	}
-	st = status()
+	// The agent holds the bundle of the retirement after its next heartbeat.
+	require.Eventually(t, func() bool {
+		st = status()
+		return len(st.Nodes) == 1 && st.Nodes[0].Current
+	}, 20*time.Second, 100*time.Millisecond, "the agent reports the current bundle: %+v", st.Nodes)
 	require.Len(t, st.CAs, 2)
 	assert.Equal(t, staged.ID, st.Active)
-	require.Len(t, st.Nodes, 1)
-	assert.True(t, st.Nodes[0].Current)
 	assert.Equal(t, staged.ID, st.Nodes[0].CertCA)
 
 	// Quorum held: a write commits, and a restarted follower (started with
