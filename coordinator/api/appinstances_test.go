@@ -38,6 +38,7 @@ func TestAppInstanceRoutes(t *testing.T) {
 	before := e.index()
 	p := launch(RoleTenant, mine.ID, `{"app":"hello"}`, "l1").requireProblem(t, http.StatusConflict, proto.CodeIllegalTransition)
 	assert.Contains(t, p.Detail, "apps run on active allocations")
+	assert.Equal(t, before, e.index(), "a launch on an inactive allocation changes nothing")
 	for _, a := range []proto.Allocation{mine, theirs} {
 		for _, to := range []proto.AllocState{proto.AllocProvisioning, proto.AllocActive} {
 			e.apply(proto.AllocationTransitionType, proto.AllocationTransitionRequest{At: fixtureAt.Add(time.Hour), AllocationID: a.ID, To: to})

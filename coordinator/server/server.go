@@ -451,9 +451,9 @@ func (s *Server) Shutdown() error {
 			s.stopStep.Store(name)
 			return time.Now()
 		}
-		t := step("cancel the leader loops")
+		step("cancel the leader loops")
 		s.cancel()
-		t = step("raft shutdown")
+		t := step("raft shutdown")
 		if err := s.raft.Shutdown().Error(); err != nil {
 			s.shutdownErr = fmt.Errorf("shutdown raft %s: %w", s.cfg.NodeID, err)
 		}
