@@ -102,6 +102,7 @@ func (u *UI) routes() {
 	m.HandleFunc("POST /ui/allocations/{id}/release", u.form(u.release))
 	m.HandleFunc("GET /ui/allocations/{id}/console", u.page(u.console))
 	m.HandleFunc("GET /ui/allocations/{id}/console/ws", u.consoleSocket)
+	m.HandleFunc("GET /ui/allocations/{id}/console/sessions", u.page(u.consoleSessions))
 	m.HandleFunc("GET /ui/apps", u.page(u.apps))
 	m.HandleFunc("GET /ui/apps/{name}", u.page(u.appTargets))
 	m.HandleFunc("POST /ui/apps/launch", u.form(u.appLaunch))
