@@ -104,6 +104,13 @@ func TestAppsPagesLaunchAndStop(t *testing.T) {
 	assert.Contains(t, body, `<tr data-app="hello" data-state="pending">`)
 	assert.Contains(t, body, `class="danger stop-app" data-app="hello"`)
 	assert.NotContains(t, body, "not available on this coordinator")
+	// While the instance settles, its card polls its own fragment.
+	assert.Contains(t, body, `id="instances-card" hx-get="/ui/allocations/`+a.ID+`/apps/instances" hx-trigger="every 3s"`)
+	status, frag, _ := op.get("/ui/allocations/" + a.ID + "/apps/instances")
+	require.Equal(t, http.StatusOK, status, frag)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<section class="card" id="instances-card"`), frag)
+	assert.Contains(t, frag, `<tr data-app="hello" data-state="pending">`)
+	assert.NotContains(t, frag, "<html")
 	status, _, res = op.post("/ui/allocations/"+a.ID+"/apps/hello/stop", url.Values{"csrf": {op.csrf}})
 	require.Equal(t, http.StatusSeeOther, status)
 	_, body, _ = op.get(res.Header.Get("Location"))

@@ -107,6 +107,7 @@ func (u *UI) routes() {
 	m.HandleFunc("GET /ui/apps/{name}", u.page(u.appTargets))
 	m.HandleFunc("POST /ui/apps/launch", u.form(u.appLaunch))
 	m.HandleFunc("POST /ui/allocations/{id}/apps/{app}/stop", u.form(u.appStop))
+	m.HandleFunc("GET /ui/allocations/{id}/apps/instances", u.page(u.appInstances))
 	m.HandleFunc("/ui/allocations/{id}/apps/{app}/open/{rest...}", u.appOpen)
 	m.HandleFunc("GET /ui/launch", u.page(u.launch))
 	m.HandleFunc("GET /ui/launch/shapes", u.page(u.launchShapes))
