@@ -457,7 +457,7 @@ func TestLabWebConsole(t *testing.T) {
 		return r && r.dataset.state != 'pending'; })()`, 60*time.Second)
 	var instState string
 	tn.eval(`document.querySelector('#app-instances tr[data-app=hello-http]').dataset.state`, &instState)
-	t.Logf("hello-http (no blob) on the tenant's slice: %s: %s", instState, tn.text("#app-instances"))
+	assert.Equal(t, "failed", instState, "no blob behind the digest: the launch fails: %s", tn.text("#app-instances"))
 	tn.shot("app-instance")
 	tn.release(tenantAlloc, 60*time.Second)
 
