@@ -268,6 +268,12 @@ type Availability struct {
 	// rows only), so a tenant's client (the web console's wizard) can
 	// offer it or say why not.
 	Ingress *IngressOffer `json:"ingress,omitempty"`
+	// SlotNVMeBytes is, for slice rows, the smallest raw NVMe disk among
+	// the free slots a placement of this SKU can get now: every GPU of a
+	// slice comes with its slot's own whole NVMe of at least this size.
+	// 0 when no slot is free or no free slot records its disk's size.
+	// Tenants may not read slots, so this is how they see the disk size.
+	SlotNVMeBytes uint64 `json:"slot_nvme_bytes,omitempty"`
 }
 
 // Unplaceable is one GPU count of a SKU that cannot be placed now, and

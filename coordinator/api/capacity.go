@@ -143,8 +143,9 @@ func (a *API) getAvailability(c *call) error {
 // eligibility rules: slices only on active, slice-ready, slice_vm nodes
 // that are not draining and not held by a baremetal claim, on
 // schedulable slots; baremetal only on whole, unsliced, active baremetal
-// nodes that are not draining. Host detail (names, PCI addresses, MACs)
-// never leaves this function.
+// nodes that are not draining. Slice rows carry the smallest raw NVMe of
+// those free slots (a size, never a disk's identity). Host detail (names,
+// PCI addresses, MACs, disk serials) never leaves this function.
 func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Availability {
 	av := proto.Availability{Region: r.Name, SKU: sku.Name, CapacityShape: sku.Shape, Placeable: []int{}, RegionDisabled: r.Disabled}
 	if sku.Shape == proto.ShapeGPUSlice {
@@ -172,6 +173,9 @@ func availability(s *state.Snapshot, r *proto.Region, sku proto.SKU) proto.Avail
 			for _, sl := range slots {
 				if sched.Schedulable(sl) {
 					free++
+					if b := sl.Capacity.NVMe.SizeBytes; b > 0 && (av.SlotNVMeBytes == 0 || b < av.SlotNVMeBytes) {
+						av.SlotNVMeBytes = b
+					}
 				}
 			}
 			if free > 0 {

@@ -338,3 +338,61 @@ func TestRegionsAndPoolsPaged(t *testing.T) {
 	e.do(RoleViewer, http.MethodGet, "/v1/regions?limit=0", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
 	e.do(RoleViewer, http.MethodGet, "/v1/pools?limit=x", nil).requireProblem(t, 400, proto.CodeInvalidArgument)
 }
+
+// TestAvailabilitySlotNVMe: a slice row carries the smallest raw NVMe of
+// the free, schedulable slots (what a tenant's slice gets per GPU), never
+// a disk's identity; unapproved and claimed slots do not count, and
+// baremetal rows carry none.
+func TestAvailabilitySlotNVMe(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.seedRegion("us-east", "h200-a")
+	const tb = 1_000_000_000_000
+	sized := func(id string, intent proto.ProfileIntent, sizes []uint64, approved int) {
+		e.apply(proto.NodeUpsertType, proto.NodeUpsertRequest{At: fixtureAt, Node: proto.Node{
+			ID: id, Hostname: id + ".lab", Region: "us-east", Pool: "h200-a", ProfileIntent: intent, State: proto.NodeActive}})
+		e.apply(proto.NodeReadinessType, proto.NodeReadinessRequest{At: fixtureAt, NodeID: id, Readiness: proto.Readiness{
+			Active: true, SliceReady: intent == proto.IntentSliceVM, ObservedAt: fixtureAt,
+			Evidence: []proto.Evidence{{Check: "ovsbr0_gateway", OK: true}, {Check: "dnsmasq_active", OK: true}}}})
+		topo := proto.CandidateTopology{NodeID: id, DiscoveredAt: fixtureAt}
+		caps := make([]proto.SlotCapacity, len(sizes))
+		for i, b := range sizes {
+			caps[i] = capacity(id, i)
+			caps[i].NVMe.SizeBytes = b
+			topo.Candidates = append(topo.Candidates, proto.SlotCandidate{Index: i, Capacity: caps[i]})
+		}
+		e.apply(proto.CandidateTopologyType, proto.CandidateTopologyRequest{At: fixtureAt, Topology: topo})
+		for i := range approved {
+			e.apply(proto.SlotApproveType, proto.SlotApproveRequest{At: fixtureAt, NodeID: id, Index: i, Capacity: caps[i]})
+		}
+	}
+	// Slot 3 (unapproved) has the smallest disk; slot 2 (no size
+	// recorded) is not a size of 0.
+	sized("j22u15", proto.IntentSliceVM, []uint64{3840 * tb / 1000, 1920 * tb / 1000, 0, 960 * tb / 1000}, 3)
+	sized("j27u15", proto.IntentBaremetal, []uint64{tb, tb}, 2)
+
+	rows := func() map[string]proto.Availability {
+		r := e.do(RoleTenant, http.MethodGet, "/v1/availability?region=us-east", nil)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		assert.NotContains(t, string(r.body), "S6EX", "availability must not name disks")
+		var av proto.List[proto.Availability]
+		r.decode(t, &av)
+		out := map[string]proto.Availability{}
+		for _, a := range av.Items {
+			out[a.SKU] = a
+		}
+		return out
+	}
+	av := rows()
+	assert.Equal(t, uint64(1920*tb/1000), av["h200-sxm-slice"].SlotNVMeBytes, "the smallest free, approved slot's disk")
+	assert.Zero(t, av["h200-sxm-baremetal"].SlotNVMeBytes, "baremetal rows carry no slot disk")
+
+	// With every slot claimed, no disk is on offer.
+	e.mustCreate("u1", 2)
+	av = rows()
+	assert.Equal(t, 1, av["h200-sxm-slice"].FreeGPUs)
+	e.mustCreate("u2", 1)
+	av = rows()
+	assert.Zero(t, av["h200-sxm-slice"].FreeGPUs)
+	assert.Zero(t, av["h200-sxm-slice"].SlotNVMeBytes)
+}

@@ -268,7 +268,7 @@ func SyntheticInventory(region string, nodes, slots int) *Inventory {
 				GPUPCIAddress:      fmt.Sprintf("0000:%02x:00.0", 0x18+i*0x10),
 				NUMANode:           i * 2 / max(slots, 1),
 				PCIeSwitch:         fmt.Sprintf("pex%d", i/2),
-				NVMe:               proto.DiskIdentity{Serial: fmt.Sprintf("S%s-%d", id, i), Model: "SAMSUNG MZWLO3T8HCLS"},
+				NVMe:               proto.DiskIdentity{Serial: fmt.Sprintf("S%s-%d", id, i), Model: "SAMSUNG MZWLO3T8HCLS", SizeBytes: 3_840_755_982_336},
 				ManagementMAC:      fmt.Sprintf("02:%02x:%02x:%02x:00:%02x", byte(n>>16), byte(n>>8), byte(n), i),
 				PrivateIP:          fmt.Sprintf("10.%d.%d.%d", byte(n>>8), byte(n), 10+i),
 				FabricClaimMode:    proto.FabricPerSlotVF,

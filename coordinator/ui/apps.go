@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,6 +125,12 @@ func (u *UI) allocationApps(q *req, id string, d *appsData) error {
 	for _, v := range ca.Incompatible {
 		d.Greyed = append(d.Greyed, appChoice{V: v, App: byKey[v.App+":"+v.Version]})
 	}
+	u.allocationInstances(q, id, d)
+	return nil
+}
+
+// allocationInstances fills in the apps running on one allocation.
+func (u *UI) allocationInstances(q *req, id string, d *appsData) {
 	var inst proto.List[appInstance]
 	if _, err := q.api.get("/v1/allocations/"+esc(id)+"/apps", nil, &inst); err != nil {
 		// The page goes on without the instances either way.
@@ -133,7 +140,35 @@ func (u *UI) allocationApps(q *req, id string, d *appsData) error {
 		}
 	}
 	d.Instances = inst.Items
-	return nil
+}
+
+// Settling reports whether an instance is on its way somewhere (the
+// page polls until none is).
+func (i appInstance) Settling() bool {
+	return i.State == "pending" || i.State == "starting" || i.State == "stopping"
+}
+
+// Live reports whether the allocation's "Running here" card polls: while
+// an instance is pending, starting or stopping.
+func (d appsData) Live() bool {
+	return slices.ContainsFunc(d.Instances, appInstance.Settling)
+}
+
+// appInstances is GET /ui/allocations/{id}/apps/instances: the "Running
+// here" card of an allocation's apps page, which htmx polls while an
+// instance settles, so a launch is seen reaching running (or failed)
+// without a reload.
+func (u *UI) appInstances(q *req) error {
+	id := q.r.PathValue("id")
+	d := appsData{CanStop: q.canStop()}
+	var a proto.Allocation
+	if _, err := q.api.get("/v1/allocations/"+esc(id), after(q.readIndex()), &a); err != nil {
+		return err
+	}
+	d.Allocation = &a
+	d.Owner = a.Owner == q.who.Name
+	u.allocationInstances(q, id, &d)
+	return u.fragment(q, "apps", "instances", d)
 }
 
 type appTargetsData struct {

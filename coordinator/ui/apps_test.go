@@ -57,12 +57,12 @@ func (c *coord) activate(id string) {
 	}
 }
 
-// TestAppsPagesWithoutTheLaunchAPI: the catalog, the target picker
+// TestAppsPagesLaunchAndStop: the catalog, the target picker
 // (compatible allocations selectable, incompatible greyed with every
-// reason) and an allocation's apps render from the API's app routes; on a
-// coordinator without the app instance routes, launch and stop say so
-// clearly and the page keeps working.
-func TestAppsPagesWithoutTheLaunchAPI(t *testing.T) {
+// reason) and an allocation's apps render from the API's app routes;
+// launch and stop go through the coordinator's app instance routes and
+// the instance shows on the page in its state.
+func TestAppsPagesLaunchAndStop(t *testing.T) {
 	c := newCoord(t, 1)
 	c.publishApp("hello", proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}, MinGPUs: 1})
 	c.publishApp("big", proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}, MinGPUs: 2})
@@ -91,20 +91,31 @@ func TestAppsPagesWithoutTheLaunchAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, body)
 	assert.Contains(t, body, `class="primary launch-app" data-app="hello"`)
 	assert.Regexp(t, `id="incompatible-apps">[\s\S]*data-app="big"[\s\S]*needs 2&#43; GPUs`, body)
-	assert.Contains(t, body, `id="instances-missing"`, "no app instance routes on this coordinator: said, not an error page")
+	assert.NotContains(t, body, `id="instances-missing"`, "this coordinator has the app instance routes")
+	assert.Contains(t, body, "No apps run on this allocation.")
 
-	// Launching where the API has no launch route: a clear message, back
-	// on the page.
+	// Launching: the coordinator records a pending instance; the page
+	// says so and lists it with a Stop.
 	status, _, res := op.post("/ui/apps/launch", url.Values{"csrf": {op.csrf}, "allocation": {a.ID}, "app": {"hello"}, "version": {"v1"}, "idempotency_key": {"k1"}})
 	require.Equal(t, http.StatusSeeOther, status)
 	status, body, _ = op.get(res.Header.Get("Location"))
 	require.Equal(t, http.StatusOK, status, body)
-	assert.Contains(t, body, "launching apps is not available on this coordinator yet")
-	assert.Contains(t, body, `id="compatible-apps"`, "the page still renders")
+	assert.Regexp(t, `id="msg">hello:v1 launching on `+a.ID+` \(instance [^,]+, pending\)`, body)
+	assert.Contains(t, body, `<tr data-app="hello" data-state="pending">`)
+	assert.Contains(t, body, `class="danger stop-app" data-app="hello"`)
+	assert.NotContains(t, body, "not available on this coordinator")
+	// While the instance settles, its card polls its own fragment.
+	assert.Contains(t, body, `id="instances-card" hx-get="/ui/allocations/`+a.ID+`/apps/instances" hx-trigger="every 3s"`)
+	status, frag, _ := op.get("/ui/allocations/" + a.ID + "/apps/instances")
+	require.Equal(t, http.StatusOK, status, frag)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<section class="card" id="instances-card"`), frag)
+	assert.Contains(t, frag, `<tr data-app="hello" data-state="pending">`)
+	assert.NotContains(t, frag, "<html")
 	status, _, res = op.post("/ui/allocations/"+a.ID+"/apps/hello/stop", url.Values{"csrf": {op.csrf}})
 	require.Equal(t, http.StatusSeeOther, status)
 	_, body, _ = op.get(res.Header.Get("Location"))
-	assert.Contains(t, body, "stopping apps is not available on this coordinator yet")
+	assert.Contains(t, body, "hello stopping on "+a.ID)
+	assert.Contains(t, body, `<tr data-app="hello" data-state="stopping">`)
 
 	// A viewer sees no launch controls.
 	v := c.user(api.RoleViewer)

@@ -56,15 +56,35 @@ func (u *UI) console(q *req) error {
 	default:
 		d.Open = true
 	}
-	var sl proto.ConsoleSessionList
-	if _, err := q.api.get("/v1/allocations/"+esc(id)+"/console/sessions", nil, &sl); err == nil {
-		d.Sessions = sl.Sessions
-		if n := len(d.Sessions); n > 10 {
-			d.Sessions = d.Sessions[n-10:]
-		}
-	}
+	d.Sessions = recentSessions(q, id)
 	q.w.Header().Set("Content-Security-Policy", consoleCSP)
 	return u.render(q, http.StatusOK, "console", "Console "+id, "allocations", d)
+}
+
+// consoleSessions is GET /ui/allocations/{id}/console/sessions: the
+// console page's "Recent sessions" card, which htmx polls so sessions
+// opened and closed elsewhere show up without a reload.
+func (u *UI) consoleSessions(q *req) error {
+	id := q.r.PathValue("id")
+	d := consoleData{}
+	if _, err := q.api.get("/v1/allocations/"+esc(id), nil, &d.A); err != nil {
+		return err
+	}
+	d.Sessions = recentSessions(q, id)
+	return u.fragment(q, "console", "sessions", d)
+}
+
+// recentSessions is the allocation's last ten console sessions (none
+// when the caller may not list them).
+func recentSessions(q *req, id string) []proto.ConsoleSessionRecord {
+	var sl proto.ConsoleSessionList
+	if _, err := q.api.get("/v1/allocations/"+esc(id)+"/console/sessions", nil, &sl); err != nil {
+		return nil
+	}
+	if n := len(sl.Sessions); n > 10 {
+		return sl.Sessions[n-10:]
+	}
+	return sl.Sessions
 }
 
 // consoleSocket is GET /ui/allocations/{id}/console/ws: the API's console

@@ -119,3 +119,38 @@ func TestVendoredFiles(t *testing.T) {
 	}
 	assert.Equal(t, 4, n)
 }
+
+// TestConsoleSessionsRefreshLive: the console page's "Recent sessions"
+// card polls its own fragment, which shows a session opened after the
+// page was rendered, and the fragment answers only what the API lets
+// the caller read.
+func TestConsoleSessionsRefreshLive(t *testing.T) {
+	c := newCoord(t, 1)
+	op := c.user(api.RoleOperator)
+	ctx := context.Background()
+	a, _, err := c.srv.Place(ctx, proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice",
+		GPUCount: 1, Region: "us-east", Owner: "operator-user"}, "console-live")
+	require.NoError(t, err)
+	c.activate(a.ID)
+
+	status, page, _ := op.get("/ui/allocations/" + a.ID + "/console")
+	require.Equal(t, http.StatusOK, status)
+	assert.Contains(t, page, `id="console-sessions-live" hx-get="/ui/allocations/`+a.ID+`/console/sessions" hx-trigger="every 5s"`)
+	assert.Contains(t, page, "No sessions yet.")
+
+	_, _, err = c.srv.Apply(ctx, proto.ConsoleSessionOpenType, proto.ConsoleSessionOpenRequest{At: time.Now().UTC(), Session: proto.ConsoleSession{
+		ID: "cons-live-1", AllocationID: a.ID, NodeID: a.NodeID, Kind: proto.TaskConsoleSession, User: a.Owner, Gateway: "127.0.0.1:1", OpenedAt: time.Now().UTC()}})
+	require.NoError(t, err)
+	status, frag, _ := op.get("/ui/allocations/" + a.ID + "/console/sessions")
+	require.Equal(t, http.StatusOK, status)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<section class="card" id="console-sessions-live"`), "a fragment, not a page: %s", frag)
+	assert.NotContains(t, frag, "<html")
+	assert.Contains(t, frag, "<td>cons-live-1</td><td>operator-user</td>")
+	assert.NotContains(t, frag, "No sessions yet.")
+
+	status, _, _ = op.get("/ui/allocations/a-nosuch/console/sessions")
+	assert.Equal(t, http.StatusNotFound, status)
+	anon := c.user(0)
+	status, _, _ = anon.get("/ui/allocations/" + a.ID + "/console/sessions")
+	assert.NotEqual(t, http.StatusOK, status, "no session, no sessions")
+}

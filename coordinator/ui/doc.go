@@ -54,6 +54,9 @@
 // released) re-render their live part with htmx long-polls: each poll is
 // an API blocking query on the allocation's tasks from the last index
 // seen (a stage event or a byte-progress report rewrites the task).
+// Smaller live cards poll a fragment of their own on an interval: a
+// console page's recent sessions (every 5 s), an allocation's running
+// apps while an instance is pending, starting or stopping (every 3 s).
 //
 // # Serial console and apps
 //

@@ -77,6 +77,7 @@ type shapeChoice struct {
 	Placeable bool
 	Free      string // live availability
 	Reason    string // the scheduler's reason when not placeable
+	Disk      string // slices: "2 × raw NVMe, at least 3.5 TiB each"
 	Selected  bool
 }
 
@@ -165,6 +166,7 @@ func (u *UI) launchData(q *req, f launchForm) (launchData, error) {
 			return d, err
 		}
 		d.Ingress = regionIngress(av.Items, d.Region)
+		d.DiskSize = regionDisk(av.Items, d.Region)
 	}
 	var imgs proto.List[*proto.Image]
 	if _, err := q.api.get("/v1/images", url.Values{"state": {string(proto.ImageApproved)}}, &imgs); err != nil {
@@ -194,11 +196,6 @@ func (u *UI) launchData(q *req, f launchForm) (launchData, error) {
 				}
 			}
 		}
-	}
-	// The slot's raw disk: every slot of a slice has one whole NVMe.
-	var sl proto.List[*proto.Slot]
-	if _, err := q.api.get("/v1/slots", url.Values{"status": {string(proto.SlotAvailable)}, "limit": {"1"}}, &sl); err == nil && len(sl.Items) > 0 {
-		d.DiskSize = humanBytes(sl.Items[0].Capacity.NVMe.SizeBytes)
 	}
 	return d, nil
 }
@@ -234,6 +231,9 @@ func shapesFrom(av []*proto.Availability, region, selected string) ([]shapeChoic
 				} else {
 					c.Value, c.Label = "slice-"+strconv.Itoa(n), fmt.Sprintf("GPU slice, %d GPU%s", n, plural(n))
 					c.Free = fmt.Sprintf("%d GPUs free on %d node(s)", a.FreeGPUs, a.FreeNodes)
+					if a.SlotNVMeBytes > 0 {
+						c.Disk = fmt.Sprintf("%d × raw NVMe, at least %s each", n, humanBytes(a.SlotNVMeBytes))
+					}
 				}
 				for _, un := range a.Unplaceable {
 					if un.GPUCount == n {
@@ -270,6 +270,22 @@ func regionIngress(av []*proto.Availability, region string) *proto.IngressOffer 
 	return nil
 }
 
+// regionDisk is the smallest raw NVMe a slice's slot gets in the region
+// now (from its slice availability rows; tenants may not read slots), or
+// "" when none is reported.
+func regionDisk(av []*proto.Availability, region string) string {
+	var least uint64
+	for _, a := range av {
+		if a.Region == region && a.CapacityShape == proto.ShapeGPUSlice && a.SlotNVMeBytes > 0 && (least == 0 || a.SlotNVMeBytes < least) {
+			least = a.SlotNVMeBytes
+		}
+	}
+	if least == 0 {
+		return ""
+	}
+	return humanBytes(least)
+}
+
 // ingressAllowed renders an offer's ports ("tcp: 22, 8000-8999").
 func ingressAllowed(o *proto.IngressOffer) string {
 	if o == nil {
@@ -289,21 +305,23 @@ func plural(n int) string {
 	return "s"
 }
 
-// request turns the wizard's form into the API's create request.
-func (u *UI) request(q *req, f launchForm) (proto.AllocationCreateRequest, error) {
+// request turns the wizard's form into the API's create request, with
+// the shape it chose.
+func (u *UI) request(q *req, f launchForm) (proto.AllocationCreateRequest, shapeChoice, error) {
 	req := proto.AllocationCreateRequest{Region: f.Region}
+	var s shapeChoice
 	if f.Region == "" {
-		return req, badInput("choose a region")
+		return req, s, badInput("choose a region")
 	}
 	shapes, err := u.shapes(q, f.Region, f.Shape)
 	if err != nil {
-		return req, err
+		return req, s, err
 	}
 	i := slices.IndexFunc(shapes, func(s shapeChoice) bool { return s.Value == f.Shape })
 	if i < 0 {
-		return req, badInput("shape %q is not offered in region %s", f.Shape, f.Region)
+		return req, s, badInput("shape %q is not offered in region %s", f.Shape, f.Region)
 	}
-	s := shapes[i]
+	s = shapes[i]
 	req.CapacityShape, req.SKU = s.Shape, s.SKU
 	if s.Shape == proto.ShapeGPUSlice {
 		req.GPUCount = s.GPUs
@@ -316,20 +334,20 @@ func (u *UI) request(q *req, f launchForm) (proto.AllocationCreateRequest, error
 	case "", "private_nat":
 	case "public":
 		if s.Shape != proto.ShapeGPUSlice {
-			return req, badInput("public ingress is for GPU slices")
+			return req, s, badInput("public ingress is for GPU slices")
 		}
 		rules := strings.Fields(strings.ReplaceAll(f.Ingress, ",", " "))
 		if len(rules) == 0 {
-			return req, badInput("public ingress: name the ports to open, e.g. tcp/22")
+			return req, s, badInput("public ingress: name the ports to open, e.g. tcp/22")
 		}
 		if _, err := proto.ParseIngressRules(rules); err != nil {
-			return req, badInput("public ingress: %s", errText(err))
+			return req, s, badInput("public ingress: %s", errText(err))
 		}
 		req.Ingress = rules
 	default:
-		return req, badInput("network %q is not private_nat or public", f.Network)
+		return req, s, badInput("network %q is not private_nat or public", f.Network)
 	}
-	return req, nil
+	return req, s, nil
 }
 
 func readForm(r *http.Request) launchForm {
@@ -343,6 +361,7 @@ type reviewData struct {
 	Request proto.AllocationCreateRequest
 	Steps   []string
 	Unit    string
+	Storage string
 }
 
 func (u *UI) launchReview(q *req) error {
@@ -350,7 +369,7 @@ func (u *UI) launchReview(q *req) error {
 	if f.SSHKey == "" {
 		f.SSHKey = strings.TrimSpace(q.r.PostForm.Get("saved_key"))
 	}
-	req, err := u.request(q, f)
+	req, shape, err := u.request(q, f)
 	if err != nil {
 		d, derr := u.launchData(q, f)
 		if derr != nil {
@@ -362,14 +381,19 @@ func (u *UI) launchReview(q *req) error {
 	f.Key = "ui-" + randomToken()
 	steps := []string{"placement picks the node and slots (the scheduler, in the Raft ledger)"}
 	unit := fmt.Sprintf("%d GPU-hour(s) per hour, metered from activation to release", req.GPUCount)
+	storage := "the node's own disks (the whole host)"
 	if req.CapacityShape == proto.ShapeGPUSlice {
+		storage = shape.Disk
+		if storage == "" {
+			storage = fmt.Sprintf("%d × raw NVMe (one per GPU, size not reported)", req.GPUCount)
+		}
 		steps = append(steps, "the node's agent leases the slots and plans the bundle", "the image is verified and cloned onto each slot's raw NVMe",
 			"a NoCloud seed carries your SSH key; the VM is defined and started", "the guest's reserved DHCP lease, then SSH ready")
 	} else {
 		unit = "8 GPU-hours per hour (the whole node), metered from activation to release"
 		steps = append(steps, "MAAS deploys the machine with your SSH key (seed 002's buckets)", "the machine's address, then SSH")
 	}
-	return u.render(q, http.StatusOK, "review", "Review", "launch", reviewData{Form: f, Request: req, Steps: steps, Unit: unit})
+	return u.render(q, http.StatusOK, "review", "Review", "launch", reviewData{Form: f, Request: req, Steps: steps, Unit: unit, Storage: storage})
 }
 
 func (u *UI) launchCreate(q *req) error {
@@ -377,7 +401,7 @@ func (u *UI) launchCreate(q *req) error {
 	if f.Key == "" {
 		return badInput("the form has no idempotency key; start the wizard again")
 	}
-	req, err := u.request(q, f)
+	req, _, err := u.request(q, f)
 	if err != nil {
 		return err
 	}

@@ -266,9 +266,14 @@ func TestWizardCreatesOneAllocationPerKey(t *testing.T) {
 	status, body, _ := op.get("/ui/launch")
 	require.Equal(t, http.StatusOK, status)
 	assert.Contains(t, body, `value="slice-8"`)
+	// The storage step shows the slot's raw NVMe size (from availability;
+	// the synthetic slots have 3.84 TB disks), as does each slice shape.
+	assert.Regexp(t, `id="disk-size">Raw NVMe per GPU: <strong>at least 3\.5 TiB</strong>`, body)
+	assert.Contains(t, body, "2 × raw NVMe, at least 3.5 TiB each")
 	status, body, _ = op.post("/ui/launch/review", url.Values{"csrf": {op.csrf}, "region": {"us-east"}, "shape": {"slice-2"},
 		"ssh_key": {"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD t"}})
 	require.Equal(t, http.StatusOK, status, body)
+	assert.Contains(t, body, `<td id="review-storage">2 × raw NVMe, at least 3.5 TiB each</td>`)
 	key := regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`).FindStringSubmatch(body)
 	require.NotNil(t, key)
 	form := url.Values{"csrf": {op.csrf}, "region": {"us-east"}, "shape": {"slice-2"}, "idempotency_key": {key[1]}}

@@ -326,11 +326,15 @@ func TestLabWebConsole(t *testing.T) {
 	op.eval(`document.querySelector('#shape-slice-8 input').disabled`, &disabled)
 	assert.True(t, disabled, "8 GPUs do not fit with a slot disabled")
 	assert.Contains(t, op.text("#shape-slice-8"), "no node has 8", "the scheduler's reason is shown")
+	// Storage: the slot's raw NVMe with its size (hostsim's lab disks).
+	assert.Regexp(t, `Raw NVMe per GPU: at least [0-9.]+ [KMGT]iB`, op.text("#disk-size"))
+	assert.Regexp(t, `1 × raw NVMe, at least [0-9.]+ [KMGT]iB each`, op.text("#shape-slice-1"))
 	op.shot("wizard")
 	op.run("fill the wizard",
 		chromedp.Click(chromedp.CSS(`#shape-slice-1 input`)),
 		chromedp.SendKeys(chromedp.ID("ssh-key"), "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD ui-test"),
 		chromedp.Click(chromedp.ID("review")), chromedp.WaitVisible(chromedp.ID("create")))
+	assert.Regexp(t, `^1 × raw NVMe, at least [0-9.]+ [KMGT]iB each$`, op.text("#review-storage"), "the review shows the disk size")
 	op.shot("review")
 	// A double submit of the same review form makes one allocation.
 	var finals []string
@@ -442,12 +446,19 @@ func TestLabWebConsole(t *testing.T) {
 	tn.eval(`document.querySelector('#target-`+tenantAlloc+` input').checked`, &picked)
 	assert.True(t, picked, "the tenant's active slice is a selectable target")
 	tn.shot("app-targets")
-	// Launch: the app instance API answers (launching), or, on a
-	// coordinator without it, the page says so and keeps working.
-	tn.run("launch the app", chromedp.Click(chromedp.ID("launch-app")), chromedp.WaitVisible(chromedp.ID("compatible-apps")))
-	var banner string
-	tn.eval(`(document.querySelector('#msg') || document.querySelector('#error') || {innerText: ''}).innerText`, &banner)
-	assert.Regexp(t, `hello-http:1 launching on `+tenantAlloc+`|launching apps is not available on this coordinator yet`, banner)
+	// Launch: the coordinator records the instance and the slice's agent
+	// takes it. This manifest names an image digest with no blob behind
+	// it, so the instance cannot run; the page follows it live out of
+	// pending (TestPrivilegedLabWebConsoleApp runs a real app).
+	tn.run("launch the app", chromedp.Click(chromedp.ID("launch-app")), chromedp.WaitVisible(chromedp.ID("msg")))
+	assert.Regexp(t, `^hello-http:1 launching on `+tenantAlloc+` \(instance \S+, pending\)$`, tn.text("#msg"))
+	assert.Contains(t, tn.text("#app-instances"), "hello-http:1")
+	tn.waitJS("the instance leaves pending, live", `(() => { const r = document.querySelector('#app-instances tr[data-app=hello-http]');
+		return r && r.dataset.state != 'pending'; })()`, 60*time.Second)
+	var instState string
+	tn.eval(`document.querySelector('#app-instances tr[data-app=hello-http]').dataset.state`, &instState)
+	assert.Equal(t, "failed", instState, "no blob behind the digest: the launch fails: %s", tn.text("#app-instances"))
+	tn.shot("app-instance")
 	tn.release(tenantAlloc, 60*time.Second)
 
 	// --- operator releases with confirmation; the page follows it live ---
