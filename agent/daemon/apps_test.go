@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/agent/apprun"
+	"github.com/gpuaas/gpuaas/agent/slice"
+	"github.com/gpuaas/gpuaas/lab/simslice"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
 )
@@ -435,4 +438,62 @@ func TestBenchWorkloadProxyOverhead(t *testing.T) {
 				"minus the median GET straight to the app: %.2f − %.2f ms over %d requests each; p90 via the proxy %.2f ms; "+
 				"one coordinator and one agent in one process, a test runner serving real HTTP (no guest)", p50p, p50d, runs, viaProxy[runs*9/10])),
 	}))
+}
+
+// gpuRuntime is the simulated slice runtime naming each allocation's GPUs
+// as its guest would see them (agent/slice pins them; TestGuestGPUs).
+type gpuRuntime struct {
+	*simslice.Runtime
+	gpus map[string][]string
+}
+
+func (g gpuRuntime) GuestGPUs(alloc string) ([]string, error) {
+	if gpus, ok := g.gpus[alloc]; ok {
+		return gpus, nil
+	}
+	return nil, fmt.Errorf("allocation %s: %w", alloc, slice.ErrNoGuest)
+}
+
+// TestAppStartPassesGuestGPUs launches an app on a slice whose runtime
+// names its GPUs: the runner is given them; a runtime that cannot name
+// them fails the start with the reason.
+func TestAppStartPassesGuestGPUs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	r := newRecordingRunner()
+	gr := gpuRuntime{gpus: map[string][]string{}}
+	startAgentWith(t, cfg, func(d *Daemon) {
+		require.NoError(t, d.SetAppRunner(r))
+		o, err := simslice.AgentOptions(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		require.NoError(t, err)
+		o.Pace = 0.02
+		rt, err := simslice.New(o)
+		require.NoError(t, err)
+		gr.Runtime = rt
+		require.NoError(t, d.SetSliceRuntime(gr, rt.Close))
+	})
+	alloc := activeSliceOn(t, c)
+	publishApp(t, c, "hello", []byte("gpu layout"))
+
+	// Unknown to the runtime: the start fails, naming why.
+	code, inst := c.launch(t, alloc.ID, "hello", "gpus-1")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "hello").State == proto.AppInstanceFailed }, 20*time.Second, 20*time.Millisecond)
+	got := c.instance(alloc.ID, "hello")
+	assert.Contains(t, got.Detail, "the GPUs of "+alloc.ID)
+	assert.Empty(t, r.Calls(), "the runner was not called")
+
+	gr.gpus[alloc.ID] = []string{"0000:00:10.0"} // the map is shared with the agent's copy
+	code, inst = c.launch(t, alloc.ID, "hello", "gpus-2")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "hello").State == proto.AppInstanceRunning }, 20*time.Second, 20*time.Millisecond,
+		"%+v", c.instance(alloc.ID, "hello"))
+	r.mu.Lock()
+	spec := r.specs[inst.ID]
+	r.mu.Unlock()
+	assert.Equal(t, []string{"0000:00:10.0"}, spec.GPUs)
+	assert.Equal(t, alloc.ID, spec.AllocationID)
 }
