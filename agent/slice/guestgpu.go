@@ -105,4 +105,6 @@ func planGPUs(p sched.BundlePlan) []string {
 	return out
 }
 
-func fmtPCI(dom, bus, slot, fn uint) string { return fmt.Sprintf("%04x:%02x:%02x.%x", dom, bus, slot, fn) }
+func fmtPCI(dom, bus, slot, fn uint) string {
+	return fmt.Sprintf("%04x:%02x:%02x.%x", dom, bus, slot, fn)
+}
