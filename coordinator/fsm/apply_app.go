@@ -150,9 +150,15 @@ func AppTargetOf(snap *state.Snapshot, skus []proto.SKU, a *proto.Allocation) sc
 			}
 		}
 	}
-	// No site offers public ingress yet (issue: lifecycle-managed
-	// ingress needs firewall/IPAM ownership first).
-	return sched.TargetFor(a, sku, kind, false)
+	// Public ingress: a slice whose site declares public addressing
+	// (apply_ingress.go hands out the endpoints; bare metal has none).
+	ingress := false
+	if a.Shape == proto.ShapeGPUSlice {
+		if s, ok := snap.Site(siteOfNode(snap, a.NodeID)); ok && s.Ingress != nil {
+			ingress = true
+		}
+	}
+	return sched.TargetFor(a, sku, kind, ingress)
 }
 
 // LatestApprovedApps returns, per app name, the approved version created
