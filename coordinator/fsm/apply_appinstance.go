@@ -1,8 +1,8 @@
 package fsm
 
 import (
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
