@@ -74,8 +74,9 @@ func (r *recordingRunner) Start(ctx context.Context, s apprun.Spec) (apprun.Stat
 	r.block = nil
 	if _, ok := r.instances[s.InstanceID]; !ok {
 		// The image the agent fetched is the one the manifest names.
+		// (its archive's digest when the manifest names one apart).
 		sum, err := fileSHA256(s.ImagePath)
-		if err != nil || !strings.HasSuffix(s.App.Image, "@sha256:"+sum) {
+		if err != nil || s.App.Archive == "" && !strings.HasSuffix(s.App.Image, "@sha256:"+sum) || s.App.Archive != "" && s.App.Archive != "sha256:"+sum {
 			r.mu.Unlock()
 			return apprun.Status{}, fmt.Errorf("image %s: digest %s: %v", s.ImagePath, sum, err)
 		}
@@ -496,4 +497,58 @@ func TestAppStartPassesGuestGPUs(t *testing.T) {
 	r.mu.Unlock()
 	assert.Equal(t, []string{"0000:00:10.0"}, spec.GPUs)
 	assert.Equal(t, alloc.ID, spec.AllocationID)
+}
+
+// TestAppArchiveDigest publishes an app the way a registry image is: its
+// image names the registry's manifest digest and archive its OCI layout
+// archive's own; the archive is uploaded through the blob route (keyed
+// and checked by the archive digest), the agent's cache fetches and
+// verifies it by that digest, and the runner gets that file.
+func TestAppArchiveDigest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	r := newRecordingRunner()
+	startAgentWith(t, cfg, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
+	alloc := activeSliceOn(t, c)
+
+	layout := []byte("a registry image's OCI layout archive")
+	sum := sha256.Sum256(layout)
+	archive := "sha256:" + hex.EncodeToString(sum[:])
+	body := proto.AppBody{Kind: proto.AppOCI, Image: "docker.io/library/web@sha256:" + strings.Repeat("5e", 32), ImageSize: int64(len(layout)), Archive: archive,
+		Compat: proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}, MinGPUs: 1},
+		Ports:  []proto.AppPort{{Name: "http", Port: 8080, Protocol: "http"}}, HealthCheck: &proto.AppHealthCheck{Port: 8080, Path: "/healthz"}}
+	code, out := c.do(http.MethodPut, "/v1/apps/web/1", c.admin, body, nil)
+	require.Equal(t, http.StatusOK, code, out)
+	put := func(b []byte) *http.Response {
+		req, err := http.NewRequest(http.MethodPut, c.url+proto.AppBlobPath("web", "1"), bytes.NewReader(b))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+c.admin)
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := c.hc.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	forged := bytes.ToUpper(layout) // same size, another digest
+	assert.Equal(t, http.StatusBadRequest, put(forged).StatusCode, "a body that is not the archive is refused")
+	require.Equal(t, http.StatusOK, put(layout).StatusCode)
+	assert.True(t, c.srv.Blobs().Has(archive, int64(len(layout))), "stored under the archive's digest")
+	code, out = c.do(http.MethodPost, "/v1/apps/web/1/approve", c.admin, proto.AppApproveBody{}, nil)
+	require.Equal(t, http.StatusOK, code, out)
+
+	code, inst := c.launch(t, alloc.ID, "web", "web-1")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "web").State == proto.AppInstanceRunning }, 20*time.Second, 20*time.Millisecond,
+		"%+v", c.instance(alloc.ID, "web"))
+	r.mu.Lock()
+	spec := r.specs[inst.ID]
+	r.mu.Unlock()
+	got, err := fileSHA256(spec.ImagePath)
+	require.NoError(t, err)
+	assert.Equal(t, archive, "sha256:"+got, "the runner got the archive")
+	assert.Equal(t, body.Image, spec.App.Image, "and the manifest digest to check the layout's manifest against")
 }

@@ -28,7 +28,7 @@ func (f *FSM) applyApp(t proto.MessageType, body []byte, index uint64) (resp any
 // sameManifest reports whether two entries carry the same manifest.
 func sameManifest(a, b *proto.App) bool {
 	ha, hb := a.HealthCheck, b.HealthCheck
-	return a.Kind == b.Kind && a.Image == b.Image && a.Description == b.Description &&
+	return a.Kind == b.Kind && a.Image == b.Image && a.ImageSize == b.ImageSize && a.Archive == b.Archive && a.Description == b.Description &&
 		slices.Equal(a.Compat.Shapes, b.Compat.Shapes) && slices.Equal(a.Compat.ImageKinds, b.Compat.ImageKinds) &&
 		a.Compat.MinGPUs == b.Compat.MinGPUs && a.Compat.MaxGPUs == b.Compat.MaxGPUs &&
 		a.Compat.MinGPUMemoryMiB == b.Compat.MinGPUMemoryMiB && a.Compat.Topology == b.Compat.Topology &&
