@@ -87,6 +87,7 @@ type AppBody struct {
 	Kind        AppKind         `json:"kind"`
 	Image       string          `json:"image"`
 	ImageSize   int64           `json:"image_size,omitempty"`
+	Archive     string          `json:"archive,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Compat      AppCompat       `json:"compat"`
 	Ports       []AppPort       `json:"ports,omitempty"`
@@ -228,10 +229,17 @@ type App struct {
 	// Image is the OCI image by digest: "<repository>@sha256:<64 hex>".
 	Image string `json:"image"`
 	// ImageSize is the size in bytes of the image's OCI layout archive
-	// (a tar whose SHA-256 is the image digest) as published to the
-	// coordinators' blob store (PUT /v1/apps/{name}/{version}/blob); 0:
-	// not published there (the app cannot be launched).
-	ImageSize   int64           `json:"image_size,omitempty"`
+	// as published to the coordinators' blob store (PUT
+	// /v1/apps/{name}/{version}/blob); 0: not published there (the app
+	// cannot be launched).
+	ImageSize int64 `json:"image_size,omitempty"`
+	// Archive is the digest ("sha256:<64 hex>") of that archive file when
+	// it differs from Image's digest: Image then names the registry's
+	// manifest digest (what the runner checks the layout's manifest
+	// against) and Archive is what the blob store and the agents' cache
+	// key and verify the file by. Empty: the archive's sha256 is Image's
+	// digest (how the repository's hello app is published).
+	Archive     string          `json:"archive,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Compat      AppCompat       `json:"compat"`
 	Ports       []AppPort       `json:"ports,omitempty"`
@@ -296,6 +304,14 @@ func (a *App) Validate() error {
 	}
 	if a.ImageSize < 0 || a.ImageSize > MaxImageSize {
 		return Errorf(CodeInvalidArgument, "app %s: image_size %d is out of range (0 to %d bytes)", a.Name, a.ImageSize, MaxImageSize)
+	}
+	if a.Archive != "" {
+		if err := ValidateDigest("archive digest", a.Archive); err != nil {
+			return Errorf(CodeInvalidArgument, "app %s: %v", a.Name, err)
+		}
+		if _, d, _ := strings.Cut(a.Image, "@"); d == a.Archive {
+			return Errorf(CodeInvalidArgument, "app %s: archive %s is the image's own digest; leave archive out", a.Name, a.Archive)
+		}
 	}
 	if err := ValidateAppInstanceName(a.Name); err != nil {
 		return err

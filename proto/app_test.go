@@ -51,10 +51,12 @@ func TestAppValidate(t *testing.T) {
 				a.Ports = append(a.Ports, AppPort{Name: "p" + string(rune('a'+i)), Port: 9000 + i, Protocol: "tcp"})
 			}
 		}, "at most 16"},
-		"health port":    {func(a *App) { a.HealthCheck.Port = 9999 }, "not one of the app's ports"},
-		"health path":    {func(a *App) { a.HealthCheck.Path = "api\n" }, "absolute URL path"},
-		"health timeout": {func(a *App) { a.HealthCheck.TimeoutSeconds = 9999 }, "out of range"},
-		"description":    {func(a *App) { a.Description = strings.Repeat("x", 2000) }, "at most 1024"},
+		"health port":      {func(a *App) { a.HealthCheck.Port = 9999 }, "not one of the app's ports"},
+		"health path":      {func(a *App) { a.HealthCheck.Path = "api\n" }, "absolute URL path"},
+		"health timeout":   {func(a *App) { a.HealthCheck.TimeoutSeconds = 9999 }, "out of range"},
+		"description":      {func(a *App) { a.Description = strings.Repeat("x", 2000) }, "at most 1024"},
+		"archive digest":   {func(a *App) { a.Archive = "sha256:ABC" }, "archive digest"},
+		"archive is image": {func(a *App) { a.Archive = testDigest }, "the image's own digest"},
 	}
 	for name, tc := range bad {
 		t.Run(name, func(t *testing.T) {
@@ -81,4 +83,23 @@ func TestSKUsCarryGPUMemory(t *testing.T) {
 	for _, s := range DefaultSKUs() {
 		assert.Equal(t, 143771, s.PerGPU.GPUMemoryMiB, s.Name)
 	}
+}
+
+// An app whose registry image digest and OCI layout archive differ names
+// the archive separately: the blob store and the agents' cache key it by
+// the archive's digest; without it, by the image's.
+func TestAppImageRefArchive(t *testing.T) {
+	a := validApp()
+	a.ImageSize = 1234
+	ref, err := AppImageRef(&a)
+	require.NoError(t, err)
+	assert.Equal(t, testDigest, ref.Digest)
+	archive := "sha256:" + strings.Repeat("ab", 32)
+	a.Archive = archive
+	require.NoError(t, a.Validate())
+	ref, err = AppImageRef(&a)
+	require.NoError(t, err)
+	assert.Equal(t, archive, ref.Digest)
+	assert.Equal(t, int64(1234), ref.Size)
+	assert.Equal(t, "/v1/apps/jupyter/4.2.5/blob", ref.URL)
 }

@@ -264,6 +264,11 @@ func AppImageRef(app *App) (ImageRef, error) {
 	if !ok {
 		return ImageRef{}, Errorf(CodeInvalidArgument, "app %s: image %q names no digest", app, app.Image)
 	}
+	if app.Archive != "" {
+		// The archive is keyed by its own digest, not the image's
+		// (App.Archive).
+		digest = app.Archive
+	}
 	if app.ImageSize <= 0 {
 		return ImageRef{}, Errorf(CodeIllegalTransition, "app %s: image_size is not set: its OCI layout archive was never published to the coordinators' blob store (PUT %s)", app, AppBlobPath(app.Name, app.Version))
 	}

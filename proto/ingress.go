@@ -300,8 +300,8 @@ type IngressAddRequest struct {
 	At           time.Time     `json:"at"`
 	AllocationID string        `json:"allocation_id"`
 	Rules        []IngressRule `json:"rules"`
-	// App names the app asking (the hook for AppCompat.NeedsIngress);
-	// empty when the tenant asks.
+	// App names the app asking (AppCompat.NeedsIngress; app_launch adds
+	// an app's routes itself); empty when the tenant asks.
 	App string `json:"app,omitempty"`
 }
 
@@ -407,14 +407,15 @@ type SiteIngressBody struct {
 	Ingress *SiteIngress `json:"ingress"`
 }
 
-// AppIngressRequest is the hook for apps that must be reachable from
-// outside the site (AppCompat.NeedsIngress): the ingress_add command that
-// opens every port of app on allocation, through the same path (pool,
+// AppIngressRequest is the public ingress of an app that must be
+// reachable from outside the site (AppCompat.NeedsIngress): the rules
+// that open every port of app on allocation, through the same path (pool,
 // never twice, quota) as a tenant's rules, with the app named on each
 // route. ok is false when the app needs no ingress. An app port of
-// protocol http is exposed as tcp. Whoever starts the app instance
-// proposes the command (a refusal — no declaration at the site, quota —
-// is the instance's failure reason).
+// protocol http is exposed as tcp. The app_launch apply adds them in the
+// launch's own transaction (a refusal — no declaration at the site,
+// quota, pool — refuses the launch), and the instance's stop or end
+// removes them.
 func AppIngressRequest(app *App, allocationID string, at time.Time) (req IngressAddRequest, ok bool) {
 	if app == nil || !app.Compat.NeedsIngress || len(app.Ports) == 0 {
 		return IngressAddRequest{}, false

@@ -276,7 +276,12 @@ func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskP
 	if _, err := d.editAppRecords(func(recs appRecords) { recs[p.InstanceID] = p.AllocationID }); err != nil {
 		return nil, err
 	}
-	st, err := r.Start(ctx, apprun.Spec{InstanceID: p.InstanceID, AllocationID: p.AllocationID, App: *p.App, ImagePath: path, GuestAddr: p.GuestAddr})
+	gpus, err := d.guestGPUs(p.AllocationID)
+	if err != nil {
+		return nil, fmt.Errorf("the GPUs of %s: %w", p.AllocationID, err)
+	}
+	st, err := r.Start(ctx, apprun.Spec{InstanceID: p.InstanceID, AllocationID: p.AllocationID, App: *p.App, ImagePath: path,
+		GuestAddr: p.GuestAddr, GPUs: gpus})
 	if err != nil {
 		return nil, err
 	}
@@ -485,4 +490,24 @@ func pickEndpoint(st apprun.Status, port int) (string, error) {
 	}
 	sort.Ints(ports)
 	return st.Endpoints[ports[0]], nil
+}
+
+// GuestGPUSource is implemented by a slice runtime that knows where an
+// allocation's GPUs sit in its guest (agent/slice pins them; a simulated
+// slice has none).
+type GuestGPUSource interface {
+	GuestGPUs(allocationID string) ([]string, error)
+}
+
+// guestGPUs are the allocation's GPUs as its guest sees them, for the
+// app's runner (none when the slice runtime does not name them).
+func (d *Daemon) guestGPUs(alloc string) ([]string, error) {
+	d.mu.Lock()
+	rt := d.rt
+	d.mu.Unlock()
+	src, ok := rt.(GuestGPUSource)
+	if !ok {
+		return nil, nil
+	}
+	return src.GuestGPUs(alloc)
 }

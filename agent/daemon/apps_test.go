@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/agent/apprun"
+	"github.com/gpuaas/gpuaas/agent/slice"
+	"github.com/gpuaas/gpuaas/lab/simslice"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
 )
@@ -71,8 +74,9 @@ func (r *recordingRunner) Start(ctx context.Context, s apprun.Spec) (apprun.Stat
 	r.block = nil
 	if _, ok := r.instances[s.InstanceID]; !ok {
 		// The image the agent fetched is the one the manifest names.
+		// (its archive's digest when the manifest names one apart).
 		sum, err := fileSHA256(s.ImagePath)
-		if err != nil || !strings.HasSuffix(s.App.Image, "@sha256:"+sum) {
+		if err != nil || s.App.Archive == "" && !strings.HasSuffix(s.App.Image, "@sha256:"+sum) || s.App.Archive != "" && s.App.Archive != "sha256:"+sum {
 			r.mu.Unlock()
 			return apprun.Status{}, fmt.Errorf("image %s: digest %s: %v", s.ImagePath, sum, err)
 		}
@@ -435,4 +439,116 @@ func TestBenchWorkloadProxyOverhead(t *testing.T) {
 				"minus the median GET straight to the app: %.2f − %.2f ms over %d requests each; p90 via the proxy %.2f ms; "+
 				"one coordinator and one agent in one process, a test runner serving real HTTP (no guest)", p50p, p50d, runs, viaProxy[runs*9/10])),
 	}))
+}
+
+// gpuRuntime is the simulated slice runtime naming each allocation's GPUs
+// as its guest would see them (agent/slice pins them; TestGuestGPUs).
+type gpuRuntime struct {
+	*simslice.Runtime
+	gpus map[string][]string
+}
+
+func (g gpuRuntime) GuestGPUs(alloc string) ([]string, error) {
+	if gpus, ok := g.gpus[alloc]; ok {
+		return gpus, nil
+	}
+	return nil, fmt.Errorf("allocation %s: %w", alloc, slice.ErrNoGuest)
+}
+
+// TestAppStartPassesGuestGPUs launches an app on a slice whose runtime
+// names its GPUs: the runner is given them; a runtime that cannot name
+// them fails the start with the reason.
+func TestAppStartPassesGuestGPUs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	r := newRecordingRunner()
+	gr := gpuRuntime{gpus: map[string][]string{}}
+	startAgentWith(t, cfg, func(d *Daemon) {
+		require.NoError(t, d.SetAppRunner(r))
+		o, err := simslice.AgentOptions(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		require.NoError(t, err)
+		o.Pace = 0.02
+		rt, err := simslice.New(o)
+		require.NoError(t, err)
+		gr.Runtime = rt
+		require.NoError(t, d.SetSliceRuntime(gr, rt.Close))
+	})
+	alloc := activeSliceOn(t, c)
+	publishApp(t, c, "hello", []byte("gpu layout"))
+
+	// Unknown to the runtime: the start fails, naming why.
+	code, inst := c.launch(t, alloc.ID, "hello", "gpus-1")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "hello").State == proto.AppInstanceFailed }, 20*time.Second, 20*time.Millisecond)
+	got := c.instance(alloc.ID, "hello")
+	assert.Contains(t, got.Detail, "the GPUs of "+alloc.ID)
+	assert.Empty(t, r.Calls(), "the runner was not called")
+
+	gr.gpus[alloc.ID] = []string{"0000:00:10.0"} // the map is shared with the agent's copy
+	code, inst = c.launch(t, alloc.ID, "hello", "gpus-2")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "hello").State == proto.AppInstanceRunning }, 20*time.Second, 20*time.Millisecond,
+		"%+v", c.instance(alloc.ID, "hello"))
+	r.mu.Lock()
+	spec := r.specs[inst.ID]
+	r.mu.Unlock()
+	assert.Equal(t, []string{"0000:00:10.0"}, spec.GPUs)
+	assert.Equal(t, alloc.ID, spec.AllocationID)
+}
+
+// TestAppArchiveDigest publishes an app the way a registry image is: its
+// image names the registry's manifest digest and archive its OCI layout
+// archive's own; the archive is uploaded through the blob route (keyed
+// and checked by the archive digest), the agent's cache fetches and
+// verifies it by that digest, and the runner gets that file.
+func TestAppArchiveDigest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	r := newRecordingRunner()
+	startAgentWith(t, cfg, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
+	alloc := activeSliceOn(t, c)
+
+	layout := []byte("a registry image's OCI layout archive")
+	sum := sha256.Sum256(layout)
+	archive := "sha256:" + hex.EncodeToString(sum[:])
+	body := proto.AppBody{Kind: proto.AppOCI, Image: "docker.io/library/web@sha256:" + strings.Repeat("5e", 32), ImageSize: int64(len(layout)), Archive: archive,
+		Compat: proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}, MinGPUs: 1},
+		Ports:  []proto.AppPort{{Name: "http", Port: 8080, Protocol: "http"}}, HealthCheck: &proto.AppHealthCheck{Port: 8080, Path: "/healthz"}}
+	code, out := c.do(http.MethodPut, "/v1/apps/web/1", c.admin, body, nil)
+	require.Equal(t, http.StatusOK, code, out)
+	put := func(b []byte) *http.Response {
+		req, err := http.NewRequest(http.MethodPut, c.url+proto.AppBlobPath("web", "1"), bytes.NewReader(b))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+c.admin)
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := c.hc.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	forged := bytes.ToUpper(layout) // same size, another digest
+	assert.Equal(t, http.StatusBadRequest, put(forged).StatusCode, "a body that is not the archive is refused")
+	require.Equal(t, http.StatusOK, put(layout).StatusCode)
+	assert.True(t, c.srv.Blobs().Has(archive, int64(len(layout))), "stored under the archive's digest")
+	code, out = c.do(http.MethodPost, "/v1/apps/web/1/approve", c.admin, proto.AppApproveBody{}, nil)
+	require.Equal(t, http.StatusOK, code, out)
+
+	code, inst := c.launch(t, alloc.ID, "web", "web-1")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "web").State == proto.AppInstanceRunning }, 20*time.Second, 20*time.Millisecond,
+		"%+v", c.instance(alloc.ID, "web"))
+	r.mu.Lock()
+	spec := r.specs[inst.ID]
+	r.mu.Unlock()
+	got, err := fileSHA256(spec.ImagePath)
+	require.NoError(t, err)
+	assert.Equal(t, archive, "sha256:"+got, "the runner got the archive")
+	assert.Equal(t, body.Image, spec.App.Image, "and the manifest digest to check the layout's manifest against")
 }

@@ -53,7 +53,7 @@ func startAgentWith(t *testing.T, cfg config.Config, setup func(*Daemon)) *runni
 	if setup != nil {
 		setup(d)
 	}
-	if cfg.Evidence == config.EvidenceHostsim && cfg.Runtime != config.RuntimeReal {
+	if cfg.Evidence == config.EvidenceHostsim && cfg.Runtime != config.RuntimeReal && d.rt == nil {
 		// As gpuaas-lab-agent does: the simulated host's slice runtime.
 		o, err := simslice.AgentOptions(cfg, nil, log)
 		require.NoError(t, err)

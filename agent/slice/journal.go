@@ -62,6 +62,9 @@ type Record struct {
 	// PCI are the plan's GPU and fabric VF addresses (bound to vfio-pci
 	// while the allocation is active, hostdevs of the domain or not).
 	PCI []string `json:"pci,omitempty"`
+	// GPUs are the plan's GPU host addresses by device index: the i-th is
+	// pinned at GuestGPUAddr(i) in the guest (guestgpu.go).
+	GPUs []string `json:"gpus,omitempty"`
 	// VMStartMS is how long the hypervisor took to start the domain
 	// (inside define_start): the first part of the guest's boot.
 	VMStartMS int64 `json:"vm_start_ms,omitempty"`

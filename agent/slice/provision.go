@@ -186,6 +186,7 @@ func NewRecord(req ProvisionRequest, domain string) Record {
 			}
 		}
 	}
+	rec.GPUs = planGPUs(req.Plan)
 	return rec
 }
 
@@ -545,6 +546,9 @@ func (r *Runtime) DomainXML(req ProvisionRequest, devs map[string]disk.Device, s
 		return "", err
 	}
 	d.Description = ownerTag(r.opts.Owner, req.AllocationID)
+	if err := pinGuestGPUs(d, planGPUs(req.Plan)); err != nil {
+		return "", err
+	}
 	nic := &d.Devices.Interfaces[0]
 	nic.Target = &libvirtxml.DomainInterfaceTarget{Dev: TapName(req.AllocationID)}
 	if r.opts.ChecksumOffloadOff {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,6 +103,22 @@ func TestAppBlobRoutes(t *testing.T) {
 	b.Image = "gpuaas.lab/apps/hello@sha256:" + hex.EncodeToString(sum[:])
 	b.ImageSize = int64(len(layout))
 	e.publishApp("hello", "1", b)
+	// A registry image (its manifest digest) published with its archive
+	// named separately (the blob store keys it by the archive's digest:
+	// agent/daemon TestAppArchiveDigest).
+	reg := appBody(proto.AppJupyter, proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}})
+	reg.Image = "docker.io/jupyter/base-notebook@sha256:" + strings.Repeat("8c", 32)
+	reg.ImageSize = int64(len(layout))
+	reg.Archive = "sha256:" + hex.EncodeToString(sum[:])
+	e.publishApp("jup", "1", reg)
+	var got proto.App
+	e.do(RoleViewer, http.MethodGet, "/v1/apps/jup/1", nil).decode(t, &got)
+	assert.Equal(t, reg.Archive, got.Archive)
+	// An archive digest that is not one is refused at publish.
+	bad := reg
+	bad.Archive = "sha256:nope"
+	pr := e.do(RoleAdmin, http.MethodPut, "/v1/apps/jup/2", bad).requireProblem(t, http.StatusBadRequest, proto.CodeInvalidArgument)
+	assert.Contains(t, pr.Detail, "archive digest")
 	if _, ok := e.b.(BlobBackend); !ok {
 		r := e.doRaw(RoleAdmin, http.MethodPut, "/v1/apps/hello/1/blob", string(layout), "Content-Type", "application/octet-stream")
 		r.requireProblem(t, http.StatusServiceUnavailable, proto.CodeUnavailable)

@@ -111,7 +111,7 @@ func (a *API) putApp(c *call) error {
 	if err := c.decode(&body, false); err != nil {
 		return err
 	}
-	app := proto.App{Name: name, Version: version, Kind: body.Kind, Image: body.Image, ImageSize: body.ImageSize, Description: body.Description,
+	app := proto.App{Name: name, Version: version, Kind: body.Kind, Image: body.Image, ImageSize: body.ImageSize, Archive: body.Archive, Description: body.Description,
 		Compat: body.Compat, Ports: body.Ports, HealthCheck: body.HealthCheck}
 	if err := app.Validate(); err != nil {
 		return err

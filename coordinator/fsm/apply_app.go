@@ -28,7 +28,7 @@ func (f *FSM) applyApp(t proto.MessageType, body []byte, index uint64) (resp any
 // sameManifest reports whether two entries carry the same manifest.
 func sameManifest(a, b *proto.App) bool {
 	ha, hb := a.HealthCheck, b.HealthCheck
-	return a.Kind == b.Kind && a.Image == b.Image && a.Description == b.Description &&
+	return a.Kind == b.Kind && a.Image == b.Image && a.ImageSize == b.ImageSize && a.Archive == b.Archive && a.Description == b.Description &&
 		slices.Equal(a.Compat.Shapes, b.Compat.Shapes) && slices.Equal(a.Compat.ImageKinds, b.Compat.ImageKinds) &&
 		a.Compat.MinGPUs == b.Compat.MinGPUs && a.Compat.MaxGPUs == b.Compat.MaxGPUs &&
 		a.Compat.MinGPUMemoryMiB == b.Compat.MinGPUMemoryMiB && a.Compat.Topology == b.Compat.Topology &&
@@ -150,9 +150,15 @@ func AppTargetOf(snap *state.Snapshot, skus []proto.SKU, a *proto.Allocation) sc
 			}
 		}
 	}
-	// No site offers public ingress yet (issue: lifecycle-managed
-	// ingress needs firewall/IPAM ownership first).
-	return sched.TargetFor(a, sku, kind, false)
+	// Public ingress: a slice whose site declares public addressing
+	// (apply_ingress.go hands out the endpoints; bare metal has none).
+	ingress := false
+	if a.Shape == proto.ShapeGPUSlice {
+		if s, ok := snap.Site(siteOfNode(snap, a.NodeID)); ok && s.Ingress != nil {
+			ingress = true
+		}
+	}
+	return sched.TargetFor(a, sku, kind, ingress)
 }
 
 // LatestApprovedApps returns, per app name, the approved version created

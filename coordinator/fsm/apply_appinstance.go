@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -87,6 +88,30 @@ func (f *FSM) applyAppLaunch(body []byte, index uint64) any {
 			return nil, illegal("app_launch: allocation %s is on no node", a.ID)
 		}
 		now := at(req.At)
+		// An app that must be reachable from outside gets its ports'
+		// public ingress here, in the launch's own apply: the routes
+		// and the instance exist together or not at all (a refusal —
+		// no declaration at the site, quota, pool exhausted — refuses
+		// the launch with its reason), and ending the instance removes
+		// them (transitionInstance).
+		if ir, ok := proto.AppIngressRequest(app, a.ID, now); ok {
+			ea, err := editAlloc(tx, a.ID)
+			if err != nil {
+				return nil, err
+			}
+			before := len(ea.Ingress)
+			if err := addIngress(tx, "app_launch", ea, ir.Rules, app.Name); err != nil {
+				return nil, proto.Errorf(proto.CodeOf(err), "app_launch: app %s needs public ingress for its ports: %s", app, errDetail(err))
+			}
+			if len(ea.Ingress) > before {
+				if err := tx.PutAllocation(ea); err != nil {
+					return nil, err
+				}
+				if err := appendTimeline(tx, a.ID, "ingress", "succeeded", proto.Clip("public ingress added for app "+app.Name+": "+routesText(ea.Ingress[before:]), maxMessage), now); err != nil {
+					return nil, err
+				}
+			}
+		}
 		deadline := now.Add(proto.AppStartDeadline(app))
 		inst := &proto.AppInstance{ID: proto.AppInstanceID(a.ID, app.Name, index), AllocationID: a.ID, NodeID: a.NodeID,
 			App: app.Name, Version: app.Version, Kind: app.Kind, Image: app.Image, Owner: a.Owner, LaunchedBy: req.Caller,
@@ -144,6 +169,11 @@ func transitionInstance(tx *state.Txn, inst *proto.AppInstance, to proto.AppInst
 	}
 	if err := tx.PutAppInstance(inst); err != nil {
 		return err
+	}
+	if to.Terminal() || to == proto.AppInstanceStopping {
+		if err := dropAppIngress(tx, inst, now); err != nil {
+			return err
+		}
 	}
 	status := "info"
 	switch to {
@@ -454,4 +484,39 @@ func checkAppInstances(snap *state.Snapshot) error {
 		}
 	}
 	return nil
+}
+
+// dropAppIngress removes the public ingress routes an app's launch added
+// to its allocation (a tenant's own rules on the same ports stay): a
+// stopping or ended instance is no longer exposed. On an allocation being
+// released they stay: the release frees every route of it (and records
+// them released) with the slice.
+func dropAppIngress(tx *state.Txn, inst *proto.AppInstance, now time.Time) error {
+	cur, ok := tx.Allocation(inst.AllocationID)
+	if !ok || !cur.Live() || cur.State == proto.AllocReleasing || !slices.ContainsFunc(cur.Ingress, func(r proto.IngressRoute) bool { return r.App == inst.App }) {
+		return nil
+	}
+	a := *cur
+	var kept, removed []proto.IngressRoute
+	for _, r := range cur.Ingress {
+		if r.App == inst.App {
+			removed = append(removed, r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	a.Ingress = kept
+	if err := tx.PutAllocation(&a); err != nil {
+		return err
+	}
+	return appendTimeline(tx, a.ID, "ingress", "succeeded", proto.Clip("public ingress of app "+inst.App+" removed: "+routesText(removed), maxMessage), now)
+}
+
+// errDetail is err's message without its code.
+func errDetail(err error) string {
+	var e *proto.Error
+	if errors.As(err, &e) {
+		return e.Detail
+	}
+	return err.Error()
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -42,6 +43,11 @@ func TestPrivilegedLabAppLaunch(t *testing.T) {
 		testenv.Missing(t, "an OCI runtime", err.Error())
 	}
 	e, lc, a := consoleLab(t)
+	// A failing run must not leave the app's container, network namespace
+	// or veth behind (test/leakcheck): this runs before the agent is
+	// killed (clean-ups run last first), releases the allocation, and
+	// stops whatever the local runner still holds.
+	t.Cleanup(func() { cleanupLocalApps(t, e, a.ID, filepath.Join(lc.h.StateDir, "apps")) })
 
 	wd, _ := os.Getwd()
 	root, err := guest.FindModuleRoot(wd)
@@ -148,5 +154,39 @@ func TestPrivilegedLabAppLaunch(t *testing.T) {
 				"hello app on a simulated lab slice (local runner: crun in a network namespace on the host, no guest), from the launch request to running, "+
 					"including an agent kill and restart mid-launch; layout %d bytes fetched from the coordinators' blob store", built.Size)),
 		}))
+	}
+}
+
+// cleanupLocalApps releases the allocation (best effort: a passing run
+// already did), waits a moment for the agent to stop its apps, then stops
+// what the local runner under dir still records, with the runner's own
+// teardown (container, network namespace, veth).
+func cleanupLocalApps(t *testing.T, e *agentsEnv, alloc, dir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, _ = e.api.C.Do(ctx, http.MethodPost, "/v1/allocations/"+alloc+"/release", nil, nil, nil)
+	waitFor(30*time.Second, func() bool {
+		recs, err := os.ReadDir(filepath.Join(dir, "instances"))
+		return err != nil || len(recs) == 0
+	})
+	if _, err := os.Stat(filepath.Join(dir, "instances")); err != nil {
+		return
+	}
+	r, err := apprun.NewLocal(apprun.LocalConfig{Dir: dir})
+	if err != nil {
+		t.Errorf("clean-up: local runner over %s: %v", dir, err)
+		return
+	}
+	ids, err := r.Instances()
+	if err != nil {
+		t.Errorf("clean-up: instances under %s: %v", dir, err)
+		return
+	}
+	for _, id := range ids {
+		if err := r.Stop(ctx, id); err != nil {
+			t.Errorf("clean-up: stop app instance %s: %v", id, err)
+		} else {
+			t.Logf("clean-up: stopped leftover app instance %s", id)
+		}
 	}
 }

@@ -178,6 +178,9 @@ type realSliceLab struct {
 	admin string    // the admin token
 	m     guest.Manifest
 	img   string
+	// agent is the real slice host's agent process; stateDir its state.
+	agent    *launch.Proc
+	stateDir string
 }
 
 // startRealSliceLab brings the real slice host up (every part it needs, or
@@ -262,7 +265,7 @@ func startRealSliceLab(t *testing.T, ctx context.Context, opts ...func(*fleet.Ag
 	approved, err := api.ApproveComplete(ctx, topo)
 	require.NoError(t, err)
 	require.NotEmpty(t, approved, "complete candidates of j22u15")
-	return realSliceLab{l: l, bin: bin, api: api, admin: toks.Admin, m: m, img: img}
+	return realSliceLab{l: l, bin: bin, api: api, admin: toks.Admin, m: m, img: img, agent: p, stateDir: h.StateDir}
 }
 
 // getJSON reads path from the coordinator into out.
