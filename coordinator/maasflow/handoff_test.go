@@ -134,7 +134,11 @@ func TestHandoffFaults(t *testing.T) {
 		{name: "deploy failure", kind: proto.WorkflowHandoff, fault: maassim.FaultCurtinFailure, status: maassim.StatusFailedDeployment,
 			stage: proto.StageDeploy, reason: "curtin command install failed"},
 		{name: "deploy timeout", kind: proto.WorkflowHandoff, fault: maassim.FaultDeployStuck, status: maassim.StatusDeploying,
-			cfg: func(c *maasflow.Config) { c.DeployExpiry = 50 * time.Millisecond }, stage: proto.StageDeploy, reason: "Deployed"},
+			cfg: func(c *maasflow.Config) { c.DeployExpiry = 50 * time.Millisecond }, stage: proto.StageDeploy, reason: "Deployed",
+			// MAAS's own deploy timeout (40 virtual minutes, 333 ms of real
+			// time at the simulator's speed) must not mark the stuck deploy
+			// failed before the test looks.
+			sim: func(o *maassim.Options) { o.Durations.DeployTimeout = 1000 * time.Hour }},
 		{name: "erase failure", kind: proto.WorkflowReclaim, fault: maassim.FaultEraseFailure, status: maassim.StatusFailedDiskErasing,
 			stage: proto.StageRelease, reason: "could not erase the disks"},
 		{name: "release timeout", kind: proto.WorkflowReclaim, status: maassim.StatusDiskErasing, also: maassim.StatusReleasing,
