@@ -28,7 +28,7 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 	c := startCoord(t, "j22u15")
 	root, _ := hostsimtest.Host(t, "j22u15")
 	cfg := agentConfig(t, c, "j22u15", filepath.Dir(root.Sys), t.TempDir(), c.mint("j22u15", 0))
-	startAgent(t, cfg)
+	ag := startAgent(t, cfg)
 	interval := time.Duration(cfg.HardwareScanInterval)
 	require.Equal(t, root.RunPath("hostsim", "bin", "nvidia-smi"), cfg.NvidiaSMI, "the lab agent reads the simulated nvidia-smi")
 
@@ -86,9 +86,24 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 	// vfio-pci at provision): its driver logs Xids and nvidia-smi sees it.
 	require.NoError(t, hostsim.SetDriver(root, gpu, "nvidia"))
 
-	expect := func(what string, since time.Time, i int, want, evidence string) {
+	scans := func() uint64 {
+		ag.d.mu.Lock()
+		defer ag.d.mu.Unlock()
+		return ag.d.scans
+	}
+	// expect: the fault reaches the ledger within a few of the agent's
+	// scans after the injection: nvidia-smi telemetry runs on its own (at
+	// the scan's interval in the lab), so the sample in flight at the
+	// injection may predate it, the next one sees it, and the scan after
+	// that reports it; the hardware loop reports before it scans again.
+	// At most five scans, as the former wall-clock bound (two intervals
+	// and a second, 1.6 s at 300 ms), but counted in scans: a loaded
+	// machine delays scans and samples, it does not skip them.
+	expect := func(what string, since time.Time, scansBefore uint64, i int, want, evidence string) {
 		t.Helper()
+		var seenAt uint64
 		require.Eventually(t, func() bool {
+			n := scans()
 			for j := range 8 {
 				w := proto.HardwareOK
 				if j == i {
@@ -98,11 +113,11 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 					return false
 				}
 			}
+			seenAt = n
 			return true
 		}, 20*time.Second, 10*time.Millisecond, what)
-		took := time.Since(since)
-		t.Logf("%s: in the ledger after %v (scan interval %v)", what, took, interval)
-		assert.Less(t, took, 2*interval+time.Second, "%s: reported within two scan intervals", what)
+		t.Logf("%s: in the ledger after %v, %d scans (scan interval %v)", what, time.Since(since), seenAt-scansBefore, interval)
+		assert.LessOrEqual(t, seenAt-scansBefore, uint64(5), "%s: reported within five scans", what)
 		if want == proto.HardwareOK {
 			if i != busy {
 				assert.True(t, sched.Schedulable(slot(i)), "%s: slot %d is schedulable again", what, i)
@@ -173,26 +188,27 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 			func() error { return hostsim.GPUOffBus(root, gpu, false) }},
 	}
 	for _, f := range faults {
-		at := time.Now()
+		at, n := time.Now(), scans()
 		require.NoError(t, f.inject(), f.name)
-		expect(f.name, at, r, f.state, f.evidence)
+		expect(f.name, at, n, r, f.state, f.evidence)
 		place100(f.name, r)
-		at = time.Now()
+		at, n = time.Now(), scans()
 		require.NoError(t, f.recover(), f.name)
-		expect(f.name+" cured", at, r, proto.HardwareOK, "")
+		expect(f.name+" cured", at, n, r, proto.HardwareOK, "")
 	}
 
 	// An informational Xid (an application's fault) changes nothing.
 	require.NoError(t, hostsim.LogXID(root, gpu, 13, "Graphics SM Warp Exception"))
-	time.Sleep(3 * interval)
+	n := scans()
+	require.Eventually(t, func() bool { return scans() >= n+3 }, 20*time.Second, 5*time.Millisecond, "three scans after the informational Xid")
 	assert.True(t, allOK(), "an informational Xid keeps every slot ok")
 
 	// The GPU under the running slice falls off the bus: the slot is
 	// missing, the allocation is told and keeps running; it comes back.
 	bg := slot(busy).Capacity.GPUPCIAddress
-	at := time.Now()
+	at, n := time.Now(), scans()
 	require.NoError(t, hostsim.GPUOffBus(root, bg, true))
-	expect("running slice's GPU off the bus", at, busy, proto.HardwareMissing, "fell off the bus")
+	expect("running slice's GPU off the bus", at, n, busy, proto.HardwareMissing, "fell off the bus")
 	require.Eventually(t, func() bool {
 		for _, e := range c.srv.Store().Snapshot().Timeline(alloc.ID) {
 			if e.Stage == "hardware" && strings.Contains(e.Message, "missing{fell_off_bus}") {
@@ -211,7 +227,7 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 	require.Len(t, nd.SlotHardware, 1)
 	assert.Equal(t, proto.HardwareMissing, nd.SlotHardware[0].State)
 	assert.Contains(t, nd.SlotHardware[0].Evidence[0], "config space reads all-ones")
-	at = time.Now()
+	at, n = time.Now(), scans()
 	require.NoError(t, hostsim.GPUOffBus(root, bg, false))
-	expect("running slice's GPU back", at, busy, proto.HardwareOK, "")
+	expect("running slice's GPU back", at, n, busy, proto.HardwareOK, "")
 }

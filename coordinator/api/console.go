@@ -83,19 +83,22 @@ func (r raftConsoleRecorder) Open(ctx context.Context, s proto.ConsoleSession) e
 	return err
 }
 
+// Close writes the audit record first, then closes the ledger's session
+// task: whoever sees the session closed (its record's result, the list of
+// sessions) finds its close in the audit log too.
 func (r raftConsoleRecorder) Close(ctx context.Context, s proto.ConsoleSession, res proto.ConsoleSessionResult, errText string) error {
-	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionCloseType, proto.ConsoleSessionCloseRequest{At: time.Now().UTC(), SessionID: s.ID, Result: res, Error: proto.Clip(errText, proto.MaxConsoleCloseText)})
-	if err == nil {
-		if e, ok := resp.(*proto.Error); ok {
-			err = e
-		}
-	}
 	rec := consoleAudit(s, http.StatusOK, struct {
 		Session proto.ConsoleSession       `json:"session"`
 		Result  proto.ConsoleSessionResult `json:"result"`
 		Error   string                     `json:"error,omitempty"`
 	}{s, res, errText})
 	r.audit(ctx, rec)
+	resp, _, err := r.b.Apply(ctx, proto.ConsoleSessionCloseType, proto.ConsoleSessionCloseRequest{At: time.Now().UTC(), SessionID: s.ID, Result: res, Error: proto.Clip(errText, proto.MaxConsoleCloseText)})
+	if err == nil {
+		if e, ok := resp.(*proto.Error); ok {
+			err = e
+		}
+	}
 	return err
 }
 

@@ -348,14 +348,19 @@ func (a *app) follow(cmd *cobra.Command, id string, limit time.Duration, release
 		}
 		moved := tasks.Index != index
 		index = tasks.Index
-		tl, err := a.wholeTimeline(cmd, base, tq)
-		if err != nil {
-			return err
-		}
-		if r, err = a.call(cmd, http.MethodGet, base, nil, nil, nil); err != nil {
+		// The allocation before its timeline: the timeline read then holds
+		// every event up to the state read, so a final state is rendered
+		// with the stages that led to it (read the other way round, a
+		// failure landing between the two reads was reported at stage
+		// "unknown" with the failed stage's lines missing).
+		if r, err = a.call(cmd, http.MethodGet, base, tq, nil, nil); err != nil {
 			return err
 		}
 		al, err := decode[proto.Allocation](r)
+		if err != nil {
+			return err
+		}
+		tl, err := a.wholeTimeline(cmd, base, tq)
 		if err != nil {
 			return err
 		}

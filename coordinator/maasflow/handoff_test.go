@@ -23,9 +23,13 @@ const profileUserData = "#cloud-config\npackages: [nvidia-driver-550]\n"
 
 // bmEnv is an env whose profile is a baremetal profile with tenant
 // user-data, and a Ready (commissioned) machine named host.
-func bmEnv(t *testing.T, host, mac string) (*env, string) {
+func bmEnv(t *testing.T, host, mac string, simFn ...func(*maassim.Options)) (*env, string) {
 	t.Helper()
-	e := newEnv(t, func(p *proto.SiteProfile) {
+	var sf func(*maassim.Options)
+	if len(simFn) > 0 {
+		sf = simFn[0]
+	}
+	e := newEnvSim(t, sf, nil, func(p *proto.SiteProfile) {
 		p.Intent, p.TenantUserData = proto.IntentBaremetal, profileUserData
 		p.RequireHWSync, p.StorageLayoutProfile = false, ""
 	})
@@ -119,6 +123,7 @@ func TestHandoffFaults(t *testing.T) {
 		kind   proto.WorkflowKind
 		fault  maassim.FaultKind
 		cfg    func(*maasflow.Config)
+		sim    func(*maassim.Options)
 		status maassim.Status
 		// also is another status the machine may be caught in (a release
 		// that expired before MAAS moved it from Releasing to Disk erasing).
@@ -129,17 +134,27 @@ func TestHandoffFaults(t *testing.T) {
 		{name: "deploy failure", kind: proto.WorkflowHandoff, fault: maassim.FaultCurtinFailure, status: maassim.StatusFailedDeployment,
 			stage: proto.StageDeploy, reason: "curtin command install failed"},
 		{name: "deploy timeout", kind: proto.WorkflowHandoff, fault: maassim.FaultDeployStuck, status: maassim.StatusDeploying,
-			cfg: func(c *maasflow.Config) { c.DeployExpiry = 50 * time.Millisecond }, stage: proto.StageDeploy, reason: "Deployed"},
+			cfg: func(c *maasflow.Config) { c.DeployExpiry = 50 * time.Millisecond }, stage: proto.StageDeploy, reason: "Deployed",
+			// MAAS's own deploy timeout (40 virtual minutes, 333 ms of real
+			// time at the simulator's speed) must not mark the stuck deploy
+			// failed before the test looks.
+			sim: func(o *maassim.Options) { o.Durations.DeployTimeout = 1000 * time.Hour }},
 		{name: "erase failure", kind: proto.WorkflowReclaim, fault: maassim.FaultEraseFailure, status: maassim.StatusFailedDiskErasing,
 			stage: proto.StageRelease, reason: "could not erase the disks"},
 		{name: "release timeout", kind: proto.WorkflowReclaim, status: maassim.StatusDiskErasing, also: maassim.StatusReleasing,
-			cfg: func(c *maasflow.Config) { c.ReleaseExpiry = time.Millisecond }, stage: proto.StageRelease, reason: "Ready"},
+			cfg: func(c *maasflow.Config) { c.ReleaseExpiry = time.Millisecond }, stage: proto.StageRelease, reason: "Ready",
+			// An erase that outlasts the test (at the simulator's speed the
+			// default quick erase and release take 25 ms of real time: a
+			// loaded machine saw MAAS reach Ready before it looked).
+			sim: func(o *maassim.Options) {
+				o.Durations.Erase, o.Durations.QuickErase, o.Durations.SecureErase = 1000*time.Hour, 1000*time.Hour, 1000*time.Hour
+			}},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			host := fmt.Sprintf("bmf%d", i)
-			e, sys := bmEnv(t, host, fmt.Sprintf("52:54:00:00:08:%02x", i))
+			e, sys := bmEnv(t, host, fmt.Sprintf("52:54:00:00:08:%02x", i), tc.sim)
 			if tc.kind == proto.WorkflowReclaim {
 				c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 2 * time.Millisecond})
 				require.NoError(t, err)

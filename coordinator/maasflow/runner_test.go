@@ -91,9 +91,16 @@ func newEnv(t *testing.T, profile func(*proto.SiteProfile)) *env {
 
 func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.SiteProfile)) *env {
 	t.Helper()
+	return newEnvSim(t, nil, siteFn, profile)
+}
+
+// newEnvSim is newEnvSite with simFn applied to the simulator's options
+// (its stage durations) before it starts.
+func newEnvSim(t *testing.T, simFn func(*maassim.Options), siteFn func(*proto.Site), profile func(*proto.SiteProfile)) *env {
+	t.Helper()
 	l := &ledger{f: fsm.New(nil, nil), tab: enroll.New()}
 	e := &env{t: t, ledger: l}
-	sim := maassimtest.Start(t, maassim.Options{Clock: maassim.NewScaledClock(maassimtest.Epoch, speed),
+	opts := maassim.Options{Clock: maassim.NewScaledClock(maassimtest.Epoch, speed),
 		Subnets: []maassim.Subnet{{ID: 1, Name: "pxe", CIDR: "10.10.0.0/24", GatewayIP: "10.10.0.1"},
 			{ID: 2, Name: "roce", CIDR: "10.50.0.0/16", VID: 50}},
 		OnDeployed: func(d maassim.Deployed) {
@@ -103,7 +110,11 @@ func newEnvSite(t *testing.T, siteFn func(*proto.Site), profile func(*proto.Site
 			if f != nil {
 				go f(d)
 			}
-		}})
+		}}
+	if simFn != nil {
+		simFn(&opts)
+	}
+	sim := maassimtest.Start(t, opts)
 	e.sim = sim
 	e.coord = httptest.NewServer(http.HandlerFunc(e.serveBootstrap))
 	t.Cleanup(e.coord.Close)

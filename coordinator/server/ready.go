@@ -9,33 +9,27 @@ import (
 )
 
 // readiness remembers how far this replica must apply before it serves
-// reads that are not badly stale: the commit index it first learned from a
-// leader after it started (or, as the leader, its last log index when it
-// first saw itself lead). Once reached, the replica stays caught up until
-// it restarts; it is only ready while some leader is known.
+// reads that are not badly stale: the commit index a leader first sent it
+// after it started (or, as the leader, its last log index when it first
+// saw itself lead). Once reached, the replica stays caught up until it
+// restarts; it is only ready while some leader is known.
 type readiness struct {
 	mu      sync.Mutex
 	started time.Time
-	// settle is how long the leader must have been in contact before
-	// the commit index is taken as learned: a follower's commit index is
-	// capped by the log it holds, so right after a restart it can be an
-	// old entry's (the first append of a backlog) rather than the
-	// leader's; a few heartbeats later the backlog has arrived.
-	settle       time.Duration
-	firstContact time.Time // first contact seen after started
-	target       uint64    // 0 until learned
-	learned      bool
-	caught       bool
+	target  uint64 // 0 until learned
+	learned bool
+	caught  bool
 }
 
-// raftView is the part of *raft.Raft readiness reads (a fake in tests).
+// raftView is the part of *raft.Raft readiness reads (a fake in tests),
+// with the commit index the leader sent (commitTransport).
 type raftView interface {
 	State() raft.RaftState
 	LeaderWithID() (raft.ServerAddress, raft.ServerID)
 	LastContact() time.Time
-	CommitIndex() uint64
 	LastIndex() uint64
 	AppliedIndex() uint64
+	LeaderCommitIndex() uint64
 }
 
 // check answers whether r is ready and, when not, why.
@@ -49,39 +43,25 @@ func (rd *readiness) check(r raftView) (bool, string) {
 	}
 	applied := r.AppliedIndex()
 	if !rd.learned {
-		switch {
+		// Not the replica's own commit index: raft caps a follower's at
+		// the last entry it holds, so right after a restart it is the end
+		// of the part of the backlog that has arrived (ready before the
+		// entries committed while it was down are applied).
+		switch lc := r.LeaderCommitIndex(); {
 		case isLeader:
 			rd.target, rd.learned = r.LastIndex(), true
-		case r.LastContact().After(rd.started) && rd.firstContact.IsZero():
-			rd.firstContact = r.LastContact()
-			if rd.settle > 0 {
-				return false, fmt.Sprintf("leader %s is sending this replica the log; commit index not settled yet", leader)
-			}
-			return rd.learnLocked(r)
-		case r.LastContact().After(rd.started) && r.LastContact().Sub(rd.firstContact) < rd.settle:
-			return false, fmt.Sprintf("leader %s is sending this replica the log; commit index not settled yet", leader)
-		case r.LastContact().After(rd.started) && r.CommitIndex() > 0:
+		case lc > 0:
+			rd.target, rd.learned = lc, true
+		case r.LastContact().After(rd.started):
 			// A heartbeat is contact too but carries no commit index: a
 			// restarted follower learns it from its first real append
 			// (every cluster has committed at least its configuration).
-			rd.target, rd.learned = r.CommitIndex(), true
-		case r.LastContact().After(rd.started):
 			return false, fmt.Sprintf("leader %s has not told this replica its commit index yet", leader)
 		default:
 			return false, fmt.Sprintf("no contact from leader %s since this replica started", leader)
 		}
 	}
 	return rd.caughtLocked(applied)
-}
-
-// learnLocked learns the commit index now, or says why not.
-func (rd *readiness) learnLocked(r raftView) (bool, string) {
-	_, leader := r.LeaderWithID()
-	if r.CommitIndex() == 0 {
-		return false, fmt.Sprintf("leader %s has not told this replica its commit index yet", leader)
-	}
-	rd.target, rd.learned = r.CommitIndex(), true
-	return rd.caughtLocked(r.AppliedIndex())
 }
 
 // caughtLocked compares applied with the learned target.
@@ -97,7 +77,7 @@ func (rd *readiness) caughtLocked(applied uint64) (bool, string) {
 // and the replica has applied up to the commit index it learned from the
 // leader after starting. When not ready, reason says why.
 func (s *Server) Readiness() (ready bool, reason string) {
-	return s.ready.check(s.raft)
+	return s.ready.check(raftWithLeaderCommit{s.raft, s.ctrans})
 }
 
 // CaughtUp reports whether this replica has applied up to the commit
@@ -112,7 +92,7 @@ func (s *Server) CaughtUp() (bool, string) {
 	if caught {
 		return true, ""
 	}
-	return s.ready.check(s.raft)
+	return s.ready.check(raftWithLeaderCommit{s.raft, s.ctrans})
 }
 
 // LastContact is when this replica last heard from a leader: now on the
@@ -147,10 +127,3 @@ func (s *Server) trackCatchUp() {
 		}
 	}
 }
-
-// readySettle is readiness.settle of a server: three heartbeats
-// (hashicorp/raft sends one every HeartbeatTimeout/10), enough for a
-// backlog of a few MaxAppendEntries batches to arrive. A longer backlog
-// can still make the learned index an early one; the replica then serves
-// reads a little behind until it catches up, as a connected follower does.
-const readySettle = 150 * time.Millisecond

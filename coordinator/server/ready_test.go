@@ -15,6 +15,7 @@ type fakeRaft struct {
 	leader                raft.ServerID
 	contact               time.Time
 	commit, last, applied uint64
+	leaderCommit          uint64 // the commit index the leader sent
 }
 
 func (f *fakeRaft) State() raft.RaftState { return f.state }
@@ -25,6 +26,9 @@ func (f *fakeRaft) LastContact() time.Time { return f.contact }
 func (f *fakeRaft) CommitIndex() uint64    { return f.commit }
 func (f *fakeRaft) LastIndex() uint64      { return f.last }
 func (f *fakeRaft) AppliedIndex() uint64   { return f.applied }
+func (f *fakeRaft) LeaderCommitIndex() uint64 {
+	return f.leaderCommit
+}
 
 func TestReadinessFollowerCatchesUpToLearnedCommit(t *testing.T) {
 	t.Parallel()
@@ -50,14 +54,19 @@ func TestReadinessFollowerCatchesUpToLearnedCommit(t *testing.T) {
 	assert.False(t, ok)
 	assert.Contains(t, why, "leader c2 has not told this replica its commit index yet")
 
-	// The leader tells us commit 500; we have applied 10.
-	f.commit, f.applied = 500, 10
+	// The first append of the backlog: our commit index is capped at the
+	// last entry we hold (12); the leader's, which it sent, is 500; we
+	// have applied 10.
+	f.commit, f.leaderCommit, f.applied = 12, 500, 10
 	ok, why = rd.check(f)
 	assert.False(t, ok)
 	assert.Equal(t, "catching up: applied index 10 of 500 learned from the leader", why)
+	f.commit, f.applied = 12, 12
+	ok, _ = rd.check(f)
+	assert.False(t, ok, "caught up with the part of the backlog that arrived is not caught up")
 
 	// The leader commits more meanwhile: the target stays what we learned.
-	f.commit, f.applied = 900, 500
+	f.commit, f.leaderCommit, f.applied = 900, 900, 500
 	ok, why = rd.check(f)
 	assert.True(t, ok, why)
 

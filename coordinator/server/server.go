@@ -37,6 +37,7 @@ type Server struct {
 	enroll *enrollFSM // agent enrollment table, between peerFSM and the ledger
 	ledger *ledger    // nil when cfg.fsm replaced the ledger FSM
 	trans  *raft.NetworkTransport
+	ctrans *commitTransport // trans, observing the leader's commit index (readiness)
 	store  *raftboltdb.BoltStore
 
 	raftAddr string
@@ -138,7 +139,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("create raft dir %s: %w", raftDir, err)
 	}
 	s := &Server{cfg: cfg, log: log, members: map[string]member{}, notify: make(chan bool, 16),
-		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now(), settle: readySettle}}
+		applyQ: make(chan *applyCall, applierQueueLen), ready: readiness{started: time.Now()}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
 	inner := cfg.fsm
@@ -217,7 +218,8 @@ func New(cfg Config) (*Server, error) {
 		s.closeStores()
 		return nil, fmt.Errorf("raft log cache: %w", err)
 	}
-	r, err := raft.NewRaft(rc, s.fsm, logs, store, snaps, trans)
+	s.ctrans = newCommitTransport(s.ctx, trans)
+	r, err := raft.NewRaft(rc, s.fsm, logs, store, snaps, s.ctrans)
 	if err != nil {
 		s.closeStores()
 		return nil, fmt.Errorf("start raft %s: %w", cfg.NodeID, err)

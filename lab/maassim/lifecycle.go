@@ -255,15 +255,18 @@ func (s *Server) takeRequestFaultLocked(m *machine, c *reqCtx, phase faultPhase)
 
 // after runs fn under the lock d of virtual time from now, unless the
 // machine's operation changed (gen) or the machine was deleted meanwhile.
+// A machine's timers run in the order they are due: when one fires, every
+// earlier one not run yet runs first (each on its own goroutine, a loaded
+// machine could otherwise run a stage's "Rebooting" event after the
+// "Deployed" it precedes).
 func (s *Server) after(m *machine, d time.Duration, fn func()) {
-	gen := m.gen
+	t := &machineTimer{due: s.clock.Now().Add(d), gen: m.gen, fn: fn}
+	m.timers = append(m.timers, t)
 	s.clock.AfterFunc(d, func() {
 		s.mu.Lock()
-		if s.machines[m.systemID] != m || m.gen != gen {
-			s.mu.Unlock()
-			return
+		if s.machines[m.systemID] == m {
+			s.runDue(m, t)
 		}
-		fn()
 		hooks := s.hooks
 		s.hooks = nil
 		s.mu.Unlock()
@@ -271,6 +274,37 @@ func (s *Server) after(m *machine, d time.Duration, fn func()) {
 			h()
 		}
 	})
+}
+
+// machineTimer is a pending after of a machine.
+type machineTimer struct {
+	due time.Time
+	gen int
+	fn  func()
+}
+
+// runDue runs, in due order (then the order they were set), every pending
+// timer of m due no later than t, t included; those of an earlier
+// operation (gen) are dropped. Called with the lock held.
+func (s *Server) runDue(m *machine, t *machineTimer) {
+	var run, keep []*machineTimer
+	for _, x := range m.timers {
+		if !x.due.After(t.due) {
+			run = append(run, x)
+		} else {
+			keep = append(keep, x)
+		}
+	}
+	if len(run) == 0 {
+		return // t ran already, with a later timer
+	}
+	m.timers = keep
+	slices.SortStableFunc(run, func(a, b *machineTimer) int { return a.due.Compare(b.due) })
+	for _, x := range run {
+		if x.gen == m.gen {
+			x.fn()
+		}
+	}
 }
 
 func (s *Server) mustStatus(m *machine, to Status) {

@@ -77,7 +77,8 @@ type machine struct {
 	errorDesc     string
 	cpuCount      int
 	memoryMiB     int64
-	gen           int // bumps whenever an async operation starts or is cancelled
+	gen           int             // bumps whenever an async operation starts or is cancelled
+	timers        []*machineTimer // pending afters, run in due order (lifecycle.go)
 	faults        []*Fault
 	nextDevID     *int
 }
