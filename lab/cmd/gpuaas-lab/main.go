@@ -326,14 +326,20 @@ func run(args []string, out io.Writer) (err error) {
 	defer launch.StopAll(procs, 15*time.Second, log)
 	defer sup.stop()
 
-	timeout := 90 * time.Second
+	// Start-up in bounded phases, each with its own bound started when
+	// it starts: the cluster's election, the real slice host with its
+	// guest image (libvirtd's first start ~70 s, the first image build
+	// a few minutes), then onboarding the hosts.
+	startBound := 90 * time.Second
 	if *maasMode {
-		timeout = 4 * time.Minute
+		startBound = 4 * time.Minute
 	}
 	defer func() { _ = rec.update(func(ri *runInfo) { ri.Phase = "stopping" }) }()
-	ctx, cancel := context.WithTimeout(sigCtx, timeout)
-	defer cancel()
-	leader, err := waitCluster(ctx, st, toks.Admin, *maasMode)
+	var leader string
+	err = phase{"the cluster's start-up (leader, tokens, pools)", startBound}.run(sigCtx, func(ctx context.Context) (err error) {
+		leader, err = waitCluster(ctx, st, toks.Admin, *maasMode)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
@@ -351,14 +357,13 @@ func run(args []string, out io.Writer) (err error) {
 		mode.Real, mode.Cause = false, realSliceHost+" is not among -hosts"
 	}
 	if mode.Real {
-		// libvirtd's first start (~70 s) and the guest image's first build
-		// (~1 min) do not count against the cluster's start-up bound.
-		sctx, scancel := context.WithTimeout(sigCtx, 10*time.Minute)
-		sh, err = setupSliceHost(sctx, log, abs, st.Hosts[i])
-		if err == nil {
-			sliceImage, err = publishGuestImage(sctx, log, api)
-		}
-		scancel()
+		err := phase{"the real slice host's set-up and guest image build", sliceHostBound}.run(sigCtx, func(ctx context.Context) (err error) {
+			sh, err = setupSliceHost(ctx, log, abs, st.Hosts[i])
+			if err == nil {
+				sliceImage, err = publishGuestImage(ctx, log, api)
+			}
+			return err
+		})
 		switch {
 		case err != nil && *sliceHostFlag == "real":
 			return fmt.Errorf("real slice host %s: %w", realSliceHost, err)
@@ -376,34 +381,38 @@ func run(args []string, out io.Writer) (err error) {
 	viaMAAS := map[string]int{}
 	var flows []proto.WorkflowView
 	var bmMAAS *maaslab.Lab
-	if *maasMode {
-		ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
-			BatchMaxParallel: *maasBatch, Logger: log})
-		if err != nil {
-			return err
+	var views []hostView
+	err = phase{"onboarding the hosts (MAAS site, agents, approvals)", startBound}.run(sigCtx, func(ctx context.Context) error {
+		if *maasMode {
+			ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
+				BatchMaxParallel: *maasBatch, Logger: log})
+			if err != nil {
+				return err
+			}
+			bmMAAS = ml
+			// Where the simulated region is (its admin endpoint /_sim/ shows
+			// the request log), for tests and curious operators.
+			b, _ := json.Marshal(map[string]string{"url": ml.URL, "admin": strings.TrimSuffix(ml.URL, "/MAAS") + "/_sim/"})
+			if err := os.WriteFile(filepath.Join(abs, "maas.json"), append(b, '\n'), 0o644); err != nil {
+				return err
+			}
+			if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
+				return err
+			}
+		} else {
+			ml, err := startBaremetalMAAS(ctx, log, api, abs, agents, st.Hosts, sup.start)
+			bmMAAS = ml
+			if err != nil {
+				return err
+			}
 		}
-		defer ml.Close()
-		// Where the simulated region is (its admin endpoint /_sim/ shows
-		// the request log), for tests and curious operators.
-		b, _ := json.Marshal(map[string]string{"url": ml.URL, "admin": strings.TrimSuffix(ml.URL, "/MAAS") + "/_sim/"})
-		if err := os.WriteFile(filepath.Join(abs, "maas.json"), append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
-			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
-		}
-		bmMAAS = ml
-	} else {
-		ml, err := startBaremetalMAAS(ctx, log, api, abs, agents, st.Hosts, sup.start)
-		if err != nil {
-			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
-		}
-		if ml != nil {
-			defer ml.Close()
-		}
-		bmMAAS = ml
+		var err error
+		views, err = onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
+		return err
+	})
+	if bmMAAS != nil {
+		defer bmMAAS.Close()
 	}
-	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
