@@ -58,6 +58,24 @@ func HTTPClient(labDir string) (*http.Client, error) {
 		MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}, nil
 }
 
+// BundleFile is the trust bundle of the lab in labDir: TrustPEM, which
+// the env files name as GPUAAS_CA_FILE and gpuaas-lab keeps current while
+// it runs (WriteBundle), so clients keep working through a CA rotation.
+func BundleFile(labDir string) string { return filepath.Join(labDir, "ca-bundle.pem") }
+
+// WriteBundle writes TrustPEM to BundleFile (atomically, only when it
+// changed).
+func WriteBundle(labDir string) error {
+	b, err := TrustPEM(labDir)
+	if err != nil {
+		return err
+	}
+	if old, err := os.ReadFile(BundleFile(labDir)); err == nil && string(old) == string(b) {
+		return nil
+	}
+	return atomicfile.WriteFile(BundleFile(labDir), b, 0o644)
+}
+
 // TrustPEM is the PEM of every CA a client of the lab in labDir should
 // trust: the lab's first CA (CAFile) and the CAs each coordinator trusts
 // after a rotation (the "trusted" list of its

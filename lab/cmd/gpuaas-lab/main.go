@@ -266,6 +266,28 @@ func run(args []string, out io.Writer) (err error) {
 	if labHTTP, err = launch.HTTPClient(abs); err != nil {
 		return err
 	}
+	// The env files' CA file (GPUAAS_CA_FILE): every CA the coordinators
+	// trust, kept current while the lab runs so gpuaasctl keeps working
+	// through a CA rotation (gpuaasctl ca rotate|activate|retire).
+	if err := launch.WriteBundle(abs); err != nil {
+		return err
+	}
+	bctx, bcancel := context.WithCancel(sigCtx)
+	defer bcancel()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-bctx.Done():
+				return
+			case <-t.C:
+				if err := launch.WriteBundle(abs); err != nil {
+					log.Warn("refresh the lab's CA bundle", "file", launch.BundleFile(abs), "err", err)
+				}
+			}
+		}
+	}()
 	var procs []*launch.Proc
 	var joins, gossips, urls []string
 	for _, c := range st.Coordinators {
@@ -818,7 +840,7 @@ func writeEnv(dir, addr string, t tokens) error {
 		if f.token == "" {
 			continue
 		}
-		env := fmt.Sprintf("export GPUAAS_ADDR=%s\nexport GPUAAS_CA_FILE=%s\nexport GPUAAS_TOKEN=%s\n", launch.APIURL(addr), launch.CAFile(dir), f.token)
+		env := fmt.Sprintf("export GPUAAS_ADDR=%s\nexport GPUAAS_CA_FILE=%s\nexport GPUAAS_TOKEN=%s\n", launch.APIURL(addr), launch.BundleFile(dir), f.token)
 		if err := atomicfile.WriteFile(filepath.Join(dir, f.name), []byte(env), 0o600); err != nil {
 			return err
 		}

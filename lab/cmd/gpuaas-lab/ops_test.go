@@ -268,7 +268,7 @@ func TestSummaryIsHonest(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 		assert.Contains(t, string(b), "export GPUAAS_ADDR=https://127.0.0.1:7300\n")
-		assert.Contains(t, string(b), "export GPUAAS_CA_FILE="+filepath.Join(dir, "ca.pem")+"\n")
+		assert.Contains(t, string(b), "export GPUAAS_CA_FILE="+filepath.Join(dir, "ca-bundle.pem")+"\n")
 		assert.Contains(t, string(b), "export GPUAAS_TOKEN="+tok+"\n")
 		fi, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
