@@ -850,7 +850,7 @@ func writeEnv(dir, addr string, t tokens) error {
 
 // adminCommands are the gpuaasctl commands of the lab that need the admin
 // token (the route table's RoleAdmin routes), named in the summary.
-const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slot approve|disable|repair|cleanup, alloc force-release, image push|approve|revoke, region/pool set, site onboard|decommission, bundle publish, operator add|remove|transfer"
+const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slot approve|disable|repair|cleanup, alloc force-release, image push|approve|revoke, region/pool set, site onboard|decommission|ingress, bundle publish, operator add|remove|transfer, ca status|bundle|rotate|activate|retire, audit list|export|verify|prune, app publish|approve|revoke"
 
 // consoleURL is the web console's address on the coordinator at addr
 // (the API's base URL plus /ui/).
