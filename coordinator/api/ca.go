@@ -98,7 +98,17 @@ func newestCertCA(tab *enroll.Table, first string, now time.Time) map[string]str
 	return out
 }
 
+// caStatus is GET /v1/operator/ca. Only the leader hears the agents'
+// heartbeats, so a follower relays the request to it: the agents' column
+// is then complete, and the leader has applied every write it
+// acknowledged (a rotate followed at once by a bundle read sees the new
+// CA). The bundle is the table's, not the TLS material in use, which
+// follows the table within a second (server.syncCA).
 func (a *API) caStatus(c *call) error {
+	if !a.b.IsLeader() && c.r.Header.Get(proto.ForwardedHeader) == "" {
+		a.forwardStream(c)
+		return nil
+	}
 	if _, err := c.query(); err != nil {
 		return err
 	}
@@ -116,10 +126,16 @@ func (a *API) caStatus(c *call) error {
 	if len(cas) == 0 {
 		r := proto.CARecord{ID: st.Active, State: proto.CAActive, CertPEM: string(t.Active().CertPEM), Subject: t.Active().Cert.Subject.CommonName, NotAfter: t.Active().Cert.NotAfter.UTC()}
 		cas = []proto.CARecord{r}
+	} else {
+		st.BundlePEM = tableBundle(cas)
+		for _, r := range cas {
+			if r.State == proto.CAActive {
+				st.Active = r.ID
+			}
+		}
 	}
 	for _, r := range cas {
-		r.KeyPEM = ""
-		st.CAs = append(st.CAs, r)
+		st.CAs = append(st.CAs, caPublic(r))
 	}
 	now := a.now()
 	certCA := newestCertCA(tab, cas[0].ID, now)
@@ -236,9 +252,35 @@ func (a *API) caAction(c *call, want string, do func(caRotator, *enroll.Table, p
 	a.log.Info("cluster CA rotation step", "route", c.rt.Pattern, "ca", rec.ID, "by", c.p.Name, "force", body.Force)
 	for _, r := range tab.CAs() {
 		if r.ID == rec.ID {
-			r.KeyPEM = ""
-			return c.reply(http.StatusOK, r)
+			return c.reply(http.StatusOK, caPublic(r))
 		}
 	}
-	return c.reply(http.StatusOK, rec)
+	return c.reply(http.StatusOK, caPublic(rec))
+}
+
+// caPublic is a CA record as the API shows it: without its key, and for
+// the CA the cluster started with (recorded by the first rotation without
+// an introduction time) introduced when its certificate became valid.
+func caPublic(r proto.CARecord) proto.CARecord {
+	r.KeyPEM = ""
+	if r.IntroducedAt.IsZero() {
+		if cert, err := pki.ParseCertPEM([]byte(r.CertPEM)); err == nil {
+			r.IntroducedAt = cert.NotBefore.UTC()
+		}
+	}
+	return r
+}
+
+// tableBundle is the PEM of every CA the rotation table trusts, the
+// active one first (the order the coordinators' TLS material uses).
+func tableBundle(cas []proto.CARecord) string {
+	var b strings.Builder
+	for _, want := range []bool{true, false} {
+		for _, r := range cas {
+			if r.State != proto.CARetired && (r.State == proto.CAActive) == want {
+				b.WriteString(strings.TrimSpace(r.CertPEM) + "\n")
+			}
+		}
+	}
+	return b.String()
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuaas/gpuaas/internal/atomicfile"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -75,23 +76,7 @@ func (a *app) caCmd() *cobra.Command {
 				}
 			})
 		},
-	}, &cobra.Command{
-		Use:   "bundle",
-		Short: "Print the CAs to trust now (PEM): the CA file of gpuaasctl and of agents",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/operator/ca", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			var st proto.CAStatus
-			if err := json.Unmarshal(r.Body, &st); err != nil {
-				return err
-			}
-			_, err = fmt.Fprint(a.out, st.BundlePEM)
-			return err
-		},
-	}, &cobra.Command{
+	}, a.caBundleCmd(), &cobra.Command{
 		Use:   "rotate",
 		Short: "Introduce a new CA, trusted beside the current one (it signs nothing until activated)",
 		Args:  exactArgs(),
@@ -106,4 +91,40 @@ func (a *app) caCmd() *cobra.Command {
 		action("activate", "/v1/operator/ca/activate", "Make the staged CA sign: coordinators re-issue their certificates, agents renew theirs"),
 		action("retire", "/v1/operator/ca/retire", "Stop trusting the previous CA everywhere: its certificates are refused"))
 	return c
+}
+
+// caBundleCmd prints the trust bundle, or writes it to --out: atomically
+// and only once it was read, so a failed read (a client that no longer
+// trusts the cluster's certificates) never empties the file, as a shell's
+// "> file" does before the command runs.
+func (a *app) caBundleCmd() *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "bundle",
+		Short: "Print the CAs to trust now (PEM): the CA file of gpuaasctl and of agents (--out FILE writes it)",
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := a.call(cmd, http.MethodGet, "/v1/operator/ca", nil, nil, nil)
+			if err != nil {
+				return err
+			}
+			var st proto.CAStatus
+			if err := json.Unmarshal(r.Body, &st); err != nil {
+				return err
+			}
+			if st.BundlePEM == "" {
+				return fmt.Errorf("the coordinator returned an empty CA bundle")
+			}
+			if out == "" {
+				_, err = fmt.Fprint(a.out, st.BundlePEM)
+				return err
+			}
+			if err := atomicfile.WriteFile(out, []byte(st.BundlePEM), 0o644); err != nil {
+				return fmt.Errorf("write the CA bundle: %w", err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "write the bundle to this file (replaced only once the bundle was read) instead of printing it")
+	return cmd
 }

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +28,23 @@ func TestCLICARotation(t *testing.T) {
 	assert.Equal(t, first, field(t, r.out, "Active"))
 	r = c.run(api.RoleOperator, "ca", "status")
 	assert.Equal(t, ExitError, r.code, "admin only")
+
+	// ca bundle --out replaces the file only once the bundle was read:
+	// a refused read leaves it as it was.
+	out := filepath.Join(t.TempDir(), "ca-bundle.pem")
+	require.NoError(t, os.WriteFile(out, []byte("kept"), 0o644))
+	r = c.run(api.RoleOperator, "ca", "bundle", "--out", out)
+	assert.Equal(t, ExitError, r.code)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.Equal(t, "kept", string(b), "a failed read never empties the file")
+	c.run(api.RoleAdmin, "ca", "bundle", "--out", out).ok(t)
+	b, err = os.ReadFile(out)
+	require.NoError(t, err)
+	certs, err := pki.ParseCertsPEM(b)
+	require.NoError(t, err)
+	require.Len(t, certs, 1)
+	assert.Equal(t, first, pki.ID(certs[0]))
 
 	r = c.run(api.RoleAdmin, "-o", "json", "ca", "rotate").ok(t)
 	var staged proto.CARecord

@@ -74,7 +74,7 @@ func tlsHint(err error) string {
 	var cv *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &ua) || (errors.As(err, &cv) && strings.Contains(cv.Error(), "unknown authority")):
-		return " (trust the cluster CA: --ca-file or GPUAAS_CA_FILE, e.g. .lab/ca.pem or <data-dir>/tls/ca.pem)"
+		return " (trust the cluster CA: --ca-file or GPUAAS_CA_FILE, e.g. .lab/ca-bundle.pem in the lab or <data-dir>/tls/ca.pem; after a CA rotation (gpuaasctl ca rotate|activate|retire) the current bundle: gpuaasctl ca bundle --out FILE while a trusted CA is still served, or the \"trusted\" list of a coordinator's <data-dir>/tls/rotation.json)"
 	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
 		return " (this coordinator runs -insecure-http: use an http:// address)"
 	}

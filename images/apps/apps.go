@@ -55,8 +55,9 @@ type App struct {
 type Built struct {
 	// Path is the OCI image layout archive (a tar).
 	Path string
-	// Digest is the image manifest's digest ("sha256:<hex>"); Ref is
-	// Repository@Digest, what an app manifest's image field holds.
+	// Digest is the OCI image manifest's digest ("sha256:<hex>"); Ref is
+	// Repository@Digest. An app manifest's image field names the archive
+	// instead: Repository@sha256:ArchiveSHA256.
 	Digest string
 	Ref    string
 	// ArchiveSHA256 is the hex sha256 of the archive file itself (what

@@ -42,14 +42,85 @@ func CAKeyFile(labDir string) string { return filepath.Join(labDir, "ca.key") }
 // APIURL is the base URL of a lab coordinator's API at addr.
 func APIURL(addr string) string { return "https://" + addr }
 
-// HTTPClient is an HTTP client trusting the CA of the lab in labDir.
+// HTTPClient is an HTTP client trusting the CAs of the lab in labDir:
+// its first CA (CAFile) and, after a CA rotation (gpuaasctl ca rotate),
+// every CA its coordinators trust now (TrustPEM).
 func HTTPClient(labDir string) (*http.Client, error) {
-	pool, err := pki.LoadPool(CAFile(labDir))
+	b, err := TrustPEM(labDir)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pki.PoolFromPEM(b)
 	if err != nil {
 		return nil, fmt.Errorf("lab CA: %w", err)
 	}
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(pool, nil), ForceAttemptHTTP2: true,
 		MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}, nil
+}
+
+// BundleFile is the trust bundle of the lab in labDir: TrustPEM, which
+// the env files name as GPUAAS_CA_FILE and gpuaas-lab keeps current while
+// it runs (WriteBundle), so clients keep working through a CA rotation.
+func BundleFile(labDir string) string { return filepath.Join(labDir, "ca-bundle.pem") }
+
+// WriteBundle writes TrustPEM to BundleFile (atomically, only when it
+// changed).
+func WriteBundle(labDir string) error {
+	b, err := TrustPEM(labDir)
+	if err != nil {
+		return err
+	}
+	if old, err := os.ReadFile(BundleFile(labDir)); err == nil && string(old) == string(b) {
+		return nil
+	}
+	return atomicfile.WriteFile(BundleFile(labDir), b, 0o644)
+}
+
+// TrustPEM is the PEM of every CA a client of the lab in labDir should
+// trust: the lab's first CA (CAFile) and the CAs each coordinator trusts
+// after a rotation (the "trusted" list of its
+// data/<id>/tls/rotation.json, which the coordinator keeps as it follows
+// the rotation table). A retired CA stays in it only as the lab's first
+// CA: trusting it does no harm, as no coordinator presents a certificate
+// of it any more.
+func TrustPEM(labDir string) ([]byte, error) {
+	first, err := os.ReadFile(CAFile(labDir))
+	if err != nil {
+		return nil, fmt.Errorf("lab CA: %w", err)
+	}
+	out := append([]byte(nil), first...)
+	seen := map[string]bool{}
+	if certs, err := pki.ParseCertsPEM(first); err == nil {
+		for _, c := range certs {
+			seen[pki.ID(c)] = true
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(labDir, "data", "*", "tls", "rotation.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a coordinator writing it: the others have the same list
+		}
+		var st struct {
+			Trusted []string `json:"trusted"`
+		}
+		if json.Unmarshal(b, &st) != nil {
+			continue
+		}
+		for _, p := range st.Trusted {
+			certs, err := pki.ParseCertsPEM([]byte(p))
+			if err != nil {
+				continue
+			}
+			for _, c := range certs {
+				if !seen[pki.ID(c)] {
+					seen[pki.ID(c)] = true
+					out = append(out, pki.EncodeCertPEM(c)...)
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // EnsureCA loads the lab's cluster CA from labDir, creating it on the

@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -9,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/coordinator/pki"
 )
 
 func TestProcStartStop(t *testing.T) {
@@ -57,4 +61,37 @@ func TestFreeGossipPort(t *testing.T) {
 	u, err := net.ListenPacket("udp", addr)
 	require.NoError(t, err, "and for UDP")
 	u.Close()
+}
+
+// After a CA rotation the lab's clients trust what its coordinators
+// trust (their rotation.json), beside the lab's first CA.
+func TestTrustPEMFollowsTheCoordinatorsRotation(t *testing.T) {
+	dir := t.TempDir()
+	first, err := EnsureCA(dir)
+	require.NoError(t, err)
+	b, err := TrustPEM(dir)
+	require.NoError(t, err)
+	certs, err := pki.ParseCertsPEM(b)
+	require.NoError(t, err)
+	require.Len(t, certs, 1, "before any rotation: the first CA")
+
+	next, err := pki.NewCA("rotated", time.Now(), time.Hour)
+	require.NoError(t, err)
+	rot, err := json.Marshal(map[string]any{"version": "v", "trusted": []string{string(next.CertPEM), string(first.CertPEM)}})
+	require.NoError(t, err)
+	for _, id := range []string{"c1", "c2"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "data", id, "tls"), 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "data", id, "tls", "rotation.json"), rot, 0o600))
+	}
+	b, err = TrustPEM(dir)
+	require.NoError(t, err)
+	certs, err = pki.ParseCertsPEM(b)
+	require.NoError(t, err)
+	var ids []string
+	for _, c := range certs {
+		ids = append(ids, pki.ID(c))
+	}
+	assert.Equal(t, []string{pki.ID(first.Cert), pki.ID(next.Cert)}, ids, "each CA once")
+	_, err = HTTPClient(dir)
+	require.NoError(t, err)
 }

@@ -147,6 +147,7 @@ func TestCARotationOfAThreeServerCluster(t *testing.T) {
 	st := status()
 	require.Len(t, st.CAs, 1)
 	assert.Equal(t, pki.ID(oldCA.Cert), st.Active)
+	assert.False(t, st.CAs[0].IntroducedAt.IsZero(), "the CA the cluster started with has an introduction time (its certificate's)")
 
 	// 1. Introduce: staged, trusted everywhere.
 	var staged proto.CARecord
@@ -160,6 +161,28 @@ func TestCARotationOfAThreeServerCluster(t *testing.T) {
 	code, err = c.Do(ctx, leader, http.MethodPost, "/v1/operator/ca/rotate", "", struct{}{}, nil)
 	require.Error(t, err)
 	assert.Equal(t, http.StatusConflict, code, "one staged CA at a time")
+
+	// At once, on a follower (gpuaasctl ca rotate; ca bundle >
+	// ca-bundle.pem): the answer is the leader's, so the bundle already
+	// holds the staged CA, the table still lists the first CA with its
+	// introduction time, and the agents (only the leader hears their
+	// heartbeats) are listed.
+	follower := (leader + 1) % len(c.Nodes)
+	var fst proto.CAStatus
+	code, err = c.Do(ctx, follower, http.MethodGet, "/v1/operator/ca", "", nil, &fst)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	fcerts, err := pki.ParseCertsPEM([]byte(fst.BundlePEM))
+	require.NoError(t, err)
+	require.Len(t, fcerts, 2, "the follower's bundle right after rotate")
+	assert.Equal(t, pki.ID(oldCA.Cert), pki.ID(fcerts[0]), "the active CA first")
+	assert.Equal(t, staged.ID, pki.ID(fcerts[1]))
+	require.Len(t, fst.CAs, 2)
+	for _, r := range fst.CAs {
+		assert.False(t, r.IntroducedAt.IsZero(), "CA %s's introduction time", r.ID)
+	}
+	require.NotEmpty(t, fst.Nodes, "a follower's status lists the agents the leader heard")
+	assert.Equal(t, node, fst.Nodes[0].NodeID)
 
 	// The test's own client trusts the bundle from now on (once the
 	// leader follows the table: both CAs).
@@ -263,7 +286,7 @@ func TestCARotationOfAThreeServerCluster(t *testing.T) {
 
 	// Quorum held: a write commits, and a restarted follower (started with
 	// the old -ca-cert) comes back with the new CA from its rotation state.
-	follower := (leader + 1) % len(c.Nodes)
+	follower = (leader + 1) % len(c.Nodes)
 	require.NoError(t, c.Stop(follower))
 	c.StartNode(follower)
 	require.Eventually(t, func() bool {

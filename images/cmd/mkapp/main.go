@@ -1,6 +1,7 @@
 // Command mkapp builds a repo-built app's OCI image layout archive
-// (images/apps) and prints its image reference by digest, the value an app
-// manifest's "image" field takes:
+// (images/apps) and prints the values an app manifest's "image" and
+// "image_size" take: the archive's sha256 and size (not the digest of the
+// OCI manifest inside it; -manifest writes the app manifest with them):
 //
 //	go run ./images/cmd/mkapp -o bin/apps/hello.oci.tar [-manifest hello.json]
 package main
@@ -45,7 +46,7 @@ func main() {
 		json.NewEncoder(os.Stdout).Encode(b)
 		return
 	}
-	fmt.Printf("%s\n  image  %s\n  sha256 %s (%d bytes, the archive)\n", b.Path, b.Ref, b.ArchiveSHA256, b.Size)
+	fmt.Print(summary(b))
 }
 
 // writeManifest rewrites the hello manifest at path (or the repository's
@@ -69,4 +70,15 @@ func writeManifest(path string, b apps.Built) error {
 		return err
 	}
 	return os.WriteFile(path, append(out, '\n'), 0o644)
+}
+
+// summary says which value goes where: the app manifest names the
+// archive by its sha256, never by the digest of the OCI manifest inside.
+func summary(b apps.Built) string {
+	return fmt.Sprintf(`%s (%d bytes)
+  for the app manifest (gpuaasctl app publish; -manifest FILE writes it):
+    "image":      "%s@sha256:%s"
+    "image_size": %d
+  (the OCI image manifest inside the archive is %s: not the app manifest's image)
+`, b.Path, b.Size, apps.Hello.Repository, b.ArchiveSHA256, b.Size, b.Digest)
 }

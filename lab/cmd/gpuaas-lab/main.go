@@ -266,6 +266,28 @@ func run(args []string, out io.Writer) (err error) {
 	if labHTTP, err = launch.HTTPClient(abs); err != nil {
 		return err
 	}
+	// The env files' CA file (GPUAAS_CA_FILE): every CA the coordinators
+	// trust, kept current while the lab runs so gpuaasctl keeps working
+	// through a CA rotation (gpuaasctl ca rotate|activate|retire).
+	if err := launch.WriteBundle(abs); err != nil {
+		return err
+	}
+	bctx, bcancel := context.WithCancel(sigCtx)
+	defer bcancel()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-bctx.Done():
+				return
+			case <-t.C:
+				if err := launch.WriteBundle(abs); err != nil {
+					log.Warn("refresh the lab's CA bundle", "file", launch.BundleFile(abs), "err", err)
+				}
+			}
+		}
+	}()
 	var procs []*launch.Proc
 	var joins, gossips, urls []string
 	for _, c := range st.Coordinators {
@@ -326,14 +348,20 @@ func run(args []string, out io.Writer) (err error) {
 	defer launch.StopAll(procs, 15*time.Second, log)
 	defer sup.stop()
 
-	timeout := 90 * time.Second
+	// Start-up in bounded phases, each with its own bound started when
+	// it starts: the cluster's election, the real slice host with its
+	// guest image (libvirtd's first start ~70 s, the first image build
+	// a few minutes), then onboarding the hosts.
+	startBound := 90 * time.Second
 	if *maasMode {
-		timeout = 4 * time.Minute
+		startBound = 4 * time.Minute
 	}
 	defer func() { _ = rec.update(func(ri *runInfo) { ri.Phase = "stopping" }) }()
-	ctx, cancel := context.WithTimeout(sigCtx, timeout)
-	defer cancel()
-	leader, err := waitCluster(ctx, st, toks.Admin, *maasMode)
+	var leader string
+	err = phase{"the cluster's start-up (leader, tokens, pools)", startBound}.run(sigCtx, func(ctx context.Context) (err error) {
+		leader, err = waitCluster(ctx, st, toks.Admin, *maasMode)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
@@ -351,14 +379,13 @@ func run(args []string, out io.Writer) (err error) {
 		mode.Real, mode.Cause = false, realSliceHost+" is not among -hosts"
 	}
 	if mode.Real {
-		// libvirtd's first start (~70 s) and the guest image's first build
-		// (~1 min) do not count against the cluster's start-up bound.
-		sctx, scancel := context.WithTimeout(sigCtx, 10*time.Minute)
-		sh, err = setupSliceHost(sctx, log, abs, st.Hosts[i])
-		if err == nil {
-			sliceImage, err = publishGuestImage(sctx, log, api)
-		}
-		scancel()
+		err := phase{"the real slice host's set-up and guest image build", sliceHostBound}.run(sigCtx, func(ctx context.Context) (err error) {
+			sh, err = setupSliceHost(ctx, log, abs, st.Hosts[i])
+			if err == nil {
+				sliceImage, err = publishGuestImage(ctx, log, api)
+			}
+			return err
+		})
 		switch {
 		case err != nil && *sliceHostFlag == "real":
 			return fmt.Errorf("real slice host %s: %w", realSliceHost, err)
@@ -376,34 +403,38 @@ func run(args []string, out io.Writer) (err error) {
 	viaMAAS := map[string]int{}
 	var flows []proto.WorkflowView
 	var bmMAAS *maaslab.Lab
-	if *maasMode {
-		ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
-			BatchMaxParallel: *maasBatch, Logger: log})
-		if err != nil {
-			return err
+	var views []hostView
+	err = phase{"onboarding the hosts (MAAS site, agents, approvals)", startBound}.run(sigCtx, func(ctx context.Context) error {
+		if *maasMode {
+			ml, err := maaslab.Start(maaslab.Config{Hosts: st.Hosts, Agents: agents, BootstrapBin: bootstrapBin, Start: sup.start,
+				BatchMaxParallel: *maasBatch, Logger: log})
+			if err != nil {
+				return err
+			}
+			bmMAAS = ml
+			// Where the simulated region is (its admin endpoint /_sim/ shows
+			// the request log), for tests and curious operators.
+			b, _ := json.Marshal(map[string]string{"url": ml.URL, "admin": strings.TrimSuffix(ml.URL, "/MAAS") + "/_sim/"})
+			if err := os.WriteFile(filepath.Join(abs, "maas.json"), append(b, '\n'), 0o644); err != nil {
+				return err
+			}
+			if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
+				return err
+			}
+		} else {
+			ml, err := startBaremetalMAAS(ctx, log, api, abs, agents, st.Hosts, sup.start)
+			bmMAAS = ml
+			if err != nil {
+				return err
+			}
 		}
-		defer ml.Close()
-		// Where the simulated region is (its admin endpoint /_sim/ shows
-		// the request log), for tests and curious operators.
-		b, _ := json.Marshal(map[string]string{"url": ml.URL, "admin": strings.TrimSuffix(ml.URL, "/MAAS") + "/_sim/"})
-		if err := os.WriteFile(filepath.Join(abs, "maas.json"), append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		if flows, err = onboardMAAS(ctx, log, api, ml, st.Hosts, viaMAAS); err != nil {
-			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
-		}
-		bmMAAS = ml
-	} else {
-		ml, err := startBaremetalMAAS(ctx, log, api, abs, agents, st.Hosts, sup.start)
-		if err != nil {
-			return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
-		}
-		if ml != nil {
-			defer ml.Close()
-		}
-		bmMAAS = ml
+		var err error
+		views, err = onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
+		return err
+	})
+	if bmMAAS != nil {
+		defer bmMAAS.Close()
 	}
-	views, err := onboard(ctx, log, api, agents, sup, st.Hosts, *autoApprove, viaMAAS)
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
@@ -809,7 +840,7 @@ func writeEnv(dir, addr string, t tokens) error {
 		if f.token == "" {
 			continue
 		}
-		env := fmt.Sprintf("export GPUAAS_ADDR=%s\nexport GPUAAS_CA_FILE=%s\nexport GPUAAS_TOKEN=%s\n", launch.APIURL(addr), launch.CAFile(dir), f.token)
+		env := fmt.Sprintf("export GPUAAS_ADDR=%s\nexport GPUAAS_CA_FILE=%s\nexport GPUAAS_TOKEN=%s\n", launch.APIURL(addr), launch.BundleFile(dir), f.token)
 		if err := atomicfile.WriteFile(filepath.Join(dir, f.name), []byte(env), 0o600); err != nil {
 			return err
 		}
@@ -819,7 +850,7 @@ func writeEnv(dir, addr string, t tokens) error {
 
 // adminCommands are the gpuaasctl commands of the lab that need the admin
 // token (the route table's RoleAdmin routes), named in the summary.
-const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slot approve|disable|repair|cleanup, alloc force-release, image push|approve|revoke, region/pool set, site onboard|decommission, bundle publish, operator add|remove|transfer"
+const adminCommands = "node prepare-slice|disk-approve|drain|undrain|intent, slot approve|disable|repair|cleanup, alloc force-release, image push|approve|revoke, region/pool set, site onboard|decommission|ingress, bundle publish, operator add|remove|transfer, ca status|bundle|rotate|activate|retire, audit list|export|verify|prune, app publish|approve|revoke"
 
 // consoleURL is the web console's address on the coordinator at addr
 // (the API's base URL plus /ui/).

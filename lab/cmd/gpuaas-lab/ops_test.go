@@ -268,7 +268,7 @@ func TestSummaryIsHonest(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 		assert.Contains(t, string(b), "export GPUAAS_ADDR=https://127.0.0.1:7300\n")
-		assert.Contains(t, string(b), "export GPUAAS_CA_FILE="+filepath.Join(dir, "ca.pem")+"\n")
+		assert.Contains(t, string(b), "export GPUAAS_CA_FILE="+filepath.Join(dir, "ca-bundle.pem")+"\n")
 		assert.Contains(t, string(b), "export GPUAAS_TOKEN="+tok+"\n")
 		fi, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
@@ -290,6 +290,9 @@ func TestSummaryIsHonest(t *testing.T) {
 	t.Logf("summary:\n%s", s)
 	assert.Contains(t, s, "source "+filepath.Join(dir, "env")+" ")
 	assert.Contains(t, s, "source "+filepath.Join(dir, "env.admin")+"    # admin token, for: node prepare-slice")
+	for _, cmd := range []string{"site onboard|decommission|ingress", "ca status|bundle|rotate|activate|retire", "audit list", "app publish|approve|revoke"} {
+		assert.Contains(t, s, cmd, "the admin commands the summary names")
+	}
 	assert.Contains(t, s, "source "+filepath.Join(dir, "env.tenant")+"   # tenant token lab-tenant: its own allocations")
 	assert.Contains(t, s, "slot approve|disable|repair|cleanup")
 	assert.Regexp(t, `j22u15 +slice_vm +active +slice-ready +0 slots +simulated`, s)

@@ -69,6 +69,9 @@ func runStatus(args []string, out io.Writer) error {
 	if ri.SliceHost != nil {
 		fmt.Fprintf(out, "slice host: %s\n", ri.SliceHost.describe())
 	}
+	if err := launch.WriteBundle(dir); err != nil {
+		fmt.Fprintf(out, "lab CA bundle: %v\n", err)
+	}
 	if hc, err := launch.HTTPClient(dir); err == nil {
 		labHTTP = hc
 	} else {
