@@ -2,7 +2,6 @@ package audit
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -111,7 +110,7 @@ func TestAttachAndWritten(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, proto.AuditAppendType, typ)
 	var req proto.AuditAppendRequest
-	require.NoError(t, json.Unmarshal(body, &req))
+	require.NoError(t, proto.DecodeBody(body, &req))
 	assert.True(t, req.Attached)
 	assert.True(t, req.At.Equal(at))
 	assert.Empty(t, req.Record.Before, "the FSM reads the state the command finds")
