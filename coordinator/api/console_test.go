@@ -274,9 +274,12 @@ func TestConsoleGatewaySplice(t *testing.T) {
 			closes++
 			assert.Contains(t, body.Result.Closed, "allocation released")
 		}
+		wantTok := tokenID(e.tok[RoleOperator])
 		if rec.Actor == "admin-user" {
 			assert.Equal(t, "support ticket 9", rec.Reason)
+			wantTok = tokenID(e.tok[RoleAdmin])
 		}
+		assert.Equal(t, wantTok, rec.TokenID, "the record names the token that opened the session")
 	}
 	assert.Equal(t, 2, opens)
 	assert.Equal(t, 2, closes)
