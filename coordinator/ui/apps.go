@@ -132,7 +132,13 @@ func (u *UI) allocationApps(q *req, id string, d *appsData) error {
 			d.InstancesMissing = "this coordinator does not serve app instances yet (" + errText(err) + ")"
 		}
 	}
-	d.Instances = inst.Items
+	// "Running here" lists the live instances and the failed ones (with
+	// their error); a stopped one is history.
+	for _, i := range inst.Items {
+		if i.State != string(proto.AppInstanceStopped) {
+			d.Instances = append(d.Instances, i)
+		}
+	}
 	return nil
 }
 
