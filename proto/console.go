@@ -73,10 +73,13 @@ type ConsoleSession struct {
 	Kind string `json:"kind"`
 	// User is the authenticated principal; Admin is set when an admin
 	// opened it (Reason is then required).
-	User   string `json:"user"`
-	Role   string `json:"role,omitempty"` // the user's role
-	Admin  bool   `json:"admin,omitempty"`
-	Reason string `json:"reason,omitempty"`
+	User string `json:"user"`
+	Role string `json:"role,omitempty"` // the user's role
+	// TokenID is the short id of the user's token (the first 12 hex
+	// digits of its SHA-256, as in audit records), never the token.
+	TokenID string `json:"token_id,omitempty"`
+	Admin   bool   `json:"admin,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 	// RemoteAddr is where the user connected from (the gateway's view).
 	RemoteAddr string `json:"remote_addr,omitempty"`
 	// Gateway is the API address of the coordinator holding the user's

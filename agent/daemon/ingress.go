@@ -71,12 +71,15 @@ func (d *Daemon) convergeIngress(ctx context.Context, desired []proto.IngressSta
 	d.mu.Lock()
 	p := d.ingress
 	d.mu.Unlock()
-	if p == nil || desired == nil {
+	if desired == nil {
 		// nil: a coordinator that does not know public ingress answered;
 		// keep the rules as they are.
 		return false
 	}
 	st := IngressState{At: time.Now().UTC()}
+	if p == nil {
+		return d.refuseIngress(st, desired)
+	}
 	var want []ingress.Rule
 	idx := map[int]int{} // want index -> desired index
 	routes := make([]proto.IngressStatus, len(desired))
@@ -129,6 +132,31 @@ func (d *Daemon) convergeIngress(ctx context.Context, desired []proto.IngressSta
 		}
 	}
 	return false
+}
+
+// NoIngressReason is why an agent without an ingress table fails the
+// routes it is handed: every state ends, a route it cannot program does
+// not stay pending.
+const NoIngressReason = "this host programs no public ingress: -ingress-table is not set (in the lab: the agent has no -ingress-netns)"
+
+// refuseIngress reports every route failed with NoIngressReason (an
+// agent with no ingress programmer) and records the pass.
+func (d *Daemon) refuseIngress(st IngressState, desired []proto.IngressStatus) bool {
+	routes := make([]proto.IngressStatus, len(desired))
+	changed := false
+	for i, r := range desired {
+		routes[i] = r
+		routes[i].State, routes[i].Reason = proto.IngressFailed, NoIngressReason
+		changed = changed || r.State != proto.IngressFailed || r.Reason != NoIngressReason
+	}
+	if len(desired) == 0 {
+		return false // nothing asked of it
+	}
+	st.Routes, st.Error = routes, NoIngressReason
+	d.mu.Lock()
+	d.ingressLast = &st
+	d.mu.Unlock()
+	return changed
 }
 
 func ingressRule(r proto.IngressStatus) (ingress.Rule, error) {

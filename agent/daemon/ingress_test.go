@@ -76,3 +76,24 @@ func TestConvergeIngress(t *testing.T) {
 	d.convergeIngress(context.Background(), []proto.IngressStatus{})
 	assert.Empty(t, f.want)
 }
+
+// An agent with no ingress table does not leave the routes it is handed
+// pending for ever: it reports them failed, naming why, and its
+// diagnostics show the pass.
+func TestConvergeIngressWithoutProgrammer(t *testing.T) {
+	t.Parallel()
+	d := &Daemon{log: slog.New(slog.DiscardHandler)}
+	route := proto.IngressStatus{AllocationID: "a1", Protocol: "tcp", Port: 22, PublicAddress: "203.0.113.11", PublicPort: 22,
+		PrivateAddress: "10.200.0.10", State: proto.IngressPending}
+	assert.True(t, d.convergeIngress(context.Background(), []proto.IngressStatus{route}))
+	rep := d.ingressReport()
+	require.Len(t, rep, 1)
+	assert.Equal(t, proto.IngressFailed, rep[0].State)
+	assert.Equal(t, NoIngressReason, rep[0].Reason)
+	assert.Contains(t, rep[0].Reason, "-ingress-table")
+	require.NoError(t, rep[0].Validate())
+	require.NotNil(t, d.ingressLast)
+	assert.Equal(t, NoIngressReason, d.ingressLast.Error)
+	// Recorded by the coordinator: nothing to report again.
+	assert.False(t, d.convergeIngress(context.Background(), rep))
+}

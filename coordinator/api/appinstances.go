@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/blobs"
@@ -228,7 +229,11 @@ func (a *API) appLogs(c *call) error {
 		return err
 	}
 	if inst.State.Terminal() || inst.State == proto.AppInstancePending {
-		return proto.Errorf(proto.CodeIllegalTransition, "app %s on %s is %s: its logs live with its running container (detail: %s)", app, al.ID, inst.State, inst.Detail)
+		detail := ""
+		if d := strings.TrimSpace(inst.Detail); d != "" {
+			detail = " (detail: " + d + ")"
+		}
+		return proto.Errorf(proto.CodeIllegalTransition, "app %s on %s is %s: its logs live with its running container%s", app, al.ID, inst.State, detail)
 	}
 	if !a.appProxy.has(inst.NodeID) && !a.b.IsLeader() && c.r.Header.Get(proto.ForwardedHeader) == "" {
 		a.forwardStream(c)

@@ -82,7 +82,9 @@ func TestAppInstanceRoutes(t *testing.T) {
 	e.do(RoleTenant, http.MethodGet, "/v1/allocations/"+mine.ID+"/apps/nope", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 	e.do(RoleTenant, http.MethodGet, "/v1/allocations/"+theirs.ID+"/apps", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 	// Logs and the proxy need a running instance.
-	e.do(RoleTenant, http.MethodGet, "/v1/allocations/"+mine.ID+"/apps/hello/logs", nil).requireProblem(t, http.StatusConflict, proto.CodeIllegalTransition)
+	pr := e.do(RoleTenant, http.MethodGet, "/v1/allocations/"+mine.ID+"/apps/hello/logs", nil).requireProblem(t, http.StatusConflict, proto.CodeIllegalTransition)
+	assert.NotContains(t, pr.Detail, "(detail: )", "no empty detail: %s", pr.Detail)
+	assert.True(t, strings.HasSuffix(pr.Detail, "its logs live with its running container"), pr.Detail)
 	e.do(RoleTenant, http.MethodGet, "/v1/allocations/"+mine.ID+"/apps/hello/proxy/", nil).requireProblem(t, http.StatusConflict, proto.CodeIllegalTransition)
 	e.do(otherTenant, http.MethodGet, "/v1/allocations/"+mine.ID+"/apps/hello/proxy/x", nil).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 

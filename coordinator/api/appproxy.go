@@ -25,6 +25,7 @@ package api
 // and the agent's long-poll).
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -403,6 +404,16 @@ func (s *statusCapture) Write(b []byte) (int, error) {
 	return s.ResponseWriter.Write(b)
 }
 
+// Hijack is how ReverseProxy answers an upgrade: it writes the 101
+// itself on the hijacked connection, never through WriteHeader.
+func (s *statusCapture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(s.ResponseWriter).Hijack()
+	if err == nil && s.status == 0 {
+		s.status = http.StatusSwitchingProtocols
+	}
+	return conn, brw, err
+}
+
 func (s *statusCapture) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // proxyPort picks the app port a request reaches: ?gpuaas_port= names
@@ -445,7 +456,7 @@ func (a *API) auditAppProxy(p Principal, r *http.Request, s proto.AppProxySessio
 	if status == 0 {
 		status = http.StatusBadGateway
 	}
-	rec := proto.AuditRecord{Actor: p.Name, Role: role, Remote: proto.TruncateAuditText(a.auditRemote(r)), Method: s.Method,
+	rec := proto.AuditRecord{Actor: p.Name, Role: role, TokenID: requestTokenID(r), Remote: proto.TruncateAuditText(a.auditRemote(r)), Method: s.Method,
 		Route: AppProxyPattern, Path: s.Path, ObjectKind: "app_instance", ObjectID: s.InstanceID, After: b, Status: status,
 		Error: proto.TruncateAuditText(s.Error)}
 	ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)

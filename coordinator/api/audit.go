@@ -96,6 +96,14 @@ func (a *API) auditPrincipal(r *http.Request, rt Route, p Principal, tokenID str
 	pend.SetOKStatus(okStatus(rt.Method, rt.Pattern))
 }
 
+// requestTokenID is the short id of the request's bearer token, "" for
+// none (for the records written outside the route middleware: console
+// and workload proxy sessions).
+func requestTokenID(r *http.Request) string {
+	tok, _ := bearer(r)
+	return tokenID(tok)
+}
+
 // tokenID is the short id of a bearer token: the first 12 hex digits of
 // its SHA-256 (what a tokens file holds), never the token.
 func tokenID(token string) string {
@@ -239,6 +247,12 @@ func auditObject(pattern string, r *http.Request) (kind, id string) {
 		kind, id = "site", r.PathValue("name")
 	case "images":
 		kind, id = "image", r.PathValue("name")
+		if v := r.PathValue("version"); v != "" {
+			id += "/" + v
+		}
+	case "apps":
+		// An app version, as images are named: name/version.
+		kind, id = "app", r.PathValue("name")
 		if v := r.PathValue("version"); v != "" {
 			id += "/" + v
 		}

@@ -114,7 +114,7 @@ func consoleAudit(s proto.ConsoleSession, status int, after any) proto.AuditReco
 		path += "/sessions/" + s.Transcript + "/transcript"
 	}
 	b, _ := json.Marshal(after)
-	return proto.AuditRecord{Actor: s.User, Role: s.Role, Remote: proto.TruncateAuditText(s.RemoteAddr), Method: http.MethodGet,
+	return proto.AuditRecord{Actor: s.User, Role: s.Role, TokenID: s.TokenID, Remote: proto.TruncateAuditText(s.RemoteAddr), Method: http.MethodGet,
 		Route: route, Path: proto.TruncateAuditText(path), ObjectKind: "console_session", ObjectID: s.ID,
 		Reason: proto.TruncateAuditText(s.Reason), After: b, Status: status}
 }
@@ -217,7 +217,7 @@ func (a *API) openConsoleSession(c *call, al *proto.Allocation, kind, reason, tr
 		gw = c.r.Host
 	}
 	s := proto.ConsoleSession{ID: newConsoleSessionID(), AllocationID: al.ID, NodeID: al.NodeID, Kind: kind,
-		User: c.p.Name, Role: c.p.Role.String(), Admin: admin, Reason: reason, RemoteAddr: clientAddr(c.r), Gateway: gw, ReadOnly: readOnly,
+		User: c.p.Name, Role: c.p.Role.String(), TokenID: requestTokenID(c.r), Admin: admin, Reason: reason, RemoteAddr: clientAddr(c.r), Gateway: gw, ReadOnly: readOnly,
 		Transcript: transcript, OpenedAt: time.Now().UTC()}
 	p := &pendingConsole{node: al.NodeID, agent: make(chan *websocket.Conn, 1), done: make(chan struct{})}
 	g := &a.consoles

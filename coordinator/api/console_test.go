@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,9 +274,12 @@ func TestConsoleGatewaySplice(t *testing.T) {
 			closes++
 			assert.Contains(t, body.Result.Closed, "allocation released")
 		}
+		wantTok := tokenID(e.tok[RoleOperator])
 		if rec.Actor == "admin-user" {
 			assert.Equal(t, "support ticket 9", rec.Reason)
+			wantTok = tokenID(e.tok[RoleAdmin])
 		}
+		assert.Equal(t, wantTok, rec.TokenID, "the record names the token that opened the session")
 	}
 	assert.Equal(t, 2, opens)
 	assert.Equal(t, 2, closes)
@@ -293,5 +299,55 @@ func TestConsoleGatewaySplice(t *testing.T) {
 			assert.Equal(t, int64(len("hello\n")), s.Result.BytesIn)
 		}
 		assert.Equal(t, int64(len("HELLO\n")), s.Result.BytesOut)
+	}
+}
+
+// TestConsoleThroughFollowerOutlivesRouteDeadline: a follower relays a
+// console upgrade to the leader; the route deadline bounds the wait for
+// the leader's answer, not the session (it used to cut every console
+// reached through a follower after proto.MaxRequestTime).
+func TestConsoleThroughFollowerOutlivesRouteDeadline(t *testing.T) {
+	old := maxRequestTime
+	maxRequestTime = 300 * time.Millisecond
+	t.Cleanup(func() { maxRequestTime = old })
+
+	// The "leader": a console gateway reduced to an echo.
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			typ, b, err := c.Read(context.Background())
+			if err != nil {
+				return
+			}
+			if err := c.Write(context.Background(), typ, b); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(leader.Close)
+
+	e := newEnv(t)
+	a := activeSlice(t, e)
+	e.lb.setFollower(strings.TrimPrefix(leader.URL, "http://"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+e.tok[RoleOperator])
+	c, _, err := websocket.Dial(ctx, e.url+"/v1/allocations/"+a.ID+"/console", &websocket.DialOptions{HTTPHeader: h})
+	require.NoError(t, err)
+	defer c.CloseNow()
+	end := time.Now().Add(4 * maxRequestTime)
+	for i := 0; time.Now().Before(end); i++ {
+		msg := []byte(fmt.Sprintf("line %d", i))
+		require.NoError(t, c.Write(ctx, websocket.MessageBinary, msg), "after %d lines", i)
+		_, b, err := c.Read(ctx)
+		require.NoError(t, err, "the session through the follower died after %d lines", i)
+		assert.Equal(t, msg, b)
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -449,6 +449,17 @@ func (a *API) forwardStream(c *call) {
 		return
 	}
 	reqID := c.w.Header().Get(proto.RequestIDHeader)
+	// The route deadline bounds the wait for the leader's answer, not an
+	// upgraded session (a console, a proxied WebSocket): ReverseProxy
+	// closes the leader's connection when the request context ends, so
+	// the context relayed is cut loose from the deadline once the leader
+	// switches protocols. Until then the caller going away (or the
+	// deadline) still cancels it.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(c.r.Context()))
+	defer cancel()
+	stop := context.AfterFunc(c.r.Context(), cancel)
+	defer stop()
+	in := c.r.WithContext(ctx)
 	rp := &httputil.ReverseProxy{
 		Transport: a.proxy.transport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -464,11 +475,14 @@ func (a *API) forwardStream(c *call) {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(proto.RequestIDHeader)
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				stop()
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, proto.Errorf(proto.CodeUnavailable, "forwarding to the leader at %s failed: %v", addr, err))
 		},
 	}
-	rp.ServeHTTP(c.w, c.r)
+	rp.ServeHTTP(c.w, in)
 }

@@ -21,6 +21,10 @@ import (
 // stops waiting, to answer with the current state in time.
 const blockingAnswerMargin = 250 * time.Millisecond
 
+// maxRequestTime is proto.MaxRequestTime (a variable so tests can
+// shorten it).
+var maxRequestTime = proto.MaxRequestTime
+
 // streamRoutes are the routes without a deadline, as "METHOD pattern".
 var streamRoutes = map[string]bool{
 	"GET /v1/bundles/{digest}/content": true,
@@ -34,7 +38,7 @@ func routeDeadline(c *call) time.Duration {
 	if c.r.URL.Query().Has("index") {
 		return proto.MaxBlockingWait
 	}
-	return proto.MaxRequestTime
+	return maxRequestTime
 }
 
 // withDeadline puts c's route deadline on its request context and

@@ -177,7 +177,9 @@ func outcome(a proto.Allocation, evs []proto.TimelineEvent, elapsed time.Duratio
 	case proto.AllocActive:
 		s := fmt.Sprintf("allocation %s is active after %s", a.ID, fmtDuration(elapsed))
 		if a.Access != nil {
-			s += "\nssh: " + a.Access.SSH()
+			// The command alloc ssh --print gives (a jump host that is
+			// this machine dropped).
+			s += "\nssh: " + shellJoin(sshArgv(a.Access, sshOptions{}, nil))
 		}
 		return s, nil
 	case proto.AllocFailed:

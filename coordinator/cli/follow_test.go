@@ -213,3 +213,18 @@ func TestFollowRenderBaremetal(t *testing.T) {
 	assert.NotContains(t, strings.SplitN(out.String(), "ssh: ", 2)[1], "placement", "the release view starts at the release")
 	assert.Contains(t, out.String(), "allocation a-bm is released after 420ms")
 }
+
+// --wait prints the command alloc ssh --print gives: a jump host that is
+// this machine (the lab's) is dropped.
+func TestOutcomeSSHMatchesAllocSSH(t *testing.T) {
+	for _, jump := range []string{"127.0.0.1", "10.0.0.15"} {
+		acc := &proto.SliceAccess{GuestIP: "10.200.0.10", JumpHost: jump, User: "root"}
+		msg, err := outcome(proto.Allocation{ID: "a-1", State: proto.AllocActive, Access: acc}, nil, time.Second)
+		require.NoError(t, err)
+		want := shellJoin(sshArgv(acc, sshOptions{}, nil))
+		assert.Contains(t, msg, "\nssh: "+want+"", jump)
+		if jump == "127.0.0.1" {
+			assert.NotContains(t, msg, "-J", "a loopback jump host is dropped")
+		}
+	}
+}

@@ -139,7 +139,8 @@ func addIngress(tx *state.Txn, cmd string, a *proto.Allocation, rules []proto.In
 			continue
 		}
 		if why := decl.Allows(r); why != "" {
-			return illegal("%s: allocation %s: ingress %s at site %s: %s", cmd, a.ID, r, site, why)
+			// The request names what the site does not offer: bad input.
+			return invalid("%s: allocation %s: ingress %s at site %s: %s", cmd, a.ID, r, site, why)
 		}
 		fresh = append(fresh, r)
 	}

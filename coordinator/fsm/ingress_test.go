@@ -101,8 +101,11 @@ func TestIngressAllocatesFromThePool(t *testing.T) {
 
 	// Not allowed by the declaration.
 	for _, r := range []string{"udp/53", "tcp/80"} {
-		e = h.Refuse(proto.IngressAddType, proto.IngressAddRequest{At: h.At(), AllocationID: "a1", Rules: rules(r)}, proto.CodeIllegalTransition)
+		// Bad input (400), not a state conflict: the detail names what
+		// the site allows.
+		e = h.Refuse(proto.IngressAddType, proto.IngressAddRequest{At: h.At(), AllocationID: "a1", Rules: rules(r)}, proto.CodeInvalidArgument)
 		assert.Contains(t, e.Detail, "not allowed", r)
+		assert.Contains(t, e.Detail, "(allowed: ", r)
 	}
 
 	// Removing frees the endpoint for another allocation.

@@ -139,7 +139,13 @@ func (u *UI) allocationInstances(q *req, id string, d *appsData) {
 			d.InstancesMissing = "this coordinator does not serve app instances yet (" + errText(err) + ")"
 		}
 	}
-	d.Instances = inst.Items
+	// "Running here" lists the live instances and the failed ones (with
+	// their error); a stopped one is history.
+	for _, i := range inst.Items {
+		if i.State != string(proto.AppInstanceStopped) {
+			d.Instances = append(d.Instances, i)
+		}
+	}
 }
 
 // Settling reports whether an instance is on its way somewhere (the

@@ -250,6 +250,15 @@ func TestAppsLaunchStopOpenThroughTheContract(t *testing.T) {
 	assert.Contains(t, res.Header.Get("Location"), "msg=hello+stopping")
 	assert.Equal(t, "stopping", fake.inst["app-hello-ui-k1"].State)
 
+	// Once stopped it is no longer listed as running here.
+	fake.mu.Lock()
+	fake.inst["app-hello-ui-k1"].State = "stopped"
+	fake.mu.Unlock()
+	status, body, _ = get("/ui/apps?allocation=" + a.ID)
+	require.Equal(t, http.StatusOK, status, body)
+	assert.NotContains(t, body, `data-state="stopped"`)
+	assert.Contains(t, body, "No apps run on this allocation.")
+
 	// An admin (not the owner) does not open a tenant's app in the console.
 	adm := c.user(api.RoleAdmin)
 	jar2, _ := cookiejar.New(nil)
