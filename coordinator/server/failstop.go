@@ -20,28 +20,48 @@ import (
 // majority has it on disk.
 
 // failStopLogs is a raft.LogStore that reports the first failed write to
-// failed (once) after returning the error to Raft.
+// failed (once), before the failing call returns: the coordinator's hook
+// exits there, so Raft never acts on a half-done write. From that write
+// on the store is fenced: every later write fails with the first error
+// without reaching the disk, so a hook that does not exit (or a nil one)
+// still cannot let Raft append to a log whose last write failed — after
+// a failed DeleteRange, or a StoreLogs that failed after Raft's
+// appendEntries truncated the suffix, Raft's idea of its last index no
+// longer matches the disk (hashicorp/raft leaves it stale), and a later
+// append on top of that would persist a log no leader sent.
 type failStopLogs struct {
 	raft.LogStore
 	failed func(error)
-	once   sync.Once
+
+	mu     sync.Mutex
+	broken error // the first failed write; set once
 }
 
-func (f *failStopLogs) fail(op string, err error) error {
-	if err != nil && f.failed != nil {
-		f.once.Do(func() { f.failed(fmt.Errorf("raft log %s: %w", op, err)) })
+func (f *failStopLogs) write(op string, do func() error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.broken != nil {
+		return fmt.Errorf("raft log %s refused: an earlier write failed: %w", op, f.broken)
+	}
+	err := do()
+	if err == nil {
+		return nil
+	}
+	f.broken = fmt.Errorf("raft log %s: %w", op, err)
+	if f.failed != nil {
+		f.failed(f.broken)
 	}
 	return err
 }
 
 func (f *failStopLogs) StoreLog(l *raft.Log) error {
-	return f.fail("write", f.LogStore.StoreLog(l))
+	return f.write("write", func() error { return f.LogStore.StoreLog(l) })
 }
 
 func (f *failStopLogs) StoreLogs(ls []*raft.Log) error {
-	return f.fail("write", f.LogStore.StoreLogs(ls))
+	return f.write("write", func() error { return f.LogStore.StoreLogs(ls) })
 }
 
 func (f *failStopLogs) DeleteRange(lo, hi uint64) error {
-	return f.fail("delete", f.LogStore.DeleteRange(lo, hi))
+	return f.write("delete", func() error { return f.LogStore.DeleteRange(lo, hi) })
 }

@@ -49,14 +49,25 @@ func TestFailStopLogs(t *testing.T) {
 	disk.full = true
 	err := fs.StoreLog(&raft.Log{Index: 2, Term: 1})
 	require.ErrorIs(t, err, syscall.ENOSPC, "Raft gets the write's own error")
-	require.ErrorIs(t, fs.StoreLogs([]*raft.Log{{Index: 2, Term: 1}}), syscall.ENOSPC)
-	require.ErrorIs(t, fs.DeleteRange(1, 2), syscall.ENOSPC)
-	require.Len(t, reported, 1, "reported once")
+	require.Len(t, reported, 1, "reported before the failing call returns")
 	assert.True(t, errors.Is(reported[0], syscall.ENOSPC))
 	assert.Contains(t, reported[0].Error(), "raft log write")
 
-	// Without a callback the store only passes errors through.
+	// Fenced: once a write failed, no later write reaches the disk, even
+	// when it has room again and the hook did not stop the process.
+	disk.full = false
+	require.ErrorIs(t, fs.StoreLogs([]*raft.Log{{Index: 2, Term: 1}}), syscall.ENOSPC)
+	require.ErrorIs(t, fs.DeleteRange(1, 1), syscall.ENOSPC)
+	last, err := disk.LastIndex()
+	require.NoError(t, err)
+	assert.Zero(t, last, "nothing written or deleted after the failure")
+	require.Len(t, reported, 1, "reported once")
+
+	// Without a callback the store is still fenced.
+	disk.full = true
 	plain := &failStopLogs{LogStore: disk}
+	require.ErrorIs(t, plain.StoreLogs([]*raft.Log{{Index: 3, Term: 1}}), syscall.ENOSPC)
+	disk.full = false
 	require.ErrorIs(t, plain.StoreLogs([]*raft.Log{{Index: 3, Term: 1}}), syscall.ENOSPC)
 }
 

@@ -209,11 +209,7 @@ func New(cfg Config) (*Server, error) {
 	rc := raftConfig(cfg.NodeID, cfg.Timing)
 	rc.NotifyCh = s.notify
 	rc.Logger = hlog
-	var logStore raft.LogStore = store
-	if cfg.StorageFailed != nil {
-		logStore = &failStopLogs{LogStore: store, failed: cfg.StorageFailed}
-	}
-	logs, err := raft.NewLogCache(1024, logStore)
+	logs, err := raft.NewLogCache(1024, &failStopLogs{LogStore: store, failed: cfg.StorageFailed})
 	if err != nil {
 		s.closeStores()
 		return nil, fmt.Errorf("raft log cache: %w", err)

@@ -63,7 +63,8 @@ func Replay(c *proctest.Cluster, acked map[string]string, r *Report) error {
 			a, b := logs[0][j], logs[i][j]
 			if a.Index != b.Index || a.Term != b.Term || !bytes.Equal(a.Data, b.Data) {
 				r.ReplicaDivergence++
-				r.Violations = append(r.Violations, fmt.Sprintf("replica %s log differs from %s at index %d", c.Nodes[i].ID, c.Nodes[0].ID, a.Index))
+				r.Violations = append(r.Violations, fmt.Sprintf("replica %s log differs from %s at index %d (terms %d and %d, indexes %d and %d; last indexes %d and %d)",
+					c.Nodes[i].ID, c.Nodes[0].ID, j+1, b.Term, a.Term, b.Index, a.Index, len(logs[i]), len(logs[0])))
 				break
 			}
 		}

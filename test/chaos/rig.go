@@ -218,6 +218,10 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 	if err := Replay(c, acked, rep); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
+	if d := os.Getenv("GPUAAS_CHAOS_OUT"); d != "" && rep.ReplicaDivergence+rep.LostAcks+rep.DoubleClaims > 0 {
+		// The logs the replay read are the evidence: keep them.
+		keepRaftLogs(t, c, filepath.Join(d, fmt.Sprintf("%s-%d-raft", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())))
+	}
 	return rep
 }
 
@@ -414,4 +418,22 @@ func RandomFaults(rng *rand.Rand, k int) []string {
 		}
 	}
 	return out
+}
+
+// keepRaftLogs copies every server's raft.db into dir (stopped servers).
+func keepRaftLogs(t testing.TB, c *proctest.Cluster, dir string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keep raft logs: %v", err)
+		return
+	}
+	for _, n := range c.Nodes {
+		b, err := os.ReadFile(filepath.Join(n.DataDir, "raft", "raft.db"))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, n.ID+"-raft.db"), b, 0o644)
+		}
+		if err != nil {
+			t.Logf("keep raft log of %s: %v", n.ID, err)
+		}
+	}
+	t.Logf("raft logs kept in %s", dir)
 }
