@@ -56,7 +56,7 @@ func TestAppLaunchAddsIngress(t *testing.T) {
 	}{
 		{name: "no declaration", app: "jup", ports: []int{8888}, code: proto.CodeIllegalTransition,
 			want: "needs public ingress; the site of this slice offers none"},
-		{name: "port not allowed", decl: ingressDecl(), app: "web", ports: []int{80}, code: proto.CodeIllegalTransition,
+		{name: "port not allowed", decl: ingressDecl(), app: "web", ports: []int{80}, code: proto.CodeInvalidArgument,
 			want: "app web:1 needs public ingress for its ports: app_launch: allocation a1: ingress tcp/80 at site site-a"},
 		{name: "over quota", decl: ingressDecl(), app: "many", ports: []int{8000, 8001}, code: proto.CodeNoCapacity,
 			prep: func(h *fsmtest.Harness) {
@@ -108,10 +108,12 @@ func TestAppLaunchAddsIngress(t *testing.T) {
 	assert.Empty(t, h.Alloc("a1").Ingress)
 
 	// Released with the allocation: its routes end released with it.
-	inst = h.OK(proto.AppLaunchType, proto.AppLaunchRequest{At: h.At(), AllocationID: "a1", App: "jup", Version: "1", Caller: "alice", IdempotencyKey: "third"}).(*proto.AppInstance)
+	third := h.OK(proto.AppLaunchType, proto.AppLaunchRequest{At: h.At(), AllocationID: "a1", App: "jup", Version: "1", Caller: "alice", IdempotencyKey: "third"}).(*proto.AppInstance)
+	assert.Len(t, h.Alloc("a1").Ingress, 2, "the third launch's routes")
 	h.OK(proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: h.At(), AllocationID: "a1", Reason: "test"})
 	assert.Equal(t, []string{"tcp/8888 203.0.113.10:8888 released", "tcp/8022 203.0.113.10:8022 released"}, endpoints(h.Alloc("a1")))
 	assert.Equal(t, proto.AppInstanceStopped, instance(t, h, "jup").State)
+	assert.Equal(t, third.ID, instance(t, h, "jup").ID)
 	require.NoError(t, fsm.CheckInvariants(h.Snap()))
 }
 

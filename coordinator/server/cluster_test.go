@@ -201,7 +201,7 @@ func TestClusterFormationPeersAndForwardingAddress(t *testing.T) {
 		fsms[fmt.Sprintf("c%d", i)] = f
 		return f
 	})
-	leader := waitLeader(t, nodes)
+	waitLeader(t, nodes)
 
 	// Every server ends with the same configuration of three voters
 	// (bootstrapped by itself or replicated from whoever bootstrapped).
@@ -227,7 +227,7 @@ func TestClusterFormationPeersAndForwardingAddress(t *testing.T) {
 	// move the leadership after the first leader was agreed (a loaded
 	// machine misses a heartbeat), and what is checked below is that
 	// every server names the current one.
-	leader = waitLeader(t, nodes)
+	leader := waitLeader(t, nodes)
 	for _, n := range nodes {
 		peers, err := n.srv.Peers()
 		require.NoError(t, err)
