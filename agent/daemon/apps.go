@@ -25,10 +25,10 @@ import (
 
 // The agent's side of app instances (proto/appinstance.go, agent/apprun).
 //
-// A long-poll of its own (appLoop) picks up the node's app.start and
-// app.stop tasks — the task loop skips them: a start waits for a health
-// check and must not hold up a provision — and runs each in a goroutine,
-// one at a time per instance. A start fetches the app's OCI layout archive
+// The agent's one task long-poll (poll.go) hands each new app.start and
+// app.stop task to a goroutine of its own — a start waits for a health
+// check and must not hold up a provision — and they run one at a time per
+// instance. A start fetches the app's OCI layout archive
 // by digest through an image cache (the coordinators' blob store), calls
 // Runner.Start (idempotent per instance: an agent restarted mid-launch
 // sees the task again, still running on the ledger, and converges on the
@@ -138,40 +138,6 @@ func (d *Daemon) editAppRecords(fn func(appRecords)) (appRecords, error) {
 		return nil, err
 	}
 	return recs, atomicfile.WriteFile(d.appRecordsPath(), b, 0o600)
-}
-
-func (d *Daemon) appLoop(ctx context.Context) error {
-	var index uint64
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	backoff := time.Second
-	for {
-		resp, err := d.client.Tasks(ctx, index, time.Duration(d.cfg.PollWait))
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(backoff):
-			}
-			backoff = min(backoff*2, 30*time.Second)
-			continue
-		}
-		backoff = time.Second
-		index = resp.Index
-		for _, t := range resp.Tasks {
-			if !proto.IsAppTask(t.Type) || !d.takeAppTask(t.ID) {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.runAppTask(ctx, t)
-			}()
-		}
-	}
 }
 
 // takeAppTask reports whether t is new to this process (and marks it).

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -16,9 +15,9 @@ import (
 )
 
 // The agent's side of the console gateway (agent/console, proto/console.go):
-// a long-poll of its own picks up the node's console.session and
-// console.transcript tasks (the task loop skips them: a session lasts
-// minutes and must not wait behind a provision), and for each one dials
+// the agent's one task long-poll (poll.go) hands each new console.session
+// and console.transcript task to a goroutine of its own (a session lasts
+// minutes and must not wait behind a provision), which dials
 // back to the gateway coordinator that holds the user's connection
 // (GET /v1/agent/console/{session} with the node credential).
 
@@ -53,56 +52,6 @@ func (d *Daemon) closeConsoles(alloc, reason string) {
 	if m != nil {
 		if n := m.CloseAllocation(alloc, reason); n > 0 {
 			d.log.Info("closed console sessions", "allocation", alloc, "sessions", n, "reason", reason)
-		}
-	}
-}
-
-func (d *Daemon) consoleLoop(ctx context.Context) error {
-	var index uint64
-	seen := map[string]time.Time{}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	backoff := time.Second
-	for {
-		resp, err := d.client.Tasks(ctx, index, time.Duration(d.cfg.PollWait))
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(backoff):
-			}
-			backoff = min(backoff*2, 30*time.Second)
-			continue
-		}
-		backoff = time.Second
-		index = resp.Index
-		now := time.Now()
-		for id, at := range seen {
-			if now.Sub(at) > 10*consoleStale {
-				delete(seen, id)
-			}
-		}
-		for _, t := range resp.Tasks {
-			if !proto.IsConsoleTask(t.Type) {
-				continue
-			}
-			if _, ok := seen[t.ID]; ok {
-				continue
-			}
-			seen[t.ID] = now
-			if now.Sub(t.CreatedAt) > consoleStale {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := d.serveConsole(ctx, t); err != nil && ctx.Err() == nil {
-					d.log.Warn("console session", "session", t.ID, "allocation", t.AllocationID, "err", err)
-				}
-			}()
 		}
 	}
 }

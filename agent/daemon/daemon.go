@@ -310,7 +310,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := (systemd.Notifier{}).Ready(); err != nil {
 		d.log.Warn("sd_notify READY", "err", err)
 	}
-	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.taskLoop, d.watchdog, d.sliceReconcileLoop, d.consoleLoop, d.appLoop, d.appProxyLoop} {
+	for _, loop := range []func(context.Context) error{d.certLoop, d.heartbeatLoop, d.readinessLoop, d.hardwareLoop, d.pollLoop, d.watchdog, d.sliceReconcileLoop, d.appProxyLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -596,37 +596,6 @@ func (d *Daemon) reportReadiness(ctx context.Context) {
 	d.noteCoordinator(err)
 	if err != nil && ctx.Err() == nil {
 		d.log.Warn("report readiness", "err", err)
-	}
-}
-
-func (d *Daemon) taskLoop(ctx context.Context) error {
-	var index uint64
-	backoff := time.Second
-	for {
-		resp, err := d.client.Tasks(ctx, index, time.Duration(d.cfg.PollWait))
-		if ctx.Err() != nil {
-			return nil
-		}
-		d.noteCoordinator(err)
-		if err != nil {
-			d.log.Warn("poll tasks", "err", err)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(backoff):
-			}
-			backoff = min(backoff*2, 30*time.Second)
-			continue
-		}
-		backoff = time.Second
-		d.polls.Inc()
-		index = resp.Index
-		for _, t := range resp.Tasks {
-			if proto.IsConsoleTask(t.Type) || proto.IsAppTask(t.Type) {
-				continue // consoleLoop and appLoop serve them
-			}
-			d.execute(ctx, t)
-		}
 	}
 }
 
