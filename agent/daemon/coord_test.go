@@ -45,6 +45,45 @@ type coord struct {
 	// credential do sends (the test's own agents: enroll).
 	mu     sync.Mutex
 	agents map[string]*http.Client
+	// polls counts the agents' task long-polls (GET /v1/agent/tasks)
+	// in flight on this coordinator.
+	polls pollGauge
+}
+
+// pollGauge counts the task long-polls in flight, and the most at once.
+type pollGauge struct {
+	mu       sync.Mutex
+	open     int
+	peak     int
+	answered int
+}
+
+func (g *pollGauge) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != proto.AgentTasksPath {
+			h.ServeHTTP(w, r)
+			return
+		}
+		g.mu.Lock()
+		g.open++
+		g.peak = max(g.peak, g.open)
+		g.mu.Unlock()
+		defer func() {
+			g.mu.Lock()
+			g.open--
+			g.answered++
+			g.mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// read returns the polls open now, the most open at once and the polls
+// answered.
+func (g *pollGauge) read() (open, peak, answered int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.open, g.peak, g.answered
 }
 
 // nodeCert makes do present cert with credential cred (mutual TLS on the
@@ -105,18 +144,18 @@ func startCoord(t testing.TB, nodes ...string) *coord {
 		ln.Close()
 		require.NoError(t, err)
 	}
+	c := &coord{t: t, srv: srv, url: "https://" + ln.Addr().String(), admin: admin, op: op, ca: ca, caFile: caFile,
+		hc: &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(ca.Pool(), nil)}}}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/internal/", srv.InternalHandler())
 	mux.Handle("/", api.New(backend{srv}, auth, quiet))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: pki.APIServerConfigFrom(srv.TLS()),
+	hs := &http.Server{Handler: c.polls.wrap(mux), ReadHeaderTimeout: 5 * time.Second, TLSConfig: pki.APIServerConfigFrom(srv.TLS()),
 		ErrorLog: log.New(io.Discard, "", 0)}
 	go hs.ServeTLS(ln, "", "")
 	t.Cleanup(func() {
 		hs.Close()
 		srv.Shutdown()
 	})
-	c := &coord{t: t, srv: srv, url: "https://" + ln.Addr().String(), admin: admin, op: op, ca: ca, caFile: caFile,
-		hc: &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(ca.Pool(), nil)}}}
 	require.Eventually(t, func() bool {
 		if !srv.IsLeader() {
 			return false

@@ -358,30 +358,12 @@ func (f *Fleet) every(ctx context.Context, d time.Duration, do func() error) {
 	}
 }
 
-// taskLoop long-polls the node's tasks and reports each new one
-// succeeded.
+// taskLoop holds the agent's one task long-poll (client.PollTasks, as
+// the agent daemon does) and reports each new task succeeded.
 func (f *Fleet) taskLoop(ctx context.Context, a *Agent) {
-	var index uint64
 	done := map[string]bool{}
-	backoff := time.Second
-	for ctx.Err() == nil {
-		resp, err := a.client.Tasks(ctx, index, f.cfg.PollWait)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			f.fail(err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(backoff*2, 30*time.Second)
-			continue
-		}
-		backoff = time.Second
+	_ = a.client.PollTasks(ctx, client.TaskPoll{Wait: f.cfg.PollWait, Failed: f.fail, Answer: func(resp proto.AgentTasksResponse) {
 		f.polls.Add(1)
-		index = resp.Index
 		for _, t := range resp.Tasks {
 			if done[t.ID] || proto.IsConsoleTask(t.Type) {
 				continue
@@ -403,7 +385,7 @@ func (f *Fleet) taskLoop(ctx context.Context, a *Agent) {
 		if len(done) > 64 {
 			clear(done) // finished tasks leave the pending list
 		}
-	}
+	}})
 }
 
 // taskResult is the result a slice runtime reports for t: a provision

@@ -1,0 +1,233 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/agent/config"
+	"github.com/gpuaas/gpuaas/agent/slice"
+	"github.com/gpuaas/gpuaas/lab/simslice"
+	"github.com/gpuaas/gpuaas/proto"
+)
+
+// gatedRuntime is the simulated slice runtime whose next provision,
+// once armed, waits until the gate opens (a long provision).
+type gatedRuntime struct {
+	*simslice.Runtime
+	mu      sync.Mutex
+	gate    chan struct{}
+	entered chan string
+}
+
+func (g *gatedRuntime) arm() chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gate = make(chan struct{})
+	return g.gate
+}
+
+func (g *gatedRuntime) Provision(ctx context.Context, req slice.ProvisionRequest, rep slice.Reporter) (proto.SliceProvisionResult, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.gate = nil
+	g.mu.Unlock()
+	if gate != nil {
+		g.entered <- req.AllocationID
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return proto.SliceProvisionResult{AllocationID: req.AllocationID, FailedStage: proto.StageImage}, ctx.Err()
+		}
+	}
+	return g.Runtime.Provision(ctx, req, rep)
+}
+
+// TestOneLongPollServesEveryKind runs a real coordinator and agent: the
+// agent holds exactly one task long-poll, and that one poll brings it a
+// slice task, a console session and an app start, each within a wake-up
+// of its task write (the poll waits 30 s: a missed wake-up would show),
+// the session and the app start while a provision still runs.
+func TestOneLongPollServesEveryKind(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	cfg.PollWait = config.Duration(30 * time.Second)
+	r := newRecordingRunner()
+	var rt *gatedRuntime
+	startAgentWith(t, cfg, func(d *Daemon) {
+		require.NoError(t, d.SetAppRunner(r))
+		o, err := simslice.AgentOptions(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		require.NoError(t, err)
+		o.Pace = 0.02
+		sim, err := simslice.New(o)
+		require.NoError(t, err)
+		rt = &gatedRuntime{Runtime: sim, entered: make(chan string, 1)}
+		require.NoError(t, d.SetSliceRuntime(rt, sim.Close))
+	})
+	a := activeSliceOn(t, c)
+	publishApp(t, c, "hello", []byte("an OCI layout archive stand-in: the runner checks its digest"))
+
+	parked := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { open, _, _ := c.polls.read(); return open == 1 }, 10*time.Second, 5*time.Millisecond,
+			"the agent parks its long-poll")
+	}
+
+	// A slice-kind task: from the operator's request to the agent taking
+	// it (reporting it running or done).
+	parked()
+	t0 := time.Now()
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
+	require.Equal(t, http.StatusAccepted, code, body)
+	taken := func() bool {
+		for _, tk := range c.srv.Store().Snapshot().Tasks("j22u15", "", "", 0) {
+			if tk.Type == proto.TaskTopologyDiscover && tk.CreatedAt.After(t0.Add(-time.Second)) && tk.State != proto.TaskQueued {
+				return true
+			}
+		}
+		return false
+	}
+	require.Eventually(t, taken, 10*time.Second, time.Millisecond)
+	taskLatency := time.Since(t0)
+
+	// A long provision holds the serial worker (a second slice on slot
+	// 1); the one poll still serves the console and the app start.
+	gate := rt.arm()
+	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 1}, nil)
+	require.Equal(t, http.StatusCreated, code, body)
+	var b proto.Allocation
+	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &b)
+	require.Less(t, code, 300, body)
+	select {
+	case id := <-rt.entered:
+		require.Equal(t, b.ID, id)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second provision never reached the runtime")
+	}
+	parked()
+
+	// A console session: from the user's dial to the agent attached.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+c.op)
+	t0 = time.Now()
+	ws, _, err := websocket.Dial(ctx, strings.Replace(c.url, "https://", "wss://", 1)+"/v1/allocations/"+a.ID+"/console",
+		&websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+	require.NoError(t, err)
+	defer ws.CloseNow()
+	_, msg, err := ws.Read(ctx)
+	require.NoError(t, err)
+	consoleLatency := time.Since(t0)
+	var ctl proto.ConsoleControl
+	require.NoError(t, json.Unmarshal(msg, &ctl))
+	require.Equal(t, "attached", ctl.Type, "%s", msg)
+	require.NoError(t, ws.Close(websocket.StatusNormalClosure, "done"))
+	parked()
+
+	// An app start: from the launch request to the runner's Start.
+	t0 = time.Now()
+	code, inst := c.launch(t, a.ID, "hello", "launch-one-poll")
+	require.Equal(t, http.StatusCreated, code)
+	select {
+	case id := <-r.started:
+		require.Equal(t, inst.ID, id)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent never started the app")
+	}
+	appLatency := time.Since(t0)
+	require.Eventually(t, func() bool { return c.instance(a.ID, "hello").State == proto.AppInstanceRunning }, 20*time.Second, 20*time.Millisecond)
+
+	// The provision was held all along; released, it completes.
+	got, ok := c.srv.Store().Snapshot().Allocation(b.ID)
+	require.True(t, ok)
+	assert.Equal(t, proto.AllocProvisioning, got.State, "the provision still ran while the console and the app were served")
+	close(gate)
+	require.Eventually(t, func() bool {
+		got, ok := c.srv.Store().Snapshot().Allocation(b.ID)
+		return ok && got.State == proto.AllocActive
+	}, 20*time.Second, 50*time.Millisecond)
+
+	parked()
+	open, peak, answered := c.polls.read()
+	assert.Equal(t, 1, open)
+	assert.Equal(t, 1, peak, "the agent never held more than one task long-poll")
+	t.Logf("one long-poll (%d answered): wake-up latency task %v, console session %v, app start %v",
+		answered, taskLatency.Round(time.Millisecond), consoleLatency.Round(time.Millisecond), appLatency.Round(time.Millisecond))
+	// Each is a wake-up, not the poll's 30 s wait running out (the bound
+	// leaves room for a loaded machine).
+	for what, d := range map[string]time.Duration{"task": taskLatency, "console": consoleLatency, "app": appLatency} {
+		assert.Less(t, d, 5*time.Second, what)
+	}
+}
+
+// The serial worker runs tasks one at a time in the order added, refuses
+// a task already queued or running, takes a finished one again (the
+// journal then only re-reports it) and stops when the context ends.
+func TestTaskQueue(t *testing.T) {
+	t.Parallel()
+	q := newTaskQueue()
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var ran []string
+	running := make(chan string, 8)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		q.run(ctx, func(_ context.Context, tk proto.Task) {
+			running <- tk.ID
+			<-release
+			mu.Lock()
+			ran = append(ran, tk.ID)
+			mu.Unlock()
+		})
+	}()
+	require.True(t, q.add(proto.Task{ID: "t-1"}))
+	require.Equal(t, "t-1", <-running)
+	assert.False(t, q.add(proto.Task{ID: "t-1"}), "running: not queued again")
+	require.True(t, q.add(proto.Task{ID: "t-2"}))
+	require.True(t, q.add(proto.Task{ID: "t-3"}))
+	assert.False(t, q.add(proto.Task{ID: "t-2"}), "queued: not queued twice")
+	select {
+	case id := <-running:
+		t.Fatalf("%s ran beside t-1", id)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release <- struct{}{}
+	require.Equal(t, "t-2", <-running)
+	release <- struct{}{}
+	require.Equal(t, "t-3", <-running)
+	release <- struct{}{}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 3 }, time.Second, time.Millisecond)
+	assert.Equal(t, []string{"t-1", "t-2", "t-3"}, ran)
+	require.True(t, q.add(proto.Task{ID: "t-1"}), "finished: a later answer may list it again")
+	require.Equal(t, "t-1", <-running)
+	close(release)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the worker did not stop with its context")
+	}
+	q.add(proto.Task{ID: "t-9"})
+	select {
+	case id := <-running:
+		t.Fatalf("%s ran after the worker stopped", id)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
