@@ -70,8 +70,11 @@ type EnrollResponse struct {
 }
 
 // AgentTasksResponse answers GET /v1/agent/tasks: the node's tasks that are
-// queued or running, oldest first, and the tasks table index to pass as
-// ?index= for the next long-poll.
+// queued or running, of every kind (slice, slot, host and node tasks,
+// console sessions, app starts and stops), oldest first, and the ledger
+// index to pass as ?index= for the next long-poll (never 0 once the
+// ledger has any write, so the next poll waits). An agent holds one such
+// poll and dispatches each task by type.
 type AgentTasksResponse struct {
 	Tasks []Task `json:"tasks"`
 	Index uint64 `json:"index"`

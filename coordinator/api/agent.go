@@ -11,10 +11,12 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -339,8 +341,8 @@ func (a *API) enroll(c *call) error {
 	return c.reply(http.StatusCreated, resp)
 }
 
-// pendingTasks returns the node's queued and running tasks and the
-// highest ModifyIndex of any of its tasks.
+// pendingTasks returns the node's queued and running tasks, oldest first,
+// and the highest ModifyIndex of any of its tasks.
 func pendingTasks(s *state.Snapshot, node string) ([]proto.Task, uint64) {
 	var out []proto.Task
 	var idx uint64
@@ -355,6 +357,9 @@ func pendingTasks(s *state.Snapshot, node string) ([]proto.Task, uint64) {
 			out = append(out, *t)
 		}
 	}
+	// Oldest first (the node index orders by task ID, which is random):
+	// the agent runs its slice tasks one at a time in this order.
+	slices.SortStableFunc(out, func(a, b proto.Task) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
 	return out, idx
 }
 
@@ -394,7 +399,11 @@ func (a *API) agentTasks(c *call) error {
 				tasks = []proto.Task{}
 			}
 			c.index = snap.TableIndex(state.TableTasks)
-			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: idx})
+			// The answer's index is the snapshot's, not only the highest
+			// of the node's tasks: a node with no task yet would get 0,
+			// and a poll at 0 answers at once (a busy loop). Any later
+			// write of the node's tasks has a higher index.
+			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: max(idx, snap.Index())})
 		}
 		done := a.metrics.LongPoll(metrics.LongPollAgentTasks)
 		t := time.NewTimer(left)
