@@ -135,45 +135,32 @@ func (a *app) appLaunchCmd() *cobra.Command {
 // (or ends otherwise: an error naming why).
 func (a *app) followInstance(cmd *cobra.Command, alloc, app string, limit time.Duration, want proto.AppInstanceState) error {
 	deadline := time.Now().Add(limit)
-	path := instancePath(alloc, app)
 	printed := 0
-	var index uint64
-	for {
-		q := map[string]string{"consistent": "true"}
-		if index > 0 {
-			q = map[string]string{"index": strconv.FormatUint(index, 10), "wait": a.blockWait()}
-		}
-		r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
-		if err != nil {
-			return err
-		}
-		inst, err := decode[proto.AppInstance](r)
-		if err != nil {
-			return err
-		}
-		index = inst.ModifyIndex
-		if a.output != "json" {
-			for _, e := range inst.Events[min(printed, len(inst.Events)):] {
-				fmt.Fprintf(a.out, "%s  %-8s %s\n", e.At.Local().Format("15:04:05"), e.State, e.Message)
+	return watch(a, cmd, instancePath(alloc, app), nil, "", func(inst proto.AppInstance) uint64 { return inst.ModifyIndex },
+		func(r *Response, inst proto.AppInstance, _ int) (bool, error) {
+			if a.output != "json" {
+				for _, e := range inst.Events[min(printed, len(inst.Events)):] {
+					fmt.Fprintf(a.out, "%s  %-8s %s\n", e.At.Local().Format("15:04:05"), e.State, e.Message)
+				}
 			}
-		}
-		printed = len(inst.Events)
-		switch {
-		case inst.State == want:
-			if a.output == "json" {
-				return show(a, r, instanceDetail)
+			printed = len(inst.Events)
+			switch {
+			case inst.State == want:
+				if a.output == "json" {
+					return true, show(a, r, instanceDetail)
+				}
+				if want == proto.AppInstanceRunning {
+					fmt.Fprintf(a.out, "running: %s%s (with your token; WebSockets too)\n", strings.TrimRight(a.baseURL(), "/"), inst.ProxyPath)
+				}
+				return true, nil
+			case inst.State.Terminal():
+				return true, fmt.Errorf("app %s on %s is %s: %s", app, alloc, inst.State, inst.Detail)
 			}
-			if want == proto.AppInstanceRunning {
-				fmt.Fprintf(a.out, "running: %s%s (with your token; WebSockets too)\n", strings.TrimRight(a.baseURL(), "/"), inst.ProxyPath)
+			if time.Now().After(deadline) {
+				return true, fmt.Errorf("app %s on %s is still %s after %s (--wait-timeout); it goes on", app, alloc, inst.State, limit)
 			}
-			return nil
-		case inst.State.Terminal():
-			return fmt.Errorf("app %s on %s is %s: %s", app, alloc, inst.State, inst.Detail)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("app %s on %s is still %s after %s (--wait-timeout); it goes on", app, alloc, inst.State, limit)
-		}
-	}
+			return false, nil
+		})
 }
 
 func (a *app) appStatusCmd() *cobra.Command {

@@ -14,6 +14,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -292,6 +293,46 @@ func (a *app) blockWait() string {
 	return w.String()
 }
 
+// watch is the loop of every live view: it reads path (with the
+// parameters q) until step says done or fails. The first read is
+// consistent (it sees what was just written through the leader); each
+// later one (once an answer had an index) blocks until the answer's index
+// (index) moves past the last one or wait runs out (wait "": blockWait). step gets each answer
+// decoded and the round (0 first); it owns the view's deadline.
+func watch[T any](a *app, cmd *cobra.Command, path string, q map[string]string, wait string, index func(T) uint64,
+	step func(r *Response, v T, round int) (done bool, err error)) error {
+	if wait == "" {
+		wait = a.blockWait()
+	}
+	var last uint64
+	for round := 0; ; round++ {
+		pq := maps.Clone(q)
+		if pq == nil {
+			pq = map[string]string{}
+		}
+		if last > 0 {
+			pq["index"], pq["wait"] = strconv.FormatUint(last, 10), wait
+		} else {
+			pq["consistent"] = "true"
+		}
+		r, err := a.call(cmd, http.MethodGet, path, pq, nil, nil)
+		if err != nil {
+			return err
+		}
+		v, err := decode[T](r)
+		if err != nil {
+			return err
+		}
+		last = index(v)
+		if done, err := step(r, v, round); done || err != nil {
+			return err
+		}
+	}
+}
+
+// listIndex is the index of a list answer.
+func listIndex[T any](l proto.List[T]) uint64 { return l.Index }
+
 // followAllocation prints an allocation's stages as they happen, the
 // running stage's byte progress, and the outcome: the SSH command of an
 // active slice, or (as the error) the stage and reason of a failure. It
@@ -330,94 +371,86 @@ func (a *app) follow(cmd *cobra.Command, id string, limit time.Duration, release
 	base := "/v1/allocations/" + pathEscape(id)
 	var index uint64
 	stalled := 0
-	for {
-		q := map[string]string{"limit": "1000"}
-		var tq map[string]string
-		if index > 0 {
-			q["index"], q["wait"] = strconv.FormatUint(index, 10), a.blockWait()
-		} else {
-			// The allocation was just written through the leader; the
-			// replica this talks to may not have applied it yet.
-			q["consistent"], tq = "true", map[string]string{"consistent": "true"}
-		}
-		r, err := a.call(cmd, http.MethodGet, base+"/tasks", q, nil, nil)
-		if err != nil {
-			return err
-		}
-		tasks, err := decode[proto.List[proto.Task]](r)
-		if err != nil {
-			return err
-		}
-		moved := tasks.Index != index
-		index = tasks.Index
-		// The allocation before its timeline: the timeline read then holds
-		// every event up to the state read, so a final state is rendered
-		// with the stages that led to it (read the other way round, a
-		// failure landing between the two reads was reported at stage
-		// "unknown" with the failed stage's lines missing).
-		if r, err = a.call(cmd, http.MethodGet, base, tq, nil, nil); err != nil {
-			return err
-		}
-		al, err := decode[proto.Allocation](r)
-		if err != nil {
-			return err
-		}
-		tl, err := a.wholeTimeline(cmd, base, tq)
-		if err != nil {
-			return err
-		}
-		var prov *proto.Task
-		for i := range tasks.Items {
-			t := &tasks.Items[i]
-			switch {
-			case !release && (t.Type == proto.TaskSliceProvision || t.Type == proto.TaskBaremetalHandoff):
-				prov = t
-			case release && (t.Type == proto.TaskSliceRelease || t.Type == proto.TaskBaremetalRelease):
-				prov = t
+	return watch(a, cmd, base+"/tasks", map[string]string{"limit": "1000"}, "", listIndex[proto.Task],
+		func(_ *Response, tasks proto.List[proto.Task], round int) (bool, error) {
+			moved := tasks.Index != index
+			index = tasks.Index
+			var tq map[string]string
+			if round == 0 {
+				// The allocation was just written through the leader; the
+				// replica this talks to may not have applied it yet.
+				tq = map[string]string{"consistent": "true"}
 			}
-		}
-		if release && f.view.seen == 0 {
-			f.view.seen = releaseStart(tl.Items)
-		}
-		f.Observe(tl.Items, prov, time.Now())
-		final := al.State == proto.AllocReleased
-		if !release {
-			switch al.State {
-			case proto.AllocActive, proto.AllocFailed, proto.AllocReleased, proto.AllocReleasing:
-				final = true
+			// The allocation before its timeline: the timeline read then
+			// holds every event up to the state read, so a final state is
+			// rendered with the stages that led to it (read the other way
+			// round, a failure landing between the two reads was reported
+			// at stage "unknown" with the failed stage's lines missing).
+			r, err := a.call(cmd, http.MethodGet, base, tq, nil, nil)
+			if err != nil {
+				return false, err
 			}
-		}
-		if final {
-			b.End()
-			msg, err := outcome(al, tl.Items, f.view.Elapsed(time.Now().UTC()))
-			if release {
-				msg, err = releaseOutcome(al, f.view.Elapsed(time.Now().UTC())), nil
+			al, err := decode[proto.Allocation](r)
+			if err != nil {
+				return false, err
 			}
-			if a.output == "json" {
-				if jerr := show(a, &Response{Body: r.Body}, allocDetail); jerr != nil {
-					return jerr
+			tl, err := a.wholeTimeline(cmd, base, tq)
+			if err != nil {
+				return false, err
+			}
+			var prov *proto.Task
+			for i := range tasks.Items {
+				t := &tasks.Items[i]
+				switch {
+				case !release && (t.Type == proto.TaskSliceProvision || t.Type == proto.TaskBaremetalHandoff):
+					prov = t
+				case release && (t.Type == proto.TaskSliceRelease || t.Type == proto.TaskBaremetalRelease):
+					prov = t
 				}
-			} else if msg != "" {
-				fmt.Fprintln(a.out, msg)
 			}
-			return err
-		}
-		if prov != nil && prov.State != proto.TaskQueued && prov.State != proto.TaskRunning {
-			// The task is over; its follow-up lands right after it. An
-			// allocation still not final a round later will not move.
-			if stalled++; stalled > 1 && !moved || stalled > 3 {
+			if release && f.view.seen == 0 {
+				f.view.seen = releaseStart(tl.Items)
+			}
+			f.Observe(tl.Items, prov, time.Now())
+			final := al.State == proto.AllocReleased
+			if !release {
+				switch al.State {
+				case proto.AllocActive, proto.AllocFailed, proto.AllocReleased, proto.AllocReleasing:
+					final = true
+				}
+			}
+			if final {
 				b.End()
-				return fmt.Errorf("task %s is %s but allocation %s is still %s (the agent reported no slice result)", prov.ID, prov.State, al.ID, al.State)
+				msg, err := outcome(al, tl.Items, f.view.Elapsed(time.Now().UTC()))
+				if release {
+					msg, err = releaseOutcome(al, f.view.Elapsed(time.Now().UTC())), nil
+				}
+				if a.output == "json" {
+					if jerr := show(a, &Response{Body: r.Body}, allocDetail); jerr != nil {
+						return true, jerr
+					}
+				} else if msg != "" {
+					fmt.Fprintln(a.out, msg)
+				}
+				return true, err
 			}
-		}
-		if release && al.State != proto.AllocReleasing && al.State != proto.AllocReleased {
-			return fmt.Errorf("allocation %s is %s, not releasing: nothing to follow", al.ID, al.State)
-		}
-		if time.Now().After(deadline) {
-			b.End()
-			return fmt.Errorf("gave up after %s: allocation %s is %s", limit, al.ID, al.State)
-		}
-	}
+			if prov != nil && prov.State != proto.TaskQueued && prov.State != proto.TaskRunning {
+				// The task is over; its follow-up lands right after it. An
+				// allocation still not final a round later will not move.
+				if stalled++; stalled > 1 && !moved || stalled > 3 {
+					b.End()
+					return true, fmt.Errorf("task %s is %s but allocation %s is still %s (the agent reported no slice result)", prov.ID, prov.State, al.ID, al.State)
+				}
+			}
+			if release && al.State != proto.AllocReleasing && al.State != proto.AllocReleased {
+				return true, fmt.Errorf("allocation %s is %s, not releasing: nothing to follow", al.ID, al.State)
+			}
+			if time.Now().After(deadline) {
+				b.End()
+				return true, fmt.Errorf("gave up after %s: allocation %s is %s", limit, al.ID, al.State)
+			}
+			return false, nil
+		})
 }
 
 // wholeTimeline reads every page of an allocation's timeline (base is
@@ -452,40 +485,27 @@ func (a *app) followTask(cmd *cobra.Command, t proto.Task, label string, limit t
 	b := &bar{out: a.out, tty: isTerminal(a.out)}
 	defer b.End()
 	deadline := time.Now().Add(limit)
-	var index uint64
-	for {
-		q := map[string]string{"limit": "1000"}
-		if index > 0 {
-			q["index"], q["wait"] = strconv.FormatUint(index, 10), a.blockWait()
-		} else {
-			q["consistent"] = "true" // the first read sees what was just written
-		}
-		r, err := a.call(cmd, http.MethodGet, "/v1/nodes/"+pathEscape(t.NodeID)+"/tasks", q, nil, nil)
-		if err != nil {
-			return t, err
-		}
-		l, err := decode[proto.List[proto.Task]](r)
-		if err != nil {
-			return t, err
-		}
-		index = l.Index
-		found := false
-		for _, x := range l.Items {
-			if x.ID == t.ID {
-				t, found = x, true
+	err := watch(a, cmd, "/v1/nodes/"+pathEscape(t.NodeID)+"/tasks", map[string]string{"limit": "1000"}, "", listIndex[proto.Task],
+		func(_ *Response, l proto.List[proto.Task], _ int) (bool, error) {
+			found := false
+			for _, x := range l.Items {
+				if x.ID == t.ID {
+					t, found = x, true
+				}
 			}
-		}
-		if !found {
-			return t, fmt.Errorf("task %s is no longer listed for node %s", t.ID, t.NodeID)
-		}
-		if t.State != proto.TaskQueued && t.State != proto.TaskRunning {
-			return t, nil
-		}
-		b.Update(&t, label, true, time.Now())
-		if time.Now().After(deadline) {
-			return t, fmt.Errorf("gave up after %s: task %s is %s", limit, t.ID, t.State)
-		}
-	}
+			if !found {
+				return true, fmt.Errorf("task %s is no longer listed for node %s", t.ID, t.NodeID)
+			}
+			if t.State != proto.TaskQueued && t.State != proto.TaskRunning {
+				return true, nil
+			}
+			b.Update(&t, label, true, time.Now())
+			if time.Now().After(deadline) {
+				return true, fmt.Errorf("gave up after %s: task %s is %s", limit, t.ID, t.State)
+			}
+			return false, nil
+		})
+	return t, err
 }
 
 // settledSlot returns the slot once it has left cleanup_blocked: the
@@ -493,30 +513,23 @@ func (a *app) followTask(cmd *cobra.Command, t proto.Task, label string, limit t
 // see the task done a moment before the slot moves. It blocks on the
 // node's slots (a few rounds at most) and returns the last answer.
 func (a *app) settledSlot(cmd *cobra.Command, node, id string) (*Response, error) {
-	var index uint64
-	for round := 0; ; round++ {
-		q := map[string]string{"node": node, "limit": "1000"}
-		if index > 0 {
-			q["index"], q["wait"] = strconv.FormatUint(index, 10), "5s"
-		} else {
-			q["consistent"] = "true" // the first read sees what was just written
-		}
-		r, err := a.call(cmd, http.MethodGet, "/v1/slots", q, nil, nil)
-		if err != nil {
-			return nil, err
-		}
-		l, err := decode[proto.List[proto.Slot]](r)
-		if err != nil {
-			return nil, err
-		}
-		index = l.Index
-		for _, s := range l.Items {
-			if s.ID == id && (s.Status != proto.SlotCleanupBlocked || round >= 3) {
-				return a.call(cmd, http.MethodGet, "/v1/slots/"+pathEscape(id), nil, nil, nil)
+	var out *Response
+	err := watch(a, cmd, "/v1/slots", map[string]string{"node": node, "limit": "1000"}, "5s", listIndex[proto.Slot],
+		func(_ *Response, l proto.List[proto.Slot], round int) (bool, error) {
+			for _, s := range l.Items {
+				if s.ID == id && (s.Status != proto.SlotCleanupBlocked || round >= 3) {
+					var err error
+					out, err = a.call(cmd, http.MethodGet, "/v1/slots/"+pathEscape(id), nil, nil, nil)
+					return true, err
+				}
 			}
-		}
-		if round >= 3 {
-			return nil, fmt.Errorf("slot %s is not listed for node %s", id, node)
-		}
+			if round >= 3 {
+				return true, fmt.Errorf("slot %s is not listed for node %s", id, node)
+			}
+			return false, nil
+		})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
