@@ -174,19 +174,7 @@ func fileSHA256(p string) (string, error) {
 // runtime) and returns it.
 func activeSliceOn(t *testing.T, c *coord) proto.Allocation {
 	t.Helper()
-	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
-	require.Equal(t, http.StatusAccepted, code, body)
-	require.Eventually(t, func() bool {
-		n := c.node("j22u15")
-		t15, ok := c.srv.Store().Snapshot().Candidates("j22u15")
-		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
-	}, 15*time.Second, 50*time.Millisecond)
-	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
-	require.Equal(t, http.StatusCreated, code, body)
-	var alloc proto.Allocation
-	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
-		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
-	require.Less(t, code, 300, body)
+	alloc := placeOneSlice(t, c)
 	require.Eventually(t, func() bool {
 		a, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
 		return ok && a.State == proto.AllocActive

@@ -106,12 +106,7 @@ func TestOneLongPollServesEveryKind(t *testing.T) {
 	// A long provision holds the serial worker (a second slice on slot
 	// 1); the one poll still serves the console and the app start.
 	gate := rt.arm()
-	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 1}, nil)
-	require.Equal(t, http.StatusCreated, code, body)
-	var b proto.Allocation
-	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
-		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &b)
-	require.Less(t, code, 300, body)
+	b := placeSliceOn(t, c, 1)
 	select {
 	case id := <-rt.entered:
 		require.Equal(t, b.ID, id)

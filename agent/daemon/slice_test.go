@@ -258,7 +258,14 @@ func placeOneSlice(t *testing.T, c *coord) proto.Allocation {
 		n := c.node("j22u15")
 		return ok && len(t15.Candidates) == 8 && n.Readiness != nil && n.Readiness.SliceReady
 	}, 30*time.Second, 50*time.Millisecond)
-	code, body = c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: 0}, nil)
+	return placeSliceOn(t, c, 0)
+}
+
+// placeSliceOn approves slot index of j22u15 and places a 1-GPU slice
+// (on that slot when it is the only free approved one).
+func placeSliceOn(t *testing.T, c *coord, index int) proto.Allocation {
+	t.Helper()
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: index}, nil)
 	require.Equal(t, http.StatusCreated, code, body)
 	var alloc proto.Allocation
 	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{

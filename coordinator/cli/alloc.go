@@ -31,6 +31,33 @@ func newIdempotencyKey() (string, error) {
 	return "gpuaasctl-" + hex.EncodeToString(b[:]), nil
 }
 
+// createIdempotent POSTs body to path under an idempotency key (key ""
+// generates one and prints it on stderr; a bad one is a usage error).
+// An answer 200 means the key was used before: it says so on stderr,
+// naming what the first request made (reused, e.g. "the allocation it
+// created").
+func (a *app) createIdempotent(cmd *cobra.Command, path string, body any, key, reused string) (*Response, error) {
+	if key == "" {
+		var err error
+		if key, err = newIdempotencyKey(); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(a.errOut, "idempotency key: %s\n", key)
+	} else if err := proto.ValidateIdempotencyKey(key); err != nil {
+		return nil, usageError{err}
+	}
+	hdr := http.Header{}
+	hdr.Set(proto.IdempotencyKeyHeader, key)
+	r, err := a.call(cmd, http.MethodPost, path, nil, body, hdr)
+	if err != nil {
+		return nil, err
+	}
+	if r.Status == http.StatusOK {
+		fmt.Fprintf(a.errOut, "idempotency key %s was used before: this is %s\n", key, reused)
+	}
+	return r, nil
+}
+
 func (a *app) allocCreateCmd() *cobra.Command {
 	var req proto.AllocationCreateRequest
 	var shape, key string
@@ -64,23 +91,9 @@ func (a *app) allocCreateCmd() *cobra.Command {
 			if _, err := proto.ParseIngressRules(req.Ingress); err != nil {
 				return usageError{fmt.Errorf("--ingress: %w", err)}
 			}
-			if key == "" {
-				var err error
-				if key, err = newIdempotencyKey(); err != nil {
-					return err
-				}
-				fmt.Fprintf(a.errOut, "idempotency key: %s\n", key)
-			} else if err := proto.ValidateIdempotencyKey(key); err != nil {
-				return usageError{err}
-			}
-			hdr := http.Header{}
-			hdr.Set(proto.IdempotencyKeyHeader, key)
-			r, err := a.call(cmd, http.MethodPost, "/v1/allocations", nil, req, hdr)
+			r, err := a.createIdempotent(cmd, "/v1/allocations", req, key, "the allocation it created")
 			if err != nil {
 				return err
-			}
-			if r.Status == http.StatusOK {
-				fmt.Fprintf(a.errOut, "idempotency key %s was used before: this is the allocation it created\n", key)
 			}
 			if !wait {
 				return show(a, r, allocDetail)

@@ -92,23 +92,10 @@ func (a *app) appLaunchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if key == "" {
-				if key, err = newIdempotencyKey(); err != nil {
-					return err
-				}
-				fmt.Fprintf(a.errOut, "idempotency key: %s\n", key)
-			} else if err := proto.ValidateIdempotencyKey(key); err != nil {
-				return usageError{err}
-			}
-			hdr := http.Header{}
-			hdr.Set(proto.IdempotencyKeyHeader, key)
-			r, err := a.call(cmd, http.MethodPost, "/v1/allocations/"+pathEscape(args[0])+"/apps", nil,
-				proto.AppLaunchBody{App: name, Version: version}, hdr)
+			r, err := a.createIdempotent(cmd, "/v1/allocations/"+pathEscape(args[0])+"/apps", proto.AppLaunchBody{App: name, Version: version},
+				key, "the instance it launched")
 			if err != nil {
 				return err
-			}
-			if r.Status == http.StatusOK {
-				fmt.Fprintf(a.errOut, "idempotency key %s was used before: this is the instance it launched\n", key)
 			}
 			if !wait {
 				return show(a, r, instanceDetail)
