@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // EnvPrefix prefixes every environment override: flag "state-dir" is
@@ -498,6 +500,9 @@ func (c Config) Validate() error {
 		if d.v <= 0 {
 			bad(d.name, "must be positive")
 		}
+	}
+	if c.PollWait > Duration(proto.MaxAgentWait) {
+		bad("poll-wait", "%s: the coordinators answer a task long-poll within %s at the most", time.Duration(c.PollWait), proto.MaxAgentWait)
 	}
 	switch c.Runtime {
 	case RuntimeNone:

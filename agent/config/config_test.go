@@ -60,6 +60,7 @@ func TestBadInputNamesTheSetting(t *testing.T) {
 		"half fabric":         {[]string{"-fabric-interface", "ibp26s0"}, "all-or-nothing"},
 		"bad evidence":        {[]string{"-evidence", "magic"}, "-evidence"},
 		"bad duration":        {[]string{"-poll-wait", "soon"}, "poll-wait"},
+		"poll wait too long":  {[]string{"-poll-wait", "6m"}, "-poll-wait: 6m0s: the coordinators answer a task long-poll within 5m0s at the most"},
 		"stray argument":      {[]string{"extra"}, "unexpected arguments"},
 		"node id with slash":  {[]string{"-node-id", "a/b"}, "-node-id"},
 		"missing config file": {[]string{"-config", "/nonexistent/agent.json"}, "read config file"},
