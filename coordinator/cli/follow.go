@@ -296,9 +296,10 @@ func (a *app) blockWait() string {
 // watch is the loop of every live view: it reads path (with the
 // parameters q) until step says done or fails. The first read is
 // consistent (it sees what was just written through the leader); each
-// later one (once an answer had an index) blocks until the answer's index
-// (index) moves past the last one or wait runs out (wait "": blockWait). step gets each answer
-// decoded and the round (0 first); it owns the view's deadline.
+// later one (once an answer had an index) blocks until the answer's
+// index (index) moves past the last one or wait runs out (wait "":
+// blockWait). step gets each answer decoded and the round (0 first); it
+// owns the view's deadline.
 func watch[T any](a *app, cmd *cobra.Command, path string, q map[string]string, wait string, index func(T) uint64,
 	step func(r *Response, v T, round int) (done bool, err error)) error {
 	if wait == "" {
