@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/audit"
+	"github.com/gpuaas/gpuaas/coordinator/fsm"
 	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server/proctest"
 	"github.com/gpuaas/gpuaas/proto"
@@ -128,11 +130,14 @@ type placeRun struct {
 	applyCPUByGC map[int]time.Duration
 }
 
-// benchAudit is the pending audit record an API request would carry.
-func benchAudit(route, kind, id string, status int, before any) *audit.Pending {
+// benchAudit is the pending audit record an API request would carry; as
+// the API's middleware does on the leader, it reads the object's state
+// from the snapshot of the moment only if the record is appended alone.
+func benchAudit(srv *Server, route, kind, id string, status int) *audit.Pending {
 	p := audit.New(proto.AuditRecord{Actor: "bench", Role: "operator", TokenID: "0123456789ab", Remote: "192.0.2.1:40000",
-		RequestID: "0123456789abcdef", Method: http.MethodPost, Route: route, Path: route, ObjectKind: kind, ObjectID: id,
-		Before: proto.AuditState(before)})
+		RequestID: "0123456789abcdef", Method: http.MethodPost, Route: route, Path: route, ObjectKind: kind, ObjectID: id})
+	snap := srv.Store().Snapshot()
+	p.SetBefore(func() json.RawMessage { return proto.AuditState(fsm.AuditObject(snap, kind, id)) })
 	p.SetOKStatus(status)
 	return p
 }
@@ -175,8 +180,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 				for {
 					ctx := ctx
 					if audited {
-						a, _ := cur.Load().Store().Snapshot().Allocation(id)
-						ctx = audit.With(ctx, benchAudit("/v1/allocations/{id}/force-release", "allocation", id, 200, a))
+						ctx = audit.With(ctx, benchAudit(cur.Load(), "/v1/allocations/{id}/force-release", "allocation", id, 200))
 					}
 					_, _, err := cur.Load().Apply(ctx, proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: time.Now().UTC(), AllocationID: id, Reason: "bench"})
 					switch proto.CodeOf(err) {
@@ -203,7 +207,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 			GPUCount: []int{1, 1, 2, 4}[rng.IntN(4)], Region: "us-east"}
 		for {
 			if audited {
-				ctx = audit.With(ctx, benchAudit("/v1/allocations", "allocation", "", 201, nil))
+				ctx = audit.With(ctx, benchAudit(cur.Load(), "/v1/allocations", "allocation", "", 201))
 			}
 			a, _, err := cur.Load().Place(ctx, req, key)
 			switch proto.CodeOf(err) {
