@@ -71,6 +71,9 @@ type batch struct {
 	items     []planned
 	future    raft.ApplyFuture
 	conflicts []*placeCall
+	// cmds is the number of commands proposed: the items', their audit
+	// records' and the closing outbox delivery's.
+	cmds int
 }
 
 type planner struct {
@@ -310,6 +313,7 @@ func (p *planner) plan(calls []*placeCall, held *heldSet, keys map[string]*place
 	now := s.cfg.Now().UTC()
 	b := &batch{}
 	var cmds [][]byte
+	var tasks []string // the planned placements' task (outbox entry) IDs
 	for _, c := range calls {
 		if c.key != "" {
 			if a, ok := snap.AllocationByKey(c.key); ok {
@@ -352,10 +356,24 @@ func (p *planner) plan(calls []*placeCall, held *heldSet, keys map[string]*place
 			}
 		}
 		b.items = append(b.items, it)
+		tasks = append(tasks, cmd.Task.ID)
 	}
 	if len(cmds) == 0 {
 		return b
 	}
+	// The placements' tasks (their outbox entries) are delivered in the
+	// same entry, as the outbox pump would right after it commits: one
+	// command for the batch instead of a pump round and a command per
+	// commit. An entry the apply did not write (a refused placement) is
+	// skipped by the delivery; if the delivery itself is refused, the
+	// entries stay in the outbox for the pump.
+	if len(tasks) > 0 {
+		dbuf, err := proto.Encode(proto.OutboxDeliverType, proto.OutboxDeliverRequest{At: now, IDs: tasks})
+		if err == nil {
+			cmds = append(cmds, dbuf)
+		}
+	}
+	b.cmds = len(cmds)
 	buf, err := proto.EncodeBatch(cmds)
 	if err != nil {
 		// Only a planner bug gets here: answer, and free what was taken.
@@ -487,14 +505,7 @@ func (p *planner) wait(b *batch, doneCh chan<- *batch) {
 	var resps []any
 	if err == nil {
 		br, ok := b.future.Response().(*fsm.BatchResponse)
-		want := 0 // commands proposed
-		if n := len(b.items); n > 0 {
-			want = b.items[n-1].pos + 1
-			if b.items[n-1].audited {
-				want++
-			}
-		}
-		if !ok || len(br.Responses) != want {
+		if !ok || len(br.Responses) != b.cmds {
 			err = fmt.Errorf("place: unexpected apply response %T", b.future.Response())
 		} else {
 			resps = br.Responses

@@ -103,11 +103,14 @@ func TestPlaceConcurrentNoDoubleClaimsAndIdempotency(t *testing.T) {
 	assert.False(t, existing)
 	assert.Len(t, a.ClaimIDs, 8)
 
-	// The outbox pump turns every placement's outbox entry into a task.
-	require.Eventually(t, func() bool { return len(leader.srv.Store().Snapshot().Outbox()) == 0 }, 10*time.Second, 20*time.Millisecond)
+	// The planner delivers a placement's task in the placement's own log
+	// entry (the outbox pump would only do it in a later one).
 	tasks := leader.srv.Store().Snapshot().Tasks("", a.ID, "", 0)
 	require.Len(t, tasks, 1)
 	assert.Equal(t, proto.TaskSliceProvision, tasks[0].Type)
+	assert.Equal(t, proto.TaskQueued, tasks[0].State)
+	assert.Equal(t, a.CreateIndex, tasks[0].CreateIndex, "task delivered in the placement's entry")
+	require.Eventually(t, func() bool { return len(leader.srv.Store().Snapshot().Outbox()) == 0 }, 10*time.Second, 20*time.Millisecond)
 }
 
 // checkLiveClaims: no slot is held by two live claims and every live
