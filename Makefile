@@ -75,10 +75,17 @@ test-unit:
 # Benchmarks write test/bench/results/parts/*.json; benchmerge folds them
 # into test/bench/results/latest.{json,md}.
 # The etcd reference (test/bench/etcdref, its own module) runs first, on
-# the same machine in the same run, for placements_vs_etcd_claims_ratio.
+# the same machine in the same run, for placements_vs_etcd_claims_ratio;
+# the coordinator bench (placements) runs right after it, alone, with
+# both built beforehand so no compiler shares the cores with either. The
+# other benches follow one package at a time (-p 1): two packages' benches
+# at once would measure each other.
 bench: deps build
-	cd test/bench/etcdref && $(GO) run . -out $(CURDIR)/test/bench/results/parts/etcd.json
-	GPUAAS_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestBench' -v ./... 2>&1 | tee test/bench/results/bench.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
+	cd test/bench/etcdref && $(GO) build -o $(CURDIR)/bin/etcdref .
+	$(GO) test -count=1 -run '^$$' ./coordinator/server >/dev/null
+	bin/etcdref -out $(CURDIR)/test/bench/results/parts/etcd.json
+	GPUAAS_BENCH=1 $(GO) test -count=1 -timeout 30m -run '^TestBenchCoordinator$$' -v ./coordinator/server 2>&1 | tee test/bench/results/bench-coordinator.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
+	GPUAAS_BENCH=1 $(GO) test -p 1 -count=1 -timeout 60m -run 'TestBench' -skip '^TestBenchCoordinator$$' -v ./... 2>&1 | tee test/bench/results/bench.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' || true
 	$(GO) run ./test/bench/cmd/benchmerge
 
 # The fault rig (test/chaos) RUNS times, each a randomized short run with

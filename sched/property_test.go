@@ -236,6 +236,8 @@ func TestPlaceSliceProperty(t *testing.T) {
 				// A leader batch: plan several against one state, then apply.
 				batch := 1 + r.IntN(4)
 				taken := map[string]bool{}
+				var takenOn []string      // nodes of the taken slots, sorted
+				tracked := r.IntN(2) == 0 // the caller passes TakenSlotNodes
 				var plans []sched.SlicePlan
 				for range batch {
 					req := sliceReq(t, counts[r.IntN(len(counts))], "r")
@@ -243,6 +245,9 @@ func TestPlaceSliceProperty(t *testing.T) {
 						req.Pool = "r-b"
 					}
 					req.Taken = maps(taken)
+					if tracked {
+						req.TakenSlotNodes = append([]string{}, takenOn...)
+					}
 					p, err := sched.PlaceSlice(st, req)
 					wantNode, wantIdx, wantScore, ok := reference(st, req)
 					if !ok {
@@ -259,6 +264,9 @@ func TestPlaceSliceProperty(t *testing.T) {
 					for _, e := range p.Slots {
 						require.False(t, taken[e.SlotID], "two plans of one batch chose %s", e.SlotID)
 						taken[e.SlotID] = true
+					}
+					if i, found := slices.BinarySearch(takenOn, p.NodeID); !found {
+						takenOn = slices.Insert(takenOn, i, p.NodeID)
 					}
 					plans = append(plans, p)
 					placed++

@@ -17,6 +17,11 @@ type SliceRequest struct {
 	// Taken names slots already chosen by earlier plans of the same
 	// leader batch; they are treated as unavailable.
 	Taken map[string]bool
+	// TakenSlotNodes, if not nil, lists the nodes holding the Taken slots,
+	// sorted ascending without duplicates (a caller that tracks them
+	// saves a state lookup per Taken slot per decision). Nil: they are
+	// looked up from Taken.
+	TakenSlotNodes []string
 }
 
 // SlicePlan is a placement decision: slots of one node, each with the
@@ -145,13 +150,17 @@ func sliceCandidate(n *proto.Node, region, pool string) bool {
 func (p *slicePlanner) indexed() {
 	n := p.req.GPUCount
 	if len(p.req.Taken) > 0 {
-		for id, t := range p.req.Taken { // order-free: collected, then sorted
-			if s, ok := p.st.Slot(id); t && ok {
-				p.affected = append(p.affected, s.NodeID)
+		if p.req.TakenSlotNodes != nil {
+			p.affected = append(p.affected, p.req.TakenSlotNodes...)
+		} else {
+			for id, t := range p.req.Taken { // order-free: collected, then sorted
+				if s, ok := p.st.Slot(id); t && ok {
+					p.affected = append(p.affected, s.NodeID)
+				}
 			}
+			slices.Sort(p.affected)
+			p.affected = slices.Compact(p.affected)
 		}
-		slices.Sort(p.affected)
-		p.affected = slices.Compact(p.affected)
 		for _, id := range p.affected {
 			p.evalNode(id, true)
 		}

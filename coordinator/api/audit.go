@@ -78,9 +78,11 @@ func (a *API) auditPrincipal(r *http.Request, rt Route, p Principal, tokenID str
 		return
 	}
 	kind, id := auditObject(rt.Pattern, r)
-	var before json.RawMessage
 	if a.b.IsLeader() {
-		before = proto.AuditState(fsm.AuditObject(a.b.Store().Snapshot(), kind, id))
+		// Encoded only if the record is appended alone: one that rides
+		// with its command gets the state the FSM finds.
+		snap := a.b.Store().Snapshot()
+		pend.SetBefore(func() json.RawMessage { return proto.AuditState(fsm.AuditObject(snap, kind, id)) })
 	}
 	role := ""
 	if p.Role != 0 {
@@ -91,7 +93,7 @@ func (a *API) auditPrincipal(r *http.Request, rt Route, p Principal, tokenID str
 		if rt.Pattern != "" {
 			rec.Route = rt.Pattern
 		}
-		rec.ObjectKind, rec.ObjectID, rec.Before = kind, id, before
+		rec.ObjectKind, rec.ObjectID = kind, id
 	})
 	pend.SetOKStatus(okStatus(rt.Method, rt.Pattern))
 }

@@ -15,6 +15,7 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"time"
 
@@ -29,6 +30,9 @@ type Pending struct {
 	state   pendingState
 	skip    bool
 	errText string
+	// before reads the object's state as the request found it; called
+	// only when the record is appended alone (Finish).
+	before func() json.RawMessage
 }
 
 type pendingState int
@@ -137,6 +141,21 @@ func (p *Pending) Done(wasWritten bool) {
 	}
 }
 
+// SetBefore names how to read the state of the record's object as the
+// request found it (a read of the store snapshot taken when the request
+// was authorized). It is read only when the middleware appends the record
+// alone (Finish): a record that rides with its command gets the state the
+// FSM finds instead, so a request whose command carries its record pays
+// for no encoding of the object on the leader.
+func (p *Pending) SetBefore(read func() json.RawMessage) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.before = read
+	p.mu.Unlock()
+}
+
 // SetError notes the refusal the request answered with ("code: detail").
 func (p *Pending) SetError(text string) {
 	if p == nil {
@@ -158,6 +177,10 @@ func (p *Pending) Finish(status int) (proto.AuditRecord, bool) {
 	}
 	p.state = written
 	r := p.rec
+	if r.Before == nil && p.before != nil {
+		r.Before = p.before()
+	}
+	p.before = nil
 	r.Status = status
 	r.Error = proto.TruncateAuditText(p.errText)
 	return r, true

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -120,4 +121,37 @@ func TestAttachAndWritten(t *testing.T) {
 	assert.False(t, Written(&proto.AuditAppendResponse{Skipped: true}))
 	assert.False(t, Written(proto.Errorf(proto.CodeInvalidArgument, "x")))
 	assert.False(t, Written(nil))
+}
+
+// The object's state as the request found it is read only for a record
+// the middleware appends alone; a record that rides with its command
+// never pays for it.
+func TestPendingBeforeIsLazy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		committed bool // the command that took the record committed
+		wantRead  bool
+	}{
+		{"rides with its command", true, false},
+		{"command refused: appended alone", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(proto.AuditRecord{Actor: "admin", Method: "POST", Route: "/v1/x"})
+			reads := 0
+			p.SetBefore(func() json.RawMessage { reads++; return json.RawMessage(`{"state":"active"}`) })
+			taken, ok := p.Take()
+			require.True(t, ok)
+			assert.Empty(t, taken.Before, "a taken record carries no leader-side before state")
+			p.Done(tc.committed)
+			rec, ok := p.Finish(200)
+			require.Equal(t, tc.wantRead, ok)
+			if tc.wantRead {
+				assert.JSONEq(t, `{"state":"active"}`, string(rec.Before))
+				assert.Equal(t, 1, reads)
+			} else {
+				assert.Zero(t, reads)
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,12 +19,18 @@ func TestProfilePlacements(t *testing.T) {
 	if err != nil {
 		t.Skip("set GPUAAS_PROFILE_VOTERS=1 or 3 (and -cpuprofile)")
 	}
-	prevGC, err := TuneGC(DefaultGCPercent, 0)
+	gc := DefaultGCPercent
+	if g, err := strconv.Atoi(os.Getenv("GPUAAS_PROFILE_GOGC")); err == nil {
+		gc = g // a GOGC to compare with the default
+	}
+	prevGC, err := TuneGC(gc, 0)
 	require.NoError(t, err)
 	defer debug.SetGCPercent(prevGC)
 	run := benchPlacementsOn(t, v, true)
-	t.Logf("voters %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, FSM apply CPU per placement %v (%d entries replayed)",
-		v, run.perS, run.appliesPerS, run.cpu, run.applyCPU, run.entries)
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	t.Logf("voters %d, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
+		v, gc, run.perS, run.appliesPerS, run.cpu, run.applyCPU, run.entries, ru.Maxrss/1024)
 	if run.applyCPUByGC != nil {
 		t.Logf("FSM apply CPU per placement by GOGC: %s", gcSweep(run.applyCPUByGC))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,9 +55,10 @@ type placeResult struct {
 
 // planned is one proposed placement of a batch.
 type planned struct {
-	call  *placeCall
-	slots []string
-	node  string // baremetal: the node taken whole
+	call     *placeCall
+	slots    []string
+	slotNode string // gpu_slice: the node of slots
+	node     string // baremetal: the node taken whole
 	// pos is the command's position in the batch; audited: the audit
 	// append follows it at pos+1.
 	pos     int
@@ -69,6 +71,9 @@ type batch struct {
 	items     []planned
 	future    raft.ApplyFuture
 	conflicts []*placeCall
+	// cmds is the number of commands proposed: the items', their audit
+	// records' and the closing outbox delivery's.
+	cmds int
 }
 
 type planner struct {
@@ -212,19 +217,13 @@ func (p *planner) run(ctx context.Context) {
 		pending  []*placeCall
 		inFlight int
 		doneCh   = make(chan *batch, plannerDepth)
-		taken    = map[string]bool{}       // slots of in-flight batches
-		takenN   = map[string]bool{}       // baremetal nodes of in-flight batches
+		held     = newHeld()               // what in-flight batches took
 		keys     = map[string]*placeCall{} // idempotency keys of in-flight calls
 	)
 	complete := func(b *batch) {
 		inFlight--
 		for _, it := range b.items {
-			for _, id := range it.slots {
-				delete(taken, id)
-			}
-			if it.node != "" {
-				delete(takenN, it.node)
-			}
+			held.drop(it)
 			if it.call.key != "" && keys[it.call.key] == it.call {
 				delete(keys, it.call.key)
 			}
@@ -274,7 +273,7 @@ func (p *planner) run(ctx context.Context) {
 			continue
 		}
 		n := min(len(pending), plannerMaxBatch)
-		b := p.plan(pending[:n], taken, takenN, keys)
+		b := p.plan(pending[:n], held, keys)
 		pending = pending[n:]
 		if len(b.items) == 0 {
 			continue
@@ -308,12 +307,13 @@ func (p *planner) stop(pending []*placeCall, inFlight int, doneCh chan *batch) {
 
 // plan decides every call of a batch against one snapshot and proposes
 // the commands as one CommandBatchType entry.
-func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys map[string]*placeCall) *batch {
+func (p *planner) plan(calls []*placeCall, held *heldSet, keys map[string]*placeCall) *batch {
 	s := p.s
 	snap := s.Store().Snapshot()
 	now := s.cfg.Now().UTC()
 	b := &batch{}
 	var cmds [][]byte
+	var tasks []string // the planned placements' task (outbox entry) IDs
 	for _, c := range calls {
 		if c.key != "" {
 			if a, ok := snap.AllocationByKey(c.key); ok {
@@ -327,7 +327,7 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 				continue
 			}
 		}
-		it, cmd, err := p.planOne(snap, c, taken, takenN, now)
+		it, cmd, err := p.planOne(snap, c, held, now)
 		if err != nil {
 			c.finish(placeResult{err: err})
 			continue
@@ -340,12 +340,7 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 			c.finish(placeResult{err: err})
 			continue
 		}
-		for _, id := range it.slots {
-			taken[id] = true
-		}
-		if it.node != "" {
-			takenN[it.node] = true
-		}
+		held.add(it)
 		if c.key != "" {
 			keys[c.key] = c
 		}
@@ -361,10 +356,24 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 			}
 		}
 		b.items = append(b.items, it)
+		tasks = append(tasks, cmd.Task.ID)
 	}
 	if len(cmds) == 0 {
 		return b
 	}
+	// The placements' tasks (their outbox entries) are delivered in the
+	// same entry, as the outbox pump would right after it commits: one
+	// command for the batch instead of a pump round and a command per
+	// commit. An entry the apply did not write (a refused placement) is
+	// skipped by the delivery; if the delivery itself is refused, the
+	// entries stay in the outbox for the pump.
+	if len(tasks) > 0 {
+		dbuf, err := proto.Encode(proto.OutboxDeliverType, proto.OutboxDeliverRequest{At: now, IDs: tasks})
+		if err == nil {
+			cmds = append(cmds, dbuf)
+		}
+	}
+	b.cmds = len(cmds)
 	buf, err := proto.EncodeBatch(cmds)
 	if err != nil {
 		// Only a planner bug gets here: answer, and free what was taken.
@@ -378,6 +387,56 @@ func (p *planner) plan(calls []*placeCall, taken, takenN map[string]bool, keys m
 	return b
 }
 
+// heldSet is what the planner's in-flight batches took: the next batch is
+// planned around it without waiting for their results.
+type heldSet struct {
+	slots map[string]bool // gpu_slice slots
+	// perNode counts the held slots of each node; slotNodes lists those
+	// nodes sorted (sched's TakenSlotNodes: no slot lookups per decision).
+	perNode   map[string]int
+	slotNodes []string
+	nodes     map[string]bool // baremetal nodes taken whole
+}
+
+func newHeld() *heldSet {
+	return &heldSet{slots: map[string]bool{}, perNode: map[string]int{}, slotNodes: []string{}, nodes: map[string]bool{}}
+}
+
+// add holds what it took.
+func (h *heldSet) add(it planned) {
+	for _, id := range it.slots {
+		h.slots[id] = true
+	}
+	if len(it.slots) > 0 {
+		if h.perNode[it.slotNode] == 0 {
+			i, _ := slices.BinarySearch(h.slotNodes, it.slotNode)
+			h.slotNodes = slices.Insert(h.slotNodes, i, it.slotNode)
+		}
+		h.perNode[it.slotNode] += len(it.slots)
+	}
+	if it.node != "" {
+		h.nodes[it.node] = true
+	}
+}
+
+// drop releases what it took (its batch finished).
+func (h *heldSet) drop(it planned) {
+	for _, id := range it.slots {
+		delete(h.slots, id)
+	}
+	if len(it.slots) > 0 {
+		if h.perNode[it.slotNode] -= len(it.slots); h.perNode[it.slotNode] <= 0 {
+			delete(h.perNode, it.slotNode)
+			if i, ok := slices.BinarySearch(h.slotNodes, it.slotNode); ok {
+				h.slotNodes = slices.Delete(h.slotNodes, i, i+1)
+			}
+		}
+	}
+	if it.node != "" {
+		delete(h.nodes, it.node)
+	}
+}
+
 // errorFuture is a future that failed before it was proposed.
 type errorFuture struct{ err error }
 
@@ -385,7 +444,7 @@ func (f errorFuture) Error() error  { return f.err }
 func (f errorFuture) Index() uint64 { return 0 }
 func (f errorFuture) Response() any { return nil }
 
-func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[string]bool, now time.Time) (planned, *proto.AllocationPlaceRequest, error) {
+func (p *planner) planOne(snap *state.Snapshot, c *placeCall, held *heldSet, now time.Time) (planned, *proto.AllocationPlaceRequest, error) {
 	r := c.req
 	cmd := &proto.AllocationPlaceRequest{
 		At: now,
@@ -406,7 +465,8 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[
 	it := planned{call: c}
 	switch r.CapacityShape {
 	case proto.ShapeGPUSlice:
-		plan, err := sched.PlaceSlice(snap, sched.SliceRequest{SKU: c.sku, GPUCount: r.GPUCount, Region: r.Region, Taken: taken})
+		plan, err := sched.PlaceSlice(snap, sched.SliceRequest{SKU: c.sku, GPUCount: r.GPUCount, Region: r.Region,
+			Taken: held.slots, TakenSlotNodes: held.slotNodes})
 		if err != nil {
 			return it, nil, err
 		}
@@ -414,11 +474,13 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, taken, takenN map[
 		for range plan.Slots {
 			cmd.ClaimIDs = append(cmd.ClaimIDs, newID("claim"))
 		}
+		it.slots = make([]string, 0, len(plan.Slots))
 		for _, e := range plan.Slots {
 			it.slots = append(it.slots, e.SlotID)
 		}
+		it.slotNode = plan.NodeID
 	case proto.ShapeBaremetal:
-		plan, err := sched.PlaceBaremetal(snap, sched.BaremetalRequest{SKU: c.sku, Region: r.Region, TakenNodes: takenN})
+		plan, err := sched.PlaceBaremetal(snap, sched.BaremetalRequest{SKU: c.sku, Region: r.Region, TakenNodes: held.nodes})
 		if err != nil {
 			return it, nil, err
 		}
@@ -443,14 +505,7 @@ func (p *planner) wait(b *batch, doneCh chan<- *batch) {
 	var resps []any
 	if err == nil {
 		br, ok := b.future.Response().(*fsm.BatchResponse)
-		want := 0 // commands proposed
-		if n := len(b.items); n > 0 {
-			want = b.items[n-1].pos + 1
-			if b.items[n-1].audited {
-				want++
-			}
-		}
-		if !ok || len(br.Responses) != want {
+		if !ok || len(br.Responses) != b.cmds {
 			err = fmt.Errorf("place: unexpected apply response %T", b.future.Response())
 		} else {
 			resps = br.Responses

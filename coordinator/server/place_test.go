@@ -103,11 +103,14 @@ func TestPlaceConcurrentNoDoubleClaimsAndIdempotency(t *testing.T) {
 	assert.False(t, existing)
 	assert.Len(t, a.ClaimIDs, 8)
 
-	// The outbox pump turns every placement's outbox entry into a task.
-	require.Eventually(t, func() bool { return len(leader.srv.Store().Snapshot().Outbox()) == 0 }, 10*time.Second, 20*time.Millisecond)
+	// The planner delivers a placement's task in the placement's own log
+	// entry (the outbox pump would only do it in a later one).
 	tasks := leader.srv.Store().Snapshot().Tasks("", a.ID, "", 0)
 	require.Len(t, tasks, 1)
 	assert.Equal(t, proto.TaskSliceProvision, tasks[0].Type)
+	assert.Equal(t, proto.TaskQueued, tasks[0].State)
+	assert.Equal(t, a.CreateIndex, tasks[0].CreateIndex, "task delivered in the placement's entry")
+	require.Eventually(t, func() bool { return len(leader.srv.Store().Snapshot().Outbox()) == 0 }, 10*time.Second, 20*time.Millisecond)
 }
 
 // checkLiveClaims: no slot is held by two live claims and every live
@@ -162,4 +165,31 @@ func TestPlaceReplansOnConflict(t *testing.T) {
 	}
 	assert.EqualValues(t, 3, leader.srv.planner.replans.Load())
 	require.NoError(t, fsm.CheckInvariants(leader.srv.Store().Snapshot()))
+}
+
+// TestHeldSet: the planner's record of in-flight slots keeps the sorted
+// node list sched relies on (TakenSlotNodes) in step with the slots.
+func TestHeldSet(t *testing.T) {
+	h := newHeld()
+	a := planned{slots: []string{"m2-s0", "m2-s1"}, slotNode: "m2"}
+	b := planned{slots: []string{"m1-s0"}, slotNode: "m1"}
+	c := planned{slots: []string{"m2-s5"}, slotNode: "m2"}
+	bm := planned{node: "m9"}
+	for _, it := range []planned{a, b, c, bm} {
+		h.add(it)
+	}
+	require.Equal(t, []string{"m1", "m2"}, h.slotNodes)
+	require.Equal(t, map[string]bool{"m2-s0": true, "m2-s1": true, "m1-s0": true, "m2-s5": true}, h.slots)
+	require.Equal(t, map[string]bool{"m9": true}, h.nodes)
+
+	h.drop(a) // m2 still holds c's slot
+	require.Equal(t, []string{"m1", "m2"}, h.slotNodes)
+	h.drop(c)
+	require.Equal(t, []string{"m1"}, h.slotNodes)
+	h.drop(bm)
+	h.drop(b)
+	require.Empty(t, h.slotNodes)
+	require.Empty(t, h.slots)
+	require.Empty(t, h.perNode)
+	require.Empty(t, h.nodes)
 }
