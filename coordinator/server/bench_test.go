@@ -124,6 +124,11 @@ type placeRun struct {
 	// applyCPUByGC is applyCPU measured again at other GOGC settings
 	// (replayGC), to choose DefaultGCPercent by measurement.
 	applyCPUByGC map[int]time.Duration
+	// logs, from and placed are the run's committed log, the last index
+	// before the run and the placements it committed (for replays).
+	logs   []*raft.Log
+	from   uint64
+	placed float64
 }
 
 // benchAudit is the pending audit record an API request would carry.
@@ -240,6 +245,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	for _, n := range nodes {
 		n.stop()
 	}
+	run.logs, run.from, run.placed = logs, idx0, placed
 	if placed > 0 && logs != nil {
 		run.applyCPU, run.entries = replayCPU(t, logs, idx0, placed)
 		if replayGC {
