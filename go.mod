@@ -65,7 +65,6 @@ require (
 	github.com/hashicorp/go-immutable-radix v1.3.1 // indirect
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/hashicorp/go-sockaddr v1.0.7 // indirect
-	github.com/hashicorp/golang-lru v0.5.4 // indirect
 	github.com/hugelgupf/go-shlex v0.0.0-20200702092117-c80c9d0918fa // indirect
 	github.com/hugelgupf/vmtest v0.0.0-20240307030256-5d9f3d34a58d // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
@@ -136,3 +135,5 @@ tool (
 	github.com/u-root/u-root/cmds/core/tail
 	honnef.co/go/tools/cmd/staticcheck
 )
+
+replace github.com/hashicorp/go-immutable-radix => ./third_party/go-immutable-radix
