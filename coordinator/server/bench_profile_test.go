@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/gob"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"testing"
@@ -56,8 +57,14 @@ func TestProfileReplay(t *testing.T) {
 	rounds, _ := strconv.Atoi(os.Getenv("GPUAAS_REPLAY_ROUNDS"))
 	rounds = max(rounds, 1)
 	for range rounds {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
 		d, n := replayCPU(t, rec.Logs, rec.From, rec.Placed)
-		t.Logf("FSM apply CPU per placement %v (%d entries, %.0f placements)", d, n, rec.Placed)
+		runtime.ReadMemStats(&m1)
+		// Allocation does not move with the machine's load: the whole
+		// replay's (warm-up included) per placement.
+		t.Logf("FSM apply CPU per placement %v (%d entries, %.0f placements); replay allocated %.0f objects, %.1f KB per placement",
+			d, n, rec.Placed, float64(m1.Mallocs-m0.Mallocs)/rec.Placed, float64(m1.TotalAlloc-m0.TotalAlloc)/rec.Placed/1024)
 	}
 }
 
