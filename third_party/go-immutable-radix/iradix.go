@@ -77,6 +77,28 @@ type Txn struct {
 	trackMutate   bool
 }
 
+// WithoutWatchChannels turns off, for the whole process, the watch
+// channel of every node and leaf a transaction that does not track
+// mutations creates (gpuaas addition, see FORK.md). Only a tracking
+// transaction ever closes the channels of the nodes it replaces, so in a
+// process whose trees are only ever written by non-tracking transactions
+// (go-memdb: a DB that is not the primary) no watch could fire anyway; the
+// channels then only cost an allocation per written node. A watch on a
+// node without one (GetWatch returns nil) never fires. Call it before any
+// tree is used, and only when nothing in the process watches a radix tree.
+func WithoutWatchChannels() { noWatch = true }
+
+var noWatch bool
+
+// newCh returns the watch channel of a node or leaf this transaction
+// creates (nil without watch channels, see WithoutWatchChannels).
+func (t *Txn) newCh() chan struct{} {
+	if noWatch && !t.trackMutate {
+		return nil
+	}
+	return make(chan struct{})
+}
+
 // generations hands out the writable generations of transactions: each
 // is used by one transaction (until it is cloned or committed) only.
 var generations atomic.Uint64
@@ -181,7 +203,7 @@ func (t *Txn) writeNode(n *Node, forLeafUpdate bool) *Node {
 	// writing. You MUST replace it, because the channel associated with
 	// this leaf will be closed when this transaction is committed.
 	nc := &Node{
-		mutateCh: make(chan struct{}),
+		mutateCh: t.newCh(),
 		leaf:     n.leaf,
 		owner:    t.writable,
 	}
@@ -258,7 +280,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 
 		nc := t.writeNode(n, true)
 		nc.leaf = &leafNode{
-			mutateCh: make(chan struct{}),
+			mutateCh: t.newCh(),
 			key:      k,
 			val:      v,
 		}
@@ -273,9 +295,9 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 		e := edge{
 			label: search[0],
 			node: &Node{
-				mutateCh: make(chan struct{}),
+				mutateCh: t.newCh(),
 				leaf: &leafNode{
-					mutateCh: make(chan struct{}),
+					mutateCh: t.newCh(),
 					key:      k,
 					val:      v,
 				},
@@ -303,7 +325,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 	// Split the node
 	nc := t.writeNode(n, false)
 	splitNode := &Node{
-		mutateCh: make(chan struct{}),
+		mutateCh: t.newCh(),
 		prefix:   search[:commonPrefix],
 	}
 	nc.replaceEdge(edge{
@@ -321,7 +343,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 
 	// Create a new leaf node
 	leaf := &leafNode{
-		mutateCh: make(chan struct{}),
+		mutateCh: t.newCh(),
 		key:      k,
 		val:      v,
 	}
@@ -337,7 +359,7 @@ func (t *Txn) insert(n *Node, k, search []byte, v interface{}) (*Node, interface
 	splitNode.addEdge(edge{
 		label: search[0],
 		node: &Node{
-			mutateCh: make(chan struct{}),
+			mutateCh: t.newCh(),
 			leaf:     leaf,
 			prefix:   search,
 		},
@@ -547,9 +569,9 @@ func (t *Txn) slowNotify() {
 		// know from the loop condition there's something in the old
 		// snapshot.
 		if rootIter.Front() == nil {
-			close(snapElem.mutateCh)
+			closeCh(snapElem.mutateCh)
 			if snapElem.isLeaf() {
-				close(snapElem.leaf.mutateCh)
+				closeCh(snapElem.leaf.mutateCh)
 			}
 			snapIter.Next()
 			continue
@@ -562,9 +584,9 @@ func (t *Txn) slowNotify() {
 		// If the snapshot is behind the root, then we must have deleted
 		// this node during the transaction.
 		if cmp < 0 {
-			close(snapElem.mutateCh)
+			closeCh(snapElem.mutateCh)
 			if snapElem.isLeaf() {
-				close(snapElem.leaf.mutateCh)
+				closeCh(snapElem.leaf.mutateCh)
 			}
 			snapIter.Next()
 			continue
@@ -581,9 +603,9 @@ func (t *Txn) slowNotify() {
 		// node and possibly the leaf.
 		rootElem := rootIter.Front()
 		if snapElem != rootElem {
-			close(snapElem.mutateCh)
+			closeCh(snapElem.mutateCh)
 			if snapElem.leaf != nil && (snapElem.leaf != rootElem.leaf) {
-				close(snapElem.leaf.mutateCh)
+				closeCh(snapElem.leaf.mutateCh)
 			}
 		}
 		snapIter.Next()
@@ -605,7 +627,7 @@ func (t *Txn) Notify() {
 		t.slowNotify()
 	} else {
 		for ch := range t.trackChannels {
-			close(ch)
+			closeCh(ch)
 		}
 	}
 
@@ -673,4 +695,12 @@ func concat(a, b []byte) []byte {
 	copy(c, a)
 	copy(c[len(a):], b)
 	return c
+}
+
+// closeCh closes a watch channel (nil: a node made without one, see
+// WithoutWatchChannels).
+func closeCh(ch chan struct{}) {
+	if ch != nil {
+		close(ch)
+	}
 }
