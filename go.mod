@@ -137,3 +137,5 @@ tool (
 )
 
 replace github.com/hashicorp/go-immutable-radix => ./third_party/go-immutable-radix
+
+replace github.com/hashicorp/go-memdb => ./third_party/go-memdb
