@@ -455,3 +455,28 @@ func TestKeepInsideAnOpenSavepointStillRollsBack(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, proto.SlotAvailable, got.Status)
 }
+
+func TestTxnAuditHeadFollowsAppendsRollbacksAndPrunes(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error { return tx.PutAudit(&proto.AuditRecord{Seq: 1}) })
+	tx := s.Begin(2)
+	head, ok := tx.AuditHead()
+	require.True(t, ok)
+	assert.Equal(t, uint64(1), head.Seq)
+	require.NoError(t, tx.PutAudit(&proto.AuditRecord{Seq: 2}))
+	head, _ = tx.AuditHead()
+	assert.Equal(t, uint64(2), head.Seq)
+	sp := tx.Savepoint()
+	require.NoError(t, tx.PutAudit(&proto.AuditRecord{Seq: 3}))
+	require.NoError(t, tx.RollbackTo(sp))
+	head, _ = tx.AuditHead()
+	assert.Equal(t, uint64(2), head.Seq, "a rolled-back append is not the head")
+	require.NoError(t, tx.DeleteAudit(2))
+	head, _ = tx.AuditHead()
+	assert.Equal(t, uint64(1), head.Seq, "a pruned head is not the head")
+	require.NoError(t, tx.DeleteAudit(1))
+	_, ok = tx.AuditHead()
+	assert.False(t, ok)
+	tx.Abort()
+}

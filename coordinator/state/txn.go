@@ -30,6 +30,10 @@ type Txn struct {
 	// undo logs every write once a Savepoint was taken (batch mode).
 	undo   []undo
 	undoOn bool
+	// auditHead is the last audit record as this txn sees it, once
+	// auditHeadKnown (Txn.AuditHead).
+	auditHead      *proto.AuditRecord
+	auditHeadKnown bool
 	// open counts the savepoints neither rolled back to nor kept: while
 	// one is open its undo entries must stay.
 	open int
@@ -101,6 +105,7 @@ func (t *Txn) RollbackTo(sp Savepoint) error {
 	clear(t.undo[sp.undo:])
 	t.undo = t.undo[:sp.undo]
 	t.open = max(t.open-1, 0)
+	t.auditHeadKnown = false
 	t.index, t.tables, t.lastIdx = sp.index, sp.tables, sp.lastIdx
 	t.changes.Nodes = t.changes.Nodes[:sp.nodes]
 	t.changes.Allocations = t.changes.Allocations[:sp.allocs]
