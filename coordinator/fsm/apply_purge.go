@@ -42,6 +42,7 @@ func (f *FSM) applyLedgerPurge(body []byte, index uint64) any {
 					resp.Kept[a.ID] = err.Error()
 					continue
 				}
+				tx.Keep(sp)
 				resp.Purged = append(resp.Purged, a.ID)
 				left--
 			}

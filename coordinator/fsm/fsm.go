@@ -332,6 +332,7 @@ func (f *FSM) write(index uint64, fn func(tx *state.Txn) (any, error)) any {
 			}
 			return asProtoError(err)
 		}
+		tx.Keep(sp)
 		return resp
 	}
 	tx := f.Store().Begin(index)

@@ -1,12 +1,15 @@
 package server
 
 import (
+	"encoding/gob"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"syscall"
 	"testing"
 
+	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
 )
 
@@ -34,4 +37,69 @@ func TestProfilePlacements(t *testing.T) {
 	if run.applyCPUByGC != nil {
 		t.Logf("FSM apply CPU per placement by GOGC: %s", gcSweep(run.applyCPUByGC))
 	}
+}
+
+// TestProfileReplay profiles the FSM apply alone: the committed log of
+// one single-voter placement run (recorded to GPUAAS_REPLAY_LOG on the
+// first call, read back from it after) replayed GPUAAS_REPLAY_ROUNDS times
+// into fresh FSM stacks. Run it under `go test -cpuprofile` to see where
+// fsm_apply_us_per_placement goes without the run's other work.
+func TestProfileReplay(t *testing.T) {
+	path := os.Getenv("GPUAAS_REPLAY_LOG")
+	if path == "" {
+		t.Skip("set GPUAAS_REPLAY_LOG=file (and -cpuprofile)")
+	}
+	prevGC, err := TuneGC(DefaultGCPercent, 0)
+	require.NoError(t, err)
+	defer debug.SetGCPercent(prevGC)
+	rec, err := readReplay(path)
+	if os.IsNotExist(err) {
+		run := benchPlacementsCA(t, 1, true, nil, false)
+		require.NotNil(t, run.logs, "the run's log was compacted")
+		rec = replayRecord{Logs: run.logs, From: run.from, Placed: run.placed}
+		require.NoError(t, writeReplay(path, rec))
+		err = nil
+	}
+	require.NoError(t, err)
+	rounds, _ := strconv.Atoi(os.Getenv("GPUAAS_REPLAY_ROUNDS"))
+	rounds = max(rounds, 1)
+	for range rounds {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		d, n := replayCPU(t, rec.Logs, rec.From, rec.Placed)
+		runtime.ReadMemStats(&m1)
+		// Allocation does not move with the machine's load: the whole
+		// replay's (warm-up included) per placement.
+		t.Logf("FSM apply CPU per placement %v (%d entries, %.0f placements); replay allocated %.0f objects, %.1f KB per placement",
+			d, n, rec.Placed, float64(m1.Mallocs-m0.Mallocs)/rec.Placed, float64(m1.TotalAlloc-m0.TotalAlloc)/rec.Placed/1024)
+	}
+}
+
+// replayRecord is a recorded placement run's log for TestProfileReplay.
+type replayRecord struct {
+	Logs   []*raft.Log
+	From   uint64
+	Placed float64
+}
+
+func writeReplay(path string, rec replayRecord) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := gob.NewEncoder(f).Encode(rec); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func readReplay(path string) (replayRecord, error) {
+	var rec replayRecord
+	f, err := os.Open(path)
+	if err != nil {
+		return rec, err
+	}
+	defer f.Close()
+	return rec, gob.NewDecoder(f).Decode(&rec)
 }

@@ -85,7 +85,7 @@ func TestBenchCoordinator(t *testing.T) {
 		bench.Info("raft_noop_applies_per_s_3voters", raw, "applies/s",
 			fmt.Sprintf("hashicorp/raft v1.7.3 + raft-boltdb/v2 (fsync on), 3 in-process voters on loopback TCP, %d concurrent clients, %v; same server wiring as the ledger (%s)", benchClients, benchDuration, timing)),
 		bench.AtLeast("placements_per_s_3voters", placements, "placements/s", 3750,
-			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place, 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released (Server.Apply) by a pool of 64 releasers running beside them, so capacity never runs out; only committed successes count. The planner proposes each planned batch as ONE command_batch log entry, closed by the delivery of its placements' tasks (outbox_deliver), and the server's applier groups concurrent releases the same way: %.0f log entries/s carried the run; make bench runs this right after the etcd reference, alone. Process GOGC %d (the coordinator binary's default, -gc-percent). Commands travel in the binary codec (MessagePack behind a version byte). Limit: ledger FSM apply CPU, not Raft: each placement costs a place, a force release, an outbox delivery and two audit records, applied by each of 3 in-process replicas sharing 2 cores (go-memdb re-inserting every index of every written row is ~half of it, then GC and the audit records' JSON hashing; fsm_apply_us_per_placement and docs/perf.md); %v of process CPU per committed placement in this run (all 3 replicas + Raft + planner), %v on a single voter, which reaches %.0f placements/s; the machine was shared with other work, so the rates move with its load much more than the CPU per placement does", benchClients, applies, DefaultGCPercent, three.cpu.Round(time.Microsecond), one.cpu.Round(time.Microsecond), single)),
+			fmt.Sprintf("committed gpu_slice placements (1/2/4 GPUs) through Server.Place, 1,000 nodes x 8 slots, %d placing clients; every placement beyond one held per client is force-released (Server.Apply) by a pool of 64 releasers running beside them, so capacity never runs out; only committed successes count. The planner proposes each planned batch as ONE command_batch log entry, closed by the delivery of its placements' tasks (outbox_deliver), and the server's applier groups concurrent releases the same way: %.0f log entries/s carried the run; make bench runs this right after the etcd reference, alone. Process GOGC %d (the coordinator binary's default, -gc-percent). Commands travel in the binary codec (MessagePack behind a version byte). Limit: ledger FSM apply CPU, not Raft: each placement costs a place, a force release, an outbox delivery and two audit records, applied by each of 3 in-process replicas sharing 2 cores (memdb radix inserts and lookups by id, the audit records' JSON and hash, command decoding and GC; fsm_apply_us_per_placement and docs/perf.md); %v of process CPU per committed placement in this run (all 3 replicas + Raft + planner), %v on a single voter, which reaches %.0f placements/s; the machine was shared with other work, so the rates move with its load much more than the CPU per placement does", benchClients, applies, DefaultGCPercent, three.cpu.Round(time.Microsecond), one.cpu.Round(time.Microsecond), single)),
 		bench.AtLeast("audit_placements_ratio", placements/bare.perS, "ratio", 0.7,
 			fmt.Sprintf("placements_per_s_3voters (every placement and release carries its audit record in the same log entry, as API requests do) / the same run without audit records (%.0f placements/s, %v CPU per placement), same process", bare.perS, bare.cpu.Round(time.Microsecond))),
 		bench.AtLeast("placements_vs_raw_raft_ratio", placements/raw, "ratio", 0.5,
@@ -128,6 +128,11 @@ type placeRun struct {
 	// applyCPUByGC is applyCPU measured again at other GOGC settings
 	// (replayGC), to choose DefaultGCPercent by measurement.
 	applyCPUByGC map[int]time.Duration
+	// logs, from and placed are the run's committed log, the last index
+	// before the run and the placements it committed (for replays).
+	logs   []*raft.Log
+	from   uint64
+	placed float64
 }
 
 // benchAudit is the pending audit record an API request would carry; as
@@ -246,6 +251,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	for _, n := range nodes {
 		n.stop()
 	}
+	run.logs, run.from, run.placed = logs, idx0, placed
 	if placed > 0 && logs != nil {
 		run.applyCPU, run.entries = replayCPU(t, logs, idx0, placed)
 		if replayGC {

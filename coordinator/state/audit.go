@@ -64,6 +64,18 @@ func (s *Snapshot) AuditHead() (*proto.AuditRecord, bool) {
 	return o.(*proto.AuditRecord), true
 }
 
+// AuditHead is Snapshot.AuditHead seen through the transaction's own
+// appends: the head is looked up once and then follows PutAudit, since a
+// memdb read of the last record iterates over a clone of the written
+// index, which makes the next write copy its radix path again.
+func (t *Txn) AuditHead() (*proto.AuditRecord, bool) {
+	if !t.auditHeadKnown {
+		t.auditHead, _ = t.Snapshot.AuditHead()
+		t.auditHeadKnown = true
+	}
+	return t.auditHead, t.auditHead != nil
+}
+
 // AuditFirst returns the first record (the checkpoint once pruned).
 func (s *Snapshot) AuditFirst() (*proto.AuditRecord, bool) {
 	return first[proto.AuditRecord](s, TableAudit, idxID)
@@ -88,7 +100,13 @@ func (t *Txn) PutAudit(r *proto.AuditRecord) error {
 	}
 	t.tables |= tableBit(TableAudit)
 	t.lastIdx[tableNum(TableAudit)] = t.index
-	return t.insert(TableAudit, nil, r)
+	if err := t.insert(TableAudit, nil, r); err != nil {
+		return err
+	}
+	if t.auditHeadKnown && (t.auditHead == nil || r.Seq > t.auditHead.Seq) {
+		t.auditHead = r
+	}
+	return nil
 }
 
 // ReplaceAuditCheckpoint swaps record seq for its prune checkpoint (only
@@ -98,6 +116,7 @@ func (t *Txn) ReplaceAuditCheckpoint(cp *proto.AuditRecord) error {
 	if !ok {
 		return fmt.Errorf("audit checkpoint %d: no such record", cp.Seq)
 	}
+	t.auditHeadKnown = false
 	t.tables |= tableBit(TableAudit)
 	t.lastIdx[tableNum(TableAudit)] = t.index
 	return t.insert(TableAudit, old, cp)
@@ -109,6 +128,7 @@ func (t *Txn) DeleteAudit(seq uint64) error {
 	if !ok {
 		return fmt.Errorf("delete audit record %d: not found", seq)
 	}
+	t.auditHeadKnown = false
 	t.tables |= tableBit(TableAudit)
 	t.lastIdx[tableNum(TableAudit)] = t.index
 	if err := t.txn.Delete(TableAudit, r); err != nil {

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"sync"
 
+	iradix "github.com/hashicorp/go-immutable-radix"
 	"github.com/hashicorp/go-memdb"
 
 	"github.com/gpuaas/gpuaas/proto"
@@ -48,6 +49,14 @@ type Store struct {
 	// nodeTasks wakes the long-polls of the nodes whose tasks a commit
 	// wrote (nodewatch.go).
 	nodeTasks nodeWatch
+}
+
+func init() {
+	// The store's memdb is not the primary (New), so its transactions never
+	// track mutations and no radix watch channel it creates could ever be
+	// closed; nothing in the process watches memdb (Wait has its own
+	// channels). Skip making them: one allocation per written radix node.
+	iradix.WithoutWatchChannels()
 }
 
 // New returns an empty store.

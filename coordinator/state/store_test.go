@@ -426,3 +426,57 @@ func TestOpenTasksFollowsStateChanges(t *testing.T) {
 	assert.Equal(t, []string{"t3"}, ids(snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskQueued)))
 	assert.Equal(t, []string{"t1"}, ids(snap.OpenTasks(proto.TaskBaremetalHandoff, proto.TaskRunning)))
 }
+
+func TestKeepInsideAnOpenSavepointStillRollsBack(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error { return tx.PutNode(node("a", "r1")) })
+	tx := s.Begin(2)
+	before := dump(&tx.Snapshot)
+	outer := tx.Savepoint()
+	inner := tx.Savepoint()
+	require.NoError(t, tx.PutSlot(slot("a", 0, proto.SlotAvailable)))
+	tx.Keep(inner) // the outer savepoint is open: its undo must survive
+	require.NoError(t, tx.PutSlot(slot("a", 1, proto.SlotAvailable)))
+	require.NoError(t, tx.RollbackTo(outer))
+	assert.Empty(t, cmp.Diff(before, dump(&tx.Snapshot)), "the outer rollback undoes the kept inner writes too")
+
+	// Kept at the top level: later savepoints still roll back only their own writes.
+	sp := tx.Savepoint()
+	require.NoError(t, tx.PutSlot(slot("a", 0, proto.SlotAvailable)))
+	tx.Keep(sp)
+	kept := dump(&tx.Snapshot)
+	sp = tx.Savepoint()
+	require.NoError(t, tx.PutSlot(slot("a", 0, proto.SlotDisabled)))
+	require.NoError(t, tx.RollbackTo(sp))
+	assert.Empty(t, cmp.Diff(kept, dump(&tx.Snapshot)))
+	require.NoError(t, tx.Commit())
+	got, ok := s.Snapshot().Slot(proto.SlotID("a", 0))
+	require.True(t, ok)
+	assert.Equal(t, proto.SlotAvailable, got.Status)
+}
+
+func TestTxnAuditHeadFollowsAppendsRollbacksAndPrunes(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error { return tx.PutAudit(&proto.AuditRecord{Seq: 1}) })
+	tx := s.Begin(2)
+	head, ok := tx.AuditHead()
+	require.True(t, ok)
+	assert.Equal(t, uint64(1), head.Seq)
+	require.NoError(t, tx.PutAudit(&proto.AuditRecord{Seq: 2}))
+	head, _ = tx.AuditHead()
+	assert.Equal(t, uint64(2), head.Seq)
+	sp := tx.Savepoint()
+	require.NoError(t, tx.PutAudit(&proto.AuditRecord{Seq: 3}))
+	require.NoError(t, tx.RollbackTo(sp))
+	head, _ = tx.AuditHead()
+	assert.Equal(t, uint64(2), head.Seq, "a rolled-back append is not the head")
+	require.NoError(t, tx.DeleteAudit(2))
+	head, _ = tx.AuditHead()
+	assert.Equal(t, uint64(1), head.Seq, "a pruned head is not the head")
+	require.NoError(t, tx.DeleteAudit(1))
+	_, ok = tx.AuditHead()
+	assert.False(t, ok)
+	tx.Abort()
+}

@@ -30,6 +30,13 @@ type Txn struct {
 	// undo logs every write once a Savepoint was taken (batch mode).
 	undo   []undo
 	undoOn bool
+	// auditHead is the last audit record as this txn sees it, once
+	// auditHeadKnown (Txn.AuditHead).
+	auditHead      *proto.AuditRecord
+	auditHeadKnown bool
+	// open counts the savepoints neither rolled back to nor kept: while
+	// one is open its undo entries must stay.
+	open int
 	// taskNodes are the nodes whose tasks this txn wrote (their
 	// long-polls wake on commit; a restore wakes every one).
 	taskNodes map[string]struct{}
@@ -66,6 +73,7 @@ func (t *Txn) SetIndex(index uint64) { t.index = index }
 // savepoint on the transaction logs how to undo each write.
 func (t *Txn) Savepoint() Savepoint {
 	t.undoOn = true
+	t.open++
 	return Savepoint{undo: len(t.undo), index: t.index, tables: t.tables, lastIdx: t.lastIdx,
 		nodes: len(t.changes.Nodes), allocs: len(t.changes.Allocations)}
 }
@@ -94,11 +102,26 @@ func (t *Txn) RollbackTo(sp Savepoint) error {
 			t.regionMax[u.region] = u.rmax
 		}
 	}
+	clear(t.undo[sp.undo:])
 	t.undo = t.undo[:sp.undo]
+	t.open = max(t.open-1, 0)
+	t.auditHeadKnown = false
 	t.index, t.tables, t.lastIdx = sp.index, sp.tables, sp.lastIdx
 	t.changes.Nodes = t.changes.Nodes[:sp.nodes]
 	t.changes.Allocations = t.changes.Allocations[:sp.allocs]
 	return nil
+}
+
+// Keep ends sp keeping the writes made since it. When no older savepoint
+// is open the undo entries since sp can never be used again and are
+// dropped, so a batch of many commands does not hold an undo entry (and
+// the replaced object) per write of every command until its commit.
+func (t *Txn) Keep(sp Savepoint) {
+	t.open = max(t.open-1, 0)
+	if t.open == 0 {
+		clear(t.undo[sp.undo:])
+		t.undo = t.undo[:sp.undo]
+	}
 }
 
 // Changes names what a transaction touched: the nodes whose slots, claims
