@@ -583,3 +583,51 @@ func TestSlotCleanupWipePolicyFromTheNodesSite(t *testing.T) {
 		Hostname: a.NodeID, MACs: []string{"52:54:00:11:22:33"}, Stage: proto.StageResolve, State: proto.WorkflowRunning}})
 	assert.Equal(t, "zero", policy("k2"), "the site the node was onboarded through")
 }
+
+// An agent whose node has no task parks its long-poll: the index it is
+// answered is not 0 (a poll with index 0 answers at once, so an idle
+// agent would spin on the route), and a task queued for its node later
+// still wakes the parked poll.
+func TestAgentLongPollParksWithoutTasks(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	ag := e.agents["us-east-n0000"]
+	first, err := ag.Tasks(e.ctx, 0, 0)
+	require.NoError(t, err)
+	require.Empty(t, first.Tasks, "the node has no task yet")
+	require.NotZero(t, first.Index, "an idle node's poll must not answer index 0")
+
+	t0 := time.Now()
+	r, err := ag.Tasks(e.ctx, first.Index, 400*time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, r.Tasks)
+	assert.GreaterOrEqual(t, time.Since(t0), 350*time.Millisecond, "the poll waited instead of answering at once")
+	assert.GreaterOrEqual(t, r.Index, first.Index)
+
+	type polled struct {
+		r   proto.AgentTasksResponse
+		err error
+	}
+	got := make(chan polled, 1)
+	go func() {
+		r, err := ag.Tasks(e.ctx, r.Index, 20*time.Second)
+		got <- polled{r, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // let it park
+	var a proto.Allocation
+	for a.NodeID != "us-east-n0000" {
+		a = e.place(1) // until one lands on the polled node
+	}
+	select {
+	case p := <-got:
+		require.NoError(t, p.err)
+		var types []string
+		for _, tk := range p.r.Tasks {
+			types = append(types, tk.Type)
+		}
+		assert.Contains(t, types, proto.TaskSliceProvision, "the parked poll woke with the new task")
+		assert.Greater(t, p.r.Index, r.Index)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the parked poll did not wake for its node's new task")
+	}
+}
