@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -630,4 +631,24 @@ func TestAgentLongPollParksWithoutTasks(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the parked poll did not wake for its node's new task")
 	}
+}
+
+// An agent's successful requests are logged at Debug (10,000 agents make
+// ~1,700 a second); its refused ones stay Info.
+func TestAgentRequestsLogAtDebug(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	ag := e.agents["us-east-n0000"]
+	_, err := ag.Tasks(e.ctx, 0, 0)
+	require.NoError(t, err)
+	require.Error(t, ag.UpdateTask(e.ctx, "task-absent", proto.AgentTaskUpdate{State: proto.TaskSucceeded}))
+	levels := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(e.logs.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
+		if rec["msg"] == "api request" && rec["principal"] == "node:us-east-n0000" {
+			levels[fmt.Sprint(rec["method"], " ", rec["status"])] = fmt.Sprint(rec["level"])
+		}
+	}
+	assert.Equal(t, map[string]string{"GET 200": "DEBUG", "POST 404": "INFO"}, levels)
 }
