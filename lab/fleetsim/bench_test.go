@@ -438,8 +438,9 @@ func snapshotStats(t *testing.T, c *cluster, leader int) (mb, ms float64) {
 
 // startProfiles, when GPUAAS_FLEET_PROFILE names a directory, takes a
 // CPU profile of each coordinator (their -pprof-addr) and of the
-// simulator over the steady window; the returned func waits for them.
-// Profiles land in <dir>/<agents>-c<i>.cpu.pprof and <agents>-sim.cpu.pprof.
+// simulator over the steady window; the returned func waits for them and
+// takes each coordinator's heap profile. Profiles land in
+// <dir>/<agents>-c<i>.{cpu,heap}.pprof and <agents>-sim.cpu.pprof.
 func startProfiles(t *testing.T, c *cluster, n int) (wait func()) {
 	dir := os.Getenv("GPUAAS_FLEET_PROFILE")
 	if dir == "" || len(c.pprof) == 0 {
@@ -474,6 +475,21 @@ func startProfiles(t *testing.T, c *cluster, n int) (wait func()) {
 		pprof.StopCPUProfile()
 		f.Close()
 		wg.Wait()
+		for i, addr := range c.pprof {
+			r, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/heap", addr))
+			if err != nil {
+				t.Logf("heap profile c%d: %v", i+1, err)
+				continue
+			}
+			b, err := io.ReadAll(r.Body)
+			r.Body.Close()
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d-c%d.heap.pprof", n, i+1)), b, 0o644)
+			}
+			if err != nil {
+				t.Logf("heap profile c%d: %v", i+1, err)
+			}
+		}
 	}
 }
 
