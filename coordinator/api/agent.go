@@ -365,6 +365,14 @@ func pendingTasks(s *state.Snapshot, node string) ([]proto.Task, uint64) {
 
 // agentTasks is the long-poll: it answers at once when the node's tasks
 // changed since ?index=, else when they change or ?wait= runs out.
+//
+// The index it answers is the snapshot's (the highest index of any
+// table), not the node's newest task: a node that has no task (most of a
+// fleet, most of the time) would otherwise answer index 0, and a poll
+// with index 0 answers at once, so every idle agent would spin on the
+// route instead of parking (measured at 1,000 agents: ~1,200 polls/s per
+// replica). Any later change to the node's tasks commits at a higher
+// index, so the next poll still wakes for it.
 func (a *API) agentTasks(c *call) error {
 	q, err := c.query("index", "wait")
 	if err != nil {

@@ -137,8 +137,14 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		lvl := slog.LevelInfo
-		if sw.status >= 500 {
+		switch {
+		case sw.status >= 500:
 			lvl = slog.LevelWarn
+		case sw.status < 400 && strings.HasPrefix(*who, "node:"):
+			// An agent's routine traffic (heartbeat every 10 s, readiness,
+			// task polls; 1,700 requests a second at 10,000 agents) is
+			// Debug; its failures stay Info, and its writes are audited.
+			lvl = slog.LevelDebug
 		}
 		a.log.Log(r.Context(), lvl, "api request", "request_id", id, "method", r.Method, "path", r.URL.Path,
 			"status", sw.status, "bytes", sw.bytes, "principal", *who, "remote", r.RemoteAddr, "duration_ms", time.Since(start).Milliseconds(),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -582,4 +583,72 @@ func TestSlotCleanupWipePolicyFromTheNodesSite(t *testing.T) {
 		ID: proto.OnboardWorkflowID("site-b", a.NodeID), Kind: proto.WorkflowOnboard, Site: "site-b", Profile: "slice",
 		Hostname: a.NodeID, MACs: []string{"52:54:00:11:22:33"}, Stage: proto.StageResolve, State: proto.WorkflowRunning}})
 	assert.Equal(t, "zero", policy("k2"), "the site the node was onboarded through")
+}
+
+// An agent whose node has no task parks its long-poll: the index it is
+// answered is not 0 (a poll with index 0 answers at once, so an idle
+// agent would spin on the route), and a task queued for its node later
+// still wakes the parked poll.
+func TestAgentLongPollParksWithoutTasks(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	ag := e.agents["us-east-n0000"]
+	first, err := ag.Tasks(e.ctx, 0, 0)
+	require.NoError(t, err)
+	require.Empty(t, first.Tasks, "the node has no task yet")
+	require.NotZero(t, first.Index, "an idle node's poll must not answer index 0")
+
+	t0 := time.Now()
+	r, err := ag.Tasks(e.ctx, first.Index, 400*time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, r.Tasks)
+	assert.GreaterOrEqual(t, time.Since(t0), 350*time.Millisecond, "the poll waited instead of answering at once")
+	assert.GreaterOrEqual(t, r.Index, first.Index)
+
+	type polled struct {
+		r   proto.AgentTasksResponse
+		err error
+	}
+	got := make(chan polled, 1)
+	go func() {
+		r, err := ag.Tasks(e.ctx, r.Index, 20*time.Second)
+		got <- polled{r, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // let it park
+	var a proto.Allocation
+	for a.NodeID != "us-east-n0000" {
+		a = e.place(1) // until one lands on the polled node
+	}
+	select {
+	case p := <-got:
+		require.NoError(t, p.err)
+		var types []string
+		for _, tk := range p.r.Tasks {
+			types = append(types, tk.Type)
+		}
+		assert.Contains(t, types, proto.TaskSliceProvision, "the parked poll woke with the new task")
+		assert.Greater(t, p.r.Index, r.Index)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the parked poll did not wake for its node's new task")
+	}
+}
+
+// An agent's successful requests are logged at Debug (10,000 agents make
+// ~1,700 a second); its refused ones stay Info.
+func TestAgentRequestsLogAtDebug(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	ag := e.agents["us-east-n0000"]
+	_, err := ag.Tasks(e.ctx, 0, 0)
+	require.NoError(t, err)
+	require.Error(t, ag.UpdateTask(e.ctx, "task-absent", proto.AgentTaskUpdate{State: proto.TaskSucceeded}))
+	levels := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(e.logs.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
+		if rec["msg"] == "api request" && rec["principal"] == "node:us-east-n0000" {
+			levels[fmt.Sprint(rec["method"], " ", rec["status"])] = fmt.Sprint(rec["level"])
+		}
+	}
+	assert.Equal(t, map[string]string{"GET 200": "DEBUG", "POST 404": "INFO"}, levels)
 }

@@ -19,7 +19,9 @@ import (
 // AgentHeartbeatTTL and is not alive in the pool; the agent's next
 // heartbeat makes it active again (api.agentHeartbeat). A new leader
 // counts every node as seen when it took over, so an agent that died
-// across a leader change is declared one TTL after it. Nodes without a
+// across a leader change is declared one TTL after it; an agent counts
+// as seen when it enrolled, so one that enrolls late in a leader's term
+// gets a full TTL for its first heartbeat. Nodes without a
 // credential (an inventory without agents) are never expired.
 
 // DefaultAgentHeartbeatTTL is three of the agent's default heartbeat
@@ -98,8 +100,17 @@ func (s *Server) sweepHeartbeats(ctx context.Context, since time.Time, ttl time.
 		if now.Sub(last) < ttl {
 			continue
 		}
-		if _, enrolled := s.enroll.table.Credential(n.ID); !enrolled {
+		cred, enrolled := s.enroll.table.Credential(n.ID)
+		if !enrolled {
 			continue
+		}
+		if cred.IssuedAt.After(last) {
+			// Enrolled after the last heartbeat (or since): the agent
+			// gets a full TTL from its enrollment for its first beat.
+			last = cred.IssuedAt
+			if now.Sub(last) < ttl {
+				continue
+			}
 		}
 		if pooled == nil {
 			pooled = s.alivePoolNodes()

@@ -63,3 +63,24 @@ func TestHeartbeatExpiry(t *testing.T) {
 	<-beat
 	require.Eventually(t, func() bool { return state("beating") == proto.NodeUnreachable }, 10*time.Second, 20*time.Millisecond)
 }
+
+// An agent that enrolls long after the leader took over gets a full TTL
+// from its enrollment for its first heartbeat (a fleet enrolling over
+// minutes must not have its newest agents expired before they beat).
+func TestHeartbeatExpiryCountsFromEnrollment(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	n := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", BootstrapExpect: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Inventory: sliceInventory("late"),
+		AgentHeartbeatTTL: ttl})
+	state := func(id string) proto.NodeState { return nodeState(n.srv, id) }
+	require.Eventually(t, func() bool { return n.srv.IsLeader() && state("late") == proto.NodeActive }, 15*time.Second, 20*time.Millisecond)
+	time.Sleep(ttl + heartbeatSweep) // the leader's "since" is a TTL old
+	t0 := time.Now()
+	enrollNode(t, n.srv, "late")
+	time.Sleep(ttl - time.Second)
+	assert.Equal(t, proto.NodeActive, state("late"), "expired %v after enrolling, before its TTL", time.Since(t0).Round(time.Millisecond))
+	require.Eventually(t, func() bool { return state("late") == proto.NodeUnreachable }, 10*time.Second, 20*time.Millisecond,
+		"a silent agent is still declared, one TTL after it enrolled")
+	assert.GreaterOrEqual(t, time.Since(t0), ttl)
+}

@@ -3,12 +3,15 @@ package fleetsim
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,11 +236,16 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 	beats0 := f.Stats().Heartbeats
 	elections0 := countLog(c, "entering leader state")
 	w0 := time.Now()
+	stopProf := startProfiles(t, c, n)
 	pctx, pcancel := context.WithTimeout(ctx, benchWindow)
 	ps, err := Place(pctx, PlaceConfig{APIs: c.apis, Region: region, Clients: 4, Rate: benchPlaceRate, Hold: 3 * time.Second})
 	pcancel()
 	require.NoError(t, err)
+	stopProf()
 	win := time.Since(w0).Seconds()
+	for _, sp := range ps.Slow {
+		t.Logf("fleet %d: slow placement at %s (+%.1fs in the window) via c%d: %.1f ms %s", n, sp.Start.UTC().Format("15:04:05.000"), sp.Start.Sub(w0).Seconds(), sp.API+1, sp.MS, sp.Err)
+	}
 	s.coordCPUPct = (coordCPU(c) - cpu0) / win * 100
 	s.simCPUPct = (procCPU(os.Getpid()) - sim0) / win * 100
 	st1, err := c.Status(ctx, leader)
@@ -314,6 +322,7 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 		s.broke = append(s.broke, fmt.Sprintf("%d placements failed (%s)", ps.Failed, ps.LastPlaceError))
 	}
 	s.elections = countLog(c, "entering leader state") - elections0
+	saveLogs(t, c, n)
 	if s.elections > 0 {
 		s.broke = append(s.broke, fmt.Sprintf("%d leader elections in the steady window and the kill (%d before it, while the inventory loaded and the agents enrolled)", s.elections, elections0))
 	}
@@ -425,4 +434,79 @@ func snapshotStats(t *testing.T, c *cluster, leader int) (mb, ms float64) {
 		ms += sm.GetSampleSum() / float64(sm.GetSampleCount())
 	}
 	return mb, ms
+}
+
+// startProfiles, when GPUAAS_FLEET_PROFILE names a directory, takes a
+// CPU profile of each coordinator (their -pprof-addr) and of the
+// simulator over the steady window; the returned func waits for them and
+// takes each coordinator's heap profile. Profiles land in
+// <dir>/<agents>-c<i>.{cpu,heap}.pprof and <agents>-sim.cpu.pprof.
+func startProfiles(t *testing.T, c *cluster, n int) (wait func()) {
+	dir := os.Getenv("GPUAAS_FLEET_PROFILE")
+	if dir == "" || len(c.pprof) == 0 {
+		return func() {}
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	var wg sync.WaitGroup
+	secs := int(benchWindow/time.Second) - 2
+	for i, addr := range c.pprof {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs))
+			if err != nil {
+				t.Logf("profile c%d: %v", i+1, err)
+				return
+			}
+			defer r.Body.Close()
+			b, err := io.ReadAll(r.Body)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d-c%d.cpu.pprof", n, i+1)), b, 0o644)
+			}
+			if err != nil {
+				t.Logf("profile c%d: %v", i+1, err)
+			}
+		}()
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%d-sim.cpu.pprof", n)))
+	require.NoError(t, err)
+	require.NoError(t, pprof.StartCPUProfile(f))
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		wg.Wait()
+		for i, addr := range c.pprof {
+			r, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/heap", addr))
+			if err != nil {
+				t.Logf("heap profile c%d: %v", i+1, err)
+				continue
+			}
+			b, err := io.ReadAll(r.Body)
+			r.Body.Close()
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d-c%d.heap.pprof", n, i+1)), b, 0o644)
+			}
+			if err != nil {
+				t.Logf("heap profile c%d: %v", i+1, err)
+			}
+		}
+	}
+}
+
+// saveLogs copies the coordinators' logs into GPUAAS_FLEET_PROFILE's
+// directory (when set), as <agents>-c<i>.log.
+func saveLogs(t *testing.T, c *cluster, n int) {
+	dir := os.Getenv("GPUAAS_FLEET_PROFILE")
+	if dir == "" {
+		return
+	}
+	for i, node := range c.Nodes {
+		b, err := os.ReadFile(node.LogPath)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d-c%d.log", n, i+1)), b, 0o644)
+		}
+		if err != nil {
+			t.Logf("save log c%d: %v", i+1, err)
+		}
+	}
 }

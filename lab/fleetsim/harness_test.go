@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,9 @@ type cluster struct {
 	apis   []*cli.Client
 	gossip []string
 	nodes  []string
+	// pprof are the servers' -pprof-addr listeners (set when
+	// GPUAAS_FLEET_PROFILE names a directory for profiles).
+	pprof []string
 }
 
 func startCluster(t testing.TB, bin string, nodes int, args ...string) *cluster {
@@ -32,6 +36,12 @@ func startCluster(t testing.TB, bin string, nodes int, args ...string) *cluster 
 	gossip := make([]string, 3)
 	for i := range gossip {
 		gossip[i] = freeUDPTCP(t)
+	}
+	var pprofAddrs []string
+	if os.Getenv("GPUAAS_FLEET_PROFILE") != "" {
+		for range gossip {
+			pprofAddrs = append(pprofAddrs, proctest.FreeAddr(t))
+		}
 	}
 	inv := server.SyntheticInventory(region, nodes, 8)
 	pc := proctest.Start(t, bin, proctest.Options{Inventory: inv, Args: args, ClientTimeout: 60 * time.Second,
@@ -42,9 +52,13 @@ func startCluster(t testing.TB, bin string, nodes int, args ...string) *cluster 
 					join = append(join, g)
 				}
 			}
-			return []string{"-gossip-bind", gossip[i], "-gossip-join", strings.Join(join, ",")}
+			a := []string{"-gossip-bind", gossip[i], "-gossip-join", strings.Join(join, ",")}
+			if pprofAddrs != nil {
+				a = append(a, "-pprof-addr", pprofAddrs[i])
+			}
+			return a
 		}})
-	c := &cluster{Cluster: pc, gossip: gossip}
+	c := &cluster{Cluster: pc, gossip: gossip, pprof: pprofAddrs}
 	for i := range pc.Nodes {
 		api, err := cli.NewClient(pc.URL(i), "proctest-admin-token", pc.CAFile)
 		require.NoError(t, err)

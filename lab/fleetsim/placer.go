@@ -46,6 +46,23 @@ type PlaceStats struct {
 	LastError     string
 	// LastPlaceError is the last failed placement's error.
 	LastPlaceError string
+	// Slow are the placements that took SlowMS or longer, in the order
+	// they ended: when each started and through which coordinator, to
+	// line them up with the coordinators' logs and profiles.
+	Slow []SlowPlacement
+}
+
+// SlowMS is the latency from which a placement is listed in
+// PlaceStats.Slow (the fleet's p99 goal).
+const SlowMS = 50
+
+// SlowPlacement is one placement that took SlowMS or longer.
+type SlowPlacement struct {
+	Start time.Time
+	MS    float64
+	// API is the index of the coordinator (PlaceConfig.APIs) it went to.
+	API int
+	Err string
 }
 
 // Quantile returns the q-quantile of the latencies (0 with none).
@@ -112,7 +129,8 @@ func Place(ctx context.Context, cfg PlaceConfig) (PlaceStats, error) {
 				} else if ctx.Err() != nil {
 					return
 				}
-				api := cfg.APIs[rng.IntN(len(cfg.APIs))]
+				ai := rng.IntN(len(cfg.APIs))
+				api := cfg.APIs[ai]
 				req := proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: cfg.SKU,
 					GPUCount: []int{1, 1, 2, 4}[rng.IntN(4)], Region: cfg.Region}
 				h := http.Header{}
@@ -122,6 +140,15 @@ func Place(ctx context.Context, cfg PlaceConfig) (PlaceStats, error) {
 				ms := float64(time.Since(t0).Microseconds()) / 1000
 				if ctx.Err() != nil {
 					return
+				}
+				if ms >= SlowMS {
+					sp := SlowPlacement{Start: t0, MS: ms, API: ai}
+					if err != nil {
+						sp.Err = err.Error()
+					}
+					mu.Lock()
+					st.Slow = append(st.Slow, sp)
+					mu.Unlock()
 				}
 				if err != nil {
 					mu.Lock()

@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -158,6 +159,15 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		defer func() { _ = pool.Leave(time.Second); _ = pool.Shutdown() }()
 		go srv.WatchAgents(ctx, pool)
 	}
+	if o.PprofAddr != "" {
+		stopPprof, err := servePprof(o.PprofAddr, log)
+		if err != nil {
+			srv.Shutdown()
+			ln.Close()
+			return err
+		}
+		defer stopPprof()
+	}
 	a := api.New(srv, auth, log.With("component", "api"))
 	a.SetLimits(limitsFrom(o))
 	mux := http.NewServeMux()
@@ -198,6 +208,25 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		err = nil
 	}
 	return errors.Join(err, serr)
+}
+
+// servePprof serves net/http/pprof on its own (loopback) listener, off
+// the API's mux so no route of the API exposes it.
+func servePprof(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen pprof %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", httppprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	log.Info("pprof serving", "addr", ln.Addr().String())
+	return func() { _ = hs.Close() }, nil
 }
 
 // exitStorageFailed is the exit status of a replica that stopped because

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -48,6 +49,8 @@ type options struct {
 	GossipJoin        []string
 	GossipKeyFile     string
 	GCPercent         int
+	// PprofAddr serves net/http/pprof (loopback only) when set.
+	PprofAddr string
 	// TLS (on unless InsecureHTTP).
 	InsecureHTTP     bool
 	CACert           string
@@ -137,6 +140,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.AuditRetainEvery, "audit-retention-interval", server.DefaultAuditRetentionInterval, "how often the leader checks the audit log's cap")
 	fs.DurationVar(&o.RefusalAuditEvery, "audit-refusal-interval", 10*time.Second, "how often the refusals (401, 403, 429) this replica answered are written to the audit log, one record per status, address, principal and method (at most 65 records per interval)")
 	fs.DurationVar(&o.RetainEnded, "retain-ended", server.DefaultRetention, "how long released and failed allocations (with their claims, tasks and timeline) stay in the ledger before the leader purges them; usage records stay; negative: never purge")
+	fs.StringVar(&o.PprofAddr, "pprof-addr", "", "loopback host:port serving Go's /debug/pprof profiles (CPU, heap, goroutines, traces) without authentication; empty: off")
 	fs.Int64Var(&o.MemoryLimit, "memory-limit", 0, "soft Go memory limit in bytes (0: none); the collector runs harder near it")
 	fs.StringVar(&o.MAASCoordinatorURL, "maas-coordinator-url", "", "URL deployed nodes reach the coordinators at, written into their cloud-init (default: http://<http-advertise>)")
 	fs.DurationVar(&o.MAASPollInterval, "maas-poll-interval", 0, "how often MAAS transitions are polled (default 5s)")
@@ -248,6 +252,15 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.NodeCertTTL <= 0 || o.NodeCertTTL > pki.MaxNodeTTL {
 		return nil, fmt.Errorf("node-cert-ttl %v is outside (0, %v]", o.NodeCertTTL, pki.MaxNodeTTL)
+	}
+	if o.PprofAddr != "" {
+		host, _, err := net.SplitHostPort(o.PprofAddr)
+		if err != nil {
+			return nil, fmt.Errorf("pprof-addr %q: %w", o.PprofAddr, err)
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return nil, fmt.Errorf("pprof-addr %q: profiles are unauthenticated, give a loopback address", o.PprofAddr)
+		}
 	}
 	if o.LogFormat != "json" && o.LogFormat != "text" {
 		return nil, fmt.Errorf("log-format %q is not one of json, text", o.LogFormat)

@@ -65,6 +65,9 @@ func TestOptionsRefuseBadInput(t *testing.T) {
 		"insecure with SANs": {args: []string{"-insecure-http", "-tls-san", "coord.example"}},
 		"node cert ttl zero": {args: []string{"-node-cert-ttl", "0s"}},
 		"node cert ttl long": {args: []string{"-node-cert-ttl", "2000h"}},
+		"pprof not loopback": {args: []string{"-pprof-addr", "0.0.0.0:6060"}},
+		"pprof no port":      {args: []string{"-pprof-addr", "127.0.0.1"}},
+		"pprof a name":       {args: []string{"-pprof-addr", "coord.example:6060"}},
 	} {
 		_, err := parseOptions(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
 		assert.Error(t, err, name)
