@@ -48,6 +48,7 @@ test: deps check
 	rc=0; \
 	echo "$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./..."; \
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... || rc=$$?; \
+	for d in third_party/*/; do echo "$(GO) test (patched copy) $$d"; (cd "$$d" && GOFLAGS=-mod=mod $(GO) test -count=1 .) || rc=$$?; done; \
 	$(MAKE) --no-print-directory clean-daemons || rc=1; \
 	$(GO) run ./test/leakcheck/cmd/leakcheck check -before "$$snap" || rc=1; \
 	exit $$rc
