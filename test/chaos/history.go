@@ -3,6 +3,8 @@ package chaos
 import (
 	"sync"
 	"time"
+
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // Kind is what an operation did.
@@ -47,6 +49,7 @@ type Op struct {
 	Created  bool // create answered 201: this request made the allocation
 	Ended    bool
 	ClaimID  string
+	State    proto.AllocState // create, read (workflow rig): the allocation's state
 	Status   int    // HTTP status, 0 on transport error
 	Err      string // error text on anything but ok
 }
