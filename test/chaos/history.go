@@ -50,8 +50,8 @@ type Op struct {
 	Ended    bool
 	ClaimID  string
 	State    proto.AllocState // create, read (workflow rig): the allocation's state
-	Status   int    // HTTP status, 0 on transport error
-	Err      string // error text on anything but ok
+	Status   int              // HTTP status, 0 on transport error
+	Err      string           // error text on anything but ok
 }
 
 // History is the shared, append-only record of a run.

@@ -57,7 +57,7 @@ var WFFaults = []string{MAASAPIErrors, MAASAcceptedTimeout, MAASDeployFail, MAAS
 
 // WFConfig shapes one workflow run.
 type WFConfig struct {
-	Clients  int // default 4: two take baremetal now and then
+	Clients  int // default 5: two take the baremetal node 4 times in 5
 	Duration time.Duration
 	Faults   []string
 	Hold     time.Duration // default 3 s
@@ -80,6 +80,8 @@ type WFReport struct {
 	// Longest transient state seen per shape/state ("baremetal
 	// provisioning"), the bound they are held to.
 	Longest map[string]time.Duration `json:"longest"`
+	// Slowest names the allocation of each Longest entry.
+	Slowest map[string]string `json:"slowest"`
 	Bound   time.Duration            `json:"bound"`
 	// LifecycleViolations: per allocation, consistent reads that went
 	// back in its lifecycle, or missed an acknowledged create/release.
@@ -112,7 +114,7 @@ type allocSeen struct {
 func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	t.Helper()
 	if cfg.Clients == 0 {
-		cfg.Clients = 4
+		cfg.Clients = 5
 	}
 	if cfg.Hold == 0 {
 		cfg.Hold = 3 * time.Second
@@ -125,7 +127,10 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	go func() { defer owg.Done(); obs.run(octx) }()
 
 	w := &wfWorkload{rg: rg, h: h, seed: cfg.Seed}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
+	// The workload runs for Duration, and on until the last fault healed
+	// (a MAAS fault waits for a workflow to run into it, a kill for work
+	// in flight: every fault is injected).
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	for cl := range cfg.Clients {
@@ -134,18 +139,17 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	}
 	nem := &wfNemesis{rg: rg, h: h, obs: obs, hold: cfg.Hold, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d)), log: t.Logf,
 		noRestart: cfg.NoAgentRestart}
-	gap := (cfg.Duration - time.Duration(len(cfg.Faults))*cfg.Hold) / time.Duration(len(cfg.Faults)+1)
+	gap := max(time.Second, (cfg.Duration-time.Duration(len(cfg.Faults))*2*cfg.Hold)/time.Duration(len(cfg.Faults)+1))
+	runEnd := time.Now().Add(cfg.Duration)
 	for _, f := range cfg.Faults {
-		sleep(ctx, max(gap, time.Second))
-		if ctx.Err() != nil {
-			break
-		}
+		sleep(ctx, gap)
 		if err := nem.inject(ctx, f); err != nil {
 			t.Errorf("nemesis: %v", err)
 			break
 		}
 	}
-	<-ctx.Done()
+	sleep(ctx, max(time.Until(runEnd), gap))
+	cancel()
 	// Heal: every coordinator runs; the agent too, unless the test keeps
 	// it down.
 	for i := range rg.C.Nodes {
@@ -161,7 +165,7 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	// The clients release what they hold and wait for it to end.
 	wg.Wait()
 	// Every allocation and workflow must end within the bound.
-	rep := &WFReport{ByShape: map[string]int{}, EndStates: map[string]int{}, Longest: map[string]time.Duration{}, Bound: rg.Bound}
+	rep := &WFReport{ByShape: map[string]int{}, EndStates: map[string]int{}, Longest: map[string]time.Duration{}, Slowest: map[string]string{}, Bound: rg.Bound}
 	deadline := time.Now().Add(rg.Bound)
 	for time.Now().Before(deadline) && !obs.allEnded() {
 		time.Sleep(300 * time.Millisecond)
@@ -171,6 +175,11 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	owg.Wait()
 	rep.Stuck = append(rep.Stuck, obs.stuck(rg.Bound, rep)...)
 	rep.Stuck = append(rep.Stuck, rg.stuckWorkflows(rg.Bound)...)
+	for _, k := range []string{"baremetal provisioning", "baremetal releasing", "gpu_slice provisioning", "gpu_slice releasing"} {
+		if id := rep.Slowest[k]; id != "" {
+			t.Logf("slowest %s: %s, %.1fs; its timeline:\n%s", k, id, rep.Longest[k].Seconds(), rg.Timeline(id))
+		}
+	}
 
 	ops := h.Ops()
 	acked := map[string]string{}
@@ -336,7 +345,9 @@ func (o *observer) stuck(bound time.Duration, rep *WFReport) []string {
 			}
 			d := until - from
 			k := s.shape + " " + string(st)
-			rep.Longest[k] = max(rep.Longest[k], d)
+			if d > rep.Longest[k] {
+				rep.Longest[k], rep.Slowest[k] = d, id
+			}
 			if d > bound || !left {
 				out = append(out, fmt.Sprintf("allocation %s (%s, key %s) %s for %.1fs (bound %s), last stage %s", id, s.shape, s.key, st, d.Seconds(), bound, o.rg.lastStage(id)))
 				break
@@ -344,6 +355,24 @@ func (o *observer) stuck(bound time.Duration, rep *WFReport) []string {
 		}
 	}
 	return out
+}
+
+// Timeline is an allocation's timeline, one event a line (for a test's
+// log).
+func (rg *WFRig) Timeline(id string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var tl proto.List[*proto.TimelineEvent]
+	for i := range rg.C.Nodes {
+		if _, err := rg.C.Do(ctx, i, http.MethodGet, "/v1/allocations/"+url.PathEscape(id)+"/timeline?limit=1000", "", nil, &tl); err == nil {
+			break
+		}
+	}
+	var b strings.Builder
+	for _, e := range tl.Items {
+		fmt.Fprintf(&b, "%s %s %s %s\n", e.At.Format("15:04:05.000"), e.Stage, e.Status, e.Message)
+	}
+	return b.String()
 }
 
 // lastStage is an allocation's last timeline event, as "stage status
@@ -390,7 +419,7 @@ func (rg *WFRig) stuckWorkflows(bound time.Duration) []string {
 }
 
 // wfWorkload: each client takes one allocation at a time — a slice (one
-// or two GPUs) or, for clients 0 and 1 half of the time, the baremetal
+// or two GPUs) or, for clients 0 and 1 four times in five, the baremetal
 // node — follows it to active or failed with consistent reads, holds it
 // a moment and releases it, following the release to its end.
 type wfWorkload struct {
@@ -404,7 +433,7 @@ func (w *wfWorkload) client(ctx context.Context, cl int, settle time.Duration) {
 	for seq := 0; ctx.Err() == nil; seq++ {
 		req := proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: WFSliceSKU, GPUCount: 1 + rng.IntN(2), Region: WFRegion,
 			SSHPublicKeys: []string{wfTenantKey}}
-		if cl < 2 && rng.IntN(2) == 0 {
+		if cl < 2 && rng.IntN(5) > 0 {
 			req = proto.AllocationCreateRequest{CapacityShape: proto.ShapeBaremetal, SKU: WFBMSKU, Region: WFRegion, SSHPublicKeys: []string{wfTenantKey}}
 		}
 		key := fmt.Sprintf("wf%d-c%d-%04d", w.seed%1000, cl, seq)
@@ -701,8 +730,8 @@ func (n *wfNemesis) inject(ctx context.Context, kind string) error {
 		}
 		f.Target = rg.SystemID
 		// Hold until the faults fired (a baremetal deploy or release ran
-		// into them), at most 4 holds; then disarm what is left.
-		limit := time.Now().Add(4 * hold)
+		// into them), at most 3 holds; then disarm what is left.
+		limit := time.Now().Add(3 * hold)
 		for time.Now().Before(limit) && ctx.Err() == nil && len(rg.ML.Sim.ArmedFaults(rg.SystemID)) > 0 {
 			sleep(ctx, 100*time.Millisecond)
 		}
@@ -771,7 +800,7 @@ func (n *wfNemesis) inject(ctx context.Context, kind string) error {
 	default:
 		return fmt.Errorf("unknown workflow fault %q (known: %s)", kind, strings.Join(WFFaults, ", "))
 	}
-	if kind == MAASDeployFail || kind == MAASEraseFail || kind == MAASDeployStuck || kind == MAASDeployLost {
+	if (kind == MAASDeployFail || kind == MAASEraseFail) && !strings.HasSuffix(f.Target, "(not fired)") {
 		// The operator's way back after a failed deploy or erase drained
 		// the node: undrain it and reset its breaker (admin).
 		n.undrain(ctx)
@@ -784,6 +813,18 @@ func (n *wfNemesis) inject(ctx context.Context, kind string) error {
 func (n *wfNemesis) undrain(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
+	// The failure drains the node once the workflow that met it has
+	// failed: wait for that (up to 10 s; a deploy retried after a stuck
+	// one may never drain it), then undrain.
+	limit := time.Now().Add(10 * time.Second)
+	for i := 0; time.Now().Before(limit); i++ {
+		var d proto.NodeDetail
+		if _, err := n.rg.C.Do(rctx, i%len(n.rg.C.Nodes), http.MethodGet, "/v1/nodes/"+WFBMHost, "", nil, &d); err == nil && d.Node.Draining {
+			n.log("%6.1fs nemesis: %s is drained; undraining it", n.h.Now().Seconds(), WFBMHost)
+			break
+		}
+		sleep(rctx, 200*time.Millisecond)
+	}
 	for _, path := range []string{"/v1/nodes/" + WFBMHost + "/undrain", "/v1/nodes/" + WFBMHost + "/breaker/reset"} {
 		for i := 0; rctx.Err() == nil; i++ {
 			// Done once a coordinator answered (a node not drained, a
