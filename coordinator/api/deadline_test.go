@@ -93,10 +93,11 @@ func TestTaskDeadlines(t *testing.T) {
 
 // An agent runs its node's tasks one at a time: a provision queued
 // behind another that is running and reporting waits its turn and is not
-// failed by the deadline (found by the workflow fault rig: slices queued
-// behind others on one host were failed as "never picked up" while their
-// agent worked through its queue). Once the running task goes silent too,
-// both are failed.
+// failed by the deadline. (The workflow fault rig's timelines showed a
+// slice release waiting 10 s behind other tasks of its host, with a 15 s
+// stall timeout: a queued task's silence counted from its creation, so a
+// busy host's queue failed as "never picked up".) Once the running task
+// goes silent too, both are failed.
 func TestTaskDeadlineSparesQueuedBehindBusyAgent(t *testing.T) {
 	t.Parallel()
 	e := newSliceEnv(t)

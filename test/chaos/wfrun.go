@@ -82,7 +82,7 @@ type WFReport struct {
 	Longest map[string]time.Duration `json:"longest"`
 	// Slowest names the allocation of each Longest entry.
 	Slowest map[string]string `json:"slowest"`
-	Bound   time.Duration            `json:"bound"`
+	Bound   time.Duration     `json:"bound"`
 	// LifecycleViolations: per allocation, consistent reads that went
 	// back in its lifecycle, or missed an acknowledged create/release.
 	LifecycleViolations int `json:"lifecycle_violations"`
