@@ -205,6 +205,8 @@ type Report struct {
 	// StuckWorkflows are allocations and MAAS workflows that did not end
 	// within their bound (the workflow rig; a liveness violation).
 	StuckWorkflows int `json:"stuck_workflows"`
+	// Workflows marks a report of the workflow rig.
+	Workflows bool `json:"workflows,omitempty"`
 	// SlowStops are servers that did not stop within 10 s of SIGTERM.
 	SlowStops int `json:"slow_stops"`
 	// Violations names each violation; Visualizations are porcupine's

@@ -188,7 +188,7 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 			acked[op.Key] = op.AllocID
 		}
 	}
-	rep.Report = &Report{ByKind: map[string]int{}}
+	rep.Report = &Report{ByKind: map[string]int{}, Workflows: true}
 	for _, op := range ops {
 		rep.Ops++
 		rep.ByKind[string(op.Kind)+" "+string(op.Result)]++
