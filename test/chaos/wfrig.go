@@ -135,9 +135,22 @@ func StartWF(t testing.TB, o WFOptions) *WFRig {
 		Bound:    max(o.StallTimeout, WFDeployExpiry+WFReleaseExpiry) + 30*time.Second}
 	t.Cleanup(func() {
 		rg.mu.Lock()
-		defer rg.mu.Unlock()
 		for _, p := range rg.procs {
 			p.Kill()
+		}
+		rg.mu.Unlock()
+		// Keep the coordinators' and agents' logs of a failed run (or
+		// every run with GPUAAS_CHAOS_KEEP_LOGS) under GPUAAS_CHAOS_OUT.
+		if d := os.Getenv("GPUAAS_CHAOS_OUT"); d != "" && (t.Failed() || os.Getenv("GPUAAS_CHAOS_KEEP_LOGS") != "") {
+			out := filepath.Join(d, fmt.Sprintf("%s-%d-logs", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()))
+			keepLogs(t, c, out)
+			for _, h := range []string{WFSliceHost, WFBMHost} {
+				name := "agent-" + h + ".log"
+				if b, err := os.ReadFile(filepath.Join(rg.agents.LogDir, name)); err == nil {
+					_ = os.WriteFile(filepath.Join(out, name), b, 0o644)
+				}
+			}
+			t.Logf("logs kept in %s", out)
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootLimit)
