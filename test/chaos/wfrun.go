@@ -83,6 +83,9 @@ type WFReport struct {
 	// Slowest names the allocation of each Longest entry.
 	Slowest map[string]string `json:"slowest"`
 	Bound   time.Duration     `json:"bound"`
+	// Failed names the allocations that ended failed, with why (their
+	// last timeline stage): what the faults cost the workload.
+	Failed []string `json:"failed"`
 	// LifecycleViolations: per allocation, consistent reads that went
 	// back in its lifecycle, or missed an acknowledged create/release.
 	LifecycleViolations int `json:"lifecycle_violations"`
@@ -98,8 +101,8 @@ func (r *WFReport) String() string {
 		ls = append(ls, fmt.Sprintf("%s %.1fs", k, d.Seconds()))
 	}
 	sort.Strings(ls)
-	return fmt.Sprintf("%s; allocations %d %v, end states %v; lifecycle violations %d; stuck (bound %s) %d %v; longest transient states: %s",
-		r.Report, r.Allocations, r.ByShape, r.EndStates, r.LifecycleViolations, r.Bound, len(r.Stuck), r.Stuck, strings.Join(ls, ", "))
+	return fmt.Sprintf("%s; allocations %d %v, end states %v, failed %q; lifecycle violations %d; stuck (bound %s) %d %v; longest transient states: %s",
+		r.Report, r.Allocations, r.ByShape, r.EndStates, r.Failed, r.LifecycleViolations, r.Bound, len(r.Stuck), r.Stuck, strings.Join(ls, ", "))
 }
 
 // allocSeen is what the observer saw of one allocation.
@@ -331,6 +334,9 @@ func (o *observer) stuck(bound time.Duration, rep *WFReport) []string {
 		rep.Allocations++
 		rep.ByShape[s.shape]++
 		rep.EndStates[string(s.state)]++
+		if s.state == proto.AllocFailed {
+			rep.Failed = append(rep.Failed, fmt.Sprintf("%s (%s): %s", id, s.shape, o.rg.lastStage(id)))
+		}
 		// Time in each transient state: until first seen in a later one.
 		for _, st := range transient {
 			from, ok := s.first[st]
@@ -800,23 +806,29 @@ func (n *wfNemesis) inject(ctx context.Context, kind string) error {
 	default:
 		return fmt.Errorf("unknown workflow fault %q (known: %s)", kind, strings.Join(WFFaults, ", "))
 	}
-	if (kind == MAASDeployFail || kind == MAASEraseFail) && !strings.HasSuffix(f.Target, "(not fired)") {
-		// The operator's way back after a failed deploy or erase drained
-		// the node: undrain it and reset its breaker (admin).
-		n.undrain(ctx)
+	if strings.HasPrefix(kind, "maas-deploy-") || kind == MAASEraseFail {
+		if !strings.HasSuffix(f.Target, "(not fired)") {
+			// The operator's way back when a failed deploy or erase
+			// drained the node: undrain it and reset its breaker (admin).
+			wait := 10 * time.Second
+			if kind == MAASDeployStuck || kind == MAASDeployLost {
+				wait = 5 * time.Second // retried or resumed: usually no drain
+			}
+			n.undrain(ctx, wait)
+		}
 	}
 	f.Stop = n.h.Now()
 	n.faults = append(n.faults, f)
 	return err
 }
 
-func (n *wfNemesis) undrain(ctx context.Context) {
+func (n *wfNemesis) undrain(ctx context.Context, wait time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
 	// The failure drains the node once the workflow that met it has
-	// failed: wait for that (up to 10 s; a deploy retried after a stuck
+	// failed: wait for that (up to wait; a deploy retried after a stuck
 	// one may never drain it), then undrain.
-	limit := time.Now().Add(10 * time.Second)
+	limit := time.Now().Add(wait)
 	for i := 0; time.Now().Before(limit); i++ {
 		var d proto.NodeDetail
 		if _, err := n.rg.C.Do(rctx, i%len(n.rg.C.Nodes), http.MethodGet, "/v1/nodes/"+WFBMHost, "", nil, &d); err == nil && d.Node.Draining {
