@@ -64,7 +64,7 @@ func TestPrivilegedChaosWorkflows(t *testing.T) {
 	s := seed(t)
 	rng := rand.New(rand.NewPCG(s, 2))
 	faults := wfFaults(rng)
-	d := duration(t, 35*time.Second)
+	d := duration(t, 30*time.Second)
 	t.Logf("seed %d (GPUAAS_CHAOS_SEED), faults %v", s, faults)
 	bin := labAgent(t)
 	start := time.Now()

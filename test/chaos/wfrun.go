@@ -167,6 +167,7 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	}
 	// The clients release what they hold and wait for it to end.
 	wg.Wait()
+	t.Logf("%6.1fs workload done (the clients released what they held)", h.Now().Seconds())
 	// Every allocation and workflow must end within the bound.
 	rep := &WFReport{ByShape: map[string]int{}, EndStates: map[string]int{}, Longest: map[string]time.Duration{}, Slowest: map[string]string{}, Bound: rg.Bound}
 	deadline := time.Now().Add(rg.Bound)
@@ -174,6 +175,7 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 		time.Sleep(300 * time.Millisecond)
 	}
 	sleep(context.Background(), 600*time.Millisecond) // one more observation
+	t.Logf("%6.1fs every allocation ended: %v", h.Now().Seconds(), obs.allEnded())
 	ocancel()
 	owg.Wait()
 	rep.Stuck = append(rep.Stuck, obs.stuck(rg.Bound, rep)...)
@@ -229,6 +231,7 @@ func (rg *WFRig) Run(t testing.TB, cfg WFConfig) *WFReport {
 	if err := Replay(c, acked, rep.Report); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
+	t.Logf("%6.1fs checked (converged, stopped, replayed)", h.Now().Seconds())
 	return rep
 }
 
