@@ -98,15 +98,21 @@ bench: deps build
 # soak_double_claims, soak_lost_acks, date), which the bench report
 # carries; porcupine's views of any violation go to .soak/.
 # SOAK_UNTIL (RFC 3339 time) ends it early with the runs done by then.
+# WORKFLOWS=1 also runs TestPrivilegedChaosWorkflows, once per round of
+# PARALLEL runs (real agents and the MAAS simulator; MAAS faults, agent and leader
+# kill -9 mid-workflow; ~70 s each): the summary counts its runs and
+# adds soak_stuck_workflows.
 RUNS ?= 200
+WORKFLOWS ?=
+SOAK_TESTS = $(if $(WORKFLOWS),^TestPrivilegedChaos(Workflows)?$$,^TestPrivilegedChaos$$)
 PARALLEL ?= 3
 SOAK_DURATION ?= 20s
 SOAK_UNTIL ?=
 soak: deps
 	@set -o pipefail; mkdir -p test/bench/results; \
 	GPUAAS_SOAK=1 GPUAAS_SOAK_UNTIL=$(SOAK_UNTIL) GPUAAS_SOAK_PARALLEL=$(PARALLEL) GPUAAS_CHAOS_DURATION=$(SOAK_DURATION) GPUAAS_CHAOS_OUT=$(CURDIR)/.soak \
-		$(GO) test -count=$$(( ($(RUNS) + $(PARALLEL) - 1) / $(PARALLEL) )) -parallel $(PARALLEL) -timeout 0 -run '^TestPrivilegedChaos$$' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
-		grep -E '^ *(--- |ok|FAIL|PASS)|chaos_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
+		$(GO) test -count=$$(( ($(RUNS) + $(PARALLEL) - 1) / $(PARALLEL) )) -parallel $(PARALLEL) -timeout 0 -run '$(SOAK_TESTS)' -v ./test/chaos 2>&1 | tee test/bench/results/soak.log | \
+		grep -E '^ *(--- |ok|FAIL|PASS)|(chaos|wf)_test.go:[0-9]+: (seed|ops) '; rc=$$?; \
 	$(GO) run ./test/bench/cmd/benchmerge; exit $$rc
 
 # The web console's vendored npm files (coordinator/ui/static, committed:

@@ -14,7 +14,9 @@ import (
 // its allocation in provisioning or releasing, or its slot in
 // cleanup_blocked behind an open cleanup, forever. The leader fails a
 // slice.provision, slice.release or slot.cleanup task that has been
-// queued or running without any report for the stall timeout, with a
+// queued or running without any report for the stall timeout (a queued
+// task waiting behind a running one of its node that reports is not
+// silent: agents run a node's tasks one at a time), with a
 // named error and a "deadline" event on the allocation's timeline, and
 // then applies what a failed report means (slice.go): the provision's
 // allocation fails with its touched slots cleanup_blocked, the release's
@@ -75,6 +77,16 @@ func (a *API) expireTasks(ctx context.Context, stall time.Duration) int {
 	now := a.now()
 	n := 0
 	snap := st.Snapshot()
+	// An agent runs its node's tasks one after another: a task queued
+	// behind one that is running and reporting waits its turn, it is not
+	// stalled. Its silence counts from the last report of the node's
+	// running tasks when that is later than its own.
+	busy := map[string]time.Time{}
+	for _, t := range snap.TasksByState(proto.TaskRunning) {
+		if t.UpdatedAt.After(busy[t.NodeID]) {
+			busy[t.NodeID] = t.UpdatedAt
+		}
+	}
 	for _, t := range append(snap.TasksByState(proto.TaskQueued), snap.TasksByState(proto.TaskRunning)...) {
 		if !deadlineTasks[t.Type] || (t.State != proto.TaskQueued && t.State != proto.TaskRunning) {
 			continue
@@ -82,6 +94,9 @@ func (a *API) expireTasks(ctx context.Context, stall time.Duration) int {
 		last := t.UpdatedAt
 		if last.IsZero() {
 			last = t.CreatedAt
+		}
+		if t.State == proto.TaskQueued && busy[t.NodeID].After(last) {
+			last = busy[t.NodeID]
 		}
 		if now.Sub(last) < stall {
 			continue

@@ -91,6 +91,47 @@ func TestTaskDeadlines(t *testing.T) {
 	assert.Equal(t, proto.SlotAvailable, e.slot(blocked).Status)
 }
 
+// An agent runs its node's tasks one at a time: a provision queued
+// behind another that is running and reporting waits its turn and is not
+// failed by the deadline. (The workflow fault rig's timelines showed a
+// slice release waiting 10 s behind other tasks of its host, with a 15 s
+// stall timeout: a queued task's silence counted from its creation, so a
+// busy host's queue failed as "never picked up".) Once the running task
+// goes silent too, both are failed.
+func TestTaskDeadlineSparesQueuedBehindBusyAgent(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	ctx := context.Background()
+	byNode := map[string][]proto.Allocation{}
+	var node string
+	for range 4 {
+		a := e.place(1)
+		byNode[a.NodeID] = append(byNode[a.NodeID], a)
+		if len(byNode[a.NodeID]) == 2 {
+			node = a.NodeID
+			break
+		}
+	}
+	require.NotEmpty(t, node, "two allocations on one node")
+	first, second := byNode[node][0], byNode[node][1]
+	running := e.agentTask(node, first.ID, proto.TaskSliceProvision)
+	queued := e.agentTask(node, second.ID, proto.TaskSliceProvision)
+	e.mustReport(node, running.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: event(proto.StagePlan, "succeeded", "")})
+	const stall = 150 * time.Millisecond
+	time.Sleep(stall + 50*time.Millisecond)
+	// The running task reports; the queued one has been silent longer
+	// than the stall timeout since it was queued.
+	e.mustReport(node, running.ID, proto.AgentTaskUpdate{State: proto.TaskRunning, Event: event(proto.StageClone, "started", "")})
+	assert.Zero(t, e.api.expireTasks(ctx, stall), "a task queued behind a reporting one is waiting, not stalled")
+	assert.Equal(t, proto.TaskQueued, e.task(queued.ID).State)
+	assert.Equal(t, proto.AllocPlaced, e.alloc(second.ID).State, "waiting for its agent")
+
+	time.Sleep(stall + 50*time.Millisecond)
+	require.Equal(t, 2, e.api.expireTasks(ctx, stall), "once the agent is silent, both are stalled")
+	assert.Contains(t, e.task(queued.ID).Error, "was never picked up")
+	assert.Equal(t, proto.AllocFailed, e.alloc(second.ID).State)
+}
+
 // A ledger written before a final report without a slice result ended
 // the allocation (the task is final, the allocation still provisioning or
 // releasing) converges: the sweep applies the ended task's outcome.

@@ -59,3 +59,28 @@ func TestRegisterAndTenantDeploy(t *testing.T) {
 	assert.Equal(t, ud, kept)
 	assert.Nil(t, l.Bootstrap("j27u15"), "no gpuaas-bootstrap for a tenant deploy")
 }
+
+// Restart takes the region away (requests fail while it is down) and
+// brings it back on the same address with its machines.
+func TestRestartKeepsState(t *testing.T) {
+	t.Parallel()
+	l, err := Start(Config{Hosts: []fleet.Host{{Name: "j27u15"}}, Agents: fleet.Agents{LogDir: t.TempDir()},
+		Start: func(*launch.Proc) error { return nil }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := l.Register(ctx, "j27u15")
+	require.NoError(t, err)
+	c, err := maas.New(maas.Config{URL: l.URL + "/", APIKey: l.APIKey, PollInterval: 20 * time.Millisecond, RequestTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- l.Restart(500 * time.Millisecond) }()
+	time.Sleep(200 * time.Millisecond)
+	_, err = c.Machine(ctx, id)
+	assert.Error(t, err, "the region is down")
+	require.NoError(t, <-done)
+	m, err := c.Machine(ctx, id)
+	require.NoError(t, err, "the region is back on %s", l.URL)
+	assert.Equal(t, "j27u15", m.Hostname)
+}

@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -163,6 +164,43 @@ func Start(cfg Config) (*Lab, error) {
 	return l, nil
 }
 
+// Restart stops the simulator's HTTP server (connections in flight are
+// cut, new ones refused), waits down, and serves again on the same
+// address with the same state, as a MAAS region restarting on its
+// database: machines, faults and the request log survive.
+func (l *Lab) Restart(down time.Duration) error {
+	addr := strings.TrimSuffix(strings.TrimPrefix(l.URL, "http://"), "/MAAS")
+	l.mu.Lock()
+	srv := l.srv
+	l.mu.Unlock()
+	if err := srv.Close(); err != nil {
+		return fmt.Errorf("maas simulator restart: %w", err)
+	}
+	time.Sleep(down)
+	var ln net.Listener
+	var err error
+	for range 50 { // the old socket may linger a moment
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("maas simulator restart on %s: %w", addr, err)
+	}
+	srv = &http.Server{Handler: l.Sim, ReadHeaderTimeout: 10 * time.Second}
+	l.mu.Lock()
+	l.srv = srv
+	l.mu.Unlock()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			l.log.Error("maas simulator stopped", "err", err)
+		}
+	}()
+	l.log.Info("maas simulator restarted", "addr", addr, "down", down.String())
+	return nil
+}
+
 func apiKey() (string, error) {
 	parts := make([]string, 3)
 	for i := range parts {
@@ -180,7 +218,10 @@ func apiKey() (string, error) {
 func (l *Lab) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return l.srv.Shutdown(ctx)
+	l.mu.Lock()
+	srv := l.srv
+	l.mu.Unlock()
+	return srv.Shutdown(ctx)
 }
 
 // Setup creates the lab site (the simulator's URL and key, sealed by the

@@ -194,6 +194,21 @@ func (s *Server) ClearFaults(systemID string) {
 	}
 }
 
+// ArmedFaults returns the kinds of the faults still armed on a machine (a
+// fault with Times n leaves once it fired n times): a test sees whether
+// the one it injected fired.
+func (s *Server) ArmedFaults(systemID string) []FaultKind {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []FaultKind
+	if m, ok := s.machines[systemID]; ok {
+		for _, f := range m.faults {
+			out = append(out, f.Kind)
+		}
+	}
+	return out
+}
+
 func (s *Server) takeFault(m *machine, kind FaultKind, op string) *Fault {
 	for i, f := range m.faults {
 		if f.Kind != kind || (op != "" && f.Op != "" && f.Op != op) {

@@ -21,8 +21,13 @@ import (
 // and the deliberately broken one (stale ?consistent reads).
 var coordinatorBin, brokenBin string
 
+// binDir holds them (and gpuaas-lab-agent, built when a workflow test
+// first needs it).
+var binDir string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "gpuaas-chaos-bin-")
+	binDir = dir
 	if err == nil {
 		coordinatorBin, err = proctest.Build(dir)
 	}

@@ -202,6 +202,11 @@ type Report struct {
 	// NotConverged: the replicas did not reach the same applied index
 	// within a minute of the heal (liveness, counted as a violation).
 	NotConverged int `json:"not_converged"`
+	// StuckWorkflows are allocations and MAAS workflows that did not end
+	// within their bound (the workflow rig; a liveness violation).
+	StuckWorkflows int `json:"stuck_workflows"`
+	// Workflows marks a report of the workflow rig.
+	Workflows bool `json:"workflows,omitempty"`
 	// SlowStops are servers that did not stop within 10 s of SIGTERM.
 	SlowStops int `json:"slow_stops"`
 	// Violations names each violation; Visualizations are porcupine's
@@ -219,7 +224,7 @@ func (r *Report) Linearizable() bool { return r.AllocViolations == 0 && r.SlotVi
 
 // OK reports whether every checked property held.
 func (r *Report) OK() bool {
-	return r.Linearizable() && r.DoubleClaims == 0 && r.LostAcks == 0 && r.ReplicaDivergence == 0 && r.NotConverged == 0
+	return r.Linearizable() && r.DoubleClaims == 0 && r.LostAcks == 0 && r.ReplicaDivergence == 0 && r.NotConverged == 0 && r.StuckWorkflows == 0
 }
 
 func (r *Report) String() string {

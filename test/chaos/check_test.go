@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
@@ -144,4 +146,69 @@ func TestStuckHealthy(t *testing.T) {
 	}
 	faults := []Fault{{Kind: IsolateLeader, Targets: []int{0}, Start: time.Second, Stop: 5 * time.Second}}
 	assert.Equal(t, 1, stuckHealthy(ops, faults))
+}
+
+// LifecycleModel (the workflow rig) accepts an allocation's lifecycle as
+// consistent reads may see it, and rejects reads that go back, a live
+// allocation shown after an acknowledged release, a terminal state that
+// changes, and a key answered with two allocations.
+func TestLifecycleModel(t *testing.T) {
+	st := func(o Op, s proto.AllocState) Op { o.State = s; return o }
+	for _, tc := range []struct {
+		name  string
+		ops   []Op
+		legal bool
+	}{
+		{name: "create, provision, active, release, released", legal: true, ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocPlaced)),
+			st(op(OpRead, "k", "a1", 20, 30, ResOK), proto.AllocProvisioning),
+			st(op(OpRead, "k", "a1", 40, 50, ResOK), proto.AllocActive),
+			op(OpRelease, "k", "a1", 60, 70, ResOK),
+			st(op(OpRead, "k", "a1", 80, 90, ResOK), proto.AllocReleasing),
+			st(op(OpRead, "k", "a1", 100, 110, ResOK), proto.AllocReleased),
+		}},
+		{name: "concurrent reads may see either side of a step", legal: true, ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocPlaced)),
+			st(op(OpRead, "k", "a1", 20, 60, ResOK), proto.AllocActive),
+			st(op(OpRead, "k", "a1", 30, 50, ResOK), proto.AllocProvisioning),
+		}},
+		{name: "a read goes back from active to provisioning", ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocPlaced)),
+			st(op(OpRead, "k", "a1", 20, 30, ResOK), proto.AllocActive),
+			st(op(OpRead, "k", "a1", 40, 50, ResOK), proto.AllocProvisioning),
+		}},
+		{name: "active after an acknowledged release", ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocActive)),
+			op(OpRelease, "k", "a1", 20, 30, ResOK),
+			st(op(OpRead, "k", "a1", 40, 50, ResOK), proto.AllocActive),
+		}},
+		{name: "failed, then released", ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocPlaced)),
+			st(op(OpRead, "k", "a1", 20, 30, ResOK), proto.AllocFailed),
+			st(op(OpRead, "k", "a1", 40, 50, ResOK), proto.AllocReleased),
+		}},
+		{name: "not found after an acknowledged create", ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocPlaced)),
+			op(OpRead, "k", "a1", 20, 30, ResNotFound),
+		}},
+		{name: "one key, two allocations", ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocPlaced)),
+			st(op(OpCreate, "k", "a2", 20, 30, ResOK), proto.AllocPlaced),
+		}},
+		{name: "an unknown release may have happened", legal: true, ops: []Op{
+			created(st(op(OpCreate, "k", "a1", 0, 10, ResOK), proto.AllocActive)),
+			op(OpRelease, "k", "a1", 20, 30, ResUnknown),
+			st(op(OpRead, "k", "a1", 40, 50, ResOK), proto.AllocReleasing),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := &WFReport{Report: &Report{ByKind: map[string]int{}}}
+			checkLifecycle(tc.ops, "", rep)
+			if tc.legal {
+				assert.Zero(t, rep.LifecycleViolations, rep.Violations)
+			} else {
+				assert.Equal(t, 1, rep.LifecycleViolations, "must be refused")
+			}
+		})
+	}
 }

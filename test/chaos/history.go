@@ -3,6 +3,8 @@ package chaos
 import (
 	"sync"
 	"time"
+
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // Kind is what an operation did.
@@ -47,8 +49,9 @@ type Op struct {
 	Created  bool // create answered 201: this request made the allocation
 	Ended    bool
 	ClaimID  string
-	Status   int    // HTTP status, 0 on transport error
-	Err      string // error text on anything but ok
+	State    proto.AllocState // create, read (workflow rig): the allocation's state
+	Status   int              // HTTP status, 0 on transport error
+	Err      string           // error text on anything but ok
 }
 
 // History is the shared, append-only record of a run.

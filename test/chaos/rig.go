@@ -4,7 +4,11 @@
 // partitions and one-way drops with nftables) and two checkers: porcupine
 // over the recorded history (per allocation and per slot, see AllocModel
 // and SlotModel) and the offline replay of every replica's Raft log with
-// the ledger's invariant checker (Replay). See the README, "The fault rig".
+// the ledger's invariant checker (Replay). The workflow rig (StartWF,
+// WFRig.Run) adds real agents and the MAAS simulator, MAAS faults and
+// agent kills mid-provisioning, and checks that every allocation and
+// workflow ends within its bound (LifecycleModel, the stuck check). See
+// the README, "The fault rig".
 package chaos
 
 import (

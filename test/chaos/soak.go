@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,7 +46,7 @@ func writeSoakSummary() error {
 	if len(soakRuns) == 0 {
 		return fmt.Errorf("soak: no TestPrivilegedChaos run finished")
 	}
-	var viol, dbl, lost, div, stuck, stuckHealthy, ops, faults, timeouts, notConv, slowStops int
+	var viol, dbl, lost, div, stuck, stuckHealthy, ops, faults, timeouts, notConv, slowStops, wfRuns, stuckWF int
 	var maxLat time.Duration
 	var failed []string
 	for _, r := range soakRuns {
@@ -56,6 +57,10 @@ func writeSoakSummary() error {
 		notConv += r.rep.NotConverged
 		slowStops += r.rep.SlowStops
 		stuck += r.rep.Stuck
+		stuckWF += r.rep.StuckWorkflows
+		if r.rep.Workflows {
+			wfRuns++
+		}
 		stuckHealthy += r.rep.StuckHealthy
 		ops += r.rep.Ops
 		faults += len(r.rep.Faults)
@@ -74,8 +79,8 @@ func writeSoakSummary() error {
 		}
 	}
 	var ks []string
-	for _, k := range AllFaults {
-		if kinds[k] > 0 {
+	for _, k := range append(AllFaults, WFFaults...) {
+		if kinds[k] > 0 && !slices.Contains(ks, fmt.Sprintf("%s %d", k, kinds[k])) {
 			ks = append(ks, fmt.Sprintf("%s %d", k, kinds[k]))
 		}
 	}
@@ -88,6 +93,11 @@ func writeSoakSummary() error {
 		bench.AtMost("soak_lost_acks", float64(lost), "count", 0, "acknowledged idempotency keys missing from a replica after the run"),
 		bench.Info("soak_slow_stops", float64(slowStops), "count", "servers that did not stop cleanly within 10 s of SIGTERM at the end of a run (a timeout or a non-zero exit)"),
 		bench.Info("soak_stuck_requests", float64(stuck), "count", fmt.Sprintf("requests over %s, %d of them to servers no fault targeted; max latency %s", StuckAfter, stuckHealthy, maxLat.Round(time.Millisecond))),
+	}
+	if wfRuns > 0 {
+		// make soak WORKFLOWS=1: TestPrivilegedChaosWorkflows runs too.
+		ms[0].Notes += fmt.Sprintf("; %d of the runs are TestPrivilegedChaosWorkflows (real agents, the MAAS simulator: MAAS faults, its restart, agent and leader kill -9 mid-workflow)", wfRuns)
+		ms = append(ms, bench.Info("soak_stuck_workflows", float64(stuckWF), "count", "allocations and MAAS workflows that did not end within their bound (workflow runs)"))
 	}
 	if err := bench.WritePart("soak", ms); err != nil {
 		return err

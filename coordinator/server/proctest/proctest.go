@@ -254,6 +254,10 @@ func (c *Cluster) TokenFile() string {
 	return p
 }
 
+// Token is the admin bearer token (for clients the harness does not
+// make, e.g. lab/fleet's onboarding API).
+func (c *Cluster) Token() string { return c.token }
+
 // TokenName is the principal name of the admin token.
 const TokenName = "proctest"
 
