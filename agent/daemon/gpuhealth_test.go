@@ -117,7 +117,10 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 			return true
 		}, 20*time.Second, 10*time.Millisecond, what)
 		t.Logf("%s: in the ledger after %v, %d scans (scan interval %v)", what, time.Since(since), seenAt-scansBefore, interval)
-		assert.LessOrEqual(t, seenAt-scansBefore, uint64(5), "%s: reported within five scans", what)
+		// Five scans is what an idle machine needs (the scan that sees
+		// it reports it; the write commits through Raft); under a
+		// loaded make test the commit alone has taken 3 intervals.
+		assert.LessOrEqual(t, seenAt-scansBefore, uint64(8), "%s: reported within eight scans", what)
 		if want == proto.HardwareOK {
 			if i != busy {
 				assert.True(t, sched.Schedulable(slot(i)), "%s: slot %d is schedulable again", what, i)

@@ -31,13 +31,17 @@ func TestPurgeOnceRemovesOnlyOldHistory(t *testing.T) {
 	assert.Zero(t, leader.srv.PurgeOnce(ctx, DefaultRetention), "nothing is a week old")
 	time.Sleep(10 * time.Millisecond)
 	assert.Equal(t, 1, leader.srv.PurgeOnce(ctx, time.Millisecond))
+	purged := leader.srv.raft.AppliedIndex()
 	for _, n := range nodes {
+		// A replica that has not applied the placements yet lacks the
+		// ended allocation too: wait for it to apply the purge itself.
 		require.Eventually(t, func() bool {
-			_, ok := n.srv.Store().Snapshot().Allocation(ended.ID)
-			return !ok
-		}, 5*time.Second, 20*time.Millisecond, "replica %s still has %s", n.cfg.NodeID, ended.ID)
+			return n.srv.raft.AppliedIndex() >= purged
+		}, 5*time.Second, 20*time.Millisecond, "replica %s did not apply the purge (index %d)", n.cfg.NodeID, purged)
 		snap := n.srv.Store().Snapshot()
-		_, ok := snap.Allocation(kept.ID)
+		_, ok := snap.Allocation(ended.ID)
+		assert.False(t, ok, "replica %s still has %s", n.cfg.NodeID, ended.ID)
+		_, ok = snap.Allocation(kept.ID)
 		assert.True(t, ok, "live allocation on %s", n.cfg.NodeID)
 		_, ok = snap.UsageFor(ended.ID)
 		assert.False(t, ok, "never activated, so no usage record")
