@@ -26,6 +26,23 @@ func newCommitTransport(ctx context.Context, t *raft.NetworkTransport) *commitTr
 	return ct
 }
 
+// SetHeartbeatHandler refuses raft's heartbeat fast path: every
+// AppendEntries, heartbeats included, reaches raft through Consumer, so
+// its main goroutine handles it. hashicorp/raft (up to v1.7.3 at least)
+// runs the fast path's appendEntries on the transport's goroutine, and a
+// heartbeat from a newer term there sets the term and the follower state
+// while the main goroutine is winning an election or starting to lead:
+// a node that won term T then leads with the newer leader's term T' and
+// writes its own entries in T' at the indexes where the real leader of T'
+// writes others. Both claim T', so the log-matching check never repairs
+// it (upstream issue 695). The fault rig found it after a SIGSTOPped
+// leader: one replica's log differed from the others' at the new leader's
+// last index + 3 (the no-op and the planner's barrier are the same bytes
+// on both leaders, the first command is not), and acknowledged
+// allocations were missing there. A heartbeat now waits behind the disk
+// writes of the main goroutine; the election timeout is well above them.
+func (t *commitTransport) SetHeartbeatHandler(func(raft.RPC)) {}
+
 // Consumer is what raft reads the RPCs it is sent from.
 func (t *commitTransport) Consumer() <-chan raft.RPC { return t.rpcs }
 
