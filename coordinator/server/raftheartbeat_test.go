@@ -98,8 +98,9 @@ func TestNewLeaderWritesInTheTermItWon(t *testing.T) {
 			won := r.CurrentTerm()
 
 			// Now the leader of a newer term heartbeats it: a bare
-			// AppendEntries (the leader in its header; no entries, no previous entry, no commit
-			// index), what raft's transport takes for its fast path.
+			// AppendEntries (the leader in its header; no entries, no
+			// previous entry, no commit index), what raft's transport
+			// takes for its fast path.
 			hbDone := make(chan error, 1)
 			go func() {
 				var resp raft.AppendEntriesResponse
