@@ -13,6 +13,8 @@ import (
 // cannot tell it: raft caps it at the last entry the follower holds, so
 // right after a restart it is the end of whatever part of the backlog has
 // arrived, not the leader's.
+// It also keeps every AppendEntries, heartbeats included, on raft's main
+// goroutine (SetHeartbeatHandler below).
 type commitTransport struct {
 	*raft.NetworkTransport
 	rpcs         chan raft.RPC
