@@ -61,6 +61,7 @@ func (t *commitTransport) relay(ctx context.Context) {
 						break
 					}
 				}
+				clampCommit(req)
 			}
 			select {
 			case t.rpcs <- rpc:
@@ -68,6 +69,21 @@ func (t *commitTransport) relay(ctx context.Context) {
 				return
 			}
 		}
+	}
+}
+
+// clampCommit lowers the commit index an AppendEntries carries to the
+// last entry it vouches for (its previous entry plus its entries), the
+// Raft paper's min(leaderCommit, index of last new entry). hashicorp/raft
+// takes min(leaderCommit, the follower's own last index) instead, so a
+// follower holding a stale suffix (entries of a deposed leader) past what
+// an append checked, as when a batch cut at MaxAppendEntries ends before
+// the commit index, would mark those unchecked entries committed and
+// apply them. Once the follower is caught up every append reaches the
+// leader's last index and nothing is lowered.
+func clampCommit(req *raft.AppendEntriesRequest) {
+	if last := req.PrevLogEntry + uint64(len(req.Entries)); req.LeaderCommitIndex > last {
+		req.LeaderCommitIndex = last
 	}
 }
 

@@ -178,3 +178,54 @@ type nopFSM struct{}
 func (*nopFSM) Apply(*raft.Log) any                 { return nil }
 func (*nopFSM) Snapshot() (raft.FSMSnapshot, error) { return nil, errors.New("no snapshots") }
 func (*nopFSM) Restore(io.ReadCloser) error         { return errors.New("no snapshots") }
+
+// TestFollowerCommitsOnlyWhatTheAppendChecked: an append's commit index
+// reaches raft lowered to the last entry the append vouches for, while
+// readiness still learns the leader's.
+func TestFollowerCommitsOnlyWhatTheAppendChecked(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	newTrans := func() *raft.NetworkTransport {
+		tr, err := raft.NewTCPTransportWithConfig("127.0.0.1:0", nil, &raft.NetworkTransportConfig{
+			MaxPool: 2, Timeout: 5 * time.Second, Logger: hclog.NewNullLogger()})
+		require.NoError(t, err)
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}
+	nt, leader := newTrans(), newTrans()
+	ct := newCommitTransport(ctx, nt)
+	for _, tc := range []struct {
+		name            string
+		prev            uint64
+		entries, commit uint64
+		want            uint64
+	}{
+		{name: "batch ends before the commit index", prev: 10, entries: 2, commit: 20, want: 12},
+		{name: "batch reaches past it", prev: 10, entries: 15, commit: 20, want: 20},
+		{name: "empty append at the leader's last index", prev: 20, commit: 20, want: 20},
+		{name: "empty append behind it", prev: 7, commit: 20, want: 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := &raft.AppendEntriesRequest{RPCHeader: header(leader, "l"), Term: 3, PrevLogEntry: tc.prev, PrevLogTerm: 3, LeaderCommitIndex: tc.commit}
+			for i := range tc.entries {
+				req.Entries = append(req.Entries, &raft.Log{Index: tc.prev + 1 + i, Term: 3, Type: raft.LogNoop})
+			}
+			done := make(chan error, 1)
+			go func() {
+				var resp raft.AppendEntriesResponse
+				done <- leader.AppendEntries("n", nt.LocalAddr(), req, &resp)
+			}()
+			select {
+			case rpc := <-ct.Consumer():
+				got, ok := rpc.Command.(*raft.AppendEntriesRequest)
+				require.True(t, ok)
+				assert.Equal(t, tc.want, got.LeaderCommitIndex)
+				rpc.Respond(&raft.AppendEntriesResponse{Term: 3, Success: true}, nil)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the append never reached raft")
+			}
+			require.NoError(t, <-done)
+			assert.Equal(t, uint64(20), ct.LeaderCommitIndex(), "readiness learns the leader's commit index as sent")
+		})
+	}
+}
