@@ -73,9 +73,10 @@ type Config struct {
 	// AuditRetention caps the audit log's size (export first).
 	AuditRetention AuditRetentionConfig
 	// StorageFailed, when set, is called (once) when writing this
-	// replica's Raft log fails (disk full, I/O error), inside the failing
-	// write, before Raft sees the error. The coordinator binary exits there
-	// (see failstop.go). Set or not, every later log write is refused.
+	// replica's Raft log or stable store (term, vote) fails (disk full,
+	// I/O error), inside the failing write, before Raft sees the error.
+	// The coordinator binary exits there (see failstop.go). Set or not,
+	// every later write to either is refused.
 	StorageFailed func(error)
 	// AgentHeartbeatTTL is how long an enrolled agent outside the gossip
 	// pool may go without an HTTP heartbeat before the leader marks its

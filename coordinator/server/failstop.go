@@ -41,13 +41,13 @@ func (f *failStopLogs) write(op string, do func() error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.broken != nil {
-		return fmt.Errorf("raft log %s refused: an earlier write failed: %w", op, f.broken)
+		return fmt.Errorf("raft %s refused: an earlier write failed: %w", op, f.broken)
 	}
 	err := do()
 	if err == nil {
 		return nil
 	}
-	f.broken = fmt.Errorf("raft log %s: %w", op, err)
+	f.broken = fmt.Errorf("raft %s: %w", op, err)
 	if f.failed != nil {
 		f.failed(f.broken)
 	}
@@ -55,13 +55,36 @@ func (f *failStopLogs) write(op string, do func() error) error {
 }
 
 func (f *failStopLogs) StoreLog(l *raft.Log) error {
-	return f.write("write", func() error { return f.LogStore.StoreLog(l) })
+	return f.write("log write", func() error { return f.LogStore.StoreLog(l) })
 }
 
 func (f *failStopLogs) StoreLogs(ls []*raft.Log) error {
-	return f.write("write", func() error { return f.LogStore.StoreLogs(ls) })
+	return f.write("log write", func() error { return f.LogStore.StoreLogs(ls) })
 }
 
 func (f *failStopLogs) DeleteRange(lo, hi uint64) error {
-	return f.write("delete", func() error { return f.LogStore.DeleteRange(lo, hi) })
+	return f.write("log delete", func() error { return f.LogStore.DeleteRange(lo, hi) })
+}
+
+// failStopStable is the raft.StableStore (current term, last vote) with
+// the same fail-stop, behind the same fence as the log: the two live in
+// one file, and a replica that cannot persist its term or vote must not
+// go on voting either. hashicorp/raft panics on a failed term write but
+// only logs a failed vote write, and persists a vote as two writes (term,
+// then candidate): one that fails half-way leaves the new term with the
+// previous candidate on disk while the process runs on. Raft happens to
+// grant no second vote from that state, but a replica whose stable
+// writes fail is not one to keep in the election: it stops, as on a
+// failed log write.
+type failStopStable struct {
+	raft.StableStore
+	fence *failStopLogs
+}
+
+func (f *failStopStable) Set(key, val []byte) error {
+	return f.fence.write("stable store write", func() error { return f.StableStore.Set(key, val) })
+}
+
+func (f *failStopStable) SetUint64(key []byte, val uint64) error {
+	return f.fence.write("stable store write", func() error { return f.StableStore.SetUint64(key, val) })
 }

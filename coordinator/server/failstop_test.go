@@ -71,6 +71,67 @@ func TestFailStopLogs(t *testing.T) {
 	require.ErrorIs(t, plain.StoreLogs([]*raft.Log{{Index: 3, Term: 1}}), syscall.ENOSPC)
 }
 
+// fullStable is a stable store whose writes fail while full is set.
+type fullStable struct {
+	*raft.InmemStore
+	full bool
+}
+
+func (d *fullStable) Set(k, v []byte) error {
+	if d.full {
+		return syscall.ENOSPC
+	}
+	return d.InmemStore.Set(k, v)
+}
+
+func (d *fullStable) SetUint64(k []byte, v uint64) error {
+	if d.full {
+		return syscall.ENOSPC
+	}
+	return d.InmemStore.SetUint64(k, v)
+}
+
+// TestFailStopStable: a failed term or vote write stops the replica like
+// a failed log write, and fences both stores: hashicorp/raft persists a
+// vote as two writes, and the second must not fail unnoticed (the new
+// term with the previous candidate on disk) while the replica votes on.
+func TestFailStopStable(t *testing.T) {
+	disk := &fullDisk{InmemStore: raft.NewInmemStore()}
+	stable := &fullStable{InmemStore: raft.NewInmemStore()}
+	var reported []error
+	logs := &failStopLogs{LogStore: disk, failed: func(err error) { reported = append(reported, err) }}
+	fs := &failStopStable{StableStore: stable, fence: logs}
+
+	require.NoError(t, fs.SetUint64([]byte("LastVoteTerm"), 4))
+	require.NoError(t, fs.Set([]byte("LastVoteCand"), []byte("a")))
+	assert.Empty(t, reported)
+
+	// The vote of term 5: its term is written, its candidate is not.
+	require.NoError(t, fs.SetUint64([]byte("LastVoteTerm"), 5))
+	stable.full = true
+	require.ErrorIs(t, fs.Set([]byte("LastVoteCand"), []byte("b")), syscall.ENOSPC)
+	require.Len(t, reported, 1, "reported inside the failing write")
+	assert.Contains(t, reported[0].Error(), "raft stable store write")
+
+	// Fenced, both stores, even with room again.
+	stable.full = false
+	require.ErrorIs(t, fs.Set([]byte("LastVoteCand"), []byte("b")), syscall.ENOSPC)
+	require.ErrorIs(t, fs.SetUint64([]byte("CurrentTerm"), 6), syscall.ENOSPC)
+	require.ErrorIs(t, logs.StoreLogs([]*raft.Log{{Index: 1, Term: 5}}), syscall.ENOSPC)
+	cand, err := stable.Get([]byte("LastVoteCand"))
+	require.NoError(t, err)
+	assert.Equal(t, "a", string(cand), "nothing written after the failure")
+	last, err := disk.LastIndex()
+	require.NoError(t, err)
+	assert.Zero(t, last)
+	require.Len(t, reported, 1, "reported once")
+
+	// Reads pass through.
+	term, err := fs.GetUint64([]byte("LastVoteTerm"))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(5), term)
+}
+
 // TestNoPipelinedReplication: both Raft transports (TLS and plain) refuse
 // pipelined replication, so Raft replicates with synchronous appends and
 // never enters hashicorp/raft's pipeline, which deadlocks when a

@@ -13,6 +13,8 @@ import (
 // cannot tell it: raft caps it at the last entry the follower holds, so
 // right after a restart it is the end of whatever part of the backlog has
 // arrived, not the leader's.
+// It also keeps every AppendEntries, heartbeats included, on raft's main
+// goroutine (SetHeartbeatHandler below).
 type commitTransport struct {
 	*raft.NetworkTransport
 	rpcs         chan raft.RPC
@@ -25,6 +27,23 @@ func newCommitTransport(ctx context.Context, t *raft.NetworkTransport) *commitTr
 	go ct.relay(ctx)
 	return ct
 }
+
+// SetHeartbeatHandler refuses raft's heartbeat fast path: every
+// AppendEntries, heartbeats included, reaches raft through Consumer, so
+// its main goroutine handles it. hashicorp/raft (up to v1.7.3 at least)
+// runs the fast path's appendEntries on the transport's goroutine, and a
+// heartbeat from a newer term there sets the term and the follower state
+// while the main goroutine is winning an election or starting to lead:
+// a node that won term T then leads with the newer leader's term T' and
+// writes its own entries in T' at the indexes where the real leader of T'
+// writes others. Both claim T', so the log-matching check never repairs
+// it (upstream issue 695). The fault rig found it after a SIGSTOPped
+// leader: one replica's log differed from the others' at the new leader's
+// last index + 3 (the no-op and the planner's barrier are the same bytes
+// on both leaders, the first command is not), and acknowledged
+// allocations were missing there. A heartbeat now waits behind the disk
+// writes of the main goroutine; the election timeout is well above them.
+func (t *commitTransport) SetHeartbeatHandler(func(raft.RPC)) {}
 
 // Consumer is what raft reads the RPCs it is sent from.
 func (t *commitTransport) Consumer() <-chan raft.RPC { return t.rpcs }
@@ -42,6 +61,7 @@ func (t *commitTransport) relay(ctx context.Context) {
 						break
 					}
 				}
+				clampCommit(req)
 			}
 			select {
 			case t.rpcs <- rpc:
@@ -49,6 +69,21 @@ func (t *commitTransport) relay(ctx context.Context) {
 				return
 			}
 		}
+	}
+}
+
+// clampCommit lowers the commit index an AppendEntries carries to the
+// last entry it vouches for (its previous entry plus its entries), the
+// Raft paper's min(leaderCommit, index of last new entry). hashicorp/raft
+// takes min(leaderCommit, the follower's own last index) instead, so a
+// follower holding a stale suffix (entries of a deposed leader) past what
+// an append checked, as when a batch cut at MaxAppendEntries ends before
+// the commit index, would mark those unchecked entries committed and
+// apply them. Once the follower is caught up every append reaches the
+// leader's last index and nothing is lowered.
+func clampCommit(req *raft.AppendEntriesRequest) {
+	if last := req.PrevLogEntry + uint64(len(req.Entries)); req.LeaderCommitIndex > last {
+		req.LeaderCommitIndex = last
 	}
 }
 

@@ -209,13 +209,14 @@ func New(cfg Config) (*Server, error) {
 	rc := raftConfig(cfg.NodeID, cfg.Timing)
 	rc.NotifyCh = s.notify
 	rc.Logger = hlog
-	logs, err := raft.NewLogCache(1024, &failStopLogs{LogStore: store, failed: cfg.StorageFailed})
+	fenced := &failStopLogs{LogStore: store, failed: cfg.StorageFailed}
+	logs, err := raft.NewLogCache(1024, fenced)
 	if err != nil {
 		s.closeStores()
 		return nil, fmt.Errorf("raft log cache: %w", err)
 	}
 	s.ctrans = newCommitTransport(s.ctx, trans)
-	r, err := raft.NewRaft(rc, s.fsm, logs, store, snaps, s.ctrans)
+	r, err := raft.NewRaft(rc, s.fsm, logs, &failStopStable{StableStore: store, fence: fenced}, snaps, s.ctrans)
 	if err != nil {
 		s.closeStores()
 		return nil, fmt.Errorf("start raft %s: %w", cfg.NodeID, err)

@@ -135,11 +135,11 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Inventory: inv, Logger: log, SiteKey: siteKey,
 		Purge: server.PurgeConfig{Retention: o.RetainEnded}, AgentHeartbeatTTL: o.AgentHeartbeatTTL,
 		AuditRetention: server.AuditRetentionConfig{MaxRecords: o.AuditMaxRecords, Interval: o.AuditRetainEvery},
-		// Fail-stop: a replica whose Raft log write failed (disk full,
+		// Fail-stop: a replica whose Raft log or stable store write failed (disk full,
 		// I/O error) exits at once; its supervisor restarts it and it
 		// rejoins once the disk takes writes (server/failstop.go).
 		StorageFailed: func(err error) {
-			log.Error("raft log write failed; stopping this replica (restart it once its disk takes writes)", "node", o.NodeID, "err", err)
+			log.Error("raft storage write failed; stopping this replica (restart it once its disk takes writes)", "node", o.NodeID, "err", err)
 			os.Exit(exitStorageFailed)
 		},
 		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
