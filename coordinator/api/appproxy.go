@@ -128,12 +128,12 @@ type firstMessage struct {
 func (h *appProxyHub) watch(node string, p *parkedConn) {
 	typ, b, err := p.conn.Read(context.Background())
 	if h.unpark(node, p) {
+		close(p.gone)
 		if err == nil {
 			p.conn.Close(websocket.StatusPolicyViolation, "a parked connection speaks only when asked")
 		} else {
 			p.conn.CloseNow()
 		}
-		close(p.gone)
 		return
 	}
 	p.first <- firstMessage{typ, b, err}
