@@ -63,6 +63,9 @@ const (
 	// coordinator down or refusing), jittered.
 	appProxyBackoffMin = 500 * time.Millisecond
 	appProxyBackoffMax = 30 * time.Second
+	// appProxyParkWait bounds how long a start that succeeded waits for
+	// its first parked connections before it reports running.
+	appProxyParkWait = 2 * time.Second
 )
 
 // SetAppRunner gives the agent the runner of its app instances (the guest
@@ -242,7 +245,7 @@ func (d *Daemon) reportAppTask(ctx context.Context, log interface{ Warn(string, 
 }
 
 // startApp fetches the app's layout and starts it (idempotent).
-func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskPayload) (*proto.AppTaskResult, error) {
+func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskPayload) (_ *proto.AppTaskResult, err error) {
 	if p.App == nil {
 		return nil, fmt.Errorf("app.start of %s names no app manifest", p.InstanceID)
 	}
@@ -250,6 +253,15 @@ func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskP
 	if err != nil {
 		return nil, err
 	}
+	// Park workload proxy connections from now on (the fetch and the
+	// health check give them a head start) while the instance starts (its
+	// logs) and runs; a failed start parks none (the ledger ends it failed).
+	d.apps.proxy.want(p.InstanceID)
+	defer func() {
+		if err != nil {
+			d.apps.proxy.drop(p.InstanceID)
+		}
+	}()
 	cache, err := d.appCache()
 	if err != nil {
 		return nil, err
@@ -266,14 +278,8 @@ func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskP
 	if err != nil {
 		return nil, fmt.Errorf("the GPUs of %s: %w", p.AllocationID, err)
 	}
-	// Park proxy connections before the instance can be reported running
-	// (its first proxied request finds one) and while it starts (its logs).
-	d.apps.proxy.want(p.InstanceID)
 	st, err := r.Start(ctx, apprun.Spec{InstanceID: p.InstanceID, AllocationID: p.AllocationID, App: *p.App, ImagePath: path,
 		GuestAddr: p.GuestAddr, GPUs: gpus})
-	if err != nil || st.State != apprun.StateRunning {
-		d.apps.proxy.drop(p.InstanceID) // failed: the ledger ends it failed
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +293,10 @@ func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskP
 	if st.State != apprun.StateRunning {
 		return res, fmt.Errorf("app %s did not become running: %s %s", p.App, st.State, st.Detail)
 	}
+	// Report running once a connection is parked on every coordinator (or
+	// after appProxyParkWait: a coordinator down does not hold the start),
+	// so the instance's first proxied request does not wait for a park.
+	d.apps.proxy.waitParked(ctx, d.client.URLs(), appProxyParkWait)
 	return res, nil
 }
 
@@ -415,9 +425,11 @@ func (d *Daemon) parkLoop(ctx context.Context, base string, slot int) {
 			continue
 		}
 		parked := time.Now()
+		d.apps.proxy.parkedOn(base, 1)
 		conn.SetReadLimit(1 << 20)
 		typ, b, err := conn.Read(pctx)
 		cancel()
+		d.apps.proxy.parkedOn(base, -1)
 		if err != nil {
 			conn.CloseNow() // unwanted, handed back idle, or the coordinator went away
 			select {
@@ -458,7 +470,54 @@ type proxyDemand struct {
 	mu      sync.Mutex
 	live    map[string]bool      // instance IDs
 	took    map[string]time.Time // by coordinator URL
+	parked  map[string]int       // connections parked now, by coordinator URL
 	changed chan struct{}        // closed (and replaced) on every change
+}
+
+// parkedOn counts a connection parked on base (delta 1) or no longer
+// parked (-1).
+func (p *proxyDemand) parkedOn(base string, delta int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.parked == nil {
+		p.parked = map[string]int{}
+	}
+	p.parked[base] += delta
+	if p.parked[base] <= 0 {
+		delete(p.parked, base)
+	}
+	p.changedLocked()
+}
+
+// waitParked waits until a connection is parked on each of bases, at most
+// bound (or until ctx ends).
+func (p *proxyDemand) waitParked(ctx context.Context, bases []string, bound time.Duration) {
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		all := true
+		for _, b := range bases {
+			if p.parked[b] == 0 {
+				all = false
+			}
+		}
+		if p.changed == nil {
+			p.changed = make(chan struct{})
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		if all {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-ch:
+		}
+	}
 }
 
 func (p *proxyDemand) changedLocked() {

@@ -563,7 +563,7 @@ func TestAppProxyParksOnlyWhileAnInstanceRuns(t *testing.T) {
 	c := startCoord(t, "j22u15")
 	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
 	r := newRecordingRunner()
-	startAgentWith(t, cfg, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
+	a1 := startAgentWith(t, cfg, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
 	alloc := activeSliceOn(t, c) // the agent is up: it provisioned the slice
 	publishApp(t, c, "hello", []byte("parking layout"))
 	require.Never(t, func() bool { return parkedOn(t, c) > 0 }, 1500*time.Millisecond, 50*time.Millisecond,
@@ -596,6 +596,16 @@ func TestAppProxyParksOnlyWhileAnInstanceRuns(t *testing.T) {
 	require.Eventually(t, func() bool { return parkedOn(t, c) == appProxyParked }, 5*time.Second, 20*time.Millisecond,
 		"the pool grows while sessions run: %d parked", parkedOn(t, c))
 	require.Never(t, func() bool { return parkedOn(t, c) > appProxyParked }, 500*time.Millisecond, 20*time.Millisecond)
+
+	// The agent dies: the coordinator drops its connections at once; its
+	// next life finds the running instance in its records and parks again.
+	a1.stop()
+	require.Eventually(t, func() bool { return parkedOn(t, c) == 0 }, 5*time.Second, 10*time.Millisecond, "a dead agent's connections stayed parked")
+	cfg2 := cfg
+	cfg2.BootstrapToken = "" // enrolled: the credential is in the state dir
+	startAgentWith(t, cfg2, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
+	require.Eventually(t, func() bool { return parkedOn(t, c) >= appProxyWarm }, 10*time.Second, 10*time.Millisecond, "the restarted agent parks for its instance")
+	require.Equal(t, http.StatusOK, get())
 
 	// The stop: every parked connection goes at once.
 	code, out := c.do(http.MethodPost, "/v1/allocations/"+alloc.ID+"/apps/hello/stop", c.op, nil, nil)
