@@ -471,7 +471,8 @@ type proxyDemand struct {
 	live    map[string]bool      // instance IDs
 	took    map[string]time.Time // by coordinator URL
 	parked  map[string]int       // connections parked now, by coordinator URL
-	changed chan struct{}        // closed (and replaced) on every change
+	changed chan struct{}        // closed (and replaced) when a slot's want may change
+	parkCh  chan struct{}        // closed (and replaced) when parked changes
 }
 
 // parkedOn counts a connection parked on base (delta 1) or no longer
@@ -486,7 +487,10 @@ func (p *proxyDemand) parkedOn(base string, delta int) {
 	if p.parked[base] <= 0 {
 		delete(p.parked, base)
 	}
-	p.changedLocked()
+	if p.parkCh != nil {
+		close(p.parkCh)
+	}
+	p.parkCh = make(chan struct{})
 }
 
 // waitParked waits until a connection is parked on each of bases, at most
@@ -502,10 +506,10 @@ func (p *proxyDemand) waitParked(ctx context.Context, bases []string, bound time
 				all = false
 			}
 		}
-		if p.changed == nil {
-			p.changed = make(chan struct{})
+		if p.parkCh == nil {
+			p.parkCh = make(chan struct{})
 		}
-		ch := p.changed
+		ch := p.parkCh
 		p.mu.Unlock()
 		if all {
 			return
@@ -557,8 +561,12 @@ func (p *proxyDemand) taken(base string) {
 	if p.took == nil {
 		p.took = map[string]time.Time{}
 	}
-	p.took[base] = time.Now()
-	p.changedLocked()
+	now := time.Now()
+	active := now.Sub(p.took[base]) < appProxyActive
+	p.took[base] = now
+	if !active { // the pool grows; later takes only extend its window
+		p.changedLocked()
+	}
 }
 
 // wanted reports whether slot of base's pool should hold a connection

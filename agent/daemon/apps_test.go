@@ -420,8 +420,22 @@ func TestBenchWorkloadProxyOverhead(t *testing.T) {
 				"minus the median GET straight to the app: %.2f − %.2f ms over %d requests each; p90 via the proxy %.2f ms; "+
 				"the first request right after the instance was reported running %.2f ms (the agent parks only while it runs an instance: "+
 				"one connection per coordinator, up to 4 while sessions run); "+
-				"one coordinator and one agent in one process, a test runner serving real HTTP (no guest)", p50p, p50d, runs, viaProxy[runs*9/10], first)),
+				"one coordinator and one agent in one process, a test runner serving real HTTP (no guest); load average %s", p50p, p50d, runs, viaProxy[runs*9/10], first, loadAverage())),
 	}))
+}
+
+// loadAverage is the machine's 1/5/15-minute load average, for a bench
+// figure's note (the machine is shared).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], "/")
 }
 
 // gpuRuntime is the simulated slice runtime naming each allocation's GPUs
