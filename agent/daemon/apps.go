@@ -453,8 +453,12 @@ func (d *Daemon) parkLoop(ctx context.Context, base string, slot int) {
 			conn.Close(websocket.StatusPolicyViolation, "expected an AppProxyDial")
 			continue
 		}
-		d.apps.proxy.taken(base)
-		wg.Go(func() { d.serveAppProxy(ctx, conn, req) })
+		wg.Go(func() {
+			d.serveAppProxy(ctx, conn, req)
+			// The pool grows after the first session is answered: its
+			// parks (TLS handshakes) do not compete with it for the CPU.
+			d.apps.proxy.taken(base)
+		})
 	}
 }
 
