@@ -320,7 +320,8 @@ type AppProxySession struct {
 // port, the agent answers with an AppProxyDial of its own (Error empty:
 // connected to the upstream), then the connection carries the session's
 // bytes both ways as binary messages until either side closes. The agent
-// parks a replacement as soon as one is taken.
+// parks only while it has a live app instance, and a replacement as soon
+// as one is taken; a node holds at most 8 on a coordinator (429 past it).
 const AgentAppProxyPath = "/v1/agent/app-proxy"
 
 // AppProxyDial is the one control message each way of a parked proxy

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -37,14 +38,35 @@ import (
 // recorded in STATE/apps.json so a slice release stops them before the
 // slice is torn down, across agent restarts too.
 //
-// The workload proxy: appProxyLoop keeps appProxyParked connections parked
-// on every coordinator (GET /v1/agent/app-proxy); a coordinator takes one
-// per proxy session and names the instance and port; the agent dials the
-// runner's endpoint and splices.
+// The workload proxy: while the agent has a live app instance (starting
+// or running: its logs travel the same way), appProxyLoop keeps
+// connections parked on every coordinator (GET /v1/agent/app-proxy); a
+// coordinator takes one per proxy session and names the instance and
+// port; the agent dials the runner's endpoint and splices. An agent
+// without one parks nothing: at 10,000 agents and 3 coordinators, parking
+// on every agent with a runner was 120,000 idle TLS connections. Every
+// park follows the agent's own view of its instances, so the first
+// request to an instance the coordinator reports running finds a parked
+// connection (the agent parked before it started the instance).
 
-// appProxyParked is how many idle proxy connections the agent keeps on
-// each coordinator.
-const appProxyParked = 4
+// Bounds of the agent's side of the workload proxy.
+const (
+	// appProxyWarm is how many connections the agent keeps parked on
+	// each coordinator while it has a live instance.
+	appProxyWarm = 1
+	// appProxyParked is how many it keeps on a coordinator that took
+	// one within appProxyActive (sessions run on the leader: its pool
+	// grows; a burst of a browser's requests does not wait for parks).
+	appProxyParked = 4
+	appProxyActive = time.Minute
+	// The backoff of a park that failed or was closed early (a
+	// coordinator down or refusing), jittered.
+	appProxyBackoffMin = 500 * time.Millisecond
+	appProxyBackoffMax = 30 * time.Second
+	// appProxyParkWait bounds how long a start that succeeded waits for
+	// its first parked connections before it reports running.
+	appProxyParkWait = 2 * time.Second
+)
 
 // SetAppRunner gives the agent the runner of its app instances (the guest
 // runner on a slice host, the local runner on the lab's simulated hosts).
@@ -70,6 +92,7 @@ type appState struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per instance
 	seen  map[string]time.Time   // app task IDs this process took
+	proxy proxyDemand            // the workload proxy's pool follows it
 }
 
 func (d *Daemon) appRunner() apprun.Runner {
@@ -222,7 +245,7 @@ func (d *Daemon) reportAppTask(ctx context.Context, log interface{ Warn(string, 
 }
 
 // startApp fetches the app's layout and starts it (idempotent).
-func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskPayload) (*proto.AppTaskResult, error) {
+func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskPayload) (_ *proto.AppTaskResult, err error) {
 	if p.App == nil {
 		return nil, fmt.Errorf("app.start of %s names no app manifest", p.InstanceID)
 	}
@@ -230,6 +253,15 @@ func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskP
 	if err != nil {
 		return nil, err
 	}
+	// Park workload proxy connections from now on (the fetch and the
+	// health check give them a head start) while the instance starts (its
+	// logs) and runs; a failed start parks none (the ledger ends it failed).
+	d.apps.proxy.want(p.InstanceID)
+	defer func() {
+		if err != nil {
+			d.apps.proxy.drop(p.InstanceID)
+		}
+	}()
 	cache, err := d.appCache()
 	if err != nil {
 		return nil, err
@@ -261,6 +293,10 @@ func (d *Daemon) startApp(ctx context.Context, r apprun.Runner, p proto.AppTaskP
 	if st.State != apprun.StateRunning {
 		return res, fmt.Errorf("app %s did not become running: %s %s", p.App, st.State, st.Detail)
 	}
+	// Report running once a connection is parked on every coordinator (or
+	// after appProxyParkWait: a coordinator down does not hold the start),
+	// so the instance's first proxied request does not wait for a park.
+	d.apps.proxy.waitParked(ctx, d.client.URLs(), appProxyParkWait)
 	return res, nil
 }
 
@@ -268,6 +304,7 @@ func (d *Daemon) stopApp(ctx context.Context, r apprun.Runner, id string) error 
 	if err := r.Stop(ctx, id); err != nil && !errors.Is(err, apprun.ErrNotFound) {
 		return err
 	}
+	d.apps.proxy.drop(id)
 	_, err := d.editAppRecords(func(recs appRecords) { delete(recs, id) })
 	return err
 }
@@ -307,66 +344,296 @@ func (d *Daemon) stopAllocationApps(ctx context.Context, alloc string) {
 	}
 }
 
-// appProxyLoop keeps appProxyParked connections parked on every
-// coordinator.
+// appProxyLoop parks the workload proxy's connections while the agent has
+// a live app instance: appProxyWarm on every coordinator, up to
+// appProxyParked on one that served a session within appProxyActive. It
+// seeds the live instances from the agent's records (those the runner
+// still runs survive an agent restart).
 func (d *Daemon) appProxyLoop(ctx context.Context) error {
+	d.seedProxyDemand(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, base := range d.client.URLs() {
-		for range appProxyParked {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.parkLoop(ctx, base)
-			}()
+		for slot := range appProxyParked {
+			wg.Go(func() { d.parkLoop(ctx, base, slot) })
 		}
 	}
 	<-ctx.Done()
 	return nil
 }
 
-// parkLoop parks one connection on base after another; each taken one is
-// served in its own goroutine while the next is parked.
-func (d *Daemon) parkLoop(ctx context.Context, base string) {
-	backoff := time.Second
+// seedProxyDemand marks the recorded instances the runner still runs (or
+// starts) live.
+func (d *Daemon) seedProxyDemand(ctx context.Context) {
+	r := d.appRunner()
+	if r == nil {
+		return
+	}
+	recs, err := d.editAppRecords(nil)
+	if err != nil {
+		d.log.Warn("workload proxy: app records", "err", err)
+		return
+	}
+	for id := range recs {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := r.Status(sctx, id)
+		cancel()
+		if err == nil && (st.State == apprun.StateRunning || st.State == apprun.StateStarting) {
+			d.apps.proxy.want(id)
+		}
+	}
+}
+
+// parkLoop is one slot of the pool on base: while the slot is wanted it
+// parks one connection after another, each taken one served in its own
+// goroutine while the next is parked; when the slot stops being wanted the
+// parked connection is closed (the coordinator sees it go at once).
+func (d *Daemon) parkLoop(ctx context.Context, base string, slot int) {
+	backoff := appProxyBackoffMin
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for ctx.Err() == nil {
-		if d.appRunner() == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(10 * time.Second):
-			}
-			continue
+	pause := func() bool {
+		t := time.NewTimer(jitter(backoff))
+		defer t.Stop()
+		backoff = min(backoff*2, appProxyBackoffMax)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
 		}
-		conn, err := d.client.DialAppProxy(ctx, base)
+	}
+	for d.apps.proxy.waitWanted(ctx, base, slot) {
+		pctx, cancel := context.WithCancel(ctx)
+		unwanted := make(chan struct{})
+		go func() {
+			if d.apps.proxy.waitUnwanted(pctx, base, slot) {
+				close(unwanted)
+				cancel()
+			}
+		}()
+		conn, err := d.client.DialAppProxy(pctx, base)
 		if err != nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
+			cancel()
+			if pctx.Err() != nil && ctx.Err() == nil {
+				continue // unwanted while dialling
 			}
-			backoff = min(backoff*2, 30*time.Second)
+			d.log.Debug("workload proxy: park", "coordinator", base, "err", err)
+			if !pause() {
+				return
+			}
 			continue
 		}
-		backoff = time.Second
+		parked := time.Now()
+		d.apps.proxy.parkedOn(base, 1)
 		conn.SetReadLimit(1 << 20)
-		typ, b, err := conn.Read(ctx)
+		typ, b, err := conn.Read(pctx)
+		cancel()
+		d.apps.proxy.parkedOn(base, -1)
 		if err != nil {
-			conn.CloseNow() // handed back idle, or the coordinator went away
+			conn.CloseNow() // unwanted, handed back idle, or the coordinator went away
+			select {
+			case <-unwanted:
+				backoff = appProxyBackoffMin
+				continue
+			default:
+			}
+			if time.Since(parked) < appProxyBackoffMax {
+				if !pause() { // closed early: the coordinator is going away or refusing
+					return
+				}
+			} else {
+				backoff = appProxyBackoffMin
+			}
 			continue
 		}
+		backoff = appProxyBackoffMin
 		var req proto.AppProxyDial
 		if typ != websocket.MessageText || json.Unmarshal(b, &req) != nil || req.InstanceID == "" {
 			conn.Close(websocket.StatusPolicyViolation, "expected an AppProxyDial")
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			d.serveAppProxy(ctx, conn, req)
-		}()
+			// The pool grows after the first session is answered: its
+			// parks (TLS handshakes) do not compete with it for the CPU.
+			d.apps.proxy.taken(base)
+		})
+	}
+}
+
+// jitter spreads d over [d/2, d) so agents do not reconnect in step.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// proxyDemand is what the workload proxy's pool follows: the live app
+// instances (the agent parks nothing without one) and when each
+// coordinator last took a connection (its pool grows while sessions run).
+type proxyDemand struct {
+	mu      sync.Mutex
+	live    map[string]bool      // instance IDs
+	took    map[string]time.Time // by coordinator URL
+	parked  map[string]int       // connections parked now, by coordinator URL
+	changed chan struct{}        // closed (and replaced) when a slot's want may change
+	parkCh  chan struct{}        // closed (and replaced) when parked changes
+}
+
+// parkedOn counts a connection parked on base (delta 1) or no longer
+// parked (-1).
+func (p *proxyDemand) parkedOn(base string, delta int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.parked == nil {
+		p.parked = map[string]int{}
+	}
+	p.parked[base] += delta
+	if p.parked[base] <= 0 {
+		delete(p.parked, base)
+	}
+	if p.parkCh != nil {
+		close(p.parkCh)
+	}
+	p.parkCh = make(chan struct{})
+}
+
+// waitParked waits until a connection is parked on each of bases, at most
+// bound (or until ctx ends).
+func (p *proxyDemand) waitParked(ctx context.Context, bases []string, bound time.Duration) {
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		all := true
+		for _, b := range bases {
+			if p.parked[b] == 0 {
+				all = false
+			}
+		}
+		if p.parkCh == nil {
+			p.parkCh = make(chan struct{})
+		}
+		ch := p.parkCh
+		p.mu.Unlock()
+		if all {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-ch:
+		}
+	}
+}
+
+func (p *proxyDemand) changedLocked() {
+	if p.changed != nil {
+		close(p.changed)
+	}
+	p.changed = make(chan struct{})
+}
+
+// want marks an instance live (starting or running).
+func (p *proxyDemand) want(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live == nil {
+		p.live = map[string]bool{}
+	}
+	if !p.live[id] {
+		p.live[id] = true
+		p.changedLocked()
+	}
+}
+
+// drop marks an instance gone (stopped, or its start failed).
+func (p *proxyDemand) drop(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live[id] {
+		delete(p.live, id)
+		p.changedLocked()
+	}
+}
+
+// taken notes that base took a connection (a session).
+func (p *proxyDemand) taken(base string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.took == nil {
+		p.took = map[string]time.Time{}
+	}
+	now := time.Now()
+	active := now.Sub(p.took[base]) < appProxyActive
+	p.took[base] = now
+	if !active { // the pool grows; later takes only extend its window
+		p.changedLocked()
+	}
+}
+
+// wanted reports whether slot of base's pool should hold a connection
+// now, for how long at most before it must be asked again (0: until a
+// change), and the channel closed on the next change.
+func (p *proxyDemand) wanted(base string, slot int) (bool, time.Duration, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.changed == nil {
+		p.changed = make(chan struct{})
+	}
+	if len(p.live) == 0 {
+		return false, 0, p.changed
+	}
+	if slot < appProxyWarm {
+		return true, 0, p.changed
+	}
+	if left := appProxyActive - time.Since(p.took[base]); left > 0 {
+		return true, left, p.changed
+	}
+	return false, 0, p.changed
+}
+
+// waitWanted waits until slot of base is wanted (false: ctx ended).
+func (p *proxyDemand) waitWanted(ctx context.Context, base string, slot int) bool {
+	for {
+		ok, _, ch := p.wanted(base, slot)
+		if ok {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-ch:
+		}
+	}
+}
+
+// waitUnwanted waits until slot of base is no longer wanted (false: ctx
+// ended first).
+func (p *proxyDemand) waitUnwanted(ctx context.Context, base string, slot int) bool {
+	for {
+		ok, left, ch := p.wanted(base, slot)
+		if !ok {
+			return true
+		}
+		var t *time.Timer
+		var expire <-chan time.Time
+		if left > 0 {
+			t = time.NewTimer(left)
+			expire = t.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-ch:
+		case <-expire:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return false
+		}
 	}
 }
 

@@ -99,6 +99,7 @@ func New(b Backend, auth Authenticator, log *slog.Logger) *API {
 	a.proxy = newForwarder(log, b)
 	a.consoles.recorder = raftConsoleRecorder{b: b, log: log}
 	a.metrics = metricsOf(b)
+	a.registerAppProxyMetrics()
 	a.metricsHTTP = a.newMetricsHandler()
 	a.routes = append(append(append(a.routeTable(), a.imageRoutes()...), a.appRoutes()...), a.appInstanceRoutes()...)
 	a.routes = append(a.routes, a.appProxyRoutes()...)

@@ -9,8 +9,9 @@ package api
 //	                    │ which holds the session and writes its audit record
 //	                    ▼
 //	                  take one of the node's parked connections
-//	agent ──WS──▶ GET /v1/agent/app-proxy (node credential; parked ahead of time,
-//	                    │ a replacement parked as soon as one is taken)
+//	agent ──WS──▶ GET /v1/agent/app-proxy (node credential; parked ahead of time
+//	                    │ while the node runs an app instance, a replacement
+//	                    │ parked as soon as one is taken; none while it runs none)
 //	                    ▼ AppProxyDial{instance, port} → the agent dials the
 //	                      runner's endpoint and answers; then raw bytes both ways
 //	                    ▼
@@ -23,6 +24,13 @@ package api
 // site. Parked connections take the round trip of a dial-back off the
 // request path (the console's per-session dial-back costs a Raft write
 // and the agent's long-poll).
+//
+// Parking costs a TLS connection and a goroutine per connection, so the
+// agent parks only while it has a live app instance (agent/daemon/apps.go:
+// one per coordinator, up to four on a coordinator that served a session
+// within the last minute), and this side bounds what one node may hold
+// (appProxyMaxParked) and watches each parked connection: one the agent
+// closes (its last instance stopped) leaves the hub at once.
 
 import (
 	"bufio"
@@ -30,7 +38,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -43,8 +50,10 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpuaas/gpuaas/coordinator/audit"
+	"github.com/gpuaas/gpuaas/coordinator/metrics"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -59,6 +68,10 @@ const (
 	// connection broken silently is not kept.
 	appProxyParkIdle   = 2 * time.Minute
 	appProxyMaxMessage = 1 << 20
+	// appProxyMaxParked bounds the connections one node may hold parked
+	// on this coordinator (the agent parks at most 4; the rest is slack
+	// for an agent restart): more are refused with 429.
+	appProxyMaxParked = 8
 )
 
 // AppProxyPattern is the workload proxy's route as documented;
@@ -93,19 +106,73 @@ type appProxyHub struct {
 type parkedConn struct {
 	conn *websocket.Conn
 	done chan struct{} // closed by the taker when it is finished with conn
+	// first is the connection's first message from the agent (the answer
+	// to a dial) or the read's error: watch reads it while the connection
+	// is parked, so a connection the agent closes leaves the hub at once;
+	// the taker receives it (buffered: watch never blocks).
+	first chan firstMessage
+	// gone is closed when watch removed the connection from the hub (the
+	// agent closed it, or sent something before being asked).
+	gone chan struct{}
 }
 
-func (h *appProxyHub) park(node string, p *parkedConn) {
+type firstMessage struct {
+	typ websocket.MessageType
+	b   []byte
+	err error
+}
+
+// watch reads p's first message: while p is parked that is the agent
+// closing it (or misbehaving), so p is unparked; once taken it is the
+// answer to the taker's dial, handed over on p.first.
+func (h *appProxyHub) watch(node string, p *parkedConn) {
+	typ, b, err := p.conn.Read(context.Background())
+	if h.unpark(node, p) {
+		close(p.gone)
+		if err == nil {
+			p.conn.Close(websocket.StatusPolicyViolation, "a parked connection speaks only when asked")
+		} else {
+			p.conn.CloseNow()
+		}
+		return
+	}
+	p.first <- firstMessage{typ, b, err}
+}
+
+// count is how many connections node holds parked here.
+func (h *appProxyHub) count(node string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.parked[node])
+}
+
+// total is how many connections all nodes hold parked here.
+func (h *appProxyHub) total() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, ps := range h.parked {
+		n += len(ps)
+	}
+	return n
+}
+
+// park adds p unless node holds appProxyMaxParked already.
+func (h *appProxyHub) park(node string, p *parkedConn) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.parked == nil {
 		h.parked, h.notify = map[string][]*parkedConn{}, map[string]chan struct{}{}
+	}
+	if len(h.parked[node]) >= appProxyMaxParked {
+		return false
 	}
 	h.parked[node] = append(h.parked[node], p)
 	if ch, ok := h.notify[node]; ok {
 		close(ch)
 		delete(h.notify, node)
 	}
+	return true
 }
 
 // unpark removes p if it is still parked (reports whether it was).
@@ -115,6 +182,9 @@ func (h *appProxyHub) unpark(node string, p *parkedConn) bool {
 	for i, x := range h.parked[node] {
 		if x == p {
 			h.parked[node] = append(h.parked[node][:i:i], h.parked[node][i+1:]...)
+			if len(h.parked[node]) == 0 {
+				delete(h.parked, node)
+			}
 			return true
 		}
 	}
@@ -136,6 +206,9 @@ func (h *appProxyHub) take(ctx context.Context, node string, wait time.Duration)
 		if n := len(h.parked[node]); n > 0 {
 			p := h.parked[node][n-1] // the newest: the least likely to be stale
 			h.parked[node] = h.parked[node][:n-1]
+			if n == 1 {
+				delete(h.parked, node)
+			}
 			h.mu.Unlock()
 			return p, nil
 		}
@@ -175,11 +248,14 @@ func (h *appProxyHub) dial(ctx context.Context, inst *proto.AppInstance, port in
 		err = p.conn.Write(dctx, websocket.MessageText, msg)
 		var ans proto.AppProxyDial
 		if err == nil {
-			var typ websocket.MessageType
-			var b []byte
-			typ, b, err = p.conn.Read(dctx)
-			if err == nil && (typ != websocket.MessageText || json.Unmarshal(b, &ans) != nil) {
-				err = errors.New("the agent answered the dial with something other than its control message")
+			select {
+			case m := <-p.first:
+				err = m.err
+				if err == nil && (m.typ != websocket.MessageText || json.Unmarshal(m.b, &ans) != nil) {
+					err = errors.New("the agent answered the dial with something other than its control message")
+				}
+			case <-dctx.Done():
+				err = fmt.Errorf("the agent did not answer the dial: %w", dctx.Err())
 			}
 		}
 		cancel()
@@ -226,18 +302,27 @@ func (a *API) agentAppProxy(c *call) error {
 		return err
 	}
 	node := c.agentNode()
+	if n := a.appProxy.count(node); n >= appProxyMaxParked {
+		return proto.Errorf(proto.CodeRateLimited, "node %s already holds %d workload proxy connections on this coordinator (at most %d)", node, n, appProxyMaxParked)
+	}
 	a.clearConnDeadlines(c.w)
 	conn, err := websocket.Accept(c.w, c.r, nil)
 	if err != nil {
 		return nil // Accept wrote the response
 	}
 	conn.SetReadLimit(appProxyMaxMessage)
-	p := &parkedConn{conn: conn, done: make(chan struct{})}
-	a.appProxy.park(node, p)
+	p := &parkedConn{conn: conn, done: make(chan struct{}), first: make(chan firstMessage, 1), gone: make(chan struct{})}
+	if !a.appProxy.park(node, p) { // raced another over the bound
+		conn.Close(websocket.StatusTryAgainLater, "too many parked workload proxy connections")
+		return nil
+	}
+	go a.appProxy.watch(node, p)
 	t := time.NewTimer(appProxyParkIdle)
 	defer t.Stop()
 	select {
 	case <-p.done:
+		return nil
+	case <-p.gone:
 		return nil
 	case <-t.C:
 	}
@@ -245,8 +330,20 @@ func (a *API) agentAppProxy(c *call) error {
 		conn.Close(websocket.StatusNormalClosure, "idle; park a fresh one")
 		return nil
 	}
-	<-p.done // taken just now
+	select { // taken just now, or the agent closed it just now
+	case <-p.done:
+	case <-p.gone:
+	}
 	return nil
+}
+
+// registerAppProxyMetrics adds the workload proxy's gauge to the
+// replica's registry (once: an API rebuilt over the same backend keeps
+// the first one's).
+func (a *API) registerAppProxyMetrics() {
+	_ = a.metrics.Registry().Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: metrics.Namespace, Name: "app_proxy_parked",
+		Help: "Workload proxy connections agents hold parked on this coordinator (agents park only while they run an app instance)."},
+		func() float64 { return float64(a.appProxy.total()) }))
 }
 
 // countingConn counts the bytes of a proxy session.
@@ -465,6 +562,3 @@ func (a *API) auditAppProxy(p Principal, r *http.Request, s proto.AppProxySessio
 		a.log.Error("workload proxy session not audited", "instance", s.InstanceID, "user", s.User, "bytes_in", s.BytesIn, "bytes_out", s.BytesOut, "err", err)
 	}
 }
-
-var _ = fmt.Sprintf
-var _ = io.EOF

@@ -4,80 +4,95 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// A WebSocket the workload proxy relays is answered 101 by
-// ReverseProxy on the hijacked connection, never through WriteHeader:
-// the session's audit record must say 101, not the 502 of "no status".
-func TestAppProxyStatusOfUpgrade(t *testing.T) {
-	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// wsPair is a real WebSocket connection: the server end (parked in the
+// hub as a coordinator would) and the client end (the agent's).
+func wsPair(t *testing.T) (server, client *websocket.Conn) {
+	t.Helper()
+	got := make(chan *websocket.Conn, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, nil)
 		if err != nil {
 			return
 		}
-		defer c.CloseNow()
-		typ, b, err := c.Read(r.Context())
-		if err != nil {
-			return
-		}
-		_ = c.Write(r.Context(), typ, b)
-		c.Close(websocket.StatusNormalClosure, "done")
+		got <- c
+		<-r.Context().Done()
 	}))
-	t.Cleanup(app.Close)
-	target, err := url.Parse(app.URL)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), nil)
 	require.NoError(t, err)
-	status := make(chan int, 1)
-	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &statusCapture{ResponseWriter: w}
-		httputil.NewSingleHostReverseProxy(target).ServeHTTP(sw, r)
-		status <- sw.status
-	}))
-	t.Cleanup(gw.Close)
-
-	ctx := context.Background()
-	c, _, err := websocket.Dial(ctx, gw.URL, nil)
-	require.NoError(t, err)
-	defer c.CloseNow()
-	require.NoError(t, c.Write(ctx, websocket.MessageText, []byte("echo")))
-	_, b, err := c.Read(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, "echo", string(b))
-	c.Close(websocket.StatusNormalClosure, "")
-	assert.Equal(t, http.StatusSwitchingProtocols, <-status)
+	t.Cleanup(func() { client.CloseNow() })
+	return <-got, client
 }
 
-// App routes name the app version they act on, as image routes do.
-func TestAuditObjectOfAppRoutes(t *testing.T) {
-	for _, tc := range []struct {
-		pattern, path, kind, id string
-	}{
-		{"/v1/apps/{name}/{version}", "/v1/apps/jupyter/1.2.0", "app", "jupyter/1.2.0"},
-		{"/v1/apps/{name}/{version}/approve", "/v1/apps/jupyter/1.2.0/approve", "app", "jupyter/1.2.0"},
-		{"/v1/apps/{name}/{version}/blob", "/v1/apps/jupyter/1.2.0/blob", "app", "jupyter/1.2.0"},
-		{"/v1/images/{name}/{version}", "/v1/images/ubuntu/24.04", "image", "ubuntu/24.04"},
-	} {
-		mux := http.NewServeMux()
-		var kind, id string
-		mux.HandleFunc(tc.pattern, func(_ http.ResponseWriter, r *http.Request) { kind, id = auditObject(tc.pattern, r) })
-		mux.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, tc.path, nil))
-		assert.Equal(t, tc.kind, kind, tc.pattern)
-		assert.Equal(t, tc.id, id, tc.pattern)
+func parkPair(t *testing.T, h *appProxyHub, node string) (*parkedConn, *websocket.Conn) {
+	t.Helper()
+	s, c := wsPair(t)
+	p := &parkedConn{conn: s, done: make(chan struct{}), first: make(chan firstMessage, 1), gone: make(chan struct{})}
+	require.True(t, h.park(node, p))
+	go h.watch(node, p)
+	return p, c
+}
+
+// A parked connection the agent closes leaves the hub at once; one that
+// speaks before it is asked is dropped; a node holds at most
+// appProxyMaxParked.
+func TestAppProxyHubWatchAndBound(t *testing.T) {
+	var h appProxyHub
+	p, agent := parkPair(t, &h, "n1")
+	_, _ = parkPair(t, &h, "n2")
+	assert.Equal(t, 1, h.count("n1"))
+	assert.Equal(t, 2, h.total())
+
+	agent.CloseNow() // the agent's last instance stopped
+	select {
+	case <-p.gone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the closed connection stayed parked")
 	}
-}
+	assert.Equal(t, 0, h.count("n1"))
+	assert.Equal(t, 1, h.total())
 
-// requestTokenID names the bearer token of records written outside the
-// route middleware (proxy and console sessions).
-func TestRequestTokenID(t *testing.T) {
-	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	assert.Empty(t, requestTokenID(r))
-	r.Header.Set("Authorization", "Bearer s3cret")
-	assert.Equal(t, tokenID("s3cret"), requestTokenID(r))
-	assert.Len(t, requestTokenID(r), 12)
+	p, agent = parkPair(t, &h, "n1")
+	require.NoError(t, agent.Write(context.Background(), websocket.MessageText, []byte(`{"instance_id":"x"}`)))
+	select {
+	case <-p.gone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a connection that spoke unasked stayed parked")
+	}
+	assert.Equal(t, 0, h.count("n1"))
+
+	for range appProxyMaxParked {
+		parkPair(t, &h, "n3")
+	}
+	s, _ := wsPair(t)
+	assert.False(t, h.park("n3", &parkedConn{conn: s, done: make(chan struct{}), first: make(chan firstMessage, 1), gone: make(chan struct{})}),
+		"over the bound")
+	assert.Equal(t, appProxyMaxParked, h.count("n3"))
+
+	// A taken connection's first message is the taker's.
+	p, agent = parkPair(t, &h, "n4")
+	got, err := h.take(context.Background(), "n4", time.Second)
+	require.NoError(t, err)
+	require.Same(t, p, got)
+	require.NoError(t, agent.Write(context.Background(), websocket.MessageText, []byte(`{"instance_id":"x"}`)))
+	select {
+	case m := <-p.first:
+		require.NoError(t, m.err)
+		assert.JSONEq(t, `{"instance_id":"x"}`, string(m.b))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the taker never got the answer")
+	}
+	_, err = h.take(context.Background(), "n4", 10*time.Millisecond)
+	assert.ErrorContains(t, err, "no workload proxy connection")
 }
