@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gpuaas/gpuaas/hostops/dhcp"
@@ -101,10 +100,10 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 	var errs []error
 	// An allocation provisioning since live was listed counts as live: its
 	// lease may be newer than the list (the agent runs tasks at once).
-	w := r.beginReconcile()
-	defer w.end()
+	w := r.tracker.Reconcile()
+	defer w.End()
 	given := liveSet(live)
-	isLive := func(a string) bool { return given[a] || w.fresh(a) }
+	isLive := func(a string) bool { return given[a] || w.Fresh(a) }
 	keep := liveSet(nil)
 	recs, err := r.d.Journal.List()
 	if err != nil {
@@ -145,10 +144,9 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 	}
 	// From here to the end of the sweeps no provision begins: one that
 	// began before is kept, so nothing it creates is swept as an orphan.
-	r.sweepMu.Lock()
-	sweepDone := sync.OnceFunc(r.sweepMu.Unlock)
+	fresh, sweepDone := w.Sweep()
 	defer sweepDone()
-	for _, a := range w.freshList() {
+	for _, a := range fresh {
 		keep[a] = true
 	}
 	keepList := sortedKeys(keep)

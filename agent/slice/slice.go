@@ -268,18 +268,9 @@ type Runtime struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
-	// Provisions under way (by allocation) and the epoch each began at:
-	// a reconcile's live list is taken before it starts, so it treats an
-	// allocation provisioning since as live (reconcile.go). began is
-	// cleared when no reconcile runs.
-	epoch      uint64
-	began      map[string]uint64
-	inflight   map[string]int
-	reconciles int
-	// sweepMu keeps a provision from beginning between a reconcile's
-	// list of what to keep and its sweep of orphan domains, ports,
-	// reservations and NAT entries.
-	sweepMu sync.RWMutex
+	// tracker knows the provisions under way and begun during a
+	// reconcile (reconcile.go treats them as live).
+	tracker Tracker
 }
 
 // New validates opts and deps.
@@ -317,7 +308,7 @@ func New(opts Options, deps Deps) (*Runtime, error) {
 			deps.Log.Warn("slice runtime: QEMU may not reach its files", "dir", dir, "err", err)
 		}
 	}
-	return &Runtime{opts: opts, d: deps, locks: map[string]*sync.Mutex{}, began: map[string]uint64{}, inflight: map[string]int{}}, nil
+	return &Runtime{opts: opts, d: deps, locks: map[string]*sync.Mutex{}}, nil
 }
 
 // traversable checks that every existing ancestor of dir can be searched
@@ -348,79 +339,7 @@ func (r *Runtime) lock(alloc string) func() {
 
 // provisioning notes that a provision of alloc begins (before it touches
 // anything) and returns the function noting that it ended.
-func (r *Runtime) provisioning(alloc string) func() {
-	r.sweepMu.RLock()
-	r.mu.Lock()
-	r.epoch++
-	if r.reconciles > 0 {
-		r.began[alloc] = r.epoch
-	}
-	r.inflight[alloc]++
-	r.mu.Unlock()
-	r.sweepMu.RUnlock()
-	return func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.inflight[alloc]--; r.inflight[alloc] <= 0 {
-			delete(r.inflight, alloc)
-		}
-	}
-}
-
-// reconcileWindow is a reconcile's view of the provisions that began
-// after its live list was taken (or ran when it started).
-type reconcileWindow struct {
-	r     *Runtime
-	since uint64
-	then  map[string]bool
-}
-
-// beginReconcile opens a reconcile's window; end closes it.
-func (r *Runtime) beginReconcile() *reconcileWindow {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.reconciles++
-	w := &reconcileWindow{r: r, since: r.epoch, then: map[string]bool{}}
-	for a := range r.inflight {
-		w.then[a] = true
-	}
-	return w
-}
-
-func (w *reconcileWindow) end() {
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	if w.r.reconciles--; w.r.reconciles == 0 {
-		clear(w.r.began)
-	}
-}
-
-// fresh reports whether alloc was provisioning when the reconcile began
-// or has begun a provision since: its lease may postdate the live list.
-func (w *reconcileWindow) fresh(alloc string) bool {
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	return w.then[alloc] || w.r.inflight[alloc] > 0 || w.r.began[alloc] > w.since
-}
-
-// freshList is every fresh allocation (r.mu not held).
-func (w *reconcileWindow) freshList() []string {
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	var out []string
-	for a := range w.then {
-		out = append(out, a)
-	}
-	for a := range w.r.inflight {
-		out = append(out, a)
-	}
-	for a, e := range w.r.began {
-		if e > w.since {
-			out = append(out, a)
-		}
-	}
-	return out
-}
+func (r *Runtime) provisioning(alloc string) func() { return r.tracker.Begin(alloc) }
 
 // Names of an allocation's host resources. The domain carries the
 // allocation ID behind a gpuaas- prefix; a tap name has 15 characters at
