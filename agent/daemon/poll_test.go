@@ -401,3 +401,100 @@ func TestTaskQueueLimit(t *testing.T) {
 	}
 	close(release)
 }
+
+// heldRuntime is the simulated slice runtime whose provisions, once
+// armed, each wait until the gate opens (slow clones and boots).
+type heldRuntime struct {
+	*simslice.Runtime
+	gate    chan struct{}
+	entered chan string
+	mu      sync.Mutex
+	active  int // provisions inside the runtime now
+	peak    int
+}
+
+func (h *heldRuntime) Provision(ctx context.Context, req slice.ProvisionRequest, rep slice.Reporter) (proto.SliceProvisionResult, error) {
+	h.mu.Lock()
+	h.active++
+	h.peak = max(h.peak, h.active)
+	h.mu.Unlock()
+	defer func() { h.mu.Lock(); h.active--; h.mu.Unlock() }()
+	h.entered <- req.AllocationID
+	select {
+	case <-h.gate:
+	case <-ctx.Done():
+		return proto.SliceProvisionResult{AllocationID: req.AllocationID, FailedStage: proto.StageImage}, ctx.Err()
+	}
+	return h.Runtime.Provision(ctx, req, rep)
+}
+
+// TestSlicesOfOneHostProvisionAtOnce runs a real coordinator and agent:
+// two slices on different slots of one host are inside the slice runtime
+// at the same time, and a host-wide task (topology discovery) queued
+// behind them waits until both are done.
+func TestSlicesOfOneHostProvisionAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	var rt *heldRuntime
+	require.Equal(t, config.DefaultTaskWorkers, cfg.TaskWorkers)
+	startAgentWith(t, cfg, func(d *Daemon) {
+		o, err := simslice.AgentOptions(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		require.NoError(t, err)
+		o.Pace = 0.02
+		sim, err := simslice.New(o)
+		require.NoError(t, err)
+		rt = &heldRuntime{Runtime: sim, gate: make(chan struct{}), entered: make(chan string, 4)}
+		require.NoError(t, d.SetSliceRuntime(rt, sim.Close))
+	})
+	enter := func(want string) {
+		t.Helper()
+		select {
+		case id := <-rt.entered:
+			require.Equal(t, want, id)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the provision of %s never reached the runtime", want)
+		}
+	}
+	a := placeOneSlice(t, c)
+	enter(a.ID)
+	b := placeSliceOn(t, c, 1)
+	enter(b.ID) // while a's provision is still held
+	rt.mu.Lock()
+	assert.Equal(t, 2, rt.active, "both slices provision at the same time")
+	rt.mu.Unlock()
+
+	// A host-wide task queued behind them waits.
+	earlier := map[string]bool{}
+	for _, tk := range c.srv.Store().Snapshot().Tasks("j22u15", "", "", 0) {
+		earlier[tk.ID] = true
+	}
+	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
+	require.Equal(t, http.StatusAccepted, code, body)
+	discover := func() (proto.Task, bool) {
+		for _, tk := range c.srv.Store().Snapshot().Tasks("j22u15", "", "", 0) {
+			if tk.Type == proto.TaskTopologyDiscover && !earlier[tk.ID] {
+				return *tk, true
+			}
+		}
+		return proto.Task{}, false
+	}
+	require.Eventually(t, func() bool { _, ok := discover(); return ok }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // several poll answers list it by now
+	tk, _ := discover()
+	assert.Equal(t, proto.TaskQueued, tk.State, "the host task waits for the provisions")
+
+	close(rt.gate)
+	for _, id := range []string{a.ID, b.ID} {
+		require.Eventually(t, func() bool {
+			got, ok := c.srv.Store().Snapshot().Allocation(id)
+			return ok && got.State == proto.AllocActive
+		}, 30*time.Second, 20*time.Millisecond, id)
+	}
+	require.Eventually(t, func() bool { tk, _ := discover(); return tk.State == proto.TaskSucceeded }, 30*time.Second, 20*time.Millisecond)
+	rt.mu.Lock()
+	assert.Equal(t, 2, rt.peak)
+	rt.mu.Unlock()
+}
