@@ -105,8 +105,8 @@ func TestOneLongPollServesEveryKind(t *testing.T) {
 	require.Eventually(t, taken, 10*time.Second, time.Millisecond)
 	taskLatency := time.Since(t0)
 
-	// A long provision holds the serial worker (a second slice on slot
-	// 1); the one poll still serves the console and the app start.
+	// A long provision runs (a second slice on slot 1); the one poll
+	// still serves the console and the app start.
 	gate := rt.arm()
 	b := placeSliceOn(t, c, 1)
 	select {
@@ -172,9 +172,10 @@ func TestOneLongPollServesEveryKind(t *testing.T) {
 	}
 }
 
-// The serial worker runs tasks one at a time in the order added, refuses
-// a task already queued or running, takes a finished one again (the
-// journal then only re-reports it) and stops when the context ends.
+// The worker pool runs host-wide tasks (here: of no type it knows) one at
+// a time in the order added, refuses a task already queued or running,
+// takes a finished one again (the journal then only re-reports it) and
+// stops when the context ends.
 func TestTaskQueue(t *testing.T) {
 	t.Parallel()
 	q := newTaskQueue(4)
