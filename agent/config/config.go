@@ -62,6 +62,13 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return d.Set(s)
 }
 
+// Task concurrency: an H200 host has 8 slots, so by default each slot's
+// slice can provision or release while the others do.
+const (
+	DefaultTaskWorkers = 8
+	MaxTaskWorkers     = 64
+)
+
 // Slice runtimes.
 const (
 	RuntimeNone = "none" // no slices: slice.provision and slot.cleanup are refused (gpuaas-lab-agent injects lab/simslice)
@@ -217,7 +224,12 @@ type Config struct {
 	GPUTelemetryInterval Duration `json:"gpu_telemetry_interval,omitempty"`
 	HeartbeatInterval    Duration `json:"heartbeat_interval,omitempty"`
 	PollWait             Duration `json:"poll_wait,omitempty"`
-	LogLevel             string   `json:"log_level,omitempty"`
+	// TaskWorkers bounds how many slice, slot and host tasks run at once
+	// (tasks of different allocations and slots; those of one allocation
+	// or slot stay ordered, host-wide tasks run alone). 1 runs them one at
+	// a time.
+	TaskWorkers int    `json:"task_workers,omitempty"`
+	LogLevel    string `json:"log_level,omitempty"`
 	// Console sessions (agent/console): the idle timeout (no byte either
 	// way), one transcript's size bound and how long transcripts are kept
 	// (in StateDir/console).
@@ -259,6 +271,7 @@ func Defaults() Config {
 		GPUTelemetryInterval: Duration(30 * time.Second),
 		HeartbeatInterval:    Duration(10 * time.Second),
 		PollWait:             Duration(30 * time.Second),
+		TaskWorkers:          DefaultTaskWorkers,
 		LogLevel:             "info",
 		ConsoleIdleTimeout:   Duration(15 * time.Minute),
 		ConsoleTranscriptMax: 1 << 20,
@@ -277,6 +290,9 @@ func defs() []flagDef {
 	}
 	v := func(name, usage string, f func(c *Config) flag.Value) flagDef {
 		return flagDef{name, usage, func(fs *flag.FlagSet, c *Config) { fs.Var(f(c), name, usage) }}
+	}
+	n := func(name, usage string, f func(c *Config) *int) flagDef {
+		return flagDef{name, usage, func(fs *flag.FlagSet, c *Config) { p := f(c); fs.IntVar(p, name, *p, usage) }}
 	}
 	return []flagDef{
 		s("node-id", "node ID (default: the host name)", func(c *Config) *string { return &c.NodeID }),
@@ -327,6 +343,7 @@ func defs() []flagDef {
 		v("gpu-telemetry-interval", "how often nvidia-smi is run for GPU telemetry", func(c *Config) flag.Value { return &c.GPUTelemetryInterval }),
 		v("heartbeat-interval", "HTTP heartbeat interval (fallback to gossip)", func(c *Config) flag.Value { return &c.HeartbeatInterval }),
 		v("poll-wait", "task long-poll wait", func(c *Config) flag.Value { return &c.PollWait }),
+		n("task-workers", "how many slice/slot tasks of different allocations and slots run at once (tasks of one allocation or slot stay ordered, host-wide tasks run alone; 1: one at a time)", func(c *Config) *int { return &c.TaskWorkers }),
 		s("log-level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
 		v("console-idle-timeout", "close a console session after this long without a byte either way", func(c *Config) flag.Value { return &c.ConsoleIdleTimeout }),
 		v("console-transcript-max", "size bound of one console session's transcript, e.g. 1MiB", func(c *Config) flag.Value { return &c.ConsoleTranscriptMax }),
@@ -503,6 +520,9 @@ func (c Config) Validate() error {
 	}
 	if c.PollWait > Duration(proto.MaxAgentWait) {
 		bad("poll-wait", "%s: the coordinators answer a task long-poll within %s at the most", time.Duration(c.PollWait), proto.MaxAgentWait)
+	}
+	if c.TaskWorkers < 1 || c.TaskWorkers > MaxTaskWorkers {
+		bad("task-workers", "%d: want 1 to %d", c.TaskWorkers, MaxTaskWorkers)
 	}
 	switch c.Runtime {
 	case RuntimeNone:

@@ -28,6 +28,20 @@ func TestDefaultsWork(t *testing.T) {
 	assert.Equal(t, "/var/lib/gpuaas", cfg.StateDir)
 	assert.Equal(t, "127.0.0.1:9460", cfg.DiagAddr)
 	assert.Equal(t, 30*time.Second, time.Duration(cfg.PollWait))
+	assert.Equal(t, DefaultTaskWorkers, cfg.TaskWorkers)
+}
+
+func TestTaskWorkers(t *testing.T) {
+	root := hostRoot(t)
+	none := func(string) string { return "" }
+	cfg, err := Load([]string{"-host-root", root, "-task-workers", "1"}, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 1, cfg.TaskWorkers, "1 runs tasks one at a time")
+	cfg, err = Load([]string{"-host-root", root}, func(k string) string {
+		return map[string]string{"GPUAAS_AGENT_TASK_WORKERS": "3"}[k]
+	}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 3, cfg.TaskWorkers, "from the environment")
 }
 
 func TestPrecedenceFlagsOverEnvOverFile(t *testing.T) {
@@ -67,6 +81,9 @@ func TestBadInputNamesTheSetting(t *testing.T) {
 		"bad cache budget":    {[]string{"-image-cache-budget", "lots"}, "image-cache-budget"},
 		"zero cache budget":   {[]string{"-image-cache-budget", "0"}, "-image-cache-budget"},
 		"bad image mirror":    {[]string{"-image-mirror", "ftp://mirror"}, "-image-mirror"},
+		"no task workers":     {[]string{"-task-workers", "0"}, "-task-workers: 0: want 1 to 64"},
+		"too many workers":    {[]string{"-task-workers", "65"}, "-task-workers: 65: want 1 to 64"},
+		"task workers word":   {[]string{"-task-workers", "eight"}, "task-workers"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Load(append([]string{"-host-root", root}, tc.args...), none, io.Discard)

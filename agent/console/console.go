@@ -218,9 +218,11 @@ func (h *hub) attach(session string, wantRW bool) (*Attachment, bool, error) {
 	if wantRW && h.rw == nil {
 		a.Mode, h.rw = proto.ConsoleReadWrite, a
 	}
+	// The transcript is set before the reader can see the attachment
+	// (deliver writes to it).
+	a.tr = h.m.newTranscript(h.alloc, session, a.Mode)
 	h.atts[a] = struct{}{}
 	h.mu.Unlock()
-	a.tr = h.m.newTranscript(h.alloc, session, a.Mode)
 	go a.watchIdle(h.m.opts.IdleTimeout)
 	return a, true, nil
 }

@@ -89,6 +89,11 @@ type Daemon struct {
 	// eventScans counts the scans they triggered.
 	events     uevent.Source
 	eventScans uint64
+	// leaseMu keeps planning (a lease taken) out of a reconciling
+	// heartbeat, from its lease list to the lease reconcile: a lease taken
+	// meanwhile may be missing from the claims the coordinator answered
+	// with, and the reconcile would release it under a running provision.
+	leaseMu sync.RWMutex
 	// reportMu orders readiness reports from the readiness and hardware
 	// loops, so an older evaluation never lands after a newer one.
 	reportMu sync.Mutex
@@ -453,6 +458,13 @@ func (d *Daemon) discover(ctx context.Context) (discovery.Report, error) {
 // live claims the answer lists; otherwise it releases the leases the
 // coordinator names orphaned.
 func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.HeartbeatResponse, error) {
+	unlock := func() {}
+	if reconcile {
+		d.leaseMu.Lock()
+		var once sync.Once
+		unlock = func() { once.Do(d.leaseMu.Unlock) }
+	}
+	defer unlock()
 	ls, err := d.store.List()
 	if err != nil {
 		return proto.HeartbeatResponse{}, err
@@ -486,6 +498,7 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 			}
 		}
 		r, err := d.sched.Reconcile(claims)
+		unlock()
 		if err != nil {
 			return resp, err
 		}
@@ -749,6 +762,8 @@ func (d *Daemon) planTask(ctx context.Context, t proto.Task) (sched.BundlePlan, 
 		}
 		approved = append(approved, proto.Slot{ID: c.SlotID, NodeID: s.NodeID, Index: s.Index, ClaimID: c.ClaimID, Generation: c.Generation, Capacity: s.Capacity})
 	}
+	d.leaseMu.RLock()
+	defer d.leaseMu.RUnlock()
 	plan, err := d.sched.Plan(ctx, p.AllocationID, approved)
 	return plan, approved, p, err
 }

@@ -209,6 +209,7 @@ func (r *Runtime) Provision(ctx context.Context, req ProvisionRequest, rep Repor
 	if req.PlanDuration > 0 {
 		res.Durations[proto.StagePlan] = req.PlanDuration.Milliseconds()
 	}
+	defer r.provisioning(req.AllocationID)()
 	defer r.lock(req.AllocationID)()
 	log := r.d.Log.With("allocation", req.AllocationID)
 

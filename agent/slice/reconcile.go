@@ -98,7 +98,12 @@ type GuestProbe struct {
 func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation, error) {
 	var out Reconciliation
 	var errs []error
-	isLive := liveSet(live)
+	// An allocation provisioning since live was listed counts as live: its
+	// lease may be newer than the list (the agent runs tasks at once).
+	w := r.tracker.Reconcile()
+	defer w.End()
+	given := liveSet(live)
+	isLive := func(a string) bool { return given[a] || w.Fresh(a) }
 	keep := liveSet(nil)
 	recs, err := r.d.Journal.List()
 	if err != nil {
@@ -108,7 +113,7 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 	busy := map[string]string{}
 	var probe []Record // live, active allocations whose domain runs
 	for _, rec := range recs {
-		if isLive[rec.AllocationID] && (rec.Phase == PhaseActive || rec.Phase == PhaseProvisioning || rec.Phase == PhaseReleasing) {
+		if isLive(rec.AllocationID) && (rec.Phase == PhaseActive || rec.Phase == PhaseProvisioning || rec.Phase == PhaseReleasing) {
 			for _, s := range rec.Slots {
 				busy[s.SlotID] = rec.AllocationID
 			}
@@ -119,8 +124,9 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 		// Re-read under the lock: a task may have finished meanwhile.
 		rec, ok, err := r.d.Journal.Get(listed.AllocationID)
 		if err == nil && ok {
-			err = r.reconcileRecord(ctx, &rec, isLive[rec.AllocationID], busy, &out, &probe)
-			if err == nil && rec.AgentKey != nil && !keyNeeded(rec.Phase, isLive[rec.AllocationID]) {
+			liveNow := isLive(rec.AllocationID)
+			err = r.reconcileRecord(ctx, &rec, liveNow, busy, &out, &probe)
+			if err == nil && rec.AgentKey != nil && !keyNeeded(rec.Phase, liveNow) {
 				r.destroyKey(&rec, "reconcile: allocation "+rec.Phase)
 				err = r.put(&rec)
 			}
@@ -129,11 +135,18 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 		if err != nil {
 			errs = append(errs, fmt.Errorf("reconcile allocation %s: %w", rec.AllocationID, err))
 		}
-		if rec.Phase == PhaseActive && isLive[rec.AllocationID] {
+		if rec.Phase == PhaseActive && isLive(rec.AllocationID) {
 			keep[rec.AllocationID] = true
 		}
 	}
-	for a := range isLive {
+	for a := range given {
+		keep[a] = true
+	}
+	// From here to the end of the sweeps no provision begins: one that
+	// began before is kept, so nothing it creates is swept as an orphan.
+	fresh, sweepDone := w.Sweep()
+	defer sweepDone()
+	for _, a := range fresh {
 		keep[a] = true
 	}
 	keepList := sortedKeys(keep)
@@ -182,6 +195,7 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (Reconciliation,
 			}
 		}
 	}
+	sweepDone()
 	for i := range probe {
 		r.probeGuest(ctx, &probe[i], &out)
 	}

@@ -131,23 +131,44 @@ func (r *Runtime) Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep R
 		return res, fmt.Errorf("cleanup %s: %w", p.SlotID, err)
 	}
 	res.Proof = proof
-	for _, rec := range recs {
-		if s := rec.slot(p.SlotID); s != nil && (s.Proof == nil || rec.AgentKey != nil) {
-			if s.Proof == nil {
-				s.Proof = &proof
-			}
-			// The allocation's VM is gone (checked above); once every disk
-			// it touched is wiped, its key goes too.
-			if len(rec.TouchedSlots()) == 0 {
-				r.destroyKey(&rec, "slot "+p.SlotID+" cleaned up")
-			}
-			if err := r.put(&rec); err != nil {
-				return res, err
-			}
+	for _, listed := range recs {
+		if listed.slot(p.SlotID) == nil {
+			continue
+		}
+		if err := r.noteCleaned(listed.AllocationID, p.SlotID, proof); err != nil {
+			return res, err
 		}
 	}
 	rep.Event(ctx, proto.StageEvent{Stage: proto.StageCleanup, Status: "succeeded"})
 	return res, nil
+}
+
+// noteCleaned records a cleanup's proof on alloc's record, re-read under
+// the allocation's lock (a reconcile or another task may have written it
+// since the cleanup listed it).
+func (r *Runtime) noteCleaned(alloc, slotID string, proof proto.WipeProof) error {
+	defer r.lock(alloc)()
+	rec, ok, err := r.d.Journal.Get(alloc)
+	if err != nil || !ok {
+		return err
+	}
+	s := rec.slot(slotID)
+	if s == nil || (s.Proof != nil && rec.AgentKey == nil) {
+		return nil
+	}
+	switch rec.Phase {
+	case PhaseActive, PhaseProvisioning, PhaseReleasing:
+		return nil // provisioned again since: its own task owns the record now
+	}
+	if s.Proof == nil {
+		s.Proof = &proof
+	}
+	// The allocation's VM is gone (checked above); once every disk it
+	// touched is wiped, its key goes too.
+	if len(rec.TouchedSlots()) == 0 {
+		r.destroyKey(&rec, "slot "+slotID+" cleaned up")
+	}
+	return r.put(&rec)
 }
 
 // wipe resolves the slot's disk identity, wipes by policy and verifies.

@@ -668,3 +668,54 @@ func TestReconcilePrunesOldReleasedRecords(t *testing.T) {
 	require.Len(t, recs, 1)
 	assert.Equal(t, "recent", recs[0].AllocationID)
 }
+
+// A reconcile's live list is taken before it starts; an allocation
+// provisioning meanwhile (the agent runs tasks of different allocations
+// at once) may be missing from it. The reconcile waits for that provision
+// and neither releases the allocation nor sweeps its domain, port,
+// reservation or NAT entry as orphans.
+func TestReconcileSparesAProvisionNotInItsLiveList(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := &blockingGuest{fakeGuest: e.guest, entered: make(chan struct{}), release: make(chan struct{})}
+	rt, err := New(e.opts, Deps{Images: e.images, Disks: e.disks, Hypervisor: e.hv, Switch: e.sw, DHCP: e.dh, NAT: e.nat,
+		Guest: g, Journal: e.journal, NewInstanceID: func() (string, error) { return "i-test", nil }})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := rt.Provision(context.Background(), testRequest(t), nil)
+		done <- err
+	}()
+	<-g.entered // defined, started, on the bridge: at ssh_ready
+	recDone := make(chan Reconciliation, 1)
+	go func() {
+		r, err := rt.Reconcile(context.Background(), nil) // listed before the lease was taken
+		assert.NoError(t, err)
+		recDone <- r
+	}()
+	select {
+	case <-recDone:
+		t.Fatal("reconcile did not wait for the running provision")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(g.release)
+	require.NoError(t, <-done)
+	r := <-recDone
+	assert.Empty(t, r.Released, "the provisioning allocation is not released")
+	assert.Empty(t, r.TornDown)
+	assert.Empty(t, r.Domains)
+	assert.Empty(t, r.Ports)
+	assert.Empty(t, r.Reservations)
+	assert.Empty(t, r.NAT)
+	assert.Contains(t, e.hv.doms, "gpuaas-alloc-1")
+	assert.Contains(t, e.dh.res, testAlloc)
+	assert.Contains(t, e.nat.guests, testAlloc)
+	rec, _, err := e.journal.Get(testAlloc)
+	require.NoError(t, err)
+	assert.Equal(t, PhaseActive, rec.Phase)
+
+	// With no provision under way, the same reconcile releases it.
+	r, err = rt.Reconcile(context.Background(), nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{testAlloc}, r.Released)
+}

@@ -268,6 +268,9 @@ type Runtime struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
+	// tracker knows the provisions under way and begun during a
+	// reconcile (reconcile.go treats them as live).
+	tracker Tracker
 }
 
 // New validates opts and deps.
@@ -333,6 +336,10 @@ func (r *Runtime) lock(alloc string) func() {
 	m.Lock()
 	return m.Unlock
 }
+
+// provisioning notes that a provision of alloc begins (before it touches
+// anything) and returns the function noting that it ended.
+func (r *Runtime) provisioning(alloc string) func() { return r.tracker.Begin(alloc) }
 
 // Names of an allocation's host resources. The domain carries the
 // allocation ID behind a gpuaas- prefix; a tap name has 15 characters at

@@ -77,9 +77,10 @@ func (a *API) expireTasks(ctx context.Context, stall time.Duration) int {
 	now := a.now()
 	n := 0
 	snap := st.Snapshot()
-	// An agent runs its node's tasks one after another: a task queued
-	// behind one that is running and reporting waits its turn, it is not
-	// stalled. Its silence counts from the last report of the node's
+	// An agent runs its node's tasks of one allocation or slot one after
+	// another, at most -task-workers at once, and host-wide ones alone: a
+	// task queued behind one that is running and reporting waits its
+	// turn, it is not stalled. Its silence counts from the last report of the node's
 	// running tasks when that is later than its own.
 	busy := map[string]time.Time{}
 	for _, t := range snap.TasksByState(proto.TaskRunning) {

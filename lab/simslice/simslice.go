@@ -117,6 +117,9 @@ type Runtime struct {
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
 	guests map[string]*simGuest // console state (console.go)
+	// tracker: a reconcile treats provisions under way as live (the
+	// agent runs tasks of different allocations at once).
+	tracker slice.Tracker
 }
 
 // New opens the runtime's journal.
@@ -280,6 +283,7 @@ func (r *Runtime) Provision(ctx context.Context, req slice.ProvisionRequest, rep
 	if req.PlanDuration > 0 {
 		res.Durations[proto.StagePlan] = req.PlanDuration.Milliseconds()
 	}
+	defer r.tracker.Begin(req.AllocationID)()
 	defer r.lock(req.AllocationID)()
 	log := r.opts.Log.With("allocation", req.AllocationID, "runtime", "simulated")
 
@@ -738,6 +742,8 @@ func (r *Runtime) Cleanup(ctx context.Context, p proto.SlotCleanupPayload, rep s
 // longer live is released.
 func (r *Runtime) Reconcile(ctx context.Context, live []string) (slice.Reconciliation, error) {
 	var out slice.Reconciliation
+	w := r.tracker.Reconcile()
+	defer w.End()
 	recs, err := r.journal.List()
 	if err != nil {
 		return out, err
@@ -750,7 +756,8 @@ func (r *Runtime) Reconcile(ctx context.Context, live []string) (slice.Reconcili
 			if err != nil || !ok {
 				return
 			}
-			isLive := slices.Contains(live, cur.AllocationID)
+			// One provisioning since live was listed counts as live.
+			isLive := slices.Contains(live, cur.AllocationID) || w.Fresh(cur.AllocationID)
 			switch {
 			case cur.Phase == slice.PhaseProvisioning:
 				cur.Defined, cur.Reserved, cur.Port = false, false, false
