@@ -12,7 +12,10 @@
 //     (commission, deploy, release) then poll the machine for the target
 //     state and fail only on a MAAS failure state or expiry (DESIGN.md
 //     invariant 6); short configuration writes (boot disk, storage layout,
-//     link_subnet, tags) re-read and verify what they wrote.
+//     link_subnet, tags) re-read and verify what they wrote. A mutation
+//     whose connection was refused (the dial failed: a region restarting)
+//     never reached MAAS: it fails with the plain error, and the caller
+//     may send it again.
 //
 // gomaasapi underneath re-sends a request answered 409 or 503 with a
 // Retry-After header by itself: MAAS sends those only when nothing was
@@ -29,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -209,10 +213,17 @@ func (c *Client) classify(err error, mutation bool) error {
 		}
 		return e
 	}
-	if mutation {
+	if mutation && !notSent(err) {
 		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 	}
 	return err
+}
+
+// notSent reports whether err is a failure to connect (refused, no
+// route, DNS): the request never reached MAAS, so it was not applied.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // redact replaces the API key's token and secret in s.
