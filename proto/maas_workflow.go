@@ -176,6 +176,11 @@ type MAASWorkflow struct {
 	StageStartedAt time.Time `json:"stage_started_at,omitzero"`
 	UpdatedAt      time.Time `json:"updated_at"`
 	LastError      string    `json:"last_error,omitempty"`
+	// RetryingSince is when the current stage's run of transient failures
+	// (MAAS unreachable, 503, 409, 5xx) began; zero when the last attempt
+	// did not fail. The runner retries with backoff until the retry
+	// budget (-maas-retry-max-wait) has passed since it.
+	RetryingSince time.Time `json:"retrying_since,omitzero"`
 
 	Buckets []BucketSpan    `json:"buckets,omitempty"`
 	Events  []WorkflowEvent `json:"events,omitempty"`

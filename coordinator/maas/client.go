@@ -12,11 +12,18 @@
 //     (commission, deploy, release) then poll the machine for the target
 //     state and fail only on a MAAS failure state or expiry (DESIGN.md
 //     invariant 6); short configuration writes (boot disk, storage layout,
-//     link_subnet, tags) re-read and verify what they wrote.
+//     link_subnet, tags) re-read and verify what they wrote. A mutation
+//     whose connection was refused (the dial failed: a region restarting)
+//     never reached MAAS: it fails with the plain error, and the caller
+//     may send it again.
 //
 // gomaasapi underneath re-sends a request answered 409 or 503 with a
 // Retry-After header by itself: MAAS sends those only when nothing was
-// applied, so that retry is safe.
+// applied, so that retry is safe. It sleeps without a context, so only
+// short waits (MaxInlineRetryAfter, what MAAS itself sends: 5 s and 10 s)
+// are left to it; a longer Retry-After (a proxy or a region coming back
+// in minutes) is returned at once as a *ServerError whose RetryAfter the
+// caller honours (the MAAS workflow runner waits it out, cancellably).
 package maas
 
 import (
@@ -25,8 +32,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,6 +126,14 @@ func (t deadlineTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		cancel()
 		return nil, err
 	}
+	if ra := resp.Header.Get("Retry-After"); ra != "" && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusConflict) {
+		if d, ok := parseRetryAfter(ra, time.Now()); !ok || d > MaxInlineRetryAfter {
+			// Too long (or a date) for gomaasapi's context-free sleep:
+			// hide it from gomaasapi, keep it for classify.
+			resp.Header.Del("Retry-After")
+			resp.Header.Set(deferredRetryAfter, ra)
+		}
+	}
 	resp.Body = cancelBody{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
 }
@@ -128,13 +145,45 @@ type cancelBody struct {
 
 func (b cancelBody) Close() error { err := b.ReadCloser.Close(); b.cancel(); return err }
 
+// MaxInlineRetryAfter is the longest Retry-After gomaasapi waits out
+// itself (up to 4 times per request); a longer one ends the call.
+const MaxInlineRetryAfter = 10 * time.Second
+
+// deferredRetryAfter carries a Retry-After hidden from gomaasapi.
+const deferredRetryAfter = "X-Gpuaas-Deferred-Retry-After"
+
 // ServerError is MAAS's answer to a refused request.
 type ServerError struct {
 	Status int
 	Body   string
+	// RetryAfter is MAAS's Retry-After (503, 409: the request was not
+	// applied; try again after it), zero without one.
+	RetryAfter time.Duration
 }
 
-func (e *ServerError) Error() string { return fmt.Sprintf("MAAS answered %d: %s", e.Status, e.Body) }
+// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP
+// date (relative to now; a past date is 0).
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if n, err := strconv.Atoi(v); err == nil {
+		if n < 0 {
+			return 0, false
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}
+
+func (e *ServerError) Error() string {
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("MAAS answered %d (Retry-After %s): %s", e.Status, e.RetryAfter, e.Body)
+	}
+	return fmt.Sprintf("MAAS answered %d: %s", e.Status, e.Body)
+}
 
 // classify turns a gomaasclient error into this package's errors:
 // *ServerError for MAAS answers (504 also wraps ErrUnknownOutcome, 404
@@ -147,6 +196,15 @@ func (c *Client) classify(err error, mutation bool) error {
 	}
 	if se, ok := gomaasapi.GetServerError(err); ok {
 		e := &ServerError{Status: se.StatusCode, Body: truncate(c.redact(se.BodyMessage), 300)}
+		if se.StatusCode == http.StatusServiceUnavailable || se.StatusCode == http.StatusConflict {
+			ra := se.Header.Get(deferredRetryAfter)
+			if ra == "" {
+				ra = se.Header.Get("Retry-After")
+			}
+			if d, ok := parseRetryAfter(ra, time.Now()); ok {
+				e.RetryAfter = d
+			}
+		}
 		switch {
 		case se.StatusCode == http.StatusGatewayTimeout && mutation:
 			return fmt.Errorf("%w: %w", ErrUnknownOutcome, e)
@@ -155,10 +213,17 @@ func (c *Client) classify(err error, mutation bool) error {
 		}
 		return e
 	}
-	if mutation {
+	if mutation && !notSent(err) {
 		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 	}
 	return err
+}
+
+// notSent reports whether err is a failure to connect (refused, no
+// route, DNS): the request never reached MAAS, so it was not applied.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // redact replaces the API key's token and secret in s.

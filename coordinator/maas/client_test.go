@@ -3,7 +3,9 @@ package maas_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -349,4 +351,71 @@ func TestPollStopsWithContext(t *testing.T) {
 	defer cancel()
 	_, err := e.client.Deploy(c, id, maas.DeployParams{}, e.wait(time.Hour))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// A deploy whose connection is refused (a region restarting) never
+// reached MAAS: it is not an unknown outcome to poll out, but a plain
+// error the caller may send again.
+func TestRefusedConnectionIsNotAnUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.ready(t, "refused", "52:54:00:00:05:01", "10.0.0.5")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	c, err := maas.New(maas.Config{URL: e.sim.URL, APIKey: e.sim.APIKey, PollInterval: 5 * time.Millisecond,
+		Transport: refuseDeploys{dead}})
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = c.Deploy(ctx(t), id, maas.DeployParams{}, e.wait(10*time.Second))
+	require.Error(t, err)
+	assert.False(t, errors.Is(err, maas.ErrUnknownOutcome), "%v", err)
+	assert.Contains(t, err.Error(), "connection refused")
+	assert.Less(t, time.Since(start), 5*time.Second, "not polled until expiry")
+}
+
+// refuseDeploys sends deploy POSTs to a closed port, the rest to MAAS.
+type refuseDeploys struct{ dead string }
+
+func (f refuseDeploys) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPost && strings.Contains(r.URL.RawQuery, "op=deploy") {
+		r = r.Clone(r.Context())
+		r.URL.Host = f.dead
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// A 503's Retry-After reaches the caller: a short one (MAAS's own 10 s)
+// is waited out inside gomaasapi as before; a longer one ends the call
+// at once with ServerError.RetryAfter for the caller to honour.
+func TestRetryAfterReachesTheCaller(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		header string
+		want   time.Duration
+	}{
+		{"seconds", "120", 2 * time.Minute},
+		{"date", time.Now().Add(time.Hour).UTC().Format(http.TimeFormat), time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", tc.header)
+				http.Error(w, "No rack controllers connected", http.StatusServiceUnavailable)
+			}))
+			t.Cleanup(srv.Close)
+			c, err := maas.New(maas.Config{URL: srv.URL + "/MAAS/", APIKey: maassim.DefaultAPIKey})
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = c.Machine(ctx(t), "abc123")
+			var se *maas.ServerError
+			require.ErrorAs(t, err, &se)
+			assert.Equal(t, http.StatusServiceUnavailable, se.Status)
+			assert.InDelta(t, tc.want, se.RetryAfter, float64(5*time.Second), "an HTTP date has whole seconds")
+			assert.Contains(t, err.Error(), "Retry-After")
+			assert.Less(t, time.Since(start), 5*time.Second, "not slept through inside gomaasapi")
+		})
+	}
 }

@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -88,16 +89,34 @@ type Config struct {
 	// HTTPClient fetches the predeploy checks' URLs (default: one per
 	// site trusting its CA bundle).
 	HTTPClient *http.Client
-	// MaxStageAttempts bounds transient failures of one stage (default 5);
-	// RetryDelay separates them (default 10s).
-	MaxStageAttempts int
-	RetryDelay       time.Duration
+	// A stage that fails transiently (MAAS unreachable, connection cut,
+	// 503, 409 transient conflict, another 5xx; a mutation whose outcome
+	// is unknown) is run again after an exponential backoff with jitter:
+	// RetryDelay (default 2s) doubling up to RetryMaxDelay (default 15
+	// RetryDelay: 30s), or MAAS's Retry-After when it is longer (at most
+	// RetryMaxWait). It is retried until RetryMaxWait (default 15m) has
+	// passed since the run of failures began (MAASWorkflow.RetryingSince,
+	// durable across leader changes), then the workflow fails naming the
+	// error and how long it was retried. Every run re-reads MAAS before it
+	// acts, so a retried stage never applies twice.
+	RetryDelay, RetryMaxDelay, RetryMaxWait time.Duration
+	// After paces the retries (default time.After); tests give a
+	// simulated clock with Now.
+	After func(time.Duration) <-chan time.Time
 	// Rescan is how often the runner looks for work when nothing wakes it
 	// (default 5s).
 	Rescan time.Duration
 	Now    func() time.Time
 	Logger *slog.Logger
 }
+
+// Retry defaults (Config.RetryDelay, Config.RetryMaxWait). A MAAS region
+// restart or a rack controller failover takes minutes: a stage waits out
+// 15 minutes of transient failures before the workflow fails.
+const (
+	DefaultRetryDelay   = 2 * time.Second
+	DefaultRetryMaxWait = 15 * time.Minute
+)
 
 // Runner advances workflows. Run it on the leader only.
 type Runner struct {
@@ -129,11 +148,17 @@ func New(cfg Config) *Runner {
 	if cfg.EnrollPoll <= 0 {
 		cfg.EnrollPoll = 2 * time.Second
 	}
-	if cfg.MaxStageAttempts <= 0 {
-		cfg.MaxStageAttempts = 5
-	}
 	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = 10 * time.Second
+		cfg.RetryDelay = DefaultRetryDelay
+	}
+	if cfg.RetryMaxDelay <= 0 {
+		cfg.RetryMaxDelay = 15 * cfg.RetryDelay
+	}
+	if cfg.RetryMaxWait <= 0 {
+		cfg.RetryMaxWait = DefaultRetryMaxWait
+	}
+	if cfg.After == nil {
+		cfg.After = time.After
 	}
 	if cfg.Rescan <= 0 {
 		cfg.Rescan = 5 * time.Second
@@ -231,13 +256,44 @@ func (r *Runner) drive(ctx context.Context, id string) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("maas workflow stage failed", "workflow", id, "stage", w.Stage, "err", err)
+		after, ok := r.cfg.Ledger.Store().Snapshot().MAASWorkflow(id)
+		if !ok || after.State != proto.WorkflowRunning {
+			r.log.Warn("maas workflow stage failed", "workflow", id, "stage", w.Stage, "err", err)
+			return
+		}
+		delay := r.retryDelay(after.Attempts, err, after.RetryingSince)
+		r.log.Warn("maas workflow stage failed; retrying", "workflow", id, "stage", w.Stage, "attempt", after.Attempts, "retry_in", delay, "err", err)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(r.cfg.RetryDelay):
+		case <-r.cfg.After(delay):
 		}
 	}
+}
+
+// retryDelay is the wait before attempt n+1 of a stage after attempt n
+// failed with err: RetryDelay doubling per attempt up to RetryMaxDelay,
+// jittered down by up to a fifth (workflows failed by one outage do not
+// come back in step), or MAAS's Retry-After when that is longer; never
+// past the end of the retry budget (plus a moment, so the attempt after
+// it finds the budget spent), never longer than RetryMaxWait.
+func (r *Runner) retryDelay(n int, err error, since time.Time) time.Duration {
+	d := r.cfg.RetryDelay
+	for i := 1; i < n && d < r.cfg.RetryMaxDelay; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.RetryMaxDelay)
+	d -= time.Duration(rand.Int64N(int64(d)/5 + 1))
+	var se *maas.ServerError
+	if errors.As(err, &se) && se.RetryAfter > d {
+		d = se.RetryAfter
+	}
+	if !since.IsZero() {
+		if left := since.Add(r.cfg.RetryMaxWait).Sub(r.now()); left >= 0 && d > left {
+			d = left + time.Millisecond
+		}
+	}
+	return max(min(d, r.cfg.RetryMaxWait), time.Millisecond)
 }
 
 // permanent marks an error that ends the workflow at once.
@@ -252,10 +308,14 @@ func isPermanent(err error) bool {
 	return errors.As(err, &p) || errors.As(err, &fe) || errors.As(err, &se) && se.Status >= 400 && se.Status < 500 && se.Status != 409
 }
 
+// longRetryAttempt: see Step.
+const longRetryAttempt = 2 * time.Minute
+
 // Step runs the workflow's current stage once: it records the attempt,
 // runs the stage and records the outcome (next stage, or the error;
-// failed after a permanent error or MaxStageAttempts). The returned
-// error is the stage's, for logs and retry pacing.
+// failed after a permanent error, or a transient one that has lasted
+// RetryMaxWait). The returned error is the stage's, for logs and retry
+// pacing.
 func (r *Runner) Step(ctx context.Context, id string) error {
 	w, err := r.begin(ctx, id)
 	if err != nil || w == nil {
@@ -264,23 +324,38 @@ func (r *Runner) Step(ctx context.Context, id string) error {
 	next := *w
 	next.Buckets = append([]proto.BucketSpan(nil), w.Buckets...)
 	next.Events = append([]proto.WorkflowEvent(nil), w.Events...)
+	started := r.now()
 	to, serr := r.runStage(ctx, &next)
 	if serr != nil {
 		if ctx.Err() != nil {
 			return serr // the leader is stepping down: the next one resumes
 		}
+		now := r.now()
+		// An attempt that ran longer than a backoff step plus
+		// longRetryAttempt before failing was talking to MAAS (a long
+		// wait it polled): the failures it ends start a new run.
+		if next.RetryingSince.IsZero() || now.Sub(started) > r.cfg.RetryMaxDelay+longRetryAttempt {
+			next.RetryingSince = started
+		}
 		next.LastError = truncate(serr.Error(), 2000)
-		addEvent(&next, r.now(), "error", next.LastError)
-		if isPermanent(serr) || next.Attempts >= r.cfg.MaxStageAttempts {
+		addEvent(&next, now, "error", next.LastError)
+		switch retried := now.Sub(next.RetryingSince); {
+		case isPermanent(serr):
 			next.State = proto.WorkflowFailed
-			addEvent(&next, r.now(), "failed", fmt.Sprintf("stage %s failed after %d attempt(s)", next.Stage, next.Attempts))
+			addEvent(&next, now, "failed", fmt.Sprintf("stage %s failed after %d attempt(s)", next.Stage, next.Attempts))
+		case retried >= r.cfg.RetryMaxWait:
+			next.State = proto.WorkflowFailed
+			next.LastError = truncate(fmt.Sprintf("stage %s: MAAS still failing after %s of retries (%d attempts; retry budget %s, -maas-retry-max-wait): %v",
+				next.Stage, retried.Round(time.Second), next.Attempts, r.cfg.RetryMaxWait, serr), 2000)
+			serr = errors.New(next.LastError)
+			addEvent(&next, now, "failed", next.LastError)
 		}
 		if _, err := r.update(ctx, &next, next); err != nil {
 			return fmt.Errorf("%w (and recording it: %v)", serr, err)
 		}
 		return serr
 	}
-	next.Stage, next.Attempts, next.LastError = to, 0, ""
+	next.Stage, next.Attempts, next.LastError, next.RetryingSince = to, 0, "", time.Time{}
 	next.StageStartedAt = r.now()
 	if to == proto.StageDone {
 		next.State = proto.WorkflowSucceeded

@@ -200,6 +200,9 @@ type MAASConfig struct {
 	// the workflow rescan (coordinator/maasflow defaults when zero).
 	CommissionExpiry, DeployExpiry, ReleaseExpiry time.Duration
 	RetryDelay, Rescan                            time.Duration
+	// RetryMaxWait is how long a stage retries transient MAAS failures
+	// (maasflow.Config.RetryMaxWait).
+	RetryMaxWait time.Duration
 	// HWSyncPoll and HWSyncExpiry pace and bound the require_hw_sync gate.
 	HWSyncPoll, HWSyncExpiry time.Duration
 	// EnrollPoll paces the enrollment completion gate.

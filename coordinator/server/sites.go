@@ -78,7 +78,7 @@ func (s *Server) runMAASFlows(ctx context.Context) {
 	maasflow.New(maasflow.Config{
 		Ledger: s, MAAS: s.maasClient, CoordinatorURL: url, ClusterCA: clusterCA,
 		CommissionExpiry: m.CommissionExpiry, DeployExpiry: m.DeployExpiry, ReleaseExpiry: m.ReleaseExpiry,
-		RetryDelay: m.RetryDelay, Rescan: m.Rescan, HWSyncPoll: m.HWSyncPoll, HWSyncExpiry: m.HWSyncExpiry,
+		RetryDelay: m.RetryDelay, RetryMaxWait: m.RetryMaxWait, Rescan: m.Rescan, HWSyncPoll: m.HWSyncPoll, HWSyncExpiry: m.HWSyncExpiry,
 		Now: s.cfg.Now, Logger: s.log, EnrollPoll: m.EnrollPoll,
 		EnrolledSince: func(node string, since time.Time) bool {
 			c, ok := s.Enrollment().Credential(node)

@@ -143,7 +143,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			os.Exit(exitStorageFailed)
 		},
 		MAAS: server.MAASConfig{CoordinatorURL: o.MAASCoordinatorURL, PollInterval: o.MAASPollInterval,
-			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan, DeployExpiry: o.MAASDeployExpiry, ReleaseExpiry: o.MAASReleaseExpiry},
+			EnrollPoll: o.MAASEnrollPoll, Rescan: o.MAASRescan, DeployExpiry: o.MAASDeployExpiry, ReleaseExpiry: o.MAASReleaseExpiry,
+			RetryMaxWait: o.MAASRetryMaxWait},
 	})
 	if err != nil {
 		ln.Close()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/maasflow"
 	"github.com/gpuaas/gpuaas/coordinator/pki"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 )
@@ -71,6 +72,7 @@ type options struct {
 	MAASRescan         time.Duration
 	MAASDeployExpiry   time.Duration
 	MAASReleaseExpiry  time.Duration
+	MAASRetryMaxWait   time.Duration
 }
 
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
@@ -148,6 +150,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.MAASRescan, "maas-rescan", 0, "how often the leader looks for MAAS workflow work when nothing wakes it (default 5s)")
 	fs.DurationVar(&o.MAASDeployExpiry, "maas-deploy-expiry", 0, "how long a MAAS deploy may take before the workflow fails (default 90m)")
 	fs.DurationVar(&o.MAASReleaseExpiry, "maas-release-expiry", 0, "how long a MAAS release (with erase) may take before the workflow fails (default 60m)")
+	fs.DurationVar(&o.MAASRetryMaxWait, "maas-retry-max-wait", maasflow.DefaultRetryMaxWait, "how long a MAAS workflow stage retries transient MAAS failures (region unreachable, 503, 409, 5xx), with backoff from 2s to 30s honouring Retry-After, before the workflow fails; covers a region restart or rack controller failover (10s to 24h)")
 	return fs
 }
 
@@ -231,6 +234,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.RetainEnded == 0 {
 		return nil, fmt.Errorf("retain-ended 0: give a positive duration, or a negative one to never purge")
+	}
+	if o.MAASRetryMaxWait < 10*time.Second || o.MAASRetryMaxWait > 24*time.Hour {
+		return nil, fmt.Errorf("maas-retry-max-wait %v: give a duration from 10s to 24h (a MAAS region restart takes minutes; the default is %v)", o.MAASRetryMaxWait, maasflow.DefaultRetryMaxWait)
 	}
 	if o.TaskStallTimeout <= 0 {
 		return nil, fmt.Errorf("task-stall-timeout %v: give a positive duration", o.TaskStallTimeout)

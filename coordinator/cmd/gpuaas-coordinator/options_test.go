@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/coordinator/maasflow"
 	"github.com/gpuaas/gpuaas/coordinator/server"
 )
 
@@ -31,6 +32,37 @@ func TestOptionsPrecedence(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:7301", o.RaftAddr, "default")
 	assert.Equal(t, server.DefaultGCPercent, o.GCPercent, "default")
 	assert.Equal(t, int64(1<<30), o.MemoryLimit)
+	assert.Equal(t, maasflow.DefaultRetryMaxWait, o.MAASRetryMaxWait, "default")
+}
+
+func TestOptionsMAASRetryMaxWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args    []string
+		env     map[string]string
+		want    time.Duration
+		wantErr string
+	}{
+		{want: 15 * time.Minute},
+		{args: []string{"-maas-retry-max-wait", "40m"}, want: 40 * time.Minute},
+		{env: map[string]string{"GPUAAS_MAAS_RETRY_MAX_WAIT": "5m"}, want: 5 * time.Minute},
+		{args: []string{"-maas-retry-max-wait", "10s"}, want: 10 * time.Second},
+		{args: []string{"-maas-retry-max-wait", "24h"}, want: 24 * time.Hour},
+		{args: []string{"-maas-retry-max-wait", "0s"}, wantErr: "maas-retry-max-wait 0s: give a duration from 10s to 24h"},
+		{args: []string{"-maas-retry-max-wait", "-1m"}, wantErr: "maas-retry-max-wait -1m0s"},
+		{args: []string{"-maas-retry-max-wait", "9s"}, wantErr: "maas-retry-max-wait 9s"},
+		{args: []string{"-maas-retry-max-wait", "25h"}, wantErr: "maas-retry-max-wait 25h0m0s"},
+		{args: []string{"-maas-retry-max-wait", "soon"}, wantErr: "maas-retry-max-wait"},
+	} {
+		o, err := parseOptions(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		if tc.wantErr != "" {
+			require.Error(t, err, "%v %v", tc.args, tc.env)
+			assert.Contains(t, err.Error(), tc.wantErr)
+			continue
+		}
+		require.NoError(t, err, "%v %v", tc.args, tc.env)
+		assert.Equal(t, tc.want, o.MAASRetryMaxWait, "%v %v", tc.args, tc.env)
+	}
 }
 
 func TestOptionsRefuseBadInput(t *testing.T) {
