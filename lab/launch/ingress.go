@@ -67,8 +67,9 @@ var forwardFile = "/proc/sys/net/ipv4/ip_forward"
 // SetupIngress creates the lab's public ingress: this machine's namespace
 // named o.Name, the public side o.Name-pub with its veth pair and route to
 // the public addresses, and IPv4 forwarding on (restored by Close; the
-// guests' replies are routed by this machine). A failed set-up undoes
-// what it did.
+// guests' replies are routed by this machine). Objects of the same names
+// left by a run killed before its clean-up are removed first; a failed
+// set-up undoes what it did.
 func SetupIngress(ctx context.Context, o IngressOptions) (_ *LabIngress, err error) {
 	if !ingressNameRe.MatchString(o.Name) {
 		return nil, fmt.Errorf("lab ingress: name %q: want 1-11 characters of [a-z0-9-], starting with a letter", o.Name)
@@ -97,6 +98,10 @@ func SetupIngress(ctx context.Context, o IngressOptions) (_ *LabIngress, err err
 			err = errors.Join(err, li.Close(context.WithoutCancel(ctx)))
 		}
 	}()
+	// What a lab killed before its clean-up left under these names.
+	if err := li.Close(ctx); err != nil {
+		return nil, err
+	}
 	was, err := os.ReadFile(forwardFile)
 	if err != nil {
 		return nil, fmt.Errorf("lab ingress: %w", err)

@@ -61,7 +61,17 @@ func TestPrivilegedSetupIngress(t *testing.T) {
 	table := "gpuaas_lt_" + hex.EncodeToString(b)
 	fwdBefore, err := os.ReadFile(forwardFile)
 	require.NoError(t, err)
-	li, err := SetupIngress(ctx, IngressOptions{Name: name, Table: table, Link: netip.MustParsePrefix("172.31.254.0/30")})
+	o := IngressOptions{Name: name, Table: table, Link: netip.MustParsePrefix("172.31.254.0/30")}
+	// A run killed before its clean-up left its objects: set-up replaces them.
+	left, err := SetupIngress(ctx, o)
+	require.NoError(t, err)
+	leftClosed := false
+	t.Cleanup(func() {
+		if !leftClosed {
+			_ = left.Close(ctx)
+		}
+	})
+	li, err := SetupIngress(ctx, o)
 	require.NoError(t, err)
 	closed := false
 	t.Cleanup(func() {
@@ -98,6 +108,13 @@ func TestPrivilegedSetupIngress(t *testing.T) {
 	assert.Error(t, err, "the ingress table is deleted")
 	fwd, err = os.ReadFile(forwardFile)
 	require.NoError(t, err)
-	assert.Equal(t, string(fwdBefore), string(fwd), "forwarding restored")
+	assert.Equal(t, "1\n", string(fwd), "forwarding was on before this set-up (the left run's): left on")
 	require.NoError(t, li.Close(ctx), "a second Close finds nothing to do")
+	// The left run's own clean-up finds its objects gone and restores
+	// forwarding as it found it.
+	require.NoError(t, left.Close(ctx))
+	leftClosed = true
+	fwd, err = os.ReadFile(forwardFile)
+	require.NoError(t, err)
+	assert.Equal(t, string(fwdBefore), string(fwd), "forwarding restored")
 }
