@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/hostops/ingress"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -139,20 +140,35 @@ func (d *Daemon) convergeIngress(ctx context.Context, desired []proto.IngressSta
 // not stay pending.
 const NoIngressReason = "this host programs no public ingress: -ingress-table is not set (in the lab: the agent has no -ingress-netns)"
 
-// refuseIngress reports every route failed with NoIngressReason (an
+// SimulatedIngressReason is NoIngressReason of a lab host that is
+// simulated (hostsim evidence, no real slice runtime): its slices boot no
+// guest and it has no network stack where a DNAT could reach one.
+const SimulatedIngressReason = "this host programs no public ingress: it is a simulated lab host (no real guest to reach); the lab's real slice host programs it"
+
+// noIngressReason is the reason this agent fails the routes it cannot
+// program.
+func (d *Daemon) noIngressReason() string {
+	if d.cfg.Evidence == config.EvidenceHostsim && d.cfg.Runtime != config.RuntimeReal {
+		return SimulatedIngressReason
+	}
+	return NoIngressReason
+}
+
+// refuseIngress reports every route failed with noIngressReason (an
 // agent with no ingress programmer) and records the pass.
 func (d *Daemon) refuseIngress(st IngressState, desired []proto.IngressStatus) bool {
+	reason := d.noIngressReason()
 	routes := make([]proto.IngressStatus, len(desired))
 	changed := false
 	for i, r := range desired {
 		routes[i] = r
-		routes[i].State, routes[i].Reason = proto.IngressFailed, NoIngressReason
-		changed = changed || r.State != proto.IngressFailed || r.Reason != NoIngressReason
+		routes[i].State, routes[i].Reason = proto.IngressFailed, reason
+		changed = changed || r.State != proto.IngressFailed || r.Reason != reason
 	}
 	if len(desired) == 0 {
 		return false // nothing asked of it
 	}
-	st.Routes, st.Error = routes, NoIngressReason
+	st.Routes, st.Error = routes, reason
 	d.mu.Lock()
 	d.ingressLast = &st
 	d.mu.Unlock()

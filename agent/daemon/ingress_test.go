@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gpuaas/gpuaas/agent/config"
 	"github.com/gpuaas/gpuaas/hostops/ingress"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -96,4 +97,34 @@ func TestConvergeIngressWithoutProgrammer(t *testing.T) {
 	assert.Equal(t, NoIngressReason, d.ingressLast.Error)
 	// Recorded by the coordinator: nothing to report again.
 	assert.False(t, d.convergeIngress(context.Background(), rep))
+}
+
+// A simulated lab host (hostsim evidence, no real slice runtime) says it
+// is simulated; the lab's real slice host without a table gets the flag's
+// reason.
+func TestConvergeIngressSimulatedHost(t *testing.T) {
+	t.Parallel()
+	route := proto.IngressStatus{AllocationID: "a1", Protocol: "tcp", Port: 8888, PublicAddress: "203.0.113.10", PublicPort: 40000,
+		PrivateAddress: "10.200.0.10", State: proto.IngressPending}
+	for _, tc := range []struct {
+		name    string
+		runtime string
+		want    string
+	}{
+		{"simulated", config.RuntimeNone, SimulatedIngressReason},
+		{"real slice runtime", config.RuntimeReal, NoIngressReason},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Defaults()
+			cfg.Evidence, cfg.Runtime = config.EvidenceHostsim, tc.runtime
+			d := &Daemon{log: slog.New(slog.DiscardHandler), cfg: cfg}
+			assert.True(t, d.convergeIngress(context.Background(), []proto.IngressStatus{route}))
+			rep := d.ingressReport()
+			require.Len(t, rep, 1)
+			assert.Equal(t, proto.IngressFailed, rep[0].State)
+			assert.Equal(t, tc.want, rep[0].Reason)
+			require.NoError(t, rep[0].Validate())
+		})
+	}
+	assert.Contains(t, SimulatedIngressReason, "simulated")
 }

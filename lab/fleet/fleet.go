@@ -100,8 +100,9 @@ type Agents struct {
 	// VMs on this machine (labhost.SetupSlice), by host name.
 	Slices map[string]labagent.Slice
 	// IngressNetns are the network namespaces (paths) where the hosts'
-	// agents program public ingress, by host name (tests: a namespace
-	// standing in for the simulated host's network stack).
+	// agents program public ingress, by host name (gpuaas-lab: this
+	// machine's, named by launch.SetupIngress, for the real slice host;
+	// tests: a namespace standing in for a simulated host's network stack).
 	IngressNetns map[string]string
 }
 

@@ -70,7 +70,9 @@ func Config(o Options) (config.Config, error) {
 	c.ImageCacheDir = "/var/lib/gpuaas/images"
 	c.FabricInterface, c.FabricAddress, c.FabricRouteTo, c.FabricRouteVia = f.Interface, f.Address, f.RouteTo, f.RouteVia
 	// Lab agents program public ingress only in a namespace they are
-	// given, never in this machine's own (the table would outlive them).
+	// given by name (gpuaas-lab names this machine's for the real slice
+	// host, launch.SetupIngress, and deletes the table on stop); without
+	// one, none (a simulated host's routes fail, naming it simulated).
 	c.IngressNetns = o.IngressNetns
 	if c.IngressNetns == "" {
 		c.IngressTable = ""

@@ -4,21 +4,22 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"strconv"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netns"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/gpuaas/gpuaas/hostops/command"
 	"github.com/gpuaas/gpuaas/hostops/ingress"
 	"github.com/gpuaas/gpuaas/lab/fleet"
+	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/netnstest"
 	"github.com/gpuaas/gpuaas/test/testenv"
@@ -39,29 +40,18 @@ func TestPrivilegedLabVMIngress(t *testing.T) {
 	testenv.Commands(t, "nft", "nsenter", "ip")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	table := ingress.DefaultTable
-	host := command.Exec{}
-	t.Cleanup(func() {
-		_, _ = host.Run(context.Background(), command.Cmd{Name: "nft", Args: []string{"-f", "-"}, Stdin: "add table inet " + table + "\ndelete table inet " + table + "\n"})
-	})
-	// The guest's replies are routed by this machine: forwarding on for
-	// the test (restored after).
-	const fwd = "/proc/sys/net/ipv4/ip_forward"
-	was, err := os.ReadFile(fwd)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(fwd, []byte("1\n"), 0o644))
-	t.Cleanup(func() { _ = os.WriteFile(fwd, was, 0o644) })
-
-	// The agent reaches this machine's namespace (the test's own) through
-	// a bind mount (PID 1's may be out of reach in a container).
-	rootNS := "gpn-vmroot-" + netnstest.Suffix(t)
-	_, err = host.Run(ctx, command.Cmd{Name: "ip", Args: []string{"netns", "attach", rootNS, strconv.Itoa(os.Getpid())}})
+	// The lab's own public ingress (what gpuaas-lab sets up for j22u15):
+	// the agent's name of this machine's namespace, where the slice bridge
+	// lives, and the public side routed to 203.0.113.0/24 over a veth.
+	li, err := launch.SetupIngress(ctx, launch.IngressOptions{Name: "gpv-" + netnstest.Suffix(t)[:6], Link: netip.MustParsePrefix("172.31.252.0/30")})
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, _ = host.Run(context.Background(), command.Cmd{Name: "ip", Args: []string{"netns", "delete", rootNS}})
+		if err := li.Close(context.Background()); err != nil {
+			t.Errorf("lab ingress clean-up: %v", err)
+		}
 	})
 	rl := startRealSliceLab(t, ctx, func(a *fleet.Agents) {
-		a.IngressNetns = map[string]string{"j22u15": "/run/netns/" + rootNS}
+		a.IngressNetns = map[string]string{"j22u15": li.Netns}
 	})
 	l := rl.l
 	admin := &lab{bin: l.bin, env: append(append([]string(nil), l.env...), "GPUAAS_TOKEN="+rl.admin)}
@@ -69,25 +59,7 @@ func TestPrivilegedLabVMIngress(t *testing.T) {
 	require.NoError(t, err, out)
 	out, err = admin.ctl(t, "image", "approve", "lab-guest:v1")
 	require.NoError(t, err, out)
-
-	// The public side: a namespace routed to this machine over a veth.
-	pub := netnstest.New(t, "vmpub")
-	peer := "vp" + netnstest.Suffix(t)
-	for _, args := range [][]string{
-		{"link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", pub.Name},
-		{"addr", "add", "172.31.252.1/30", "dev", peer},
-		{"link", "set", peer, "up"},
-	} {
-		_, err := host.Run(ctx, command.Cmd{Name: "ip", Args: args})
-		require.NoError(t, err, "ip %v", args)
-	}
-	// Deleting the namespace deletes the pair; this covers a failed start.
-	t.Cleanup(func() {
-		_, _ = host.Run(context.Background(), command.Cmd{Name: "ip", Args: []string{"link", "del", peer}})
-	})
-	pub.MustRun(t, "ip", "link", "set", "eth0", "up")
-	pub.AddAddr(t, "eth0", "172.31.252.2/30")
-	pub.MustRun(t, "ip", "route", "add", "203.0.113.0/24", "via", "172.31.252.1")
+	pub := publicSide(li.PublicNetns)
 
 	var n proto.NodeDetail
 	require.NoError(t, getJSON(ctx, rl.api, "/v1/nodes/j22u15", &n))
@@ -145,7 +117,7 @@ func TestPrivilegedLabVMIngress(t *testing.T) {
 	// Release: the rule is gone and the endpoint dead.
 	out, err = l.ctl(t, "alloc", "release", a.ID, "--wait", "--wait-timeout", "5m")
 	require.NoError(t, err, out)
-	ig, err := ingress.New(ingress.Config{Table: table})
+	ig, err := ingress.New(ingress.Config{Table: ingress.DefaultTable})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { rs, err := ig.Rules(ctx); return err == nil && len(rs) == 0 }, time.Minute, 200*time.Millisecond, "rule removed after release")
 	err = pub.Do(func() error {
@@ -156,4 +128,36 @@ func TestPrivilegedLabVMIngress(t *testing.T) {
 		return err
 	})
 	require.Error(t, err, "the released endpoint still answers")
+}
+
+// publicSide runs functions inside the named namespace (the lab's public
+// side) on a locked OS thread.
+type publicSide string
+
+func (p publicSide) Do(fn func() error) error {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("get current namespace: %w", err)
+	}
+	defer orig.Close()
+	h, err := netns.GetFromName(string(p))
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open namespace %s: %w", string(p), err)
+	}
+	defer h.Close()
+	if err := netns.Set(h); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter %s: %w", string(p), err)
+	}
+	ferr := fn()
+	if err := netns.Set(orig); err != nil {
+		// Stuck in the wrong namespace: the thread stays locked and is
+		// discarded when the goroutine exits.
+		return fmt.Errorf("leave %s: %w (fn: %v)", string(p), err, ferr)
+	}
+	runtime.UnlockOSThread()
+	return ferr
 }

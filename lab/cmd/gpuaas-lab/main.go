@@ -336,9 +336,16 @@ func run(args []string, out io.Writer) (err error) {
 		}
 	}}
 	// Stop order: agents first (they leave the pool), then coordinators,
-	// then the real slice host's VMs, bridge and loop devices.
+	// then the real slice host's ingress namespaces, VMs, bridge and loop
+	// devices.
 	var sh *labhost.SliceHost
+	var li *launch.LabIngress
 	defer func() {
+		if li != nil {
+			if err := li.Close(context.Background()); err != nil {
+				log.Warn("public ingress clean-up", "err", err)
+			}
+		}
 		if sh != nil {
 			if err := sh.Close(context.Background()); err != nil {
 				log.Warn("slice host clean-up", "err", err)
@@ -398,6 +405,13 @@ func run(args []string, out io.Writer) (err error) {
 			}
 		default:
 			agents.Slices = map[string]labagent.Slice{realSliceHost: sh.Slice}
+			// Public ingress of the real slice host: its guests are on
+			// this machine's bridge, so its agent programs the DNAT here.
+			if li, err = setupIngress(sigCtx, log, abs); err != nil {
+				log.Warn("public ingress unavailable; every route fails with the reason", "host", realSliceHost, "err", err)
+			} else {
+				agents.IngressNetns = map[string]string{realSliceHost: li.Netns}
+			}
 		}
 	}
 	viaMAAS := map[string]int{}
@@ -438,6 +452,11 @@ func run(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, filepath.Join(abs, "logs"))
 	}
+	if li != nil {
+		if err := declareIngress(sigCtx, api); err != nil {
+			return err
+		}
+	}
 	if err := rec.update(func(ri *runInfo) { ri.Phase, ri.SliceHost = "up", &mode }); err != nil {
 		return err
 	}
@@ -446,6 +465,7 @@ func run(args []string, out io.Writer) (err error) {
 	var sum bytes.Buffer
 	printSummary(&sum, abs, st, leader, views, *autoApprove, mode)
 	sliceHint(&sum, sh, sliceImage, mode, filepath.Join(abs, "tenant-key"))
+	ingressHint(&sum, li)
 	printWorkflows(&sum, flows)
 	printBaremetal(&sum, abs, bmMAAS)
 	fmt.Fprintf(&sum, "\n%s\n", SummaryEnd)

@@ -18,6 +18,8 @@ import (
 	"github.com/gpuaas/gpuaas/images/guest"
 	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/lab/labhost"
+	"github.com/gpuaas/gpuaas/lab/launch"
+	"github.com/gpuaas/gpuaas/lab/maaslab"
 	"github.com/gpuaas/gpuaas/proto"
 )
 
@@ -226,4 +228,69 @@ func jsonDecode(b []byte, v any) error {
 		return fmt.Errorf("decode %s: %w", strings.TrimSpace(string(b[:min(len(b), 80)])), err)
 	}
 	return nil
+}
+
+// The lab's public ingress (README "Public ingress"): j22u15's agent
+// programs its DNAT in this machine's namespace (launch.SetupIngress),
+// and the lab site declares a pool of one address with a port range.
+const (
+	labIngressAddress = "203.0.113.10"
+	labIngressFirst   = 40000
+	labIngressLast    = 40099
+)
+
+// ingressName is the name of the lab's ingress namespaces (one per lab
+// folder, so labs in two folders do not collide).
+func ingressName(dir string) string {
+	sum := sha256.Sum256([]byte(dir))
+	return fmt.Sprintf("gpi-%x", sum[:2])
+}
+
+// setupIngress creates the lab's ingress namespaces for the real slice
+// host's agent; the caller closes it after the agents stopped.
+func setupIngress(ctx context.Context, log *slog.Logger, dir string) (*launch.LabIngress, error) {
+	li, err := launch.SetupIngress(ctx, launch.IngressOptions{Name: ingressName(dir)})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("public ingress ready", "host", realSliceHost, "netns", li.Netns, "public_side", li.PublicNetns)
+	return li, nil
+}
+
+// declareIngress gives the lab site its ingress pool (unless it has one:
+// an operator's own declaration stays). Without the lab site (no
+// baremetal host in -hosts) there is nothing to declare.
+func declareIngress(ctx context.Context, api fleet.API) error {
+	var sv proto.SiteView
+	r, err := api.C.Do(ctx, http.MethodGet, "/v1/sites/"+maaslab.Site, nil, nil, nil)
+	switch {
+	case cli.IsProblem(err, proto.CodeNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := jsonDecode(r.Body, &sv); err != nil {
+		return err
+	}
+	if sv.Ingress != nil {
+		return nil
+	}
+	body := proto.SiteIngressBody{Ingress: &proto.SiteIngress{Addresses: []string{labIngressAddress},
+		PublicPorts: &proto.PortRange{First: labIngressFirst, Last: labIngressLast}, Protocols: []string{"tcp", "udp"},
+		AllowedPorts: []proto.PortRange{{First: 1, Last: 65535}}, QuotaPerTenant: 8}}
+	if _, err := api.C.Do(ctx, http.MethodPut, "/v1/sites/"+maaslab.Site+"/ingress", nil, body, nil); err != nil {
+		return fmt.Errorf("declare the lab site's ingress: %w", err)
+	}
+	return nil
+}
+
+// ingressHint tells the operator how to reach a slice from the public side.
+func ingressHint(out io.Writer, li *launch.LabIngress) {
+	if li == nil {
+		return
+	}
+	fmt.Fprintf(out, "Public ingress: site %s hands out %s:%d-%d; %s's agent programs the DNAT (namespace %s); the public side is namespace %s.\n",
+		maaslab.Site, labIngressAddress, labIngressFirst, labIngressLast, realSliceHost, li.Netns, li.PublicNetns)
+	fmt.Fprintf(out, "  bin/gpuaasctl alloc ingress add ID tcp/8888; bin/gpuaasctl alloc ingress list ID   # PUBLIC %s:%d ... programmed\n", labIngressAddress, labIngressFirst)
+	fmt.Fprintf(out, "  ip netns exec %s curl http://%s:%d/   # from the public side (simulated hosts' routes fail: they are simulated)\n\n", li.PublicNetns, labIngressAddress, labIngressFirst)
 }
