@@ -85,8 +85,15 @@ type Runner interface {
 	// Stop stops the instance and removes its container and files;
 	// stopping an unknown instance is not an error.
 	Stop(ctx context.Context, instanceID string) error
-	// Status reports the instance as the runner sees it now.
+	// Status reports the instance as the runner sees it now (the guest
+	// runner asks the guest: an SSH connection and the runtime's state,
+	// ~0.5 s under TCG).
 	Status(ctx context.Context, instanceID string) (Status, error)
+	// Endpoints returns the addresses of a started instance's ports from
+	// the runner's own record, without asking the guest or the runtime:
+	// the workload proxy's per-request lookup (a dead app shows as its
+	// endpoint refusing the dial). ErrNotFound for an unknown instance.
+	Endpoints(ctx context.Context, instanceID string) (map[int]string, error)
 	// Logs returns at most maxBytes of the end of the instance's output.
 	Logs(ctx context.Context, instanceID string, maxBytes int) ([]byte, error)
 }

@@ -61,6 +61,15 @@ func (r *record) endpoints() map[int]string {
 	return e
 }
 
+// endpointsOf is Runner.Endpoints over rs: the record alone.
+func (rs *records) endpointsOf(id string) (map[int]string, error) {
+	r, err := rs.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return r.endpoints(), nil
+}
+
 // records keeps instance records as JSON files in a directory.
 type records struct {
 	dir string

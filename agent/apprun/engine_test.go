@@ -142,3 +142,26 @@ func TestGuestGone(t *testing.T) {
 	_, err = g.Logs(context.Background(), "i1", 10)
 	require.ErrorIs(t, err, ErrNotFound)
 }
+
+// TestGuestEndpointsFromTheRecord: Endpoints answers from the record
+// without reaching the guest (the workload proxy asks it per request; an
+// SSH connection costs ~0.5 s under TCG).
+func TestGuestEndpointsFromTheRecord(t *testing.T) {
+	g, err := NewGuest(GuestConfig{StateDir: t.TempDir(),
+		Key: func(context.Context, string) (ssh.Signer, error) {
+			t.Error("Endpoints asked for the guest's key")
+			return nil, errors.New("no key")
+		},
+		Dial: func(context.Context, string) (net.Conn, error) {
+			t.Error("Endpoints dialled the guest")
+			return nil, errors.New("no guest")
+		}})
+	require.NoError(t, err)
+	require.NoError(t, g.recs.put(&record{InstanceID: "i1", AllocationID: "a1", Container: containerName("i1"), Host: "10.0.0.9",
+		Ports: []proto.AppPort{{Port: 8080}, {Port: 9090}}}))
+	eps, err := g.Endpoints(context.Background(), "i1")
+	require.NoError(t, err)
+	require.Equal(t, map[int]string{8080: "10.0.0.9:8080", 9090: "10.0.0.9:9090"}, eps)
+	_, err = g.Endpoints(context.Background(), "i2")
+	require.ErrorIs(t, err, ErrNotFound)
+}

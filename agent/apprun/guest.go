@@ -515,6 +515,12 @@ func (g *Guest) Status(ctx context.Context, instanceID string) (Status, error) {
 	return statusOf(r, st, err)
 }
 
+// Endpoints implements Runner: from the record, no SSH connection (the
+// proxy dials the guest's address directly).
+func (g *Guest) Endpoints(_ context.Context, instanceID string) (map[int]string, error) {
+	return g.recs.endpointsOf(instanceID)
+}
+
 // logLines bounds the lines Logs asks the guest for.
 const logLines = 2000
 

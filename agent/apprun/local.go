@@ -341,6 +341,11 @@ func (l *Local) Status(ctx context.Context, instanceID string) (Status, error) {
 	return statusOf(r, st, err)
 }
 
+// Endpoints implements Runner: from the record, no runtime call.
+func (l *Local) Endpoints(_ context.Context, instanceID string) (map[int]string, error) {
+	return l.recs.endpointsOf(instanceID)
+}
+
 // Logs implements Runner.
 func (l *Local) Logs(ctx context.Context, instanceID string, maxBytes int) ([]byte, error) {
 	r, err := l.recs.get(instanceID)

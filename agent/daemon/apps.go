@@ -663,14 +663,16 @@ func (d *Daemon) serveAppProxy(ctx context.Context, conn *websocket.Conn, req pr
 		conn.Close(websocket.StatusNormalClosure, "")
 		return
 	}
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	st, err := r.Status(sctx, req.InstanceID)
-	cancel()
+	// The endpoint comes from the runner's record, not its Status: the
+	// guest runner's Status is an SSH connection and the runtime's state in
+	// the guest (~0.5 s under TCG), which every proxied request paid.
+	// Status is asked only to explain a dial that failed.
+	eps, err := r.Endpoints(ctx, req.InstanceID)
 	if err != nil {
 		fail(err)
 		return
 	}
-	ep, err := pickEndpoint(st, req.Port)
+	ep, err := pickEndpoint(req.InstanceID, eps, req.Port)
 	if err != nil {
 		fail(err)
 		return
@@ -680,7 +682,13 @@ func (d *Daemon) serveAppProxy(ctx context.Context, conn *websocket.Conn, req pr
 	up, err := dialer.DialContext(dctx, "tcp", ep)
 	cancel()
 	if err != nil {
-		fail(fmt.Errorf("dial the app's endpoint: %w", err))
+		err = fmt.Errorf("dial the app's endpoint: %w", err)
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if st, serr := r.Status(sctx, req.InstanceID); serr == nil && st.State != apprun.StateRunning {
+			err = fmt.Errorf("instance %s is %s: %s (%w)", st.InstanceID, st.State, st.Detail, err)
+		}
+		cancel()
+		fail(err)
 		return
 	}
 	defer up.Close()
@@ -702,27 +710,24 @@ func (d *Daemon) serveAppProxy(ctx context.Context, conn *websocket.Conn, req pr
 	<-done
 }
 
-// pickEndpoint is the endpoint of port (0: the lowest port's).
-func pickEndpoint(st apprun.Status, port int) (string, error) {
-	if st.State != apprun.StateRunning {
-		return "", fmt.Errorf("instance %s is %s: %s", st.InstanceID, st.State, st.Detail)
-	}
+// pickEndpoint is the endpoint of port among eps (0: the lowest port's).
+func pickEndpoint(instanceID string, eps map[int]string, port int) (string, error) {
 	if port != 0 {
-		ep, ok := st.Endpoints[port]
+		ep, ok := eps[port]
 		if !ok {
-			return "", fmt.Errorf("instance %s serves no port %d", st.InstanceID, port)
+			return "", fmt.Errorf("instance %s serves no port %d", instanceID, port)
 		}
 		return ep, nil
 	}
-	ports := make([]int, 0, len(st.Endpoints))
-	for p := range st.Endpoints {
+	ports := make([]int, 0, len(eps))
+	for p := range eps {
 		ports = append(ports, p)
 	}
 	if len(ports) == 0 {
-		return "", fmt.Errorf("instance %s serves no port", st.InstanceID)
+		return "", fmt.Errorf("instance %s serves no port", instanceID)
 	}
 	sort.Ints(ports)
-	return st.Endpoints[ports[0]], nil
+	return eps[ports[0]], nil
 }
 
 // GuestGPUSource is implemented by a slice runtime that knows where an

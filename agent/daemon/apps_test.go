@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,6 +43,12 @@ type recordingRunner struct {
 	specs     map[string]apprun.Spec
 	block     chan struct{}
 	started   chan string
+	// statusDelay makes Status cost what the guest runner's does (an SSH
+	// connection and the runtime's state in the guest); statuses counts
+	// the calls; dead marks instances whose app exited (Status: failed).
+	statusDelay time.Duration
+	statuses    atomic.Int64
+	dead        map[string]bool
 }
 
 func newRecordingRunner() *recordingRunner {
@@ -61,9 +68,27 @@ func (r *recordingRunner) Calls() []string {
 }
 
 func (r *recordingRunner) status(id string) apprun.Status {
-	srv := r.instances[id]
-	return apprun.Status{InstanceID: id, State: apprun.StateRunning,
-		Endpoints: map[int]string{8080: strings.TrimPrefix(srv.URL, "http://")}}
+	st := apprun.Status{InstanceID: id, State: apprun.StateRunning, Endpoints: r.endpoints(id)}
+	if r.dead[id] {
+		st.State, st.Detail = apprun.StateFailed, "container is stopped (the app exited)"
+	}
+	return st
+}
+
+func (r *recordingRunner) endpoints(id string) map[int]string {
+	return map[int]string{8080: strings.TrimPrefix(r.instances[id].URL, "http://")}
+}
+
+// kill ends an instance's app behind the runner's back (its endpoint
+// refuses; Status says failed).
+func (r *recordingRunner) kill(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.instances[id].Close()
+	if r.dead == nil {
+		r.dead = map[string]bool{}
+	}
+	r.dead[id] = true
 }
 
 func (r *recordingRunner) Start(ctx context.Context, s apprun.Spec) (apprun.Status, error) {
@@ -132,13 +157,30 @@ func (r *recordingRunner) Stop(_ context.Context, id string) error {
 	return nil
 }
 
-func (r *recordingRunner) Status(_ context.Context, id string) (apprun.Status, error) {
+func (r *recordingRunner) Status(ctx context.Context, id string) (apprun.Status, error) {
+	r.statuses.Add(1)
+	if r.statusDelay > 0 {
+		select {
+		case <-time.After(r.statusDelay):
+		case <-ctx.Done():
+			return apprun.Status{}, ctx.Err()
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.instances[id]; !ok {
 		return apprun.Status{}, apprun.ErrNotFound
 	}
 	return r.status(id), nil
+}
+
+func (r *recordingRunner) Endpoints(_ context.Context, id string) (map[int]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.instances[id]; !ok {
+		return nil, apprun.ErrNotFound
+	}
+	return r.endpoints(id), nil
 }
 
 func (r *recordingRunner) Logs(_ context.Context, id string, maxBytes int) ([]byte, error) {
@@ -630,6 +672,55 @@ func TestAppProxyParksOnlyWhileAnInstanceRuns(t *testing.T) {
 		"the parked connections outlived the instance: %d", parkedOn(t, c))
 	t.Logf("parked connections gone %s after the instance was reported stopped", time.Since(stopped))
 	require.Never(t, func() bool { return parkedOn(t, c) > 0 }, time.Second, 50*time.Millisecond, "and none is parked again")
+}
+
+// TestAppProxyAsksTheRunnerNoStatus: a proxied request takes its
+// endpoint from the runner's record, not its Status (the guest runner's is
+// an SSH connection and the runtime's state in the guest: ~0.5 s a request
+// under TCG, what the lab's proxied GETs cost); Status is asked only to
+// explain a dial that failed.
+func TestAppProxyAsksTheRunnerNoStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a coordinator and an agent")
+	}
+	c := startCoord(t, "j22u15")
+	cfg := agentConfig(t, c, "j22u15", hostBase(t, "j22u15"), t.TempDir(), c.mint("j22u15", 0))
+	r := newRecordingRunner()
+	r.statusDelay = 300 * time.Millisecond
+	startAgentWith(t, cfg, func(d *Daemon) { require.NoError(t, d.SetAppRunner(r)) })
+	alloc := activeSliceOn(t, c)
+	publishApp(t, c, "hello", []byte("status layout"))
+	code, inst := c.launch(t, alloc.ID, "hello", "status-1")
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool { return c.instance(alloc.ID, "hello").State == proto.AppInstanceRunning }, 20*time.Second, 10*time.Millisecond)
+	get := func() (int, string, time.Duration) {
+		req, _ := http.NewRequest(http.MethodGet, c.url+c.instance(alloc.ID, "hello").ProxyPath, nil)
+		req.Header.Set("Authorization", "Bearer "+c.op)
+		start := time.Now()
+		resp, err := c.hc.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b), time.Since(start)
+	}
+	before := r.statuses.Load()
+	var took []time.Duration
+	for range 10 {
+		code, body, d := get()
+		require.Equal(t, http.StatusOK, code, body)
+		assert.Equal(t, "hello from gpuaas app "+inst.ID+"\n", body)
+		took = append(took, d)
+	}
+	assert.Equal(t, before, r.statuses.Load(), "proxied requests asked the runner for the instance's status")
+	t.Logf("proxied GETs with a runner whose Status costs %s: %v", r.statusDelay, took)
+
+	// The app dies behind the agent's back: the dial fails and the answer
+	// says why, from the runner's Status.
+	r.kill(inst.ID)
+	code, body, _ := get()
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "is failed: container is stopped (the app exited)")
+	assert.Contains(t, body, "dial the app's endpoint")
 }
 
 // The pool's demand: nothing without a live instance; the warm slot while

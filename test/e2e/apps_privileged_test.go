@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/images/apps"
 	"github.com/gpuaas/gpuaas/images/guest"
+	"github.com/gpuaas/gpuaas/lab/fleet"
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/test/bench"
 	"github.com/gpuaas/gpuaas/test/testenv"
@@ -115,6 +118,10 @@ func TestPrivilegedLabAppLaunch(t *testing.T) {
 	assert.Equal(t, "echo through the workload proxy", string(msg))
 	ws.Close(websocket.StatusNormalClosure, "done")
 
+	// Latency: sequential GETs through the leader's proxy and through a
+	// follower's (relayed to the leader), and straight to the app.
+	lat := proxyLatencies(t, e, inst)
+
 	// The sessions are in the audit log.
 	var seen []string
 	require.True(t, waitFor(15*time.Second, func() bool {
@@ -153,6 +160,10 @@ func TestPrivilegedLabAppLaunch(t *testing.T) {
 			bench.Info("app_launch_to_healthy_simulated_s", healthy.Seconds(), "s", fmt.Sprintf(
 				"hello app on a simulated lab slice (local runner: crun in a network namespace on the host, no guest), from the launch request to running, "+
 					"including an agent kill and restart mid-launch; layout %d bytes fetched from the coordinators' blob store", built.Size)),
+			bench.Info("workload_proxy_lab_follower_p50_ms", lat.follower, "ms", fmt.Sprintf(
+				"median of %d sequential GETs of the hello app through a follower's workload proxy (relayed to the leader, which holds the session) "+
+					"with a keep-alive client; through the leader %.2f ms, straight to the app %.2f ms; 3 coordinator processes, the lab agent's local runner "+
+					"(crun, no guest); load average %s", lat.runs, lat.leader, lat.direct, loadAverage())),
 		}))
 	}
 }
@@ -189,4 +200,82 @@ func cleanupLocalApps(t *testing.T, e *agentsEnv, alloc, dir string) {
 			t.Logf("clean-up: stopped leftover app instance %s", id)
 		}
 	}
+}
+
+// proxyLatency is the median of sequential GETs of an app instance.
+type proxyLatency struct {
+	leader, follower, direct float64 // ms
+	runs                     int
+}
+
+// proxyLatencies measures the median GET through the leader's workload
+// proxy, through a follower's, and straight to the app's endpoint.
+func proxyLatencies(t *testing.T, e *agentsEnv, inst proto.AppInstance) proxyLatency {
+	t.Helper()
+	hc := e.op.C.HTTP
+	get := func(url, token string) (time.Duration, error) {
+		req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return 0, err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		start := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
+		}
+		return time.Since(start), nil
+	}
+	const runs = 40
+	p50 := func(url, token string) float64 {
+		_, _ = get(url, token) // the connection (TLS handshake) is not the figure
+		var ms []float64
+		for range runs {
+			d, err := get(url, token)
+			require.NoError(t, err)
+			ms = append(ms, float64(d.Microseconds())/1000)
+		}
+		sort.Float64s(ms)
+		return ms[runs/2]
+	}
+	out := proxyLatency{runs: runs, leader: -1, follower: -1}
+	for _, base := range e.agents.Coordinators {
+		var st proto.Status
+		c, err := fleet.NewAPI(base, e.op.C.Token, e.agents.CAFile)
+		require.NoError(t, err)
+		require.NoError(t, e.do(c, http.MethodGet, "/v1/status", nil, &st))
+		m := p50(base+inst.ProxyPath, e.op.C.Token)
+		if st.IsLeader && out.leader < 0 {
+			out.leader = m
+		} else if !st.IsLeader && out.follower < 0 {
+			out.follower = m
+		}
+	}
+	out.direct = p50("http://"+inst.Endpoints["8080"]+"/", "")
+	t.Logf("workload proxy, median of %d sequential GETs: %.2f ms through the leader, %.2f ms through a follower, %.2f ms straight to the app (load average %s)",
+		runs, out.leader, out.follower, out.direct, loadAverage())
+	require.GreaterOrEqual(t, out.leader, 0.0, "no leader among %v", e.agents.Coordinators)
+	require.GreaterOrEqual(t, out.follower, 0.0, "no follower among %v", e.agents.Coordinators)
+	return out
+}
+
+// loadAverage is the machine's 1/5/15-minute load average, for a figure's
+// note (the machine is shared).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], "/")
 }
