@@ -171,8 +171,12 @@ func (a *API) forward(c *call, cause error) {
 		}
 		if addr == "" {
 			// This replica is the leader now: it serves the request
-			// itself (as the leader would have, once).
-			a.run(c, "api", true)
+			// itself (as the leader would have, once), after it has
+			// applied the log it won with: it may have restarted
+			// moments ago with an empty ledger, and a write checked
+			// against that would be refused wrongly ("region does
+			// not exist").
+			a.runAsLeader(c, "api", true)
 			return
 		}
 		target, err := a.proxy.leaderURL(addr)

@@ -244,6 +244,14 @@ func (a *API) putImageBlob(c *call) error {
 		a.forwardStream(c)
 		return nil
 	}
+	if !ok && a.b.IsLeader() {
+		// A leader elected a moment ago may not have applied the
+		// entry yet: it answers from a ledger that holds its log.
+		if ready, why := a.awaitLeaderReady(c.r.Context()); !ready {
+			return proto.Errorf(proto.CodeUnavailable, "this replica has just become the leader and has not applied its log yet (%s); the upload was not stored; retry shortly", why)
+		}
+		im, ok = a.b.Store().Snapshot().Image(name, version)
+	}
 	if !ok {
 		return proto.Errorf(proto.CodeNotFound, "image %s:%s is not in the catalog; create it first with PUT /v1/images/%s/%s", name, version, name, version)
 	}

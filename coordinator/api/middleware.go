@@ -452,9 +452,19 @@ func (a *API) dispatch(c *call, kind string) {
 		a.forward(c, nil)
 		return
 	}
+	a.runAsLeader(c, kind, forwarded)
+}
+
+// runAsLeader runs c on this replica, the leader, once its ledger holds
+// the log it won with: a write is checked against the ledger before it is
+// proposed, so it waits (bounded) for a newly elected leader to apply its
+// log and is refused unrun (503) if it does not in time. Every path that
+// runs a write here goes through it: dispatch, and forward when this
+// replica wins an election while the write waits for a leader.
+func (a *API) runAsLeader(c *call, kind string, forwarded bool) {
 	if c.rt.Write {
-		if ready, why := a.awaitLeaderReady(r.Context()); !ready {
-			writeProblem(w, r, proto.Errorf(proto.CodeUnavailable, "this replica has just become the leader and has not applied its log yet (%s); the request was not run; retry shortly", why))
+		if ready, why := a.awaitLeaderReady(c.r.Context()); !ready {
+			writeProblem(c.w, c.r, proto.Errorf(proto.CodeUnavailable, "this replica has just become the leader and has not applied its log yet (%s); the request was not run; retry shortly", why))
 			return
 		}
 	}

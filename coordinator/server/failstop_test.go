@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"math"
 	"syscall"
 	"testing"
 	"time"
@@ -165,4 +166,55 @@ func TestLeaderReady(t *testing.T) {
 			assert.Contains(t, why, "not the leader")
 		}
 	}
+}
+
+// gatedFSM is a countFSM whose Apply waits until open is closed: a
+// ledger slow to apply what raft hands it.
+type gatedFSM struct {
+	countFSM
+	open chan struct{}
+}
+
+func (f *gatedFSM) Apply(l *raft.Log) any {
+	<-f.open
+	return f.countFSM.Apply(l)
+}
+
+// TestLeaderReadyWaitsForTheFSMNotRaftsAppliedIndex: raft counts an entry
+// applied once it has handed it to the FSM goroutine, before the FSM has
+// run it. A leader restarted with a log its FSM has not applied is not
+// ready while the FSM is still applying it, although raft's AppliedIndex
+// already says the whole log is; it is once the FSM has caught up.
+func TestLeaderReadyWaitsForTheFSMNotRaftsAppliedIndex(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 1, func() raft.FSM { return &countFSM{} })
+	n := waitLeader(t, nodes)
+	applyN(t, n, 10)
+	n.stop()
+
+	cfg := n.cfg
+	cfg.Logger = nil
+	f := &gatedFSM{open: make(chan struct{})}
+	cfg.fsm = f
+	again := startNode(t, cfg)
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(f.open)
+		}
+	}
+	defer open() // before the node's cleanup stops it
+	require.Eventually(t, func() bool {
+		return again.srv.raft.State() == raft.Leader && again.srv.leadFrom.Load() != math.MaxUint64 &&
+			again.srv.raft.AppliedIndex() >= again.srv.leadFrom.Load()
+	}, 10*time.Second, 10*time.Millisecond, "raft deems the log applied")
+	assert.Zero(t, f.count(), "the FSM has applied nothing")
+	ok, why := again.srv.LeaderReady()
+	assert.False(t, ok, "ready while the FSM has applied nothing of the log")
+	assert.Contains(t, why, "has not applied it yet")
+
+	open()
+	require.Eventually(t, func() bool { ok, _ := again.srv.LeaderReady(); return ok }, 10*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 10, f.count())
 }

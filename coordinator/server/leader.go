@@ -21,6 +21,7 @@ func (s *Server) watchLeadership() {
 		case isLeader := <-s.notify:
 			if isLeader {
 				s.leadFrom.Store(s.raft.LastIndex())
+				go s.awaitLedgerApplied(s.raft.CurrentTerm())
 				s.startLeaderLoops()
 			} else {
 				s.leadFrom.Store(math.MaxUint64)
@@ -71,16 +72,42 @@ func (s *Server) stopLeaderLoops() {
 // writes it would check against its ledger are refused unrun
 // (api: 503, retry), as a refusal naming a region "that does not exist"
 // would be wrong (the fault rig caught one).
+//
+// Raft's AppliedIndex does not say so: it counts entries handed to the
+// FSM goroutine (up to 128 batches may wait in its queue), not entries
+// the ledger has applied. A barrier committed in this leader's term
+// does: raft answers it only once the FSM has applied every entry
+// before it (awaitLedgerApplied).
 func (s *Server) LeaderReady() (bool, string) {
 	if s.raft.State() != raft.Leader {
 		return false, "this replica is not the leader"
 	}
-	from, applied := s.leadFrom.Load(), s.raft.AppliedIndex()
+	term := s.raft.CurrentTerm()
+	if s.readyTerm.Load() == term {
+		return true, ""
+	}
+	from := s.leadFrom.Load()
 	if from == math.MaxUint64 {
 		return false, "this replica is taking up leadership"
 	}
-	if applied < from {
-		return false, fmt.Sprintf("this replica became the leader with its log at index %d and has applied %d of it", from, applied)
+	return false, fmt.Sprintf("this replica became the leader in term %d with its log at index %d; its ledger has not applied it yet (raft has handed %d to it)", term, from, s.raft.AppliedIndex())
+}
+
+// awaitLedgerApplied marks this replica's leadership of term ready
+// (LeaderReady) once a barrier it commits in that term has been answered,
+// that is, once its ledger has applied the whole log it won with. It
+// gives up when leadership is lost; it is not waited for at shutdown
+// (raft may never answer a barrier it shut down with).
+func (s *Server) awaitLedgerApplied(term uint64) {
+	start := time.Now()
+	if err := s.raft.Barrier(0).Error(); err != nil {
+		s.log.Debug("leader readiness barrier failed", "term", term, "err", err)
+		return
 	}
-	return true, ""
+	// A barrier answered while the term is still term was committed by
+	// this replica as the leader of term (terms only grow).
+	if s.raft.CurrentTerm() == term {
+		s.readyTerm.Store(term)
+		s.log.Info("leader ledger caught up with the log", "term", term, "took", time.Since(start))
+	}
 }

@@ -79,6 +79,9 @@ type Server struct {
 	// became the leader (math.MaxUint64 while it does not lead): its
 	// ledger is complete once it has applied that far (LeaderReady).
 	leadFrom atomic.Uint64
+	// readyTerm is the term in which this server, as the leader, last saw
+	// its ledger apply the log it won with (LeaderReady).
+	readyTerm atomic.Uint64
 
 	metrics   *metrics.Metrics                  // GET /v1/metrics (metrics.go)
 	agentView atomic.Pointer[metrics.AgentView] // the gossip pool WatchAgents watches, for the agents gauge
