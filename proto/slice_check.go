@@ -138,6 +138,24 @@ func ReadinessHealth(s string) (health string, ok bool) {
 	return "", false
 }
 
+// ReadinessDetail is a slot's health detail from an allocation's passed
+// readiness gate: the evidence, labelled with the allocation it proves
+// (clipped to MaxHealthDetail).
+func ReadinessDetail(allocID string, evidence []string) string {
+	return Clip(readinessLabel(allocID)+strings.Join(evidence, "; "), MaxHealthDetail)
+}
+
+// IsReadinessDetailOf reports whether a slot's health detail is the
+// readiness evidence of allocation allocID (ReadinessDetail), or evidence
+// recorded before details were labelled (it begins with the gate's
+// "dhcp: " evidence): it describes that allocation's guest, not the slot
+// once the allocation is over.
+func IsReadinessDetailOf(detail, allocID string) bool {
+	return strings.HasPrefix(detail, readinessLabel(allocID)) || strings.HasPrefix(detail, "dhcp: ")
+}
+
+func readinessLabel(allocID string) string { return "readiness of allocation " + allocID + ": " }
+
 // IsSliceResult reports whether a task result is one of the slice
 // runtime's results (an object with allocation_id) rather than an older
 // agent's plain result (the node scheduler's plan, or a release count).

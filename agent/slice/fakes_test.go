@@ -296,7 +296,9 @@ func (f *fakeDHCP) grant(alloc string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if r, ok := f.res[alloc]; ok {
-		f.leases = append(f.leases, dhcp.Lease{MAC: r.MAC, IP: r.IP, Expires: time.Now().Add(time.Hour)})
+		// dnsmasq keeps one lease per MAC: a grant replaces the MAC's lease.
+		f.leases = slices.DeleteFunc(f.leases, func(l dhcp.Lease) bool { return l.MAC.String() == r.MAC.String() })
+		f.leases = append(f.leases, dhcp.Lease{MAC: r.MAC, IP: r.IP, Hostname: r.Hostname, Expires: time.Now().Add(time.Hour)})
 	}
 }
 

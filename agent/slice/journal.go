@@ -68,6 +68,10 @@ type Record struct {
 	// VMStartMS is how long the hypervisor took to start the domain
 	// (inside define_start): the first part of the guest's boot.
 	VMStartMS int64 `json:"vm_start_ms,omitempty"`
+	// LeaseBefore is the DHCP lease the boot MAC held just before the
+	// domain started (leaseMark; "" = none): a lease of an earlier boot
+	// of the slot, which the dhcp_lease gate must not accept.
+	LeaseBefore string `json:"lease_before,omitempty"`
 	// Network state applied (removed again on teardown).
 	Reserved bool `json:"reserved,omitempty"`
 	NATed    bool `json:"nated,omitempty"`

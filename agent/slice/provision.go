@@ -619,6 +619,14 @@ func (r *Runtime) defineStart(ctx context.Context, req ProvisionRequest, rec *Re
 			return err
 		}
 	}
+	// The slot's MAC may still hold a lease from an earlier boot (the
+	// previous allocation of the slot, or an earlier attempt): remember
+	// it, so the dhcp_lease gate waits for one granted to this boot.
+	before, err := r.macLease(ctx, mac)
+	if err != nil {
+		return fmt.Errorf("before start: %w", err)
+	}
+	rec.LeaseBefore = before
 	rec.Defined = true
 	for i := range rec.Slots {
 		rec.Slots[i].Touched = true // the guest may write to every disk from now on
@@ -645,8 +653,36 @@ func (r *Runtime) defineStart(ctx context.Context, req ProvisionRequest, rec *Re
 	return nil
 }
 
+// leaseMark identifies one grant of a lease: dnsmasq rewrites a lease's
+// expiry (and hostname) at every grant or renewal, so a mark that changed
+// is a lease granted since.
+func leaseMark(l dhcp.Lease) string {
+	exp := "never"
+	if !l.Expires.IsZero() {
+		exp = l.Expires.UTC().Format(time.RFC3339Nano)
+	}
+	return exp + " " + l.IP.String() + " " + l.Hostname + " " + l.ClientID
+}
+
+// macLease returns the mark of the lease mac holds now ("" = none).
+func (r *Runtime) macLease(ctx context.Context, mac net.HardwareAddr) (string, error) {
+	leases, err := r.d.DHCP.Leases(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, l := range leases {
+		if l.MAC.String() == mac.String() {
+			return leaseMark(l), nil
+		}
+	}
+	return "", nil
+}
+
 // waitLease waits until dnsmasq's leases show the reserved MAC holding
-// the reserved IP.
+// the reserved IP on a lease granted to this boot: not the lease the MAC
+// held before the domain started (rec.LeaseBefore, an earlier boot's,
+// typically the slot's previous allocation), and not one naming another
+// host than this allocation's.
 func (r *Runtime) waitLease(ctx context.Context, rec *Record) (string, error) {
 	mac, _ := net.ParseMAC(rec.MAC)
 	ip, _ := netip.ParseAddr(rec.IP)
@@ -661,10 +697,27 @@ func (r *Runtime) waitLease(ctx context.Context, rec *Record) (string, error) {
 			if l.MAC.String() != mac.String() {
 				continue
 			}
-			if l.IP == ip && (l.Expires.IsZero() || l.Expires.After(r.d.Now())) {
-				return fmt.Sprintf("dhcp: %s holds %s (lease until %s)", rec.MAC, rec.IP, l.Expires.Format(time.RFC3339)), nil
+			switch {
+			case rec.LeaseBefore != "" && leaseMark(l) == rec.LeaseBefore:
+				seen = fmt.Sprintf("; %s holds only the lease of an earlier boot (until %s)", rec.MAC, l.Expires.Format(time.RFC3339))
+			case l.Hostname != "" && rec.Hostname != "" && l.Hostname != rec.Hostname:
+				seen = fmt.Sprintf("; %s holds a lease for host %q, not %q", rec.MAC, l.Hostname, rec.Hostname)
+			case l.IP != ip:
+				seen = fmt.Sprintf("; %s holds %s instead", rec.MAC, l.IP)
+			case !l.Expires.IsZero() && !l.Expires.After(r.d.Now()):
+				seen = fmt.Sprintf("; %s holds an expired lease (until %s)", rec.MAC, l.Expires.Format(time.RFC3339))
+			default:
+				ev := fmt.Sprintf("dhcp: %s holds %s (lease until %s", rec.MAC, rec.IP, l.Expires.Format(time.RFC3339))
+				if l.Hostname != "" {
+					ev += ", host " + l.Hostname
+				}
+				if rec.LeaseBefore != "" {
+					ev += ", granted to this boot; an earlier boot's lease was replaced"
+				} else {
+					ev += ", granted to this boot"
+				}
+				return ev + ")", nil
 			}
-			seen = fmt.Sprintf("; %s holds %s instead", rec.MAC, l.IP)
 		}
 		if n%8 == 7 {
 			if s, err := r.d.Hypervisor.State(ctx, rec.Domain); err == nil && s != DomainRunning {

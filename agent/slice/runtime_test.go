@@ -719,3 +719,57 @@ func TestReconcileSparesAProvisionNotInItsLiveList(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{testAlloc}, r.Released)
 }
+
+// TestDHCPLeaseGateRefusesAnEarlierBootsLease: the slot's MAC still holds
+// the previous allocation's lease (dnsmasq keeps it until it expires) when
+// the slot's next allocation boots. The dhcp_lease gate must not pass on
+// it, only on a lease dnsmasq grants to the new boot.
+func TestDHCPLeaseGateRefusesAnEarlierBootsLease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	req := testRequest(t)
+	_, err := e.rt.Provision(ctx, req, nil)
+	require.NoError(t, err)
+	_, err = e.rt.Release(ctx, ReleaseRequest{AllocationID: req.AllocationID, Slots: req.Slots, WipePolicy: "zero"}, nil)
+	require.NoError(t, err)
+	stale, err := e.dh.Leases(ctx)
+	require.NoError(t, err)
+	require.Len(t, stale, 1, "the first allocation's lease outlives its release, as in dnsmasq")
+
+	// Next allocation of the same slot, same MAC and IP: the new guest
+	// never gets a lease of its own.
+	e.hv.onStart = nil
+	req2 := testRequest(t)
+	req2.AllocationID = "alloc-2"
+	_, err = e.rt.Provision(ctx, req2, nil)
+	require.Error(t, err)
+	assert.Equal(t, proto.StageDHCPLease, StageOf(err))
+	assert.ErrorContains(t, err, "holds only the lease of an earlier boot")
+
+	// A lease granted after the domain started passes, with evidence
+	// naming this allocation's host.
+	req3 := testRequest(t)
+	req3.AllocationID = "alloc-3"
+	_, err = e.rt.Cleanup(ctx, proto.SlotCleanupPayload{SlotID: "j22u15-s0", Capacity: req.Slots[0].Capacity}, nil)
+	require.NoError(t, err)
+	_, err = e.rt.Cleanup(ctx, proto.SlotCleanupPayload{SlotID: "j22u15-s1", Capacity: req.Slots[1].Capacity}, nil)
+	require.NoError(t, err)
+	e.hv.onStart = func(string) {
+		go func() {
+			time.Sleep(30 * time.Millisecond) // the gate polls the stale lease first
+			e.dh.grant("alloc-3")
+		}()
+	}
+	res, err := e.rt.Provision(ctx, req3, nil)
+	require.NoError(t, err)
+	ev := strings.Join(res.Slots[0].Evidence, "\n")
+	assert.Contains(t, ev, "host alloc-3")
+	assert.Contains(t, ev, "granted to this boot; an earlier boot's lease was replaced")
+	assert.Positive(t, res.Durations[proto.StageDHCPLease], "the gate waited for the grant")
+
+	// A lease naming another allocation's host is not this boot's either.
+	rec := Record{MAC: "52:54:00:00:00:10", IP: "10.200.0.10", Hostname: "alloc-4", Domain: "gpuaas-alloc-3"}
+	_, err = e.rt.waitLease(ctx, &rec)
+	assert.ErrorContains(t, err, `holds a lease for host "alloc-3", not "alloc-4"`)
+}

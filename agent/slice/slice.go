@@ -16,6 +16,7 @@
 //	             with the reserved MAC, serial console to a file, no graphics) and
 //	             started, its tap tagged and isolated on the bridge
 //	dhcp_lease   dnsmasq's lease file shows the reserved MAC holding the reserved IP
+//	             on a lease granted to this boot (not the one it held before start)
 //	ssh_ready    the image's readiness checks over SSH (table readinessChecks),
 //	             logged in with the allocation's agent key
 //

@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -227,7 +226,7 @@ func (f *followUp) toActive(res *proto.SliceProvisionResult) {
 	snap := f.a.b.Store().Snapshot()
 	for _, s := range res.Slots {
 		health, _ := proto.ReadinessHealth(s.HealthState)
-		detail := proto.Clip(strings.Join(s.Evidence, "; "), proto.MaxHealthDetail)
+		detail := proto.ReadinessDetail(al.ID, s.Evidence)
 		if cur, ok := snap.Slot(s.SlotID); ok && cur.HealthState == health && cur.HealthDetail == detail {
 			continue
 		}

@@ -223,7 +223,8 @@ func TestSliceProvisionAndReleaseOverTheAgentProtocol(t *testing.T) {
 		s := e.slot(id)
 		assert.Equal(t, proto.SlotAllocated, s.Status)
 		assert.Equal(t, proto.HealthHealthy, s.HealthState)
-		assert.Equal(t, "lease 52:54:00:aa:00:01=192.168.122.10; ssh ok", s.HealthDetail)
+		assert.Equal(t, "readiness of allocation "+a.ID+": lease 52:54:00:aa:00:01=192.168.122.10; ssh ok", s.HealthDetail,
+			"the evidence names the allocation whose guest it proves")
 	}
 	want := []string{"placement/succeeded", "plan/started", "plan/succeeded", "provisioning/started"}
 	for _, st := range proto.SliceStages[1:] {
@@ -267,6 +268,11 @@ func TestSliceProvisionAndReleaseOverTheAgentProtocol(t *testing.T) {
 	assert.Equal(t, "zero", s0.WipeProof.Method)
 	assert.Equal(t, proto.SlotCleanupBlocked, s1.Status)
 	assert.Contains(t, s1.StatusReason, "verify: non-zero sample at 4096")
+	for _, s := range []*proto.Slot{s0, s1} {
+		// The released allocation's DHCP/SSH evidence is not the slot's.
+		assert.Equal(t, proto.HealthHealthy, s.HealthState, s.ID)
+		assert.Empty(t, s.HealthDetail, s.ID)
+	}
 	assert.Contains(t, e.stages(a.ID), "wipe/succeeded")
 }
 

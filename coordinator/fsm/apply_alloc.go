@@ -416,9 +416,10 @@ func endClaims(tx *state.Txn, claims []*proto.Claim, now time.Time) error {
 	return nil
 }
 
-// freeSlot ends a slot's claim: via releasing to `to`, both steps checked
-// against the transition table.
-func freeSlot(cmd string, s *proto.Slot, to proto.SlotStatus, reason string) error {
+// freeSlot ends allocID's claim on a slot: via releasing to `to`, both steps checked
+// against the transition table; the allocation's readiness evidence leaves
+// the slot's health detail.
+func freeSlot(cmd, allocID string, s *proto.Slot, to proto.SlotStatus, reason string) error {
 	if s.Status != proto.SlotReleasing {
 		if err := proto.CheckSlotTransition(cmd, s.ID, s.Status, proto.SlotReleasing); err != nil {
 			return err
@@ -428,6 +429,11 @@ func freeSlot(cmd string, s *proto.Slot, to proto.SlotStatus, reason string) err
 		return err
 	}
 	s.Status, s.ClaimID, s.StatusReason = to, "", reason
+	if s.HealthState == proto.HealthHealthy && proto.IsReadinessDetailOf(s.HealthDetail, allocID) {
+		// The readiness evidence (DHCP lease, SSH answers) was the
+		// allocation's guest's; it proves nothing about the freed slot.
+		s.HealthDetail = ""
+	}
 	return nil
 }
 
@@ -549,7 +555,7 @@ func (f *FSM) applyAllocationTransition(body []byte, index uint64) any {
 					blocked += ": " + req.Reason
 				}
 				to, why := freeTarget(s, blocked)
-				if err := freeSlot(cmd, s, to, why); err != nil {
+				if err := freeSlot(cmd, a.ID, s, to, why); err != nil {
 					return nil, err
 				}
 				if err := tx.PutSlot(s); err != nil {
@@ -681,7 +687,7 @@ func (f *FSM) applyAllocationReleased(body []byte, index uint64) any {
 			if to == proto.SlotCleanupBlocked {
 				failed++
 			}
-			if err := freeSlot(cmd, s, to, why); err != nil {
+			if err := freeSlot(cmd, a.ID, s, to, why); err != nil {
 				return nil, err
 			}
 			if err := tx.PutSlot(s); err != nil {
@@ -737,7 +743,7 @@ func (f *FSM) applyAllocationForceRelease(body []byte, index uint64) any {
 		claims, slots := holdings(tx, a)
 		for _, s := range slots {
 			to, why := freeTarget(s, "force-released "+a.ID+" after the provision touched the disk")
-			if err := freeSlot(cmd, s, to, why); err != nil {
+			if err := freeSlot(cmd, a.ID, s, to, why); err != nil {
 				return nil, err
 			}
 			if err := tx.PutSlot(s); err != nil {

@@ -110,3 +110,64 @@ func TestPrivilegedDnsmasqReservationsOnly(t *testing.T) {
 	_, ok = s.Running()
 	assert.False(t, ok, "dnsmasq must be gone")
 }
+
+// TestPrivilegedDnsmasqRegrantRewritesTheLease: dnsmasq keeps a released
+// allocation's lease for the slot's MAC until it expires. What the slice
+// readiness gate relies on to tell the next allocation's lease from it:
+// dnsmasq's grant to the next boot rewrites the MAC's lease line (a later
+// expiry, the new reservation's hostname).
+func TestPrivilegedDnsmasqRegrantRewritesTheLease(t *testing.T) {
+	testenv.Root(t)
+	testenv.Commands(t, "dnsmasq", "busybox", "nsenter", "ip")
+	t.Parallel()
+	ctx := context.Background()
+	srv := netnstest.New(t, "drs")
+	guest := netnstest.New(t, "drg")
+	netnstest.Veth(t, srv, "gw1", nil, guest, "eth0")
+	srv.AddAddr(t, "gw1", "10.78.0.1/24")
+	dir, err := os.MkdirTemp("", "dhcp")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	guest.MustRun(t, "ip", "link", "set", "eth0", "address", "52:54:00:78:00:0a")
+	guest.MustRun(t, "ip", "link", "set", "eth0", "up")
+
+	gw := netip.MustParsePrefix("10.78.0.1/24")
+	s := &dhcp.Server{Dir: dir + "/state", Interface: "gw1", Gateway: gw, Netns: srv.Path, LeaseTime: time.Hour}
+	first := res(t, "alloc-a", "52:54:00:78:00:0a", "10.78.0.10", "alloc-a")
+	require.NoError(t, s.Start(ctx, []dhcp.Reservation{first}))
+	t.Cleanup(func() { assert.NoError(t, s.Stop()) })
+	_, ok := guest.DHCPLease(t, "eth0")
+	require.True(t, ok)
+	before := macLeases(t, s, "52:54:00:78:00:0a")
+	require.Len(t, before, 1)
+	assert.Equal(t, "alloc-a", before[0].Hostname)
+
+	// Released: the reservation goes, the lease stays.
+	require.NoError(t, s.Update(nil))
+	assert.Equal(t, before, macLeases(t, s, "52:54:00:78:00:0a"), "the released allocation's lease outlives its reservation")
+
+	// The slot's next allocation: same MAC and IP, its own host name.
+	time.Sleep(1100 * time.Millisecond) // lease expiries are whole seconds
+	require.NoError(t, s.Update([]dhcp.Reservation{res(t, "alloc-b", "52:54:00:78:00:0a", "10.78.0.10", "alloc-b")}))
+	guest.MustRun(t, "ip", "addr", "flush", "dev", "eth0")
+	_, ok = guest.DHCPLease(t, "eth0")
+	require.True(t, ok)
+	after := macLeases(t, s, "52:54:00:78:00:0a")
+	require.Len(t, after, 1, "one lease per MAC: the grant replaced the old one")
+	assert.Equal(t, "alloc-b", after[0].Hostname)
+	assert.True(t, after[0].Expires.After(before[0].Expires), "expiry %s, the old lease's %s", after[0].Expires, before[0].Expires)
+}
+
+func macLeases(t *testing.T, s *dhcp.Server, mac string) []dhcp.Lease {
+	t.Helper()
+	all, err := s.Leases()
+	require.NoError(t, err)
+	var out []dhcp.Lease
+	for _, l := range all {
+		if l.MAC.String() == mac {
+			out = append(out, l)
+		}
+	}
+	return out
+}

@@ -434,7 +434,7 @@ func (r *Runtime) provision(ctx context.Context, req slice.ProvisionRequest, st 
 	}
 
 	if err := st.run(ctx, proto.StageDHCPLease, func() error {
-		evidence = append(evidence, fmt.Sprintf("dhcp: %s holds %s (simulated guest)", rec.MAC, rec.IP))
+		evidence = append(evidence, fmt.Sprintf("dhcp: %s holds %s (simulated guest %s, granted to this boot)", rec.MAC, rec.IP, rec.InstanceID))
 		return nil
 	}); err != nil {
 		return err
