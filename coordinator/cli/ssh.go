@@ -110,6 +110,24 @@ func sshArgv(acc *proto.SliceAccess, o sshOptions, extra []string) []string {
 	return append(argv, extra...)
 }
 
+// sshCommand is the command alloc ssh --print gives for an allocation's
+// access (a jump host that is this machine dropped); alloc create --wait
+// and alloc show print the same.
+func sshCommand(acc *proto.SliceAccess) string {
+	return shellJoin(sshArgv(acc, sshOptions{}, nil))
+}
+
+// noKeyNote says, for an allocation created without an SSH key, that no
+// key of the caller's opens it and how a key is given ("" when it has
+// keys).
+func noKeyNote(al proto.Allocation) string {
+	if len(al.SSHPublicKeys) > 0 {
+		return ""
+	}
+	return "no key of yours is authorized: the allocation was created without --ssh-key " +
+		"(keys are given at create: alloc create ... --ssh-key \"$(cat ~/.ssh/id_ed25519.pub)\")"
+}
+
 // sliceAccess returns the SSH access of an active allocation, or an
 // error saying why there is none.
 func sliceAccess(al proto.Allocation) (*proto.SliceAccess, error) {
@@ -170,6 +188,9 @@ func (a *app) allocSSHCmd() *cobra.Command {
 			}
 			if err := proto.ValidateID("allocation id", al.ID); err != nil {
 				return err
+			}
+			if note := noKeyNote(al); note != "" {
+				fmt.Fprintln(a.errOut, "warning: "+note)
 			}
 			if o.knownHosts, err = writeKnownHosts(al.ID, acc); err != nil {
 				return err
