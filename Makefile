@@ -140,5 +140,9 @@ lab: build
 clean-daemons:
 	$(GO) run ./lab/cmd/gpuaas-daemons stop
 
+# Deletes the binaries and the lab: .lab and the simulated host roots the
+# lab generated under /dev/shm (gpuaas-lab clean; a running lab is
+# refused: stop it first).
 clean: clean-daemons
-	rm -rf $(BIN) .lab
+	$(GO) run ./lab/cmd/gpuaas-lab clean -dir .lab
+	rm -rf $(BIN)

@@ -132,6 +132,10 @@ type Attachment struct {
 	Session string
 	Mode    string // proto.ConsoleReadWrite or proto.ConsoleReadOnly
 	Opened  time.Time
+	// AskedReadOnly says the session asked to only watch; a read-only
+	// session that did not was refused read-write because another
+	// session holds it.
+	AskedReadOnly bool
 
 	h          *hub
 	out        chan []byte
@@ -203,7 +207,7 @@ func (m *Manager) Attach(ctx context.Context, alloc, session string, wantRW bool
 
 func (h *hub) attach(session string, wantRW bool) (*Attachment, bool, error) {
 	now := time.Now()
-	a := &Attachment{Session: session, Mode: proto.ConsoleReadOnly, Opened: now, h: h,
+	a := &Attachment{Session: session, Mode: proto.ConsoleReadOnly, Opened: now, AskedReadOnly: !wantRW, h: h,
 		out: make(chan []byte, outputQueue), done: make(chan struct{})}
 	a.lastActive.Store(now.UnixNano())
 	h.mu.Lock()
@@ -328,6 +332,15 @@ func (a *Attachment) Reason() string {
 
 // Stats returns the bytes typed into and delivered from the console.
 func (a *Attachment) Stats() (in, out int64) { return a.in.Load(), a.outN.Load() }
+
+// ReadOnlyNotice is what a read-only session is told when it types: why
+// it is read-only.
+func (a *Attachment) ReadOnlyNotice() string {
+	if a.AskedReadOnly {
+		return "read-only session (asked for): input is ignored"
+	}
+	return "read-only session: another session holds the console read-write; input is ignored"
+}
 
 // Write types p into the console (ErrReadOnly on a read-only session).
 func (a *Attachment) Write(p []byte) (int, error) {

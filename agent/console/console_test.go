@@ -121,6 +121,9 @@ func TestReadWriteThenReadOnly(t *testing.T) {
 	assert.Equal(t, proto.ConsoleReadWrite, rw.Mode)
 	assert.Equal(t, proto.ConsoleReadOnly, ro.Mode, "a second session asking read-write gets read-only")
 	assert.Equal(t, proto.ConsoleReadOnly, ro2.Mode)
+	// Each read-only session is told why it is one.
+	assert.Contains(t, ro.ReadOnlyNotice(), "another session holds the console read-write")
+	assert.Equal(t, "read-only session (asked for): input is ignored", ro2.ReadOnlyNotice())
 	opens, _ := g.counts()
 	assert.Equal(t, 1, opens, "one console stream shared by every session")
 	n, hasRW := m.Sessions("a-1")
@@ -156,6 +159,19 @@ func TestReadWriteThenReadOnly(t *testing.T) {
 	require.Eventually(t, func() bool { _, c := g.counts(); return c == 1 }, 5*time.Second, 10*time.Millisecond)
 	n, _ = m.Sessions("a-1")
 	assert.Zero(t, n)
+}
+
+// A session that asks read-only with nobody else attached is read-only
+// because it asked, and is told so, not that another session holds it.
+func TestReadOnlyAloneSaysItAsked(t *testing.T) {
+	m := NewManager(Options{Opener: &fakeGuest{}, Dir: t.TempDir()})
+	a, err := m.Attach(context.Background(), "a-1", "con-1", false)
+	require.NoError(t, err)
+	defer a.Close("done")
+	assert.Equal(t, proto.ConsoleReadOnly, a.Mode)
+	assert.True(t, a.AskedReadOnly)
+	assert.NotContains(t, a.ReadOnlyNotice(), "another session")
+	assert.Contains(t, a.ReadOnlyNotice(), "asked for")
 }
 
 func TestSessionBound(t *testing.T) {

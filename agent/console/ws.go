@@ -48,7 +48,7 @@ func Serve(ctx context.Context, conn *websocket.Conn, att *Attachment) error {
 			if _, err := att.Write(b); errors.Is(err, ErrReadOnly) {
 				if !told {
 					told = true
-					_ = SendControl(ctx, conn, proto.ConsoleControl{Type: "notice", Reason: "read-only session: another session holds the console read-write; input is ignored"})
+					_ = SendControl(ctx, conn, proto.ConsoleControl{Type: "notice", Reason: att.ReadOnlyNotice()})
 				}
 			} else if err != nil {
 				att.Close(err.Error())

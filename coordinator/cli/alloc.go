@@ -149,7 +149,11 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 	row(w, "Activated:", tsp(x.ActivatedAt))
 	row(w, "Ended:", tsp(x.EndedAt))
 	if x.Access != nil {
-		row(w, "SSH:", x.Access.SSH())
+		// What alloc ssh --print and alloc create --wait give.
+		row(w, "SSH:", sshCommand(x.Access))
+		if note := noKeyNote(x); note != "" {
+			row(w, "SSH keys:", note)
+		}
 	}
 	for _, r := range x.Ingress {
 		row(w, "Ingress:", fmt.Sprintf("%s -> %s (%s)", r.Public(), r.Rule(), r.State))

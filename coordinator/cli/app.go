@@ -150,13 +150,18 @@ func (a *app) appShowCmd() *cobra.Command {
 }
 
 func (a *app) appPublishCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "publish NAME:VERSION MANIFEST.json",
-		Short: "Create or update a pending app manifest (admin)",
+	var archive string
+	c := &cobra.Command{
+		Use:   "publish NAME:VERSION MANIFEST.json [--archive FILE]",
+		Short: "Create or update a pending app manifest, and upload its image archive (admin)",
 		Long: "Reads MANIFEST.json (kind, image by digest, compat, ports, health_check; unknown fields are refused)\n" +
-			"and creates the pending catalog entry NAME:VERSION. Approve it with 'gpuaasctl app approve'.",
-		Example: "  gpuaasctl app publish hello-http:1 hello-http.json",
-		Args:    exactArgs("NAME:VERSION", "MANIFEST.json"),
+			"and creates the pending catalog entry NAME:VERSION. With --archive, then uploads FILE (the app's\n" +
+			"OCI image layout archive) to the leader's blob store, which checks it against the manifest's\n" +
+			"digest and image_size (the leader, so that the upload is audited: a follower stores a blob\n" +
+			"without a record). Approve it with 'gpuaasctl app approve'.",
+		Example: "  gpuaasctl app publish hello-http:1 hello-http.json\n" +
+			"  gpuaasctl app publish hello:1.0.0 .lab/hello.json --archive bin/apps/hello.oci.tar",
+		Args: exactArgs("NAME:VERSION", "MANIFEST.json"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, version, err := splitApp(args[0])
 			if err != nil {
@@ -172,13 +177,39 @@ func (a *app) appPublishCmd() *cobra.Command {
 			if err := dec.Decode(&body); err != nil {
 				return usagef("%s: %v", args[1], err)
 			}
+			var f *os.File
+			var size int64
+			if archive != "" {
+				// Checked before anything is published.
+				if f, err = os.Open(archive); err != nil {
+					return usageError{fmt.Errorf("--archive: %w", err)}
+				}
+				defer f.Close()
+				fi, err := f.Stat()
+				if err != nil {
+					return fmt.Errorf("--archive: %w", err)
+				}
+				size = fi.Size()
+			}
 			r, err := a.call(cmd, http.MethodPut, appPath(name, version), nil, body, nil)
 			if err != nil {
 				return err
 			}
+			if f != nil {
+				cl, err := a.leaderClient(cmd)
+				if err != nil {
+					return fmt.Errorf("app %s:%s is published; upload its archive: %w", name, version, err)
+				}
+				fmt.Fprintf(a.errOut, "uploading %s (%d bytes) to the leader %s\n", archive, size, cl.Base.Host)
+				if r, err = cl.Upload(cmd.Context(), appPath(name, version)+"/blob", f, size); err != nil {
+					return fmt.Errorf("app %s:%s is published; upload of %s: %w", name, version, archive, err)
+				}
+			}
 			return show(a, r, appDetail)
 		},
 	}
+	c.Flags().StringVar(&archive, "archive", "", "the app's OCI image layout archive: uploaded to the leader after publishing")
+	return c
 }
 
 func (a *app) appDecideCmd(verb string, action proto.AppState) *cobra.Command {

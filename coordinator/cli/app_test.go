@@ -1,14 +1,27 @@
 package cli
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gpuaas/gpuaas/coordinator/api"
+	"github.com/gpuaas/gpuaas/coordinator/pki"
+	"github.com/gpuaas/gpuaas/proto"
 )
 
 // TestCLIAppCatalogAndTargets drives app publish / approve / ls / show /
@@ -53,4 +66,85 @@ func TestCLIAppCatalogAndTargets(t *testing.T) {
 	r = c.run(api.RoleOperator, "app", "targets", "nope")
 	assert.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.err, "not in the catalog")
+}
+
+// fakeFollower is a coordinator that follows: it answers GET /v1/status
+// naming leader as the leader and relays every other request there (as a
+// follower does), recording each path it was sent.
+type fakeFollower struct {
+	addr  string
+	mu    sync.Mutex
+	paths []string
+}
+
+func startFakeFollower(t *testing.T, c *coord) *fakeFollower {
+	t.Helper()
+	ff := &fakeFollower{}
+	target, err := url.Parse("https://" + c.addr)
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{TLSClientConfig: pki.ClientConfig(c.ca.Pool(), nil)}
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ff.mu.Lock()
+		ff.paths = append(ff.paths, r.Method+" "+r.URL.Path)
+		ff.mu.Unlock()
+		if r.URL.Path == "/v1/status" {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(proto.Status{IsLeader: false, LeaderHTTPAddr: c.addr})
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	cert, err := c.ca.IssueServer("c2", []string{"127.0.0.1"}, time.Now(), pki.ServerTTL)
+	require.NoError(t, err)
+	ts.TLS = pki.APIServerConfig(c.ca.Pool(), cert)
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	ff.addr = ts.Listener.Addr().String()
+	return ff
+}
+
+func (ff *fakeFollower) sent() []string {
+	ff.mu.Lock()
+	defer ff.mu.Unlock()
+	return append([]string(nil), ff.paths...)
+}
+
+// Blob uploads go to the leader even when GPUAAS_ADDR is a follower (a
+// follower stores an upload without an audit record): app publish
+// --archive and image push ask the coordinator which one leads.
+func TestUploadsGoToTheLeader(t *testing.T) {
+	c := startCoordinator(t)
+	ff := startFakeFollower(t, c)
+	run := func(args ...string) result {
+		return runEnv(map[string]string{"GPUAAS_ADDR": ff.addr, "GPUAAS_TOKEN": c.tok[api.RoleAdmin]}, args...)
+	}
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("layout"), 4096)
+	sum := sha256.Sum256(data)
+	digest := "sha256:" + hex.EncodeToString(sum[:])
+	archive := filepath.Join(dir, "app.oci.tar")
+	require.NoError(t, os.WriteFile(archive, data, 0o644))
+	manifest := filepath.Join(dir, "app.json")
+	require.NoError(t, os.WriteFile(manifest, []byte(fmt.Sprintf(`{"kind":"oci","image":"gpuaas.lab/apps/up@%s","image_size":%d,
+		"compat":{"shapes":["gpu_slice"],"min_gpus":1},"ports":[{"name":"http","port":8080,"protocol":"http"}],
+		"health_check":{"port":8080,"path":"/healthz"}}`, digest, len(data))), 0o644))
+
+	r := run("app", "publish", "up:1", manifest, "--archive", archive).ok(t)
+	assert.Contains(t, r.err, "to the leader "+c.addr)
+	require.True(t, c.srv.Blobs().Has(digest, int64(len(data))), "the leader stored the archive")
+	assert.Contains(t, ff.sent(), "GET /v1/status")
+	assert.Contains(t, ff.sent(), "PUT /v1/apps/up/1", "the manifest went through the configured coordinator")
+	assert.NotContains(t, ff.sent(), "PUT /v1/apps/up/1/blob", "the upload skipped the follower")
+
+	img := filepath.Join(dir, "guest.raw")
+	require.NoError(t, os.WriteFile(img, bytes.Repeat([]byte{7}, 8192), 0o644))
+	run("image", "push", img, "--name", "up-img", "--version", "1", "--kind", "slice_base").ok(t)
+	assert.NotContains(t, ff.sent(), "PUT /v1/images/up-img/1/blob")
+
+	// A missing archive is refused before anything is published.
+	r = run("app", "publish", "up:2", manifest, "--archive", filepath.Join(dir, "missing.tar"))
+	assert.Equal(t, ExitUsage, r.code, r.err)
+	assert.Contains(t, r.err, "--archive")
+	assert.Equal(t, ExitError, run("app", "show", "up:2").code, "nothing was published")
 }

@@ -180,7 +180,10 @@ func outcome(a proto.Allocation, evs []proto.TimelineEvent, elapsed time.Duratio
 		if a.Access != nil {
 			// The command alloc ssh --print gives (a jump host that is
 			// this machine dropped).
-			s += "\nssh: " + shellJoin(sshArgv(a.Access, sshOptions{}, nil))
+			s += "\nssh: " + sshCommand(a.Access)
+			if note := noKeyNote(a); note != "" {
+				s += "\n     " + note
+			}
 		}
 		return s, nil
 	case proto.AllocFailed:

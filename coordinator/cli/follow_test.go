@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -85,7 +86,7 @@ func TestFollowRenderActive(t *testing.T) {
 	f.Observe(all[:11], task("seed", 0, 0), t0.Add(3810*time.Millisecond))
 	f.Observe(all[:18], task("ssh_ready", 0, 0), t0.Add(19900*time.Millisecond))
 	f.Observe(all, &proto.Task{ID: "t-1", State: proto.TaskSucceeded, Stage: "ssh_ready"}, t0.Add(19950*time.Millisecond))
-	al := proto.Allocation{ID: "a-1", State: proto.AllocActive, Access: &proto.SliceAccess{GuestIP: "192.168.122.10", GuestMAC: "52:54:00:aa:00:01",
+	al := proto.Allocation{ID: "a-1", State: proto.AllocActive, SSHPublicKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD t"}, Access: &proto.SliceAccess{GuestIP: "192.168.122.10", GuestMAC: "52:54:00:aa:00:01",
 		JumpHost: "10.0.0.15", User: "root"}}
 	msg, err := outcome(al, all, f.view.Elapsed(t0.Add(19950*time.Millisecond)))
 	require.NoError(t, err)
@@ -196,7 +197,7 @@ func TestFollowRenderBaremetal(t *testing.T) {
 	f := newFollower(&out, false)
 	f.Observe(evs[:4], &proto.Task{ID: "t-1", Type: proto.TaskBaremetalHandoff, State: proto.TaskRunning, Stage: "maas.ready_to_deploy_wait"}, t0)
 	f.Observe(evs[:7], &proto.Task{ID: "t-1", Type: proto.TaskBaremetalHandoff, State: proto.TaskSucceeded}, t0.Add(1260*time.Millisecond))
-	al := proto.Allocation{ID: "a-bm", State: proto.AllocActive, Access: &proto.SliceAccess{GuestIP: "10.10.0.2", GuestMAC: "52:54:00:27:15:01",
+	al := proto.Allocation{ID: "a-bm", State: proto.AllocActive, SSHPublicKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD t"}, Access: &proto.SliceAccess{GuestIP: "10.10.0.2", GuestMAC: "52:54:00:27:15:01",
 		User: "ubuntu", SSHCommand: "ssh ubuntu@10.10.0.2"}}
 	msg, err := outcome(al, evs[:7], f.view.Elapsed(t0.Add(1260*time.Millisecond)))
 	require.NoError(t, err)
@@ -226,5 +227,37 @@ func TestOutcomeSSHMatchesAllocSSH(t *testing.T) {
 		if jump == "127.0.0.1" {
 			assert.NotContains(t, msg, "-J", "a loopback jump host is dropped")
 		}
+		// alloc show prints the same command.
+		var b bytes.Buffer
+		w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		allocDetail(w, proto.Allocation{ID: "a-1", State: proto.AllocActive, Access: acc})
+		require.NoError(t, w.Flush())
+		assert.Regexp(t, `(?m)^SSH:\s+`+regexp.QuoteMeta(want)+`$`, b.String(), jump)
 	}
+}
+
+// An allocation created without --ssh-key is reachable by no key of the
+// caller's: create --wait, show and ssh say so and how a key is given.
+func TestNoSSHKeySaysSo(t *testing.T) {
+	acc := &proto.SliceAccess{GuestIP: "10.200.0.10", JumpHost: "127.0.0.1", User: "root"}
+	al := proto.Allocation{ID: "a-1", State: proto.AllocActive, Access: acc}
+	msg, err := outcome(al, nil, time.Second)
+	require.NoError(t, err)
+	assert.Contains(t, msg, "\nssh: ssh root@10.200.0.10\n")
+	assert.Contains(t, msg, "no key of yours is authorized: the allocation was created without --ssh-key")
+	assert.Contains(t, msg, "--ssh-key")
+	var b bytes.Buffer
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	allocDetail(w, al)
+	require.NoError(t, w.Flush())
+	assert.Regexp(t, `(?m)^SSH keys:\s+no key of yours is authorized`, b.String())
+
+	al.SSHPublicKeys = []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD t"}
+	msg, err = outcome(al, nil, time.Second)
+	require.NoError(t, err)
+	assert.NotContains(t, msg, "no key of yours")
+	b.Reset()
+	allocDetail(w, al)
+	require.NoError(t, w.Flush())
+	assert.NotContains(t, b.String(), "SSH keys:")
 }

@@ -42,6 +42,36 @@ func (c *Client) Upload(ctx context.Context, path string, r io.Reader, size int6
 	return answer(res, http.MethodPut, path)
 }
 
+// leaderClient is the API client aimed at the leader, for blob uploads:
+// a follower stores an upload without a Raft command, so it would not be
+// audited. It asks the configured coordinator (GET /v1/status) which one
+// leads; without a known leader it refuses rather than upload unaudited.
+func (a *app) leaderClient(cmd *cobra.Command) (*Client, error) {
+	cl, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	r, err := a.call(cmd, http.MethodGet, "/v1/status", nil, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("find the leader: %w", err)
+	}
+	st, err := decode[proto.Status](r)
+	if err != nil {
+		return nil, fmt.Errorf("find the leader: %w", err)
+	}
+	if st.IsLeader {
+		return cl, nil
+	}
+	if st.LeaderHTTPAddr == "" {
+		return nil, proto.Errorf(proto.CodeUnavailable, "%s knows no leader right now: uploads go to the leader, where they are audited; try again after the election", cl.Base.Host)
+	}
+	base := *cl.Base
+	base.Host = st.LeaderHTTPAddr
+	leader := *cl
+	leader.Base = &base
+	return &leader, nil
+}
+
 // answer reads a response into a Response or a *ProblemError.
 func answer(res *http.Response, method, path string) (*Response, error) {
 	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
@@ -179,7 +209,7 @@ func (a *app) imagePushCmd() *cobra.Command {
 				return err
 			}
 			defer f.Close()
-			cl, err := a.client()
+			cl, err := a.leaderClient(cmd)
 			if err != nil {
 				return err
 			}

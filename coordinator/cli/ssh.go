@@ -110,6 +110,39 @@ func sshArgv(acc *proto.SliceAccess, o sshOptions, extra []string) []string {
 	return append(argv, extra...)
 }
 
+// sshCommand is the command alloc ssh --print gives for an allocation's
+// access (a jump host that is this machine dropped); alloc create --wait
+// and alloc show print the same.
+func sshCommand(acc *proto.SliceAccess) string {
+	return shellJoin(sshArgv(acc, sshOptions{}, nil))
+}
+
+// noKeyNote says, for an allocation created without an SSH key, that no
+// key of the caller's opens it and how a key is given ("" when it has
+// keys).
+func noKeyNote(al proto.Allocation) string {
+	if len(al.SSHPublicKeys) > 0 {
+		return ""
+	}
+	return "no key of yours is authorized: the allocation was created without --ssh-key " +
+		"(keys are given at create: alloc create ... --ssh-key \"$(cat ~/.ssh/id_ed25519.pub)\")"
+}
+
+// sshNotes are what alloc ssh tells the caller on stderr before running
+// ssh: that no key of theirs opens the allocation, and for a baremetal
+// allocation that it reaches the machine MAAS deployed, whose host key
+// is not pinned.
+func sshNotes(al proto.Allocation) []string {
+	var notes []string
+	if note := noKeyNote(al); note != "" {
+		notes = append(notes, "warning: "+note)
+	}
+	if al.Shape == proto.ShapeBaremetal && al.Access != nil && len(al.Access.HostKeys) == 0 {
+		notes = append(notes, fmt.Sprintf("note: baremetal node %s at %s, the address MAAS deployed it with; its host key is not pinned (ssh asks on first use)", al.NodeID, al.Access.GuestIP))
+	}
+	return notes
+}
+
 // sliceAccess returns the SSH access of an active allocation, or an
 // error saying why there is none.
 func sliceAccess(al proto.Allocation) (*proto.SliceAccess, error) {
@@ -122,7 +155,7 @@ func sliceAccess(al proto.Allocation) (*proto.SliceAccess, error) {
 	}
 	if al.Access == nil || al.Access.GuestIP == "" {
 		if al.Shape == proto.ShapeBaremetal {
-			return nil, fmt.Errorf("allocation %s is a baremetal node: it has no slice guest to SSH into; reach the node (%s) through its own address", al.ID, al.NodeID)
+			return nil, fmt.Errorf("allocation %s is a baremetal node with no SSH address recorded (its MAAS deployment reported none): reach the node (%s) through its own address", al.ID, al.NodeID)
 		}
 		return nil, fmt.Errorf("allocation %s is active but its agent recorded no SSH access for it", al.ID)
 	}
@@ -170,6 +203,9 @@ func (a *app) allocSSHCmd() *cobra.Command {
 			}
 			if err := proto.ValidateID("allocation id", al.ID); err != nil {
 				return err
+			}
+			for _, note := range sshNotes(al) {
+				fmt.Fprintln(a.errOut, note)
 			}
 			if o.knownHosts, err = writeKnownHosts(al.ID, acc); err != nil {
 				return err

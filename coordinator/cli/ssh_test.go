@@ -74,13 +74,26 @@ func TestSliceAccessRefusals(t *testing.T) {
 	_, err = sliceAccess(proto.Allocation{ID: "a1", State: proto.AllocReleased, Shape: proto.ShapeGPUSlice})
 	assert.EqualError(t, err, "allocation a1 is released, not active: it has no SSH access (it will not become reachable)")
 	_, err = sliceAccess(proto.Allocation{ID: "a2", State: proto.AllocActive, Shape: proto.ShapeBaremetal})
-	assert.ErrorContains(t, err, "allocation a2 is a baremetal node: it has no slice guest to SSH into")
+	assert.ErrorContains(t, err, "allocation a2 is a baremetal node with no SSH address recorded")
 	_, err = sliceAccess(proto.Allocation{ID: "a3", State: proto.AllocActive, Shape: proto.ShapeGPUSlice})
 	assert.EqualError(t, err, "allocation a3 is active but its agent recorded no SSH access for it")
 	want := &proto.SliceAccess{GuestIP: "10.200.0.10"}
 	got, err := sliceAccess(proto.Allocation{ID: "a4", State: proto.AllocActive, Access: want})
 	require.NoError(t, err)
 	assert.Same(t, want, got)
+	// A deployed baremetal node's recorded address is used, and said to
+	// be one without a pinned host key.
+	bm := proto.Allocation{ID: "a5", State: proto.AllocActive, Shape: proto.ShapeBaremetal, NodeID: "j27u15",
+		SSHPublicKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD t"},
+		Access:        &proto.SliceAccess{GuestIP: "10.10.0.2", User: "ubuntu", SSHCommand: "ssh ubuntu@10.10.0.2"}}
+	got, err = sliceAccess(bm)
+	require.NoError(t, err)
+	assert.Equal(t, "ssh ubuntu@10.10.0.2", sshCommand(got))
+	assert.Equal(t, []string{"note: baremetal node j27u15 at 10.10.0.2, the address MAAS deployed it with; its host key is not pinned (ssh asks on first use)"}, sshNotes(bm))
+	bm.SSHPublicKeys = nil
+	notes := sshNotes(bm)
+	require.Len(t, notes, 2)
+	assert.Contains(t, notes[0], "warning: no key of yours is authorized")
 }
 
 // gpuaasctl alloc ssh runs (execs) the ssh on PATH with the access of a

@@ -30,21 +30,24 @@ func (c *coord) publishApp(name string, compat proto.AppCompat) {
 	c.t.Helper()
 	body := proto.AppBody{Kind: proto.AppOCI, Image: "ghcr.io/gpuaas/" + name + "@" + testDigest, Description: name + " test app", Compat: compat,
 		Ports: []proto.AppPort{{Name: "http", Port: 8080, Protocol: "http"}}, HealthCheck: &proto.AppHealthCheck{Port: 8080, Path: "/healthz"}}
-	for _, r := range []struct {
-		method, path string
-		body         any
-	}{{http.MethodPut, "/v1/apps/" + name + "/v1", body}, {http.MethodPost, "/v1/apps/" + name + "/v1/approve", proto.AppApproveBody{Note: "ok"}}} {
-		b, _ := json.Marshal(r.body)
-		req, err := http.NewRequest(r.method, c.ts.URL+r.path, bytes.NewReader(b))
-		require.NoError(c.t, err)
-		req.Header.Set("Authorization", "Bearer "+c.tok[api.RoleAdmin])
-		req.Header.Set("Content-Type", "application/json")
-		res, err := http.DefaultClient.Do(req)
-		require.NoError(c.t, err)
-		out, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		require.Equal(c.t, http.StatusOK, res.StatusCode, "%s %s: %s", r.method, r.path, out)
-	}
+	c.adminCall(http.MethodPut, "/v1/apps/"+name+"/v1", body)
+	c.adminCall(http.MethodPost, "/v1/apps/"+name+"/v1/approve", proto.AppApproveBody{Note: "ok"})
+}
+
+// adminCall calls the API as an admin with a JSON body and requires 200.
+func (c *coord) adminCall(method, path string, body any) {
+	c.t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(c.t, err)
+	req, err := http.NewRequest(method, c.ts.URL+path, bytes.NewReader(b))
+	require.NoError(c.t, err)
+	req.Header.Set("Authorization", "Bearer "+c.tok[api.RoleAdmin])
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(c.t, err)
+	out, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.Equal(c.t, http.StatusOK, res.StatusCode, "%s %s: %s", method, path, out)
 }
 
 // activate takes a placed allocation to active (what its agent's

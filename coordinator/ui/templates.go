@@ -12,7 +12,7 @@ import (
 )
 
 var funcs = template.FuncMap{
-	"bytes": humanBytes,
+	"bytes": templateBytes,
 	"time": func(t time.Time) string {
 		if t.IsZero() {
 			return ""
@@ -91,4 +91,35 @@ type slotActionsData struct {
 	V    view
 	Slot *proto.Slot
 	Back string
+}
+
+// templateBytes is the templates' bytes function: a byte count of any
+// integer type the API's types use (slot disks are uint64, image and app
+// sizes int64), human-readable. A negative count or another type is an
+// error, so a template that passes one fails its render instead of
+// printing a wrong size.
+func templateBytes(v any) (string, error) {
+	switch n := v.(type) {
+	case uint64:
+		return humanBytes(n), nil
+	case uint32:
+		return humanBytes(uint64(n)), nil
+	case uint:
+		return humanBytes(uint64(n)), nil
+	case int64:
+		if n >= 0 {
+			return humanBytes(uint64(n)), nil
+		}
+	case int32:
+		if n >= 0 {
+			return humanBytes(uint64(n)), nil
+		}
+	case int:
+		if n >= 0 {
+			return humanBytes(uint64(n)), nil
+		}
+	default:
+		return "", fmt.Errorf("bytes: %T is not a byte count", v)
+	}
+	return "", fmt.Errorf("bytes: negative byte count %v", v)
 }

@@ -260,6 +260,79 @@ func TestViewerSeesNoWriteControlsAndIsRefusedByTheAPI(t *testing.T) {
 	assert.Empty(t, c.srv.Store().Snapshot().Allocations(stateFilter()))
 }
 
+var (
+	navBlock = regexp.MustCompile(`(?s)<nav>(.*?)</nav>`)
+	mainLink = regexp.MustCompile(`(?s)<main>(.*)</main>`)
+	uiHref   = regexp.MustCompile(`href="(/ui/[^"#]*)"`)
+)
+
+// TestEveryNavPageRenders walks every page of the navigation bar, as each
+// role sees it, with something on every page: an image (sizes are int64)
+// and an app in the catalogs, an allocation, slots with a node. Each
+// must render (200, no error box), and so must every console page those
+// pages link to. A page whose template cannot execute on real data (the
+// images page once answered 500 for any image) fails here.
+func TestEveryNavPageRenders(t *testing.T) {
+	c := newCoord(t, 1)
+	c.adminCall(http.MethodPut, "/v1/images/ubuntu-base/24.04.1", proto.ImageBody{Kind: proto.ImageSliceBase, Digest: testDigest, Size: 3 << 30})
+	c.publishApp("hello", proto.AppCompat{Shapes: []proto.CapacityShape{proto.ShapeGPUSlice}, MinGPUs: 1})
+	a, _, err := c.srv.Place(context.Background(), proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice",
+		GPUCount: 1, Region: "us-east", Owner: "operator-user"}, "nav-1")
+	require.NoError(t, err)
+	c.activate(a.ID)
+
+	for _, role := range []api.Role{api.RoleViewer, api.RoleOperator, api.RoleAdmin} {
+		u := c.user(role)
+		_, body, _ := u.get("/ui/allocations")
+		nav := navBlock.FindStringSubmatch(body)
+		require.NotNil(t, nav, "%s: no nav bar", role)
+		var pages []string
+		for _, m := range uiHref.FindAllStringSubmatch(nav[1], -1) {
+			pages = append(pages, m[1])
+		}
+		require.Contains(t, pages, "/ui/allocations", role)
+		require.Contains(t, pages, "/ui/images", "%s sees the images page", role)
+		seen := map[string]bool{}
+		for _, p := range pages {
+			status, body, _ := u.get(p)
+			require.Equal(t, http.StatusOK, status, "%s: nav page %s: %s", role, p, body)
+			require.NotContains(t, body, `id="error"`, "%s: nav page %s", role, p)
+			seen[p] = true
+			// The pages it links to, one level down (GETs only: links).
+			m := mainLink.FindStringSubmatch(body)
+			require.NotNil(t, m, p)
+			for _, l := range uiHref.FindAllStringSubmatch(m[1], -1) {
+				if seen[l[1]] || strings.HasPrefix(l[1], "/ui/static/") {
+					continue
+				}
+				seen[l[1]] = true
+				status, lb, _ := u.get(l[1])
+				require.Equal(t, http.StatusOK, status, "%s: %s, linked from %s: %s", role, l[1], p, lb)
+			}
+		}
+		if role == api.RoleAdmin {
+			_, body, _ := u.get("/ui/images")
+			assert.Contains(t, body, `id="image-ubuntu-base-24.04.1"`)
+			assert.Contains(t, body, "3.0 GiB", "the image's size")
+		}
+	}
+}
+
+func TestTemplateBytesTakesEveryCountType(t *testing.T) {
+	for _, tc := range []struct {
+		in   any
+		want string
+	}{{uint64(512), "512 B"}, {int64(3 << 30), "3.0 GiB"}, {int(1536), "1.5 KiB"}, {uint32(0), "0 B"}, {int32(2048), "2.0 KiB"}} {
+		got, err := templateBytes(tc.in)
+		require.NoError(t, err, "%T", tc.in)
+		assert.Equal(t, tc.want, got, "%T %v", tc.in, tc.in)
+	}
+	_, err := templateBytes(int64(-1))
+	assert.ErrorContains(t, err, "negative byte count -1")
+	_, err = templateBytes("12")
+	assert.ErrorContains(t, err, "string is not a byte count")
+}
+
 func TestWizardCreatesOneAllocationPerKey(t *testing.T) {
 	c := newCoord(t, 1)
 	op := c.user(api.RoleOperator)

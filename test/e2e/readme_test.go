@@ -438,6 +438,7 @@ func TestPrivilegedReadmeFlows(t *testing.T) {
 	select {
 	case err := <-exited:
 		require.NoError(t, err, "the lab exits cleanly on Ctrl-C")
+		require.Contains(t, labOut.String(), "gpuaas-lab stopped: the lab in", "the last line says the lab is down")
 	case <-time.After(90 * time.Second):
 		t.Fatal("the lab did not stop within 90 s of Ctrl-C")
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -503,7 +504,16 @@ func TestLabWebConsole(t *testing.T) {
 	require.NoError(t, hostsim.SetDiskSerial(hroot, s5.Capacity.NVMe.Device, s5.Capacity.NVMe.Serial))
 	adm.run("overview", chromedp.Navigate(base+"overview"), chromedp.WaitVisible(chromedp.ID("peers")))
 	adm.shot("overview")
+	// The images page with an image in the catalog (sizes are int64: the
+	// page once answered 500 for any image).
+	imgFile := filepath.Join(t.TempDir(), "tiny.raw")
+	require.NoError(t, os.WriteFile(imgFile, bytes.Repeat([]byte{0xA5}, 3<<20), 0o644))
+	o, err = admin("image", "push", imgFile, "--name", "ui-tiny", "--version", "1", "--kind", "slice_base")
+	require.NoError(t, err, o)
 	adm.run("images", chromedp.Navigate(base+"images"), chromedp.WaitVisible(chromedp.ID("images")))
+	assert.Contains(t, adm.text("#images"), "ui-tiny:1")
+	assert.Contains(t, adm.text("#images"), "3.0 MiB")
+	adm.shot("images")
 
 	// Sign out: the session is gone.
 	op.run("sign out", chromedp.Navigate(base+"allocations"), chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("token")))

@@ -33,7 +33,8 @@
   }
   function setMode(mode) {
     modeEl.dataset.mode = mode;
-    modeEl.textContent = mode === "read-only" ? "read-only: another session holds the console read-write" :
+    modeEl.textContent = mode === "read-only" ? (readOnly && readOnly.checked ? "read-only: watching, as asked" :
+      "read-only: another session holds the console read-write") :
       mode === "read-write" ? "read-write" : "";
     modeEl.className = "pill" + (mode === "read-only" ? " warn" : "");
   }

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/gpuaas/gpuaas/images/apps"
 	"github.com/gpuaas/gpuaas/images/guest"
@@ -37,7 +38,7 @@ func main() {
 		os.Exit(1)
 	}
 	if *manifest != "" {
-		if err := writeManifest(*manifest, b); err != nil {
+		if err := writeManifest(*manifest, wd, b); err != nil {
 			fmt.Fprintln(os.Stderr, "mkapp:", err)
 			os.Exit(1)
 		}
@@ -50,11 +51,12 @@ func main() {
 }
 
 // writeManifest rewrites the hello manifest at path (or the repository's
-// example when path does not exist yet) with b's archive digest and size.
-func writeManifest(path string, b apps.Built) error {
+// example, under the module root, when path does not exist yet) with b's
+// archive digest and size.
+func writeManifest(path, root string, b apps.Built) error {
 	src, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
-		src, err = os.ReadFile("images/apps/manifests/hello.json")
+		src, err = os.ReadFile(filepath.Join(root, "images", "apps", "manifests", "hello.json"))
 	}
 	if err != nil {
 		return err

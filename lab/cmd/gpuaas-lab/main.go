@@ -106,8 +106,10 @@ func run(args []string, out io.Writer) (err error) {
 			return runStop(args[1:], out)
 		case "doctor":
 			return runDoctor(args[1:], out)
+		case "clean":
+			return runClean(args[1:], out)
 		}
-		return fmt.Errorf("unknown subcommand %q: use status, stop or doctor (or flags only to run the lab)", args[0])
+		return fmt.Errorf("unknown subcommand %q: use status, stop, doctor or clean (or flags only to run the lab)", args[0])
 	}
 	fs := flag.NewFlagSet("gpuaas-lab", flag.ContinueOnError)
 	dir := fs.String("dir", envOr("GPUAAS_LAB_DIR", ".lab"), "lab folder: data, logs, tokens, agent state")
@@ -125,7 +127,8 @@ func run(args []string, out io.Writer) (err error) {
 		fmt.Fprintf(fs.Output(), "Usage: gpuaas-lab [flags]          run the lab (Ctrl-C stops it)\n"+
 			"       gpuaas-lab status [-dir D]  is the lab of a folder running: processes, leader, readiness, nodes\n"+
 			"       gpuaas-lab stop [-dir D]    stop a lab started in another shell\n"+
-			"       gpuaas-lab doctor [-dir D]  check this machine for everything the lab needs\n\nFlags:\n")
+			"       gpuaas-lab doctor [-dir D]  check this machine for everything the lab needs\n"+
+			"       gpuaas-lab clean [-dir D]   delete a stopped lab's folder and its host roots (in /dev/shm)\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -161,6 +164,13 @@ func run(args []string, out io.Writer) (err error) {
 	if err := checkNotRunning(abs); err != nil {
 		return err
 	}
+	// The last word, after every clean-up below has run: the terminal
+	// that ran the lab says it is down.
+	defer func() {
+		if err == nil {
+			fmt.Fprintf(out, "gpuaas-lab stopped: the lab in %s is down (make lab restarts it with the same ledger and host roots; make clean deletes them)\n", abs)
+		}
+	}()
 	// SIGINT/SIGTERM (Ctrl-C, gpuaas-lab stop) from here on stop the lab
 	// cleanly, during start-up too.
 	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -173,19 +183,7 @@ func run(args []string, out io.Writer) (err error) {
 		}
 	}()
 	if *fresh {
-		// Remove the host roots the lab generated (only those: -hosts-dir
-		// may name a shared folder), then the folder if that empties it.
-		if old, err := readState(abs); err == nil {
-			for _, h := range old.Hosts {
-				if err := os.RemoveAll(h.Root); err != nil {
-					return err
-				}
-			}
-			if old.HostsDir != "" {
-				_ = os.Remove(old.HostsDir)
-			}
-		}
-		if err := os.RemoveAll(abs); err != nil {
+		if err := removeLab(abs); err != nil {
 			return err
 		}
 	}
@@ -753,6 +751,46 @@ func loadOrPickState(dir string, n int, hostsDir string, hosts []string) (state,
 	}
 	st.Hosts = kept[:len(hosts)]
 	return st, nil
+}
+
+// removeLab deletes a lab folder and the host roots the lab generated
+// (only those: -hosts-dir may name a shared folder; the folder holding
+// them too when that empties it), wherever they are (/dev/shm by
+// default).
+func removeLab(abs string) error {
+	if old, err := readState(abs); err == nil {
+		for _, h := range old.Hosts {
+			if err := os.RemoveAll(h.Root); err != nil {
+				return err
+			}
+		}
+		if old.HostsDir != "" {
+			_ = os.Remove(old.HostsDir)
+		}
+	}
+	return os.RemoveAll(abs)
+}
+
+// runClean is gpuaas-lab clean: delete a stopped lab's folder and its
+// host roots (make clean runs it). A running lab is refused.
+func runClean(args []string, out io.Writer) error {
+	dir, err := labDirFlag("clean", args, nil)
+	if err != nil {
+		return err
+	}
+	if err := checkNotRunning(dir); err != nil {
+		return fmt.Errorf("clean: %w", err)
+	}
+	st, stErr := readState(dir)
+	if err := removeLab(dir); err != nil {
+		return fmt.Errorf("clean %s: %w", dir, err)
+	}
+	if stErr == nil && st.HostsDir != "" {
+		fmt.Fprintf(out, "removed %s and its host roots in %s\n", dir, st.HostsDir)
+	} else {
+		fmt.Fprintf(out, "removed %s\n", dir)
+	}
+	return nil
 }
 
 // defaultHostsDir is a stable tmpfs path for the lab folder's host roots

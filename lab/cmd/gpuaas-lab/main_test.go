@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"os"
@@ -50,4 +51,33 @@ func TestRunRefusesBadFlags(t *testing.T) {
 	assert.ErrorContains(t, err, "is not a lab host")
 	err = run([]string{"-dir", t.TempDir(), "-coordinators", "2"}, io.Discard)
 	assert.ErrorContains(t, err, "use 1, 3 or 5")
+}
+
+// gpuaas-lab clean (make clean) deletes the lab folder and the host roots
+// the lab generated outside it (in /dev/shm by default), but nothing
+// else of a shared -hosts-dir.
+func TestCleanRemovesTheHostRoots(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "lab")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	shm := filepath.Join(t.TempDir(), "shm")
+	hosts := filepath.Join(shm, "gpuaas-lab-0123456789ab")
+	st, err := loadOrPickState(dir, 1, hosts, labHosts)
+	require.NoError(t, err)
+	for _, h := range st.Hosts {
+		require.NoError(t, os.MkdirAll(filepath.Join(h.Root, "sys"), 0o755))
+	}
+	other := filepath.Join(shm, "someone-else")
+	require.NoError(t, os.MkdirAll(other, 0o755))
+
+	var out bytes.Buffer
+	require.NoError(t, run([]string{"clean", "-dir", dir}, &out))
+	assert.Equal(t, "removed "+dir+" and its host roots in "+hosts+"\n", out.String())
+	assert.NoDirExists(t, dir)
+	assert.NoDirExists(t, hosts, "the host roots and their emptied folder are gone")
+	assert.DirExists(t, other, "nothing else is touched")
+
+	// Again: nothing left, no error.
+	out.Reset()
+	require.NoError(t, run([]string{"clean", "-dir", dir}, &out))
+	assert.Equal(t, "removed "+dir+"\n", out.String())
 }

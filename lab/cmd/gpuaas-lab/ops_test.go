@@ -209,7 +209,7 @@ func TestStartRefusesASecondLabOnTheSameFolder(t *testing.T) {
 func TestSubcommandsAndStatusWithoutALab(t *testing.T) {
 	t.Parallel()
 	err := run([]string{"stats"}, io.Discard)
-	assert.EqualError(t, err, `unknown subcommand "stats": use status, stop or doctor (or flags only to run the lab)`)
+	assert.EqualError(t, err, `unknown subcommand "stats": use status, stop, doctor or clean (or flags only to run the lab)`)
 	dir := t.TempDir()
 	err = run([]string{"status", "-dir", dir}, io.Discard)
 	assert.ErrorContains(t, err, "no lab in "+dir+" (no lab.json)")
