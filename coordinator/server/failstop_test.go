@@ -218,3 +218,40 @@ func TestLeaderReadyWaitsForTheFSMNotRaftsAppliedIndex(t *testing.T) {
 	require.Eventually(t, func() bool { ok, _ := again.srv.LeaderReady(); return ok }, 10*time.Second, 10*time.Millisecond)
 	assert.EqualValues(t, 10, f.count())
 }
+
+// TestReadinessWaitsForTheFSM: the read gate (Readiness, CaughtUp) of a
+// restarted replica, like LeaderReady, waits for the FSM to have applied
+// the log, not for raft to have queued it: a read before that would go
+// back in time (404 for an allocation it had acknowledged).
+func TestReadinessWaitsForTheFSM(t *testing.T) {
+	t.Parallel()
+	nodes := startCluster(t, 1, func() raft.FSM { return &countFSM{} })
+	n := waitLeader(t, nodes)
+	applyN(t, n, 10)
+	n.stop()
+
+	cfg := n.cfg
+	cfg.Logger = nil
+	f := &gatedFSM{open: make(chan struct{})}
+	cfg.fsm = f
+	again := startNode(t, cfg)
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(f.open)
+		}
+	}
+	defer open() // before the node's cleanup stops it
+	require.Eventually(t, func() bool {
+		return again.srv.raft.State() == raft.Leader && again.srv.raft.AppliedIndex() >= again.srv.raft.LastIndex()-1
+	}, 10*time.Second, 10*time.Millisecond, "raft deems the log applied")
+	assert.Zero(t, f.count(), "the FSM has applied nothing")
+	ok, why := again.srv.CaughtUp()
+	assert.False(t, ok, "caught up while the FSM has applied nothing of the log")
+	assert.Contains(t, why, "the ledger has applied index")
+
+	open()
+	require.Eventually(t, func() bool { ok, _ := again.srv.CaughtUp(); return ok }, 10*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 10, f.count())
+}

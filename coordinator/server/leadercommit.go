@@ -95,7 +95,11 @@ func (t *commitTransport) LeaderCommitIndex() uint64 { return t.leaderCommit.Loa
 // commit index its leader sent.
 type raftWithLeaderCommit struct {
 	*raft.Raft
-	t *commitTransport
+	t    *commitTransport
+	fsm  *fsmApplied
+	logs raft.LogStore
 }
 
 func (r raftWithLeaderCommit) LeaderCommitIndex() uint64 { return r.t.LeaderCommitIndex() }
+func (r raftWithLeaderCommit) FSMApplied() uint64        { return r.fsm.done.Load() }
+func (r raftWithLeaderCommit) FSMNeeds(to uint64) uint64 { return fsmNeeds(r.Raft, r.logs, to) }

@@ -16,6 +16,12 @@ type fakeRaft struct {
 	contact               time.Time
 	commit, last, applied uint64
 	leaderCommit          uint64 // the commit index the leader sent
+	fsmDone, fsmNeed      uint64 // what the FSM applied, what it must (0: nothing)
+}
+
+func (f *fakeRaft) FSMApplied() uint64 { return f.fsmDone }
+func (f *fakeRaft) FSMNeeds(to uint64) uint64 {
+	return min(f.fsmNeed, to)
 }
 
 func (f *fakeRaft) State() raft.RaftState { return f.state }
@@ -120,4 +126,22 @@ func TestReadinessRealCluster(t *testing.T) {
 	require.Eventually(t, func() bool { ok, _ := again.srv.Readiness(); return ok }, 10*time.Second, 20*time.Millisecond)
 	// Ready means the entries committed while it was down are applied.
 	assert.GreaterOrEqual(t, again.srv.raft.AppliedIndex(), want)
+}
+
+// TestReadinessWaitsForTheFSMNotRaftsAppliedIndex: raft counts an entry
+// applied once it is queued for the FSM's goroutine; a replica is ready
+// only once the FSM itself has applied the last entry it must (a command
+// or configuration at or below the target: no-ops and barriers above it
+// never reach the FSM).
+func TestReadinessWaitsForTheFSMNotRaftsAppliedIndex(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 11, 26, 4, 0, 0, 0, time.UTC)
+	rd := &readiness{started: start}
+	f := &fakeRaft{state: raft.Follower, leader: "c2", contact: start.Add(time.Second), leaderCommit: 40, applied: 40, fsmNeed: 38, fsmDone: 12}
+	ok, why := rd.check(f)
+	assert.False(t, ok)
+	assert.Contains(t, why, "the ledger has applied index 12 of 38 (raft has handed it 40)")
+	f.fsmDone = 38
+	ok, why = rd.check(f)
+	assert.True(t, ok, why)
 }

@@ -30,15 +30,18 @@ import (
 
 // Server is one coordinator replica.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	raft   *raft.Raft
-	fsm    *peerFSM
-	enroll *enrollFSM // agent enrollment table, between peerFSM and the ledger
-	ledger *ledger    // nil when cfg.fsm replaced the ledger FSM
-	trans  *raft.NetworkTransport
-	ctrans *commitTransport // trans, observing the leader's commit index (readiness)
-	store  *raftboltdb.BoltStore
+	cfg  Config
+	log  *slog.Logger
+	raft *raft.Raft
+	fsm  *peerFSM
+	// applied wraps fsm for raft: the index the FSM has applied (ready.go).
+	applied *fsmApplied
+	logs    raft.LogStore // raft's log store (readiness reads entry types)
+	enroll  *enrollFSM    // agent enrollment table, between peerFSM and the ledger
+	ledger  *ledger       // nil when cfg.fsm replaced the ledger FSM
+	trans   *raft.NetworkTransport
+	ctrans  *commitTransport // trans, observing the leader's commit index (readiness)
+	store   *raftboltdb.BoltStore
 
 	raftAddr string
 
@@ -219,7 +222,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("raft log cache: %w", err)
 	}
 	s.ctrans = newCommitTransport(s.ctx, trans)
-	r, err := raft.NewRaft(rc, s.fsm, logs, &failStopStable{StableStore: store, fence: fenced}, snaps, s.ctrans)
+	s.applied = &fsmApplied{BatchingFSM: s.fsm}
+	s.logs = logs
+	r, err := raft.NewRaft(rc, s.applied, logs, &failStopStable{StableStore: store, fence: fenced}, snaps, s.ctrans)
 	if err != nil {
 		s.closeStores()
 		return nil, fmt.Errorf("start raft %s: %w", cfg.NodeID, err)
