@@ -380,6 +380,42 @@ func Check(ops []Op, l Ledger, outDir string, timeout time.Duration) *Report {
 	}
 	delete(byKey, "") // slot reads
 	r.Keys, r.Slots = len(byKey), len(bySlot)
+	r.AllocViolations += unaccounted(ops, l, r)
+	// A slot read that names a claim no operation of the slot's history
+	// made has no linearization; say which allocation the claim is of,
+	// so the violation names its cause (see unaccounted).
+	notes := map[string][]string{}
+	noted := map[string]bool{}
+	claimAlloc := map[string]string{}
+	for a, cs := range l.AllocClaims {
+		for _, c := range cs {
+			claimAlloc[c] = a
+		}
+	}
+	inHistory := map[string]bool{} // slot + claim
+	for slot, hist := range bySlot {
+		for _, p := range hist {
+			if so := p.Input.(slotOp); so.What != "read" {
+				inHistory[slot+" "+so.Claim] = true
+			}
+		}
+	}
+	for _, op := range ops {
+		if op.Kind != OpReadSlot || op.Result != ResOK || op.ClaimID == "" || inHistory[op.SlotID+" "+op.ClaimID] || noted[op.SlotID+" "+op.ClaimID] {
+			continue
+		}
+		noted[op.SlotID+" "+op.ClaimID] = true
+		var why string
+		switch a := claimAlloc[op.ClaimID]; {
+		case a == "":
+			why = "which no allocation of the healed ledger holds"
+		case claimSlot[op.ClaimID] != op.SlotID:
+			why = fmt.Sprintf("of allocation %s, which the healed ledger puts on slot %q", a, claimSlot[op.ClaimID])
+		default:
+			why = fmt.Sprintf("of allocation %s (key %s), which no recorded create could have made", a, keyOf(l.KeyAlloc, a))
+		}
+		notes[op.SlotID] = append(notes[op.SlotID], fmt.Sprintf("read at %.3fs names claim %s %s", op.Call.Seconds(), op.ClaimID, why))
+	}
 	viz := 0
 	check := func(model porcupine.Model, kind, name string, hist []porcupine.Operation) {
 		res, info := porcupine.CheckOperationsVerbose(model, hist, timeout)
@@ -393,6 +429,9 @@ func Check(ops []Op, l Ledger, outDir string, timeout time.Duration) *Report {
 				r.SlotViolations++
 			}
 			msg := fmt.Sprintf("%s %s: no linearization of its %d operations", kind, name, len(hist))
+			if kind == "slot" && len(notes[name]) > 0 {
+				msg += " (" + strings.Join(notes[name], "; ") + ")"
+			}
 			if outDir != "" && viz < 5 {
 				viz++
 				path := filepath.Join(outDir, fmt.Sprintf("violation-%s-%s.html", kind, sanitize(name)))
@@ -431,4 +470,60 @@ func sanitize(s string) string {
 		}
 		return '_'
 	}, s)
+}
+
+// unaccounted reports each allocation of the healed ledger that no
+// recorded create could have made: its key was never sent, or every
+// create of its key was refused (no capacity, not found). Such an
+// allocation holds capacity the client was told it did not get; the
+// slot view cannot see it (no operation names its claims), so without
+// this its claims show only as reads no linearization explains. It is a
+// violation of the key's sequential specification (a refused create took
+// effect) and counts as an allocation violation.
+func unaccounted(ops []Op, l Ledger, r *Report) int {
+	type answers struct {
+		couldMake bool // an acknowledged or unknown create
+		refused   []string
+	}
+	byKey := map[string]*answers{}
+	for _, op := range ops {
+		if op.Kind != OpCreate {
+			continue
+		}
+		a := byKey[op.Key]
+		if a == nil {
+			a = &answers{}
+			byKey[op.Key] = a
+		}
+		switch op.Result {
+		case ResOK, ResUnknown:
+			a.couldMake = true
+		default:
+			a.refused = append(a.refused, fmt.Sprintf("%s at %.3fs→%.3fs (c%d→%d)", op.Result, op.Call.Seconds(), op.Return.Seconds(), op.Client, op.Node))
+		}
+	}
+	n := 0
+	for _, key := range sortedKeys(l.KeyAlloc) {
+		id := l.KeyAlloc[key]
+		a := byKey[key]
+		switch {
+		case a == nil:
+			r.Violations = append(r.Violations, fmt.Sprintf("allocation %s (key %q) is in the healed ledger, but no create of its key was recorded", id, key))
+		case !a.couldMake:
+			r.Violations = append(r.Violations, fmt.Sprintf("allocation %s (key %s) is in the healed ledger, but every create of its key was refused: %s", id, key, strings.Join(a.refused, ", ")))
+		default:
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+func keyOf(keyAlloc map[string]string, id string) string {
+	for k, a := range keyAlloc {
+		if a == id {
+			return k
+		}
+	}
+	return ""
 }

@@ -34,6 +34,7 @@ func TestCheck(t *testing.T) {
 		ops        []Op
 		alloc, slt int // violations expected
 		ledger     *Ledger
+		want       []string // in the violations' text
 	}{
 		{name: "every attempt unknown, the ledger shows the claim", ledger: &Ledger{
 			KeyAlloc: map[string]string{"k": "a1"}, AllocClaims: map[string][]string{"a1": {"cl1"}}, ClaimSlot: claims},
@@ -45,6 +46,26 @@ func TestCheck(t *testing.T) {
 			op(OpCreate, "k", "", 0, 10, ResUnknown),
 			slotRead("s1", "cl1", 20, 30),
 		}},
+		// Seed 998358's signature: slot reads name a claim no operation of
+		// the slot made, because the allocation holding it was created
+		// under a key whose every create was answered "no capacity".
+		{name: "a create refused with no capacity took effect", alloc: 1, slt: 1,
+			want: []string{"every create of its key was refused: no_cap at 0.000s", "names claim cl1 of allocation a1 (key k), which no recorded create could have made"},
+			ledger: &Ledger{
+				KeyAlloc: map[string]string{"k": "a1"}, AllocClaims: map[string][]string{"a1": {"cl1"}}, ClaimSlot: claims},
+			ops: []Op{
+				op(OpCreate, "k", "", 0, 10, ResNoCap),
+				slotRead("s1", "cl1", 20, 30),
+			}},
+		{name: "an allocation no create of its key was sent for", alloc: 1, ledger: &Ledger{
+			KeyAlloc: map[string]string{"k": "a1"}, AllocClaims: map[string][]string{"a1": {"cl1"}}, ClaimSlot: claims}},
+		{name: "refused, then an unknown attempt that made it", ledger: &Ledger{
+			KeyAlloc: map[string]string{"k": "a1"}, AllocClaims: map[string][]string{"a1": {"cl1"}}, ClaimSlot: claims},
+			ops: []Op{
+				op(OpCreate, "k", "", 0, 10, ResUnknown),
+				op(OpCreate, "k", "", 20, 30, ResNoCap),
+				slotRead("s1", "cl1", 40, 50),
+			}},
 		{name: "create, read, release, read", ops: []Op{
 			created(op(OpCreate, "k", "a1", 0, 10, ResOK), "cl1"),
 			op(OpRead, "k", "a1", 20, 30, ResOK),
@@ -128,7 +149,10 @@ func TestCheck(t *testing.T) {
 			r := Check(tc.ops, l, dir, 10*time.Second)
 			assert.Equal(t, tc.alloc, r.AllocViolations, "allocation violations: %v", r.Violations)
 			assert.Equal(t, tc.slt, r.SlotViolations, "slot violations: %v", r.Violations)
-			assert.Len(t, r.Visualizations, tc.alloc+tc.slt)
+			assert.Len(t, r.Violations, tc.alloc+tc.slt)
+			for _, w := range tc.want {
+				assert.Contains(t, strings.Join(r.Violations, "\n"), w)
+			}
 			for _, v := range r.Visualizations {
 				b, err := os.ReadFile(v)
 				require.NoError(t, err)

@@ -13,6 +13,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -200,7 +201,8 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 			acked[op.Key] = op.AllocID
 		}
 	}
-	rep := Check(ops, rg.resolve(t), cfg.OutDir, time.Minute)
+	ledger := rg.resolve(t)
+	rep := Check(ops, ledger, cfg.OutDir, time.Minute)
 	rep.Faults = nem.Faults()
 	rep.StuckHealthy = stuckHealthy(ops, rep.Faults)
 
@@ -222,9 +224,12 @@ func (rg *Rig) Run(t testing.TB, cfg Config) *Report {
 	if err := Replay(c, acked, rep); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
-	if d := os.Getenv("GPUAAS_CHAOS_OUT"); d != "" && rep.ReplicaDivergence+rep.LostAcks+rep.DoubleClaims > 0 {
-		// The logs the replay read are the evidence: keep them.
-		keepRaftLogs(t, c, filepath.Join(d, fmt.Sprintf("%s-%d-raft", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())))
+	if d := os.Getenv("GPUAAS_CHAOS_OUT"); d != "" && (rep.ReplicaDivergence+rep.LostAcks+rep.DoubleClaims > 0 || !rep.Linearizable()) {
+		// The logs the replay read, the history and the healed ledger
+		// the checker saw are the evidence: keep them.
+		dir := filepath.Join(d, fmt.Sprintf("%s-%d-raft", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()))
+		keepRaftLogs(t, c, dir)
+		keepHistory(t, ops, ledger, filepath.Join(dir, "history.json"))
 	}
 	return rep
 }
@@ -440,4 +445,21 @@ func keepRaftLogs(t testing.TB, c *proctest.Cluster, dir string) {
 		}
 	}
 	t.Logf("raft logs kept in %s", dir)
+}
+
+// keepHistory writes the history and the healed ledger the checker saw as
+// JSON, so a violation can be re-checked and read offline.
+func keepHistory(t testing.TB, ops []Op, l Ledger, path string) {
+	b, err := json.Marshal(struct {
+		Ops    []Op   `json:"ops"`
+		Ledger Ledger `json:"ledger"`
+	}{ops, l})
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
+	}
+	if err != nil {
+		t.Logf("keep history: %v", err)
+		return
+	}
+	t.Logf("history and ledger kept in %s", path)
 }
