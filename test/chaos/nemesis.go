@@ -145,6 +145,11 @@ func (n *Nemesis) Inject(ctx context.Context, kind string) error {
 			}
 			err = n.Net.Cut(ctx, ps...)
 		}
+		if err != nil && ctx.Err() != nil {
+			// The run ended while the rules went in (nft killed with
+			// its context): not injected; the run's end heals the net.
+			return nil
+		}
 		if err != nil {
 			return err
 		}
