@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"math"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -180,6 +181,25 @@ func (f *gatedFSM) Apply(l *raft.Log) any {
 	return f.countFSM.Apply(l)
 }
 
+// restartWithHeldFSM starts a single voter, commits n commands, and
+// restarts it with an FSM that applies nothing until open is called, so
+// raft's AppliedIndex runs ahead of what the FSM has applied.
+func restartWithHeldFSM(t *testing.T, n int) (*testNode, *gatedFSM, func()) {
+	t.Helper()
+	nodes := startCluster(t, 1, func() raft.FSM { return &countFSM{} })
+	first := waitLeader(t, nodes)
+	applyN(t, first, n)
+	first.stop()
+
+	cfg := first.cfg
+	cfg.Logger = nil
+	f := &gatedFSM{open: make(chan struct{})}
+	cfg.fsm = f
+	again := startNode(t, cfg)
+	var once sync.Once
+	return again, f, func() { once.Do(func() { close(f.open) }) }
+}
+
 // TestLeaderReadyWaitsForTheFSMNotRaftsAppliedIndex: raft counts an entry
 // applied once it has handed it to the FSM goroutine, before the FSM has
 // run it. A leader restarted with a log its FSM has not applied is not
@@ -187,23 +207,7 @@ func (f *gatedFSM) Apply(l *raft.Log) any {
 // already says the whole log is; it is once the FSM has caught up.
 func TestLeaderReadyWaitsForTheFSMNotRaftsAppliedIndex(t *testing.T) {
 	t.Parallel()
-	nodes := startCluster(t, 1, func() raft.FSM { return &countFSM{} })
-	n := waitLeader(t, nodes)
-	applyN(t, n, 10)
-	n.stop()
-
-	cfg := n.cfg
-	cfg.Logger = nil
-	f := &gatedFSM{open: make(chan struct{})}
-	cfg.fsm = f
-	again := startNode(t, cfg)
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(f.open)
-		}
-	}
+	again, f, open := restartWithHeldFSM(t, 10)
 	defer open() // before the node's cleanup stops it
 	require.Eventually(t, func() bool {
 		return again.srv.raft.State() == raft.Leader && again.srv.leadFrom.Load() != math.MaxUint64 &&
@@ -225,23 +229,7 @@ func TestLeaderReadyWaitsForTheFSMNotRaftsAppliedIndex(t *testing.T) {
 // back in time (404 for an allocation it had acknowledged).
 func TestReadinessWaitsForTheFSM(t *testing.T) {
 	t.Parallel()
-	nodes := startCluster(t, 1, func() raft.FSM { return &countFSM{} })
-	n := waitLeader(t, nodes)
-	applyN(t, n, 10)
-	n.stop()
-
-	cfg := n.cfg
-	cfg.Logger = nil
-	f := &gatedFSM{open: make(chan struct{})}
-	cfg.fsm = f
-	again := startNode(t, cfg)
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			close(f.open)
-		}
-	}
+	again, f, open := restartWithHeldFSM(t, 10)
 	defer open() // before the node's cleanup stops it
 	require.Eventually(t, func() bool {
 		return again.srv.raft.State() == raft.Leader && again.srv.raft.AppliedIndex() >= again.srv.raft.LastIndex()-1
