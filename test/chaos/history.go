@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"net/http"
 	"sync"
 	"time"
 
@@ -87,4 +88,21 @@ type Fault struct {
 	Target      string // node IDs affected
 	Targets     []int  // their indexes
 	Start, Stop time.Duration
+}
+
+// classify is the result of a request that answered code and err: a
+// definite refusal the checkers can rely on, or an unknown outcome.
+func classify(code int, err error) Result {
+	switch {
+	case err == nil:
+		return ResOK
+	case proto.CodeOf(err) == proto.CodeNoCapacity:
+		return ResNoCap
+	case code == http.StatusNotFound && proto.CodeOf(err) == proto.CodeNotFound:
+		return ResNotFound
+	case proto.CodeOf(err) == proto.CodeIllegalTransition:
+		return ResAlready
+	default:
+		return ResUnknown
+	}
 }

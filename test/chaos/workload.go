@@ -126,18 +126,7 @@ func (w *Workload) do(ctx context.Context, rng *rand.Rand, op Op, idem, method, 
 	code, err := w.C.Do(rctx, op.Node, method, path, idem, body, out)
 	op.Return = w.H.Now()
 	op.Status = code
-	switch {
-	case err == nil:
-		op.Result = ResOK
-	case proto.CodeOf(err) == proto.CodeNoCapacity:
-		op.Result = ResNoCap
-	case code == http.StatusNotFound && proto.CodeOf(err) == proto.CodeNotFound:
-		op.Result = ResNotFound
-	case proto.CodeOf(err) == proto.CodeIllegalTransition:
-		op.Result = ResAlready
-	default:
-		op.Result = ResUnknown
-	}
+	op.Result = classify(code, err)
 	if err != nil {
 		op.Err = err.Error()
 		if errors.Is(err, context.DeadlineExceeded) {
