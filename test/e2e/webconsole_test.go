@@ -54,7 +54,15 @@ func (b *browser) run(what string, steps ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 90*time.Second)
 	defer cancel()
-	if err := chromedp.Do(ctx, steps...); err != nil {
+	err := chromedp.Do(ctx, steps...)
+	// Chromium aborts a page load when the host's interfaces change, and
+	// the package's other tests create and delete veths and bridges
+	// meanwhile; every step list starts with its Navigate, so run it again.
+	for try := 0; try < 3 && err != nil && strings.Contains(err.Error(), "ERR_NETWORK_CHANGED"); try++ {
+		b.t.Logf("%s: %v; again", what, err)
+		err = chromedp.Do(ctx, steps...)
+	}
+	if err != nil {
 		pctx, pcancel := context.WithTimeout(b.ctx, 10*time.Second)
 		defer pcancel()
 		page, _ := chromedp.Run(pctx, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText`))
