@@ -11,7 +11,6 @@ import (
 
 	"github.com/gpuaas/gpuaas/agent/client"
 	"github.com/gpuaas/gpuaas/proto"
-	"github.com/gpuaas/gpuaas/proto/prototest"
 )
 
 // queueTask writes a queued task of typ for node (as the routes and the
@@ -165,10 +164,7 @@ func TestAgentPollLoopParksWhenIdle(t *testing.T) {
 func TestAgentTaskPollWakesOnIngress(t *testing.T) {
 	t.Parallel()
 	e := newSliceEnv(t)
-	site := prototest.Site()
-	site.Region, site.Profiles = "us-east", map[string]string{"slice": "us-east-pool"}
-	site.Credentials = &proto.SealedSecret{KeyID: "k1", Nonce: make([]byte, 12), Ciphertext: make([]byte, 48)}
-	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: site})
+	e.seedIngressSiteFor("us-east-pool") // the synthetic inventory's pool
 	e.apply(proto.SiteIngressSetType, proto.SiteIngressSetRequest{At: fixtureAt, Site: "site-a", Ingress: &labIngress})
 	a := e.place(1)
 	ag := e.agents[a.NodeID]
