@@ -78,6 +78,11 @@ type EnrollResponse struct {
 type AgentTasksResponse struct {
 	Tasks []Task `json:"tasks"`
 	Index uint64 `json:"index"`
+	// IngressDigest is the node's wanted public ingress
+	// (IngressDigest), answered to a poll that passed ?ingress=: a
+	// poll also ends when it differs from the one passed, and the agent
+	// then heartbeats to program the routes.
+	IngressDigest string `json:"ingress_digest,omitempty"`
 }
 
 // AgentTaskUpdate is the body of POST /v1/agent/tasks/{id}: progress
@@ -133,7 +138,17 @@ type HeartbeatResponse struct {
 	// CABundle is the cluster's CA trust bundle when the request's version
 	// differs (CA rotation reaches agents this way).
 	CABundle *CABundle `json:"ca_bundle,omitempty"`
+	// HeartbeatIntervalMS, when set, is how often the leader asks this
+	// agent to heartbeat, in milliseconds: a large fleet is asked to beat
+	// less often than the agents' default (the coordinator's
+	// -max-agent-heartbeats-per-second). The agent beats at the longer of
+	// it and its own interval, at most MaxHeartbeatInterval.
+	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms,omitempty"`
 }
+
+// MaxHeartbeatInterval bounds the interval an agent takes from a
+// heartbeat answer.
+const MaxHeartbeatInterval = 5 * time.Minute
 
 // AgentSlotsPayload is the part of a slice.provision / slice.release task
 // payload the node scheduler reads: the approved slots with their live

@@ -1,6 +1,8 @@
 package proto
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"net/netip"
@@ -323,6 +325,18 @@ type IngressStatus struct {
 	PrivateAddress string       `json:"private_address,omitempty"`
 	State          IngressState `json:"state"`
 	Reason         string       `json:"reason,omitempty"`
+}
+
+// IngressDigest names the programming the routes ask for (allocation,
+// protocol, port, public and private address; not their reported state)
+// in 16 hex digits: the coordinator's task poll answers an agent whose
+// digest differs from the node's, which then heartbeats to converge.
+func IngressDigest(routes []IngressStatus) string {
+	h := sha256.New()
+	for _, r := range routes {
+		fmt.Fprintf(h, "%s\x00%s\x00%d\x00%s\x00%d\x00%s\n", r.AllocationID, r.Protocol, r.Port, r.PublicAddress, r.PublicPort, r.PrivateAddress)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // Validate checks an agent's status report entry.

@@ -259,10 +259,25 @@ func (c *Client) EnrollCSR(ctx context.Context, nodeID, token, hostname, csrPEM 
 
 // Tasks long-polls the node's pending tasks changed after index.
 func (c *Client) Tasks(ctx context.Context, index uint64, wait time.Duration) (proto.AgentTasksResponse, error) {
+	return c.tasks(ctx, index, wait, nil)
+}
+
+// TasksIngress is Tasks passing the node's wanted ingress digest the
+// caller knows (?ingress=): the poll also ends when the node's differs,
+// and the answer carries the node's (IngressDigest).
+func (c *Client) TasksIngress(ctx context.Context, index uint64, wait time.Duration, digest string) (proto.AgentTasksResponse, error) {
+	return c.tasks(ctx, index, wait, &digest)
+}
+
+// tasks is Tasks; with ingress set it passes ?ingress=.
+func (c *Client) tasks(ctx context.Context, index uint64, wait time.Duration, ingress *string) (proto.AgentTasksResponse, error) {
 	var r proto.AgentTasksResponse
 	q := url.Values{}
 	q.Set("index", strconv.FormatUint(index, 10))
 	q.Set("wait", wait.String())
+	if ingress != nil {
+		q.Set("ingress", *ingress)
+	}
 	err := c.do(ctx, http.MethodGet, proto.AgentTasksPath+"?"+q.Encode(), true, nil, &r)
 	return r, err
 }

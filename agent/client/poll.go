@@ -25,6 +25,11 @@ type TaskPoll struct {
 	// starts at MinBackoff, doubles with each failure in a row up to
 	// MaxBackoff, and resets on an answer (defaults 1 s and 30 s).
 	MinBackoff, MaxBackoff time.Duration
+	// Ingress, when set, makes each poll pass the node's wanted ingress
+	// digest of the last answer (?ingress=): a poll then also ends when
+	// the node's wanted ingress changes, and Ingress gets the new digest
+	// (on the polling goroutine, before Answer).
+	Ingress func(digest string)
 }
 
 // PollTasks is the node's task long-poll loop, the one an agent holds
@@ -47,9 +52,13 @@ func (c *Client) PollTasks(ctx context.Context, p TaskPoll) error {
 		p.MaxBackoff = max(30*time.Second, p.MinBackoff)
 	}
 	var index uint64
+	var digest *string
+	if p.Ingress != nil {
+		digest = new(string)
+	}
 	backoff := p.MinBackoff
 	for {
-		resp, err := c.Tasks(ctx, index, p.Wait)
+		resp, err := c.tasks(ctx, index, p.Wait, digest)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -69,6 +78,10 @@ func (c *Client) PollTasks(ctx context.Context, p TaskPoll) error {
 		}
 		backoff = p.MinBackoff
 		index = resp.Index
+		if digest != nil && resp.IngressDigest != *digest {
+			*digest = resp.IngressDigest
+			p.Ingress(resp.IngressDigest)
+		}
 		p.Answer(resp)
 	}
 }

@@ -108,6 +108,11 @@ type Daemon struct {
 	// ingressLast is its last convergence, reported with each heartbeat.
 	ingress     IngressProgrammer
 	ingressLast *IngressState
+	// hbAsked is the heartbeat interval the leader last asked for (0:
+	// the configured one; heartbeat.go); hbKick wakes the heartbeat loop
+	// at once (a changed wanted ingress, a route to report).
+	hbAsked time.Duration
+	hbKick  chan struct{}
 	// console serves the console sessions (console.go; built on first use).
 	console *console.Manager
 	// apps runs the node's app instances (apps.go).
@@ -129,7 +134,7 @@ func New(cfg config.Config, log *slog.Logger) (*Daemon, error) {
 	} else if root, err = hostops.NewRoot(cfg.HostRoot); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, root: root, log: log.With("node", cfg.NodeID)}
+	d := &Daemon{cfg: cfg, root: root, log: log.With("node", cfg.NodeID), hbKick: make(chan struct{}, 1)}
 	d.gpuHealth = gpuhealth.NewMonitor(root, cfg.NvidiaSMI, time.Duration(cfg.GPUTelemetryInterval))
 	if d.gw, err = netip.ParsePrefix(cfg.GuestGateway); err != nil {
 		return nil, fmt.Errorf("guest gateway: %w", err)
@@ -489,7 +494,12 @@ func (d *Daemon) heartbeat(ctx context.Context, reconcile bool) (proto.Heartbeat
 		}
 	}
 	d.gossipUp()
-	d.convergeIngress(ctx, resp.Ingress)
+	d.mu.Lock()
+	d.hbAsked = min(time.Duration(resp.HeartbeatIntervalMS)*time.Millisecond, proto.MaxHeartbeatInterval)
+	d.mu.Unlock()
+	if d.convergeIngress(ctx, resp.Ingress) {
+		d.kickHeartbeat() // report the routes' new state now, not a (long) interval later
+	}
 	if reconcile {
 		var claims []nodesched.Claim
 		for _, c := range resp.Claims {
@@ -542,17 +552,36 @@ func (d *Daemon) noteCoordinator(err error) {
 }
 
 func (d *Daemon) heartbeatLoop(ctx context.Context) error {
-	t := time.NewTicker(time.Duration(d.cfg.HeartbeatInterval))
+	t := time.NewTimer(d.heartbeatInterval())
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-d.hbKick:
+			t.Stop()
 		}
 		if _, err := d.heartbeat(ctx, false); err != nil && ctx.Err() == nil {
 			d.log.Warn("heartbeat", "err", err)
 		}
+		t.Reset(d.heartbeatInterval())
+	}
+}
+
+// heartbeatInterval is the configured interval, or the longer one the
+// leader asked for (a large fleet beats less often).
+func (d *Daemon) heartbeatInterval() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return max(time.Duration(d.cfg.HeartbeatInterval), d.hbAsked)
+}
+
+// kickHeartbeat makes the heartbeat loop beat now.
+func (d *Daemon) kickHeartbeat() {
+	select {
+	case d.hbKick <- struct{}{}:
+	default:
 	}
 }
 
@@ -774,7 +803,7 @@ func (d *Daemon) watchdog(ctx context.Context) error {
 	return systemd.Watchdog(ctx, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		if d.lastOK.IsZero() || time.Since(d.lastOK) < 3*time.Duration(d.cfg.HeartbeatInterval)+time.Duration(d.cfg.PollWait) {
+		if d.lastOK.IsZero() || time.Since(d.lastOK) < 3*max(time.Duration(d.cfg.HeartbeatInterval), d.hbAsked)+time.Duration(d.cfg.PollWait) {
 			return nil
 		}
 		return fmt.Errorf("no coordinator answer since %s", d.lastOK.Format(time.RFC3339))

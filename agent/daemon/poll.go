@@ -43,6 +43,9 @@ func (d *Daemon) pollLoop(ctx context.Context) error {
 	wg.Go(func() { q.run(ctx, d.execute) })
 	consoles := map[string]time.Time{} // console task IDs taken, when
 	return d.client.PollTasks(ctx, client.TaskPoll{Wait: time.Duration(d.cfg.PollWait),
+		// The node's wanted ingress changed: heartbeat now to program it
+		// (the heartbeat answer carries the routes).
+		Ingress: func(string) { d.kickHeartbeat() },
 		Failed: func(err error) {
 			d.noteCoordinator(err)
 			d.log.Warn("poll tasks", "err", err)

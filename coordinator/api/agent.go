@@ -374,9 +374,16 @@ func pendingTasks(s *state.Snapshot, node string) ([]proto.Task, uint64) {
 // replica). Any later change to the node's tasks commits at a higher
 // index, so the next poll still wakes for it.
 func (a *API) agentTasks(c *call) error {
-	q, err := c.query("index", "wait")
+	q, err := c.query("index", "wait", "ingress")
 	if err != nil {
 		return err
+	}
+	// ?ingress= is the node's wanted-ingress digest the agent knows: the
+	// poll also ends when the node's differs (the agent then heartbeats
+	// to program its routes; a large fleet heartbeats rarely).
+	known, withIngress := q.Get("ingress"), q.Has("ingress")
+	if len(known) > 64 || strings.Trim(known, "0123456789abcdef") != "" {
+		return proto.Errorf(proto.CodeInvalidArgument, "ingress %q is not a digest of at most 64 lowercase hex digits", truncateHeader(known))
 	}
 	var since uint64
 	if v := q.Get("index"); v != "" {
@@ -402,7 +409,11 @@ func (a *API) agentTasks(c *call) error {
 		snap := store.Snapshot()
 		tasks, idx := pendingTasks(snap, node)
 		left := time.Until(deadline)
-		if idx > since || since == 0 || left <= 0 {
+		var digest string
+		if withIngress {
+			digest = proto.IngressDigest(DesiredIngress(snap, node))
+		}
+		if idx > since || since == 0 || left <= 0 || digest != known {
 			if tasks == nil {
 				tasks = []proto.Task{}
 			}
@@ -411,7 +422,7 @@ func (a *API) agentTasks(c *call) error {
 			// of the node's tasks: a node with no task yet would get 0,
 			// and a poll at 0 answers at once (a busy loop). Any later
 			// write of the node's tasks has a higher index.
-			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: max(idx, snap.Index())})
+			return c.reply(http.StatusOK, proto.AgentTasksResponse{Tasks: tasks, Index: max(idx, snap.Index()), IngressDigest: digest})
 		}
 		done := a.metrics.LongPoll(metrics.LongPollAgentTasks)
 		t := time.NewTimer(left)
@@ -569,8 +580,11 @@ func (a *API) agentTopology(c *call) error {
 }
 
 // heartbeatNoter is a backend that tracks HTTP heartbeats for liveness
-// (*server.Server).
-type heartbeatNoter interface{ NoteHeartbeat(node string) }
+// (*server.Server); NoteHeartbeat returns the interval to ask the agent
+// for (0: its own).
+type heartbeatNoter interface {
+	NoteHeartbeat(node string) time.Duration
+}
 
 func (a *API) agentHeartbeat(c *call) error {
 	if _, err := c.query(); err != nil {
@@ -586,8 +600,9 @@ func (a *API) agentHeartbeat(c *call) error {
 	if !ok {
 		return proto.Errorf(proto.CodeNotFound, "node %s does not exist", node)
 	}
+	var interval time.Duration
 	if h, ok := a.b.(heartbeatNoter); ok {
-		h.NoteHeartbeat(node) // the leader's liveness record (server/heartbeat.go)
+		interval = h.NoteHeartbeat(node) // the leader's liveness record (server/heartbeat.go)
 	}
 	state := n.State
 	if state == proto.NodeUnreachable || state == proto.NodeRegistered {
@@ -612,7 +627,8 @@ func (a *API) agentHeartbeat(c *call) error {
 			snap = a.b.Store().Snapshot()
 		}
 	}
-	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}, Ingress: DesiredIngress(snap, node)}
+	resp := proto.HeartbeatResponse{NodeID: node, State: state, Claims: []proto.ClaimRef{}, Ingress: DesiredIngress(snap, node),
+		HeartbeatIntervalMS: interval.Milliseconds()}
 	for _, cl := range snap.LiveNodeClaims(node) {
 		resp.Claims = append(resp.Claims, proto.ClaimRef{ClaimID: cl.ID, Kind: cl.Kind, NodeID: cl.NodeID, SlotID: cl.SlotID, Generation: cl.Generation})
 	}

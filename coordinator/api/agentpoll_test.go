@@ -155,3 +155,51 @@ func TestAgentPollLoopParksWhenIdle(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, 1, answers, "the first poll answers at once, the next parks")
 }
+
+// A poll that passes the node's wanted-ingress digest (?ingress=) also
+// ends when the node's wanted ingress changes (a route added to one of
+// its slices), with the new digest, so the agent heartbeats to program
+// it at once whatever its heartbeat interval; a malformed digest is
+// refused.
+func TestAgentTaskPollWakesOnIngress(t *testing.T) {
+	t.Parallel()
+	e := newSliceEnv(t)
+	e.seedIngressSiteFor("us-east-pool") // the synthetic inventory's pool
+	e.apply(proto.SiteIngressSetType, proto.SiteIngressSetRequest{At: fixtureAt, Site: "site-a", Ingress: &labIngress})
+	a := e.place(1)
+	ag := e.agents[a.NodeID]
+	first, err := ag.TasksIngress(e.ctx, 0, time.Minute, "")
+	require.NoError(t, err)
+	require.NotEmpty(t, first.IngressDigest, "the node's digest")
+	assert.Equal(t, proto.IngressDigest(nil), first.IngressDigest, "no route yet")
+
+	// Nothing changes: the poll waits its time.
+	t0 := time.Now()
+	again, err := ag.TasksIngress(e.ctx, first.Index, 300*time.Millisecond, first.IngressDigest)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(t0), 250*time.Millisecond, "the same digest: the poll waited")
+	assert.Equal(t, first.IngressDigest, again.IngressDigest)
+
+	out := make(chan pollResult, 1)
+	go func() {
+		t0 := time.Now()
+		r, err := ag.TasksIngress(e.ctx, again.Index, 20*time.Second, again.IngressDigest)
+		out <- pollResult{r, err, time.Since(t0)}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	e.apply(proto.IngressAddType, proto.IngressAddRequest{At: fixtureAt, AllocationID: a.ID, Rules: []proto.IngressRule{{Protocol: "tcp", Port: 22}}})
+	select {
+	case r := <-out:
+		require.NoError(t, r.err)
+		assert.Less(t, r.took, 5*time.Second, "woken by the route, not the wait")
+		assert.NotEqual(t, again.IngressDigest, r.resp.IngressDigest)
+		assert.Equal(t, proto.IngressDigest(DesiredIngress(e.b.Store().Snapshot(), a.NodeID)), r.resp.IngressDigest)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the poll did not end when the node's ingress changed")
+	}
+
+	_, err = ag.TasksIngress(e.ctx, 0, time.Second, "NOT-HEX")
+	require.Error(t, err)
+	assert.Equal(t, proto.CodeInvalidArgument, proto.CodeOf(err))
+	assert.Contains(t, err.Error(), "ingress")
+}

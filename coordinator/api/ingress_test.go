@@ -17,8 +17,15 @@ import (
 // declaration).
 func (e *env) seedIngressSite() {
 	e.t.Helper()
+	e.seedIngressSiteFor("h200-a")
+}
+
+// seedIngressSiteFor writes site-a of region us-east, its slice profile
+// mapped to pool.
+func (e *env) seedIngressSiteFor(pool string) {
+	e.t.Helper()
 	s := prototest.Site()
-	s.Region, s.Profiles = "us-east", map[string]string{"slice": "h200-a"}
+	s.Region, s.Profiles = "us-east", map[string]string{"slice": pool}
 	s.Credentials = &proto.SealedSecret{KeyID: "k1", Nonce: make([]byte, 12), Ciphertext: make([]byte, 48)}
 	e.apply(proto.SiteUpsertType, proto.SiteUpsertRequest{At: fixtureAt, Site: s})
 }

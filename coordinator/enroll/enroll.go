@@ -206,6 +206,13 @@ func (t *Table) Credential(node string) (Credential, bool) {
 	return *c, true
 }
 
+// Credentials is the number of enrolled nodes.
+func (t *Table) Credentials() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.creds)
+}
+
 // snapshot is the serialized table.
 type snapshot struct {
 	Tokens      []Token      `json:"tokens"`

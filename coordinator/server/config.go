@@ -83,6 +83,11 @@ type Config struct {
 	// node unreachable (heartbeat.go); 0 or negative: never (the
 	// coordinator binary passes DefaultAgentHeartbeatTTL).
 	AgentHeartbeatTTL time.Duration
+	// MaxAgentHeartbeatsPerSecond caps the heartbeats the leader asks
+	// the fleet for (heartbeat.go, AgentHeartbeatInterval); 0: agents
+	// keep their own interval (the coordinator binary passes
+	// DefaultMaxAgentHeartbeatsPerSecond).
+	MaxAgentHeartbeatsPerSecond float64
 
 	// fsm replaces the ledger FSM (internal tests and the raw-Raft
 	// benchmark use a no-op FSM); Store and Place are then unavailable.

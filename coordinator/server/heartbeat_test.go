@@ -84,3 +84,48 @@ func TestHeartbeatExpiryCountsFromEnrollment(t *testing.T) {
 		"a silent agent is still declared, one TTL after it enrolled")
 	assert.GreaterOrEqual(t, time.Since(t0), ttl)
 }
+
+// The interval the leader asks for: agents / the cap, none without a cap
+// or agents, at most 5 minutes.
+func TestAgentHeartbeatInterval(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		agents int
+		rate   float64
+		want   time.Duration
+	}{
+		{0, 200, 0},
+		{10000, 0, 0},
+		{3, 200, 0}, // 15 ms: rounds to nothing; agents keep their own
+		{2000, 200, 10 * time.Second},
+		{10000, 200, 50 * time.Second},
+		{100000, 200, 5 * time.Minute},
+		{50, 25, 2 * time.Second},
+	} {
+		assert.Equal(t, tc.want, heartbeatInterval(tc.agents, tc.rate), "%d agents at most %v/s", tc.agents, tc.rate)
+	}
+}
+
+// A fleet asked to beat less often gets a TTL of three of its intervals:
+// a silent agent is not declared after AgentHeartbeatTTL but after three
+// asked intervals, and a beat keeps the TTL it was granted.
+func TestHeartbeatExpiryFollowsTheAskedInterval(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	// 4 enrolled agents at most 2 heartbeats/s: every 2 s, TTL 6 s.
+	n := startNode(t, Config{NodeID: "c1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", BootstrapExpect: 1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Inventory: sliceInventory("a", "b", "c", "silent"),
+		AgentHeartbeatTTL: ttl, MaxAgentHeartbeatsPerSecond: 2})
+	state := func(id string) proto.NodeState { return nodeState(n.srv, id) }
+	require.Eventually(t, func() bool { return n.srv.IsLeader() && state("silent") == proto.NodeActive }, 15*time.Second, 20*time.Millisecond)
+	for _, id := range []string{"a", "b", "c", "silent"} {
+		enrollNode(t, n.srv, id)
+	}
+	assert.Equal(t, 2*time.Second, n.srv.NoteHeartbeat("a"), "the interval asked for")
+	t0 := time.Now()
+	time.Sleep(3 * time.Second)
+	assert.Equal(t, proto.NodeActive, state("silent"), "not declared after the configured TTL (%v) when agents were asked to beat every 2 s", ttl)
+	assert.Equal(t, proto.NodeActive, state("a"))
+	require.Eventually(t, func() bool { return state("silent") == proto.NodeUnreachable }, 10*time.Second, 20*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(t0), 5*time.Second, "three asked intervals (6 s) from its enrollment")
+}

@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
@@ -375,7 +376,30 @@ func (t *Txn) PutAllocation(a *proto.Allocation) error {
 	old, ok := t.Allocation(a.ID)
 	t.stamp(TableAllocations, &a.Meta, metaOf(old, ok, func(o *proto.Allocation) *proto.Meta { return &o.Meta }))
 	t.changes.Allocations = append(t.changes.Allocations, a.ID)
+	if a.NodeID != "" && ingressWanted(old, ok) != ingressWanted(a, true) {
+		// Wake the node's task poll: its agent programs the routes
+		// (api.agentTasks answers a changed ingress digest).
+		t.touchNodeTasks(a.NodeID)
+	}
 	return t.insert(TableAllocations, prior(old, ok), a)
+}
+
+// ingressWanted is what of an allocation decides its node's wanted
+// public ingress (api.DesiredIngress): its routes while live and not
+// releasing, with the guest's address ("" without routes).
+func ingressWanted(a *proto.Allocation, ok bool) string {
+	if !ok || len(a.Ingress) == 0 || !a.Live() || a.State == proto.AllocReleasing {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(a.NodeID)
+	if a.Access != nil {
+		b.WriteString(" " + a.Access.GuestIP)
+	}
+	for _, r := range a.Ingress {
+		fmt.Fprintf(&b, " %s/%d>%s:%d", r.Protocol, r.Port, r.PublicAddress, r.PublicPort)
+	}
+	return b.String()
 }
 
 // PutClaim writes a claim and updates its node's claim counts.

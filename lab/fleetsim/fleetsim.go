@@ -313,18 +313,22 @@ func (f *Fleet) run(ctx context.Context, a *Agent) {
 		// agent's come from its lease store), so the coordinator's
 		// lease-drift check finds nothing to record.
 		var leases []proto.ClaimRef
-		f.every(ctx, f.cfg.HeartbeatInterval, func() error {
+		interval := f.cfg.HeartbeatInterval
+		f.every(ctx, func() time.Duration { return interval }, func() error {
 			resp, err := a.client.Heartbeat(ctx, proto.HeartbeatRequest{Leases: leases})
 			if err == nil {
 				f.heartbeats.Add(1)
 				leases = resp.Claims
+				// As the agent does: the longer of its own interval and
+				// the one the leader asks a large fleet for.
+				interval = max(f.cfg.HeartbeatInterval, min(time.Duration(resp.HeartbeatIntervalMS)*time.Millisecond, proto.MaxHeartbeatInterval))
 			}
 			return err
 		})
 	}()
 	go func() {
 		defer f.wg.Done()
-		f.every(ctx, f.cfg.ReadinessInterval, func() error {
+		f.every(ctx, func() time.Duration { return f.cfg.ReadinessInterval }, func() error {
 			err := a.client.PutReadiness(ctx, proto.Readiness{Active: true, SliceReady: true, ObservedAt: time.Now().UTC()})
 			if err == nil {
 				f.readiness.Add(1)
@@ -338,23 +342,21 @@ func (f *Fleet) run(ctx context.Context, a *Agent) {
 	}()
 }
 
-func (f *Fleet) every(ctx context.Context, d time.Duration, do func() error) {
-	select {
-	case <-ctx.Done():
-		return
-	case <-time.After(rand.N(d)):
-	}
-	t := time.NewTicker(d)
+// every runs do at a random phase within the first interval, then once
+// per interval (asked again after each run).
+func (f *Fleet) every(ctx context.Context, interval func() time.Duration, do func() error) {
+	t := time.NewTimer(rand.N(interval()))
 	defer t.Stop()
 	for {
-		if err := do(); err != nil && ctx.Err() == nil {
-			f.fail(err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if err := do(); err != nil && ctx.Err() == nil {
+			f.fail(err)
+		}
+		t.Reset(interval())
 	}
 }
 

@@ -133,7 +133,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Timing: server.Timing{HeartbeatTimeout: o.HeartbeatTimeout, ElectionTimeout: o.ElectionTimeout,
 			LeaderLeaseTimeout: o.LeaderLease, SnapshotThreshold: o.SnapshotThreshold},
 		Inventory: inv, Logger: log, SiteKey: siteKey,
-		Purge: server.PurgeConfig{Retention: o.RetainEnded}, AgentHeartbeatTTL: o.AgentHeartbeatTTL,
+		Purge: server.PurgeConfig{Retention: o.RetainEnded}, AgentHeartbeatTTL: o.AgentHeartbeatTTL, MaxAgentHeartbeatsPerSecond: o.MaxAgentHeartbeats,
 		AuditRetention: server.AuditRetentionConfig{MaxRecords: o.AuditMaxRecords, Interval: o.AuditRetainEvery},
 		// Fail-stop: a replica whose Raft log or stable store write failed (disk full,
 		// I/O error) exits at once; its supervisor restarts it and it

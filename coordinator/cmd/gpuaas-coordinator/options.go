@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -21,35 +22,36 @@ import (
 // environment variables (dashes become underscores: GPUAAS_NODE_ID), and
 // command-line flags.
 type options struct {
-	NodeID            string
-	DataDir           string
-	RaftAddr          string
-	RaftAdvertise     string
-	HTTPAddr          string
-	HTTPAdvertise     string
-	BootstrapExpect   int
-	Join              []string
-	JoinTokenFile     string
-	ClusterSecretFile string
-	RatePerAddress    float64
-	RatePerPrincipal  float64
-	LockoutAfter      int
-	BodyTimeout       time.Duration
-	TokensFile        string
-	SiteKeyFile       string
-	UISessionKeyFile  string
-	Inventory         string
-	LogLevel          string
-	LogFormat         string
-	HeartbeatTimeout  time.Duration
-	AgentHeartbeatTTL time.Duration
-	ElectionTimeout   time.Duration
-	LeaderLease       time.Duration
-	SnapshotThreshold uint64
-	GossipBind        string
-	GossipJoin        []string
-	GossipKeyFile     string
-	GCPercent         int
+	NodeID             string
+	DataDir            string
+	RaftAddr           string
+	RaftAdvertise      string
+	HTTPAddr           string
+	HTTPAdvertise      string
+	BootstrapExpect    int
+	Join               []string
+	JoinTokenFile      string
+	ClusterSecretFile  string
+	RatePerAddress     float64
+	RatePerPrincipal   float64
+	LockoutAfter       int
+	BodyTimeout        time.Duration
+	TokensFile         string
+	SiteKeyFile        string
+	UISessionKeyFile   string
+	Inventory          string
+	LogLevel           string
+	LogFormat          string
+	HeartbeatTimeout   time.Duration
+	AgentHeartbeatTTL  time.Duration
+	MaxAgentHeartbeats float64
+	ElectionTimeout    time.Duration
+	LeaderLease        time.Duration
+	SnapshotThreshold  uint64
+	GossipBind         string
+	GossipJoin         []string
+	GossipKeyFile      string
+	GCPercent          int
 	// PprofAddr serves net/http/pprof (loopback only) when set.
 	PprofAddr string
 	// TLS (on unless InsecureHTTP).
@@ -132,6 +134,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.HeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (default 500ms)")
+	fs.Float64Var(&o.MaxAgentHeartbeats, "max-agent-heartbeats-per-second", server.DefaultMaxAgentHeartbeatsPerSecond, "the most HTTP heartbeats per second the leader asks the fleet for: a fleet larger than this x 10 s is asked to beat less often (each beat's TTL grows to three intervals); 0: agents keep their own interval")
 	fs.DurationVar(&o.AgentHeartbeatTTL, "agent-heartbeat-ttl", server.DefaultAgentHeartbeatTTL, "an enrolled agent outside the gossip pool silent (no HTTP heartbeat) this long has its node marked unreachable by the leader; negative: never")
 	fs.DurationVar(&o.ElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (default 500ms)")
 	fs.DurationVar(&o.LeaderLease, "raft-leader-lease-timeout", 0, "Raft leader lease timeout (default 500ms)")
@@ -240,6 +243,9 @@ func parseOptions(args []string, getenv func(string) string, out io.Writer) (*op
 	}
 	if o.TaskStallTimeout <= 0 {
 		return nil, fmt.Errorf("task-stall-timeout %v: give a positive duration", o.TaskStallTimeout)
+	}
+	if o.MaxAgentHeartbeats < 0 || math.IsNaN(o.MaxAgentHeartbeats) || math.IsInf(o.MaxAgentHeartbeats, 0) {
+		return nil, fmt.Errorf("max-agent-heartbeats-per-second %v: give a rate >= 0 (0: agents keep their own interval; the default is %d)", o.MaxAgentHeartbeats, server.DefaultMaxAgentHeartbeatsPerSecond)
 	}
 	if o.GCPercent <= 0 {
 		return nil, fmt.Errorf("gc-percent %d: must be > 0", o.GCPercent)
