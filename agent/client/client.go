@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -38,7 +39,14 @@ type Client struct {
 	cert       *tls.Certificate // the node's client certificate (mutual TLS)
 	roots      *x509.CertPool   // the CAs coordinators' certificates chain to (nil: system roots)
 	next       int              // index of the coordinator to try first
+	// unavailableWait is how long to wait before asking a coordinator
+	// that answered 503 unavailable again (see do; 0: the default).
+	unavailableWait time.Duration
 }
+
+// defaultUnavailableWait is how long an agent waits (plus up to as much
+// jitter) before asking again a coordinator that answered "unavailable".
+const defaultUnavailableWait = 500 * time.Millisecond
 
 // New returns a client for the coordinator base URLs.
 func New(urls []string, credential string) (*Client, error) {
@@ -168,7 +176,8 @@ func (c *Client) do(ctx context.Context, method, path string, auth bool, in, out
 	start, cred := c.next, c.credential
 	c.mu.Unlock()
 	var lastErr error
-	for i := range c.urls {
+	retried := false
+	for i := 0; i < len(c.urls); i++ {
 		k := (start + i) % len(c.urls)
 		req, err := http.NewRequestWithContext(ctx, method, c.urls[k]+path, bytes.NewReader(body))
 		if err != nil {
@@ -189,6 +198,22 @@ func (c *Client) do(ctx context.Context, method, path string, auth bool, in, out
 			continue
 		}
 		err = decode(resp, out)
+		if proto.CodeOf(err) == proto.CodeUnavailable && !retried {
+			// The coordinator is up but has no leader: an election, as a
+			// rule, which every replica waits out alike. Ask it again
+			// after a short wait before moving on: at 10,000 agents,
+			// moving at once sends thousands of new TLS handshakes to the
+			// other replicas in the middle of the election. A replica cut
+			// off from the majority answers the same again, and then the
+			// next is tried.
+			retried = true
+			if !sleepCtx(ctx, c.waitUnavailable()) {
+				return ctx.Err()
+			}
+			i--
+			continue
+		}
+		retried = false
 		if proto.CodeOf(err) == proto.CodeUnavailable || proto.CodeOf(err) == proto.CodeNotLeader {
 			lastErr = err
 			continue
@@ -202,6 +227,28 @@ func (c *Client) do(ctx context.Context, method, path string, auth bool, in, out
 		return nil
 	}
 	return fmt.Errorf("%s %s: %w", method, path, lastErr)
+}
+
+// waitUnavailable is the wait before asking a coordinator that answered
+// "unavailable" again, with up to as much jitter.
+func (c *Client) waitUnavailable() time.Duration {
+	d := c.unavailableWait
+	if d <= 0 {
+		d = defaultUnavailableWait
+	}
+	return d + rand.N(d)
+}
+
+// sleepCtx waits d; false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 func decode(resp *http.Response, out any) error {

@@ -66,6 +66,7 @@ func TestFailoverAndProblems(t *testing.T) {
 
 	c, err := New([]string{deadURL(t), unavailable.URL, good.URL}, "")
 	require.NoError(t, err)
+	c.unavailableWait = 20 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -83,7 +84,30 @@ func TestFailoverAndProblems(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, proto.NodeActive, hb.State)
 	assert.Equal(t, int32(3), hits.Load())
-	assert.Equal(t, int32(1), refused.Load(), "after the first answer the client sticks to the coordinator that answered")
+	assert.Equal(t, int32(2), refused.Load(), "the coordinator without a leader was asked once more, then the next; after the first answer the client sticks to the coordinator that answered")
+
+	// A coordinator without a leader for a moment (an election): asked
+	// again after a short wait, the same one answers; no other is tried.
+	var calls, others atomic.Int32
+	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			problem(w, http.StatusServiceUnavailable, proto.CodeUnavailable, "no leader reachable")
+			return
+		}
+		_ = json.NewEncoder(w).Encode(proto.HeartbeatResponse{NodeID: "n1", State: proto.NodeActive})
+	}))
+	t.Cleanup(flaky.Close)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { others.Add(1) }))
+	t.Cleanup(other.Close)
+	fc, err := New([]string{flaky.URL, other.URL}, "x")
+	require.NoError(t, err)
+	fc.unavailableWait = 50 * time.Millisecond
+	t0 := time.Now()
+	_, err = fc.Heartbeat(ctx, proto.HeartbeatRequest{})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(t0), 50*time.Millisecond, "it waited before asking again")
+	assert.Equal(t, int32(2), calls.Load())
+	assert.Zero(t, others.Load(), "no handshake with another coordinator")
 
 	all, err := New([]string{deadURL(t), deadURL(t)}, "x")
 	require.NoError(t, err)
