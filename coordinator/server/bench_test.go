@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -204,6 +205,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	held := make([][]string, benchClients)
 	var keys, failovers atomic.Int64
 	idx0 := leader.srv.raft.AppliedIndex()
+	stopProfile := profilePlacements(t)
 	t0 := time.Now()
 	cpu0 := processCPU()
 	rate := runClients(t, func(ctx context.Context, c int, rng *rand.Rand) int {
@@ -233,8 +235,9 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 		}
 	})
 	cpu := processCPU() - cpu0
-	srv := cur.Load()
 	elapsed := time.Since(t0).Seconds()
+	stopProfile(rate * elapsed)
+	srv := cur.Load()
 	idx1 := srv.raft.AppliedIndex()
 	run := placeRun{perS: rate, appliesPerS: float64(idx1-idx0) / elapsed}
 	placed := rate * elapsed
@@ -271,6 +274,26 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 		}
 	}
 	return run
+}
+
+// profilePlacements starts a CPU profile of the placement run alone (not
+// the inventory load, not the replays) when GPUAAS_PROFILE_PLACE names its
+// file, for `go test` without -cpuprofile (docs/perf.md). The returned
+// func stops it and logs the placements it covers: the profile's total
+// samples over them is the CPU per placement, split by function.
+func profilePlacements(t *testing.T) func(placed float64) {
+	path := os.Getenv("GPUAAS_PROFILE_PLACE")
+	if path == "" {
+		return func(float64) {}
+	}
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, pprof.StartCPUProfile(f), "GPUAAS_PROFILE_PLACE cannot be combined with -cpuprofile")
+	return func(placed float64) {
+		pprof.StopCPUProfile()
+		require.NoError(t, f.Close())
+		t.Logf("placement run profile in %s: %.0f placements", path, placed)
+	}
 }
 
 // replayGCPercents are the GOGC settings the single-voter replay is
