@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,10 @@ type placeRun struct {
 	perS        float64       // committed placements per second
 	appliesPerS float64       // raft log entries applied per second
 	cpu         time.Duration // process CPU (all replicas) per committed placement
+	// allocKB is the heap allocated per committed placement during the
+	// run (all replicas, the clients and the Raft transport included):
+	// unlike the CPU it does not move with the machine's other load.
+	allocKB float64
 	// applyCPU is the FSM apply CPU per committed placement on one
 	// replica: the run's committed log replayed alone into a fresh
 	// server FSM stack (its releases and outbox deliveries included).
@@ -206,6 +211,8 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	var keys, failovers atomic.Int64
 	idx0 := leader.srv.raft.AppliedIndex()
 	stopProfile := profilePlacements(t)
+	var mem0, mem1 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
 	t0 := time.Now()
 	cpu0 := processCPU()
 	rate := runClients(t, func(ctx context.Context, c int, rng *rand.Rand) int {
@@ -236,6 +243,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	})
 	cpu := processCPU() - cpu0
 	elapsed := time.Since(t0).Seconds()
+	runtime.ReadMemStats(&mem1)
 	stopProfile(rate * elapsed)
 	srv := cur.Load()
 	idx1 := srv.raft.AppliedIndex()
@@ -243,6 +251,7 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	placed := rate * elapsed
 	if placed > 0 {
 		run.cpu = time.Duration(float64(cpu) / placed)
+		run.allocKB = float64(mem1.TotalAlloc-mem0.TotalAlloc) / placed / 1024
 	}
 	close(releases)
 	relWG.Wait()
@@ -337,9 +346,13 @@ func raftLogs(t *testing.T, srv *Server, last uint64) []*raft.Log {
 // garbage collection included.
 func replayCPU(t *testing.T, logs []*raft.Log, from uint64, placements float64) (time.Duration, int) {
 	f := newPeerFSM(newEnrollFSM(newLedger(testLogger(t)).fsm))
+	batch := DefaultTiming.MaxAppendEntries
+	if b, err := strconv.Atoi(os.Getenv("GPUAAS_REPLAY_BATCH")); err == nil && b > 0 {
+		batch = b // the entries per ApplyBatch a live replica sees (docs/perf.md round 3)
+	}
 	apply := func(ls []*raft.Log) {
 		for len(ls) > 0 {
-			n := min(len(ls), DefaultTiming.MaxAppendEntries)
+			n := min(len(ls), batch)
 			f.ApplyBatch(ls[:n])
 			ls = ls[n:]
 		}
