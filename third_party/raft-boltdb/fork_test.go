@@ -78,7 +78,7 @@ func TestForkEncodeMatchesUpstream(t *testing.T) {
 			}
 			if back.Index != l.Index || back.Term != l.Term || back.Type != l.Type ||
 				!bytes.Equal(back.Data, l.Data) || !bytes.Equal(back.Extensions, l.Extensions) || !back.AppendedAt.Equal(l.AppendedAt) {
-				t.Fatalf("log %d: decoded %+v, want %+v", i, back.Index, l.Index)
+				t.Fatalf("log %d (index %d): the decoded log differs from the one encoded", i, l.Index)
 			}
 		}
 	}
