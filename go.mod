@@ -139,3 +139,5 @@ tool (
 replace github.com/hashicorp/go-immutable-radix => ./third_party/go-immutable-radix
 
 replace github.com/hashicorp/go-memdb => ./third_party/go-memdb
+
+replace github.com/hashicorp/raft-boltdb/v2 => ./third_party/raft-boltdb

@@ -32,8 +32,8 @@ func TestProfilePlacements(t *testing.T) {
 	run := benchPlacementsOn(t, v, true)
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	t.Logf("voters %d, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
-		v, gc, run.perS, run.appliesPerS, run.cpu, run.applyCPU, run.entries, ru.Maxrss/1024)
+	t.Logf("voters %d, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, %.1f KB allocated per placement, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
+		v, gc, run.perS, run.appliesPerS, run.cpu, run.allocKB, run.applyCPU, run.entries, ru.Maxrss/1024)
 	if run.applyCPUByGC != nil {
 		t.Logf("FSM apply CPU per placement by GOGC: %s", gcSweep(run.applyCPUByGC))
 	}

@@ -10,7 +10,9 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -120,6 +122,10 @@ type placeRun struct {
 	perS        float64       // committed placements per second
 	appliesPerS float64       // raft log entries applied per second
 	cpu         time.Duration // process CPU (all replicas) per committed placement
+	// allocKB is the heap allocated per committed placement during the
+	// run (all replicas, the clients and the Raft transport included):
+	// unlike the CPU it does not move with the machine's other load.
+	allocKB float64
 	// applyCPU is the FSM apply CPU per committed placement on one
 	// replica: the run's committed log replayed alone into a fresh
 	// server FSM stack (its releases and outbox deliveries included).
@@ -204,6 +210,9 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 	held := make([][]string, benchClients)
 	var keys, failovers atomic.Int64
 	idx0 := leader.srv.raft.AppliedIndex()
+	stopProfile := profilePlacements(t)
+	var mem0, mem1 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
 	t0 := time.Now()
 	cpu0 := processCPU()
 	rate := runClients(t, func(ctx context.Context, c int, rng *rand.Rand) int {
@@ -233,13 +242,16 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 		}
 	})
 	cpu := processCPU() - cpu0
-	srv := cur.Load()
 	elapsed := time.Since(t0).Seconds()
+	runtime.ReadMemStats(&mem1)
+	stopProfile(rate * elapsed)
+	srv := cur.Load()
 	idx1 := srv.raft.AppliedIndex()
 	run := placeRun{perS: rate, appliesPerS: float64(idx1-idx0) / elapsed}
 	placed := rate * elapsed
 	if placed > 0 {
 		run.cpu = time.Duration(float64(cpu) / placed)
+		run.allocKB = float64(mem1.TotalAlloc-mem0.TotalAlloc) / placed / 1024
 	}
 	close(releases)
 	relWG.Wait()
@@ -271,6 +283,26 @@ func benchPlacementsCA(t *testing.T, voters int, audited bool, ca *pki.CA, repla
 		}
 	}
 	return run
+}
+
+// profilePlacements starts a CPU profile of the placement run alone (not
+// the inventory load, not the replays) when GPUAAS_PROFILE_PLACE names its
+// file, for `go test` without -cpuprofile (docs/perf.md). The returned
+// func stops it and logs the placements it covers: the profile's total
+// samples over them is the CPU per placement, split by function.
+func profilePlacements(t *testing.T) func(placed float64) {
+	path := os.Getenv("GPUAAS_PROFILE_PLACE")
+	if path == "" {
+		return func(float64) {}
+	}
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, pprof.StartCPUProfile(f), "GPUAAS_PROFILE_PLACE cannot be combined with -cpuprofile")
+	return func(placed float64) {
+		pprof.StopCPUProfile()
+		require.NoError(t, f.Close())
+		t.Logf("placement run profile in %s: %.0f placements", path, placed)
+	}
 }
 
 // replayGCPercents are the GOGC settings the single-voter replay is
@@ -314,9 +346,13 @@ func raftLogs(t *testing.T, srv *Server, last uint64) []*raft.Log {
 // garbage collection included.
 func replayCPU(t *testing.T, logs []*raft.Log, from uint64, placements float64) (time.Duration, int) {
 	f := newPeerFSM(newEnrollFSM(newLedger(testLogger(t)).fsm))
+	batch := DefaultTiming.MaxAppendEntries
+	if b, err := strconv.Atoi(os.Getenv("GPUAAS_REPLAY_BATCH")); err == nil && b > 0 {
+		batch = b // the entries per ApplyBatch a live replica sees (docs/perf.md round 3)
+	}
 	apply := func(ls []*raft.Log) {
 		for len(ls) > 0 {
-			n := min(len(ls), DefaultTiming.MaxAppendEntries)
+			n := min(len(ls), batch)
 			f.ApplyBatch(ls[:n])
 			ls = ls[n:]
 		}

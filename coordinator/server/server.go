@@ -21,6 +21,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 
 	"github.com/gpuaas/gpuaas/coordinator/audit"
 	"github.com/gpuaas/gpuaas/coordinator/blobs"
@@ -158,7 +159,7 @@ func New(cfg Config) (*Server, error) {
 	s.fsm = newPeerFSM(s.enroll)
 
 	hlog := newHCLogger(log)
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(raftDir, "raft.db")})
+	store, err := openLogStore(filepath.Join(raftDir, "raft.db"))
 	if err != nil {
 		return nil, fmt.Errorf("open raft store %s: %w", raftDir, err)
 	}
@@ -271,6 +272,32 @@ func raftConfig(id string, t Timing) *raft.Config {
 	rc.SnapshotInterval = t.SnapshotInterval
 	rc.TrailingLogs = 10240
 	return rc
+}
+
+// openLogStore opens the Raft log and stable store: bbolt, fsync on (every
+// StoreLogs commit is durable before it returns), with two options that
+// change only how bbolt tracks its free pages, never what a commit makes
+// durable:
+//
+//   - NoFreelistSync: a commit does not write the list of free pages.
+//     Upstream writes it on every commit, and once Raft has compacted its
+//     log (TrailingLogs after each snapshot) that list holds every page of
+//     the deleted entries: tens of KB rewritten per log write for nothing.
+//     bbolt rebuilds it from the B+tree when it opens a file whose last
+//     commit did not write it (a crash loses nothing: the free pages are
+//     exactly those the tree does not reach). Consul and Nomad ship it as
+//     their raft_boltdb no_freelist_sync option.
+//   - FreelistMapType: the in-memory free list is a map by run length
+//     instead of a sorted array merged on every commit (allocations
+//     proportional to the free list, per commit).
+//
+// Either setting reads files written with or without it (BenchmarkLogStore
+// and docs/perf.md round 3 measure them).
+func openLogStore(path string) (*raftboltdb.BoltStore, error) {
+	return raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bbolt.Options{
+		NoFreelistSync: true,
+		FreelistType:   bbolt.FreelistMapType,
+	}})
 }
 
 func (s *Server) closeStores() {
