@@ -266,17 +266,10 @@ func (a *app) imageListCmd() *cobra.Command {
 		Short:   "List the image catalog",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/images", page(map[string]string{"name": name, "state": state}), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Image]) {
-				imageTable(w, l)
-				nextHint(a, l.Next)
-			})
+			return listPage(a, cmd, "/v1/images", page(map[string]string{"name": name, "state": state}), imageTable)
 		},
 	}
-	page = pageFlags(c, "NAME:VERSION")
+	page = pageFlags(c, cursorPage("NAME:VERSION"))
 	c.Flags().StringVar(&name, "name", "", "only the versions of this image")
 	c.Flags().StringVar(&state, "state", "", "pending, approved or revoked")
 	return c

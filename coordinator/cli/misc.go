@@ -25,11 +25,7 @@ func (a *app) availabilityCmd() *cobra.Command {
 		Short:   "Free GPUs per region and SKU, and the largest request that fits now",
 		Args:    exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/availability", page(map[string]string{"region": region, "sku": sku}), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
+			return listPage(a, cmd, "/v1/availability", page(map[string]string{"region": region, "sku": sku}), func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
 				row(w, "REGION", "SKU", "SHAPE", "FREE-GPUS", "FREE-NODES", "LARGEST", "PLACEABLE")
 				for _, x := range l.Items {
 					region := x.Region
@@ -42,46 +38,35 @@ func (a *app) availabilityCmd() *cobra.Command {
 					}
 					row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
 				}
-				nextHint(a, l.Next)
 			})
 		},
 	}
-	page = pageFlags(c, "REGION/SKU")
+	page = pageFlags(c, cursorPage("REGION/SKU"))
 	c.Flags().StringVar(&region, "region", "", "only this region")
 	c.Flags().StringVar(&sku, "sku", "", "only this SKU")
 	return c
 }
 
 func (a *app) usageCmd() *cobra.Command {
-	var alloc, since, after string
-	var limit int
+	var alloc, since string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "usage",
 		Short: "Usage records for billing export",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"allocation": alloc, "since": since, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/usage", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
+			return listPage(a, cmd, "/v1/usage", page(map[string]string{"allocation": alloc, "since": since}), func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
 				row(w, "ALLOCATION", "SHAPE", "SKU", "GPUS", "NODE", "START", "END")
 				for _, u := range l.Items {
 					row(w, u.AllocationID, u.Shape, u.SKU, u.GPUCount, u.NodeID, ts(u.Start), tsp(u.End))
 				}
-				nextHint(a, l.Next)
 			})
 		},
 	}
+	page = pageFlags(c, plainPage)
 	f := c.Flags()
 	f.StringVar(&alloc, "allocation", "", "only this allocation")
 	f.StringVar(&since, "since", "", "only records open or ended at or after this RFC 3339 time")
-	f.StringVar(&after, "after", "", "page cursor")
-	f.IntVar(&limit, "limit", 0, "page size")
 	return c
 }
 
@@ -194,17 +179,10 @@ func (a *app) operatorCmd() *cobra.Command {
 		Short: "List the Raft configuration",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", peersPage(nil), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[api.Peer]) {
-				peersTable(w, l)
-				nextHint(a, l.Next)
-			})
+			return listPage(a, cmd, "/v1/operator/peers", peersPage(nil), peersTable)
 		},
 	}
-	peersPage = pageFlags(peers, "server ID")
+	peersPage = pageFlags(peers, cursorPage("server ID"))
 	c.AddCommand(peers, &cobra.Command{
 		Use:   "add ID RAFT-ADDR HTTP-ADDR",
 		Short: "Add a voter (admin)",
@@ -375,28 +353,15 @@ func (a *app) tokenCmd() *cobra.Command {
 // pagedList is a "list" command of a paged route: --limit and --after
 // pass through, and the next page's cursor is named.
 func pagedList[T any](a *app, short, path string, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
-	var after string
-	var limit int
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "list",
 		Short: short,
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[T]) {
-				table(w, l)
-				nextHint(a, l.Next)
-			})
+			return listPage(a, cmd, path, page(nil), table)
 		},
 	}
-	c.Flags().StringVar(&after, "after", "", "page cursor")
-	c.Flags().IntVar(&limit, "limit", 0, "page size")
+	page = pageFlags(c, plainPage)
 	return c
 }

@@ -36,35 +36,25 @@ func slotRow(w *tabwriter.Writer, s proto.Slot) {
 }
 
 func (a *app) slotListCmd() *cobra.Command {
-	var node, status, after string
-	var limit int
+	var node, status string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List approved slots",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"node": node, "status": status, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/slots", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Slot]) {
+			return listPage(a, cmd, "/v1/slots", page(map[string]string{"node": node, "status": status}), func(w *tabwriter.Writer, l proto.List[proto.Slot]) {
 				slotHeader(w)
 				for _, s := range l.Items {
 					slotRow(w, s)
 				}
-				nextHint(a, l.Next)
 			})
 		},
 	}
+	page = pageFlags(c, plainPage)
 	f := c.Flags()
 	f.StringVar(&node, "node", "", "only slots of this node")
 	f.StringVar(&status, "status", "", "only slots in this status")
-	f.StringVar(&after, "after", "", "page cursor")
-	f.IntVar(&limit, "limit", 0, "page size")
 	return c
 }
 

@@ -14,34 +14,24 @@ import (
 
 func (a *app) workflowCmd() *cobra.Command {
 	c := &cobra.Command{Use: "workflow", Aliases: []string{"wf"}, Short: "MAAS workflows (onboarding, decommission) and their provisioning timeline"}
-	var site, state, after string
-	var limit int
+	var site, state string
+	var page func(map[string]string) map[string]string
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List MAAS workflows",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"site": site, "state": state, "after": after}
-			if limit > 0 {
-				q["limit"] = fmt.Sprint(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/workflows", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.MAASWorkflow]) {
+			return listPage(a, cmd, "/v1/workflows", page(map[string]string{"site": site, "state": state}), func(w *tabwriter.Writer, l proto.List[proto.MAASWorkflow]) {
 				row(w, "ID", "KIND", "SITE", "PROFILE", "HOST", "SYSTEM-ID", "STAGE", "STATE", "ATTEMPTS", "LAST-ERROR")
 				for _, x := range l.Items {
 					row(w, x.ID, x.Kind, x.Site, x.Profile, x.Hostname, x.SystemID, x.Stage, x.State, x.Attempts, firstLine(x.LastError, 60))
 				}
-				nextHint(a, l.Next)
 			})
 		},
 	}
+	page = pageFlags(list, pageUsage{after: "page after this workflow ID", limit: "page size"})
 	list.Flags().StringVar(&site, "site", "", "only this site")
 	list.Flags().StringVar(&state, "state", "", "running, succeeded or failed")
-	list.Flags().StringVar(&after, "after", "", "page after this workflow ID")
-	list.Flags().IntVar(&limit, "limit", 0, "page size")
 	showCmd := &cobra.Command{
 		Use:   "show ID",
 		Short: "A workflow with its twelve-bucket timeline: where the time went",
