@@ -199,38 +199,28 @@ func (a *app) operatorCmd() *cobra.Command {
 			}
 			return show(a, r, peersTable)
 		},
-	}, &cobra.Command{
-		Use:   "remove ID",
-		Short: "Remove a server from the Raft configuration (admin)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodDelete, "/v1/operator/peers/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, peersTable)
-		},
-	}, &cobra.Command{
-		Use:   "transfer [ID]",
-		Short: "Hand leadership to a voter (any up-to-date one without ID) (admin)",
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) > 1 {
-				return usagef("expected at most one argument: ID")
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var body any
-			if len(args) == 1 {
-				body = proto.TransferLeadershipBody{ID: args[0]}
-			}
-			r, err := a.call(cmd, http.MethodPost, "/v1/operator/transfer-leadership", nil, body, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, peersTable)
-		},
-	})
+	}, idCmd(a, "remove", "Remove a server from the Raft configuration (admin)", http.MethodDelete, "/v1/operator/peers/", "", peersTable),
+		&cobra.Command{
+			Use:   "transfer [ID]",
+			Short: "Hand leadership to a voter (any up-to-date one without ID) (admin)",
+			Args: func(_ *cobra.Command, args []string) error {
+				if len(args) > 1 {
+					return usagef("expected at most one argument: ID")
+				}
+				return nil
+			},
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var body any
+				if len(args) == 1 {
+					body = proto.TransferLeadershipBody{ID: args[0]}
+				}
+				r, err := a.call(cmd, http.MethodPost, "/v1/operator/transfer-leadership", nil, body, nil)
+				if err != nil {
+					return err
+				}
+				return show(a, r, peersTable)
+			},
+		})
 	return c
 }
 

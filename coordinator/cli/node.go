@@ -39,6 +39,12 @@ func nodeHeader(w *tabwriter.Writer) {
 	row(w, "ID", "REGION", "POOL", "INTENT", "STATE", "GPUS", "DRAINING", "SLICE-READY")
 }
 
+// nodeLine is the list table of one node.
+func nodeLine(w *tabwriter.Writer, n proto.Node) {
+	nodeHeader(w)
+	nodeRow(w, n)
+}
+
 // gpus is a node's discovered GPU count ("-" before discovery).
 func gpus(n proto.Node) string {
 	if n.GPUs == 0 {
@@ -148,39 +154,11 @@ func (a *app) nodeDrainCmd(verb string, drain bool) *cobra.Command {
 	if !drain {
 		short = "Let a drained node take new claims again (admin)"
 	}
-	return &cobra.Command{
-		Use:   verb + " ID",
-		Short: short,
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/"+verb, nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
-				nodeHeader(w)
-				nodeRow(w, n)
-			})
-		},
-	}
+	return idCmd(a, verb, short, http.MethodPost, "/v1/nodes/", "/"+verb, nodeLine)
 }
 
 func (a *app) nodeResetBreakerCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "reset-breaker ID",
-		Short: "Close a node's circuit breaker so it takes placements again (admin)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/breaker/reset", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
-				nodeHeader(w)
-				nodeRow(w, n)
-			})
-		},
-	}
+	return idCmd(a, "reset-breaker", "Close a node's circuit breaker so it takes placements again (admin)", http.MethodPost, "/v1/nodes/", "/breaker/reset", nodeLine)
 }
 
 func (a *app) nodeIntentCmd() *cobra.Command {
@@ -197,10 +175,7 @@ func (a *app) nodeIntentCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
-				nodeHeader(w)
-				nodeRow(w, n)
-			})
+			return show(a, r, nodeLine)
 		},
 	}
 }

@@ -23,6 +23,12 @@ func slotHeader(w *tabwriter.Writer) {
 	row(w, "ID", "NODE", "INDEX", "STATUS", "HEALTH", "GPU", "NUMA", "SWITCH", "CLAIM", "GENERATION", "MISSING")
 }
 
+// slotLine is the list table of one slot.
+func slotLine(w *tabwriter.Writer, s proto.Slot) {
+	slotHeader(w)
+	slotRow(w, s)
+}
+
 func slotRow(w *tabwriter.Writer, s proto.Slot) {
 	health := s.HealthState
 	if s.StatusReason != "" {
@@ -164,7 +170,7 @@ func (a *app) slotDisableCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
+			return show(a, r, slotLine)
 		},
 	}
 	c.Flags().StringVar(&reason, "reason", "", "why")
@@ -172,7 +178,7 @@ func (a *app) slotDisableCmd() *cobra.Command {
 }
 
 func (a *app) slotRepairCmd() *cobra.Command {
-	return idCmd(a, "repair", "Bring a disabled or quarantined slot back once complete, valid and clean (admin); a quarantined one a claim held goes cleanup_blocked first", http.MethodPost, "/v1/slots/", "/repair", func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
+	return idCmd(a, "repair", "Bring a disabled or quarantined slot back once complete, valid and clean (admin); a quarantined one a claim held goes cleanup_blocked first", http.MethodPost, "/v1/slots/", "/repair", slotLine)
 }
 
 func (a *app) topologyCmd() *cobra.Command {

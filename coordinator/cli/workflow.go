@@ -32,18 +32,7 @@ func (a *app) workflowCmd() *cobra.Command {
 	page = pageFlags(list, pageUsage{after: "page after this workflow ID", limit: "page size"})
 	list.Flags().StringVar(&site, "site", "", "only this site")
 	list.Flags().StringVar(&state, "state", "", "running, succeeded or failed")
-	showCmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "A workflow with its twelve-bucket timeline: where the time went",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/workflows/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, v proto.WorkflowView) { workflowTable(w, v) })
-		},
-	}
+	showCmd := idCmd(a, "show", "A workflow with its twelve-bucket timeline: where the time went", http.MethodGet, "/v1/workflows/", "", workflowTable)
 	c.AddCommand(list, showCmd)
 	return c
 }
@@ -120,7 +109,7 @@ func (a *app) siteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, v proto.WorkflowView) { workflowTable(w, v) })
+			return show(a, r, workflowTable)
 		},
 	}
 	onboard.Flags().StringVar(&profile, "profile", "", "site profile (required)")
@@ -139,7 +128,7 @@ func (a *app) siteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, v proto.WorkflowView) { workflowTable(w, v) })
+			return show(a, r, workflowTable)
 		},
 	}
 	decommission.Flags().StringVar(&dprofile, "profile", "", "site profile (required)")
