@@ -173,15 +173,9 @@ func (a *app) auditAckCmd() *cobra.Command {
 		Short: "Acknowledge an export written earlier (--file): its records may be pruned over the cap",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usagef("--file is required: the export (gpuaasctl audit export > audit.jsonl) to acknowledge")
-			}
-			res, _, err := verifyExportFile(file)
+			res, _, err := verifiedExport(file, "the export (gpuaasctl audit export > audit.jsonl) to acknowledge", "acknowledged")
 			if err != nil {
 				return err
-			}
-			if !res.OK {
-				return fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing acknowledged", errChainBroken, file, res.BrokenSeq, res.Problem)
 			}
 			return a.ackExport(cmd, res.LastSeq, res.HeadHash)
 		},
@@ -305,6 +299,23 @@ func verifyExportFile(path string) (proto.AuditVerifyResult, map[uint64]*proto.A
 	return VerifyExport(r)
 }
 
+// verifiedExport is the export in file (the required --file; need says
+// what it is for) once it verifies: a broken chain is an error saying
+// nothing was done (nothing ..., e.g. "acknowledged").
+func verifiedExport(file, need, nothing string) (proto.AuditVerifyResult, map[uint64]*proto.AuditRecord, error) {
+	if file == "" {
+		return proto.AuditVerifyResult{}, nil, usagef("--file is required: %s", need)
+	}
+	res, recs, err := verifyExportFile(file)
+	if err != nil {
+		return res, nil, err
+	}
+	if !res.OK {
+		return res, nil, fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing %s", errChainBroken, file, res.BrokenSeq, res.Problem, nothing)
+	}
+	return res, recs, nil
+}
+
 // VerifyExport checks an audit export (JSON lines) offline.
 func VerifyExport(r io.Reader) (proto.AuditVerifyResult, map[uint64]*proto.AuditRecord, error) {
 	var v proto.AuditVerifier
@@ -375,15 +386,9 @@ func (a *app) auditPruneCmd() *cobra.Command {
 			"the chain verifies from; the prune itself is recorded right after it.",
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usagef("--file is required: prune only what you exported (gpuaasctl audit export > audit.jsonl)")
-			}
-			res, recs, err := verifyExportFile(file)
+			res, recs, err := verifiedExport(file, "prune only what you exported (gpuaasctl audit export > audit.jsonl)", "pruned")
 			if err != nil {
 				return err
-			}
-			if !res.OK {
-				return fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing pruned", errChainBroken, file, res.BrokenSeq, res.Problem)
 			}
 			if through == 0 {
 				through = res.LastSeq
