@@ -161,24 +161,13 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 }
 
 func (a *app) allocListCmd() *cobra.Command {
-	var state, node, region, owner string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List allocations (a tenant token lists its own only)",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"state": state, "node": node, "region": region, "owner": owner}
-			return listPage(a, cmd, "/v1/allocations", page(q), allocTable)
-		},
-	}
-	page = pageFlags(c, pageUsage{after: "page cursor: start after this allocation ID", limit: limitUsage})
-	f := c.Flags()
-	f.StringVar(&state, "state", "", "only allocations in this state")
-	f.StringVar(&node, "node", "", "only allocations on this node")
-	f.StringVar(&region, "region", "", "only allocations in this region")
-	f.StringVar(&owner, "owner", "", "only allocations of this owner")
-	return c
+	return listCmd(a, "list", "List allocations (a tenant token lists its own only)", "/v1/allocations",
+		pageUsage{after: "page cursor: start after this allocation ID", limit: limitUsage}, []filter{
+			{"state", "only allocations in this state"},
+			{"node", "only allocations on this node"},
+			{"region", "only allocations in this region"},
+			{"owner", "only allocations of this owner"},
+		}, allocTable)
 }
 
 func (a *app) allocShowCmd() *cobra.Command {

@@ -359,6 +359,34 @@ func listPage[T any](a *app, cmd *cobra.Command, path string, q map[string]strin
 	})
 }
 
+// filter is a string flag of a list command, passed as the query
+// parameter of its name.
+type filter struct{ name, usage string }
+
+// listCmd is a command listing one page of path with the filters given,
+// --limit and --after (their usage u).
+func listCmd[T any](a *app, use, short, path string, u pageUsage, filters []filter, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
+	vals := make([]string, len(filters))
+	var page func(map[string]string) map[string]string
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string]string{}
+			for i, f := range filters {
+				q[f.name] = vals[i]
+			}
+			return listPage(a, cmd, path, page(q), table)
+		},
+	}
+	page = pageFlags(c, u)
+	for i, f := range filters {
+		c.Flags().StringVar(&vals[i], f.name, "", f.usage)
+	}
+	return c
+}
+
 // pagedIDCmd is a command listing one page of what belongs to one ID
 // (GET prefix+ID+suffix), with --limit and --after.
 func pagedIDCmd[T any](a *app, use, short, prefix, suffix string, u pageUsage, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {

@@ -258,20 +258,11 @@ func (a *app) imageDecideCmd(verb string, action proto.ImageState) *cobra.Comman
 }
 
 func (a *app) imageListCmd() *cobra.Command {
-	var name, state string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List the image catalog",
-		Args:    exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return listPage(a, cmd, "/v1/images", page(map[string]string{"name": name, "state": state}), imageTable)
-		},
-	}
-	page = pageFlags(c, cursorPage("NAME:VERSION"))
-	c.Flags().StringVar(&name, "name", "", "only the versions of this image")
-	c.Flags().StringVar(&state, "state", "", "pending, approved or revoked")
+	c := listCmd(a, "ls", "List the image catalog", "/v1/images", cursorPage("NAME:VERSION"), []filter{
+		{"name", "only the versions of this image"},
+		{"state", "pending, approved or revoked"},
+	}, imageTable)
+	c.Aliases = []string{"list"}
 	return c
 }
 

@@ -17,57 +17,36 @@ import (
 )
 
 func (a *app) availabilityCmd() *cobra.Command {
-	var region, sku string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:     "availability",
-		Aliases: []string{"avail"},
-		Short:   "Free GPUs per region and SKU, and the largest request that fits now",
-		Args:    exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return listPage(a, cmd, "/v1/availability", page(map[string]string{"region": region, "sku": sku}), func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
-				row(w, "REGION", "SKU", "SHAPE", "FREE-GPUS", "FREE-NODES", "LARGEST", "PLACEABLE")
-				for _, x := range l.Items {
-					region := x.Region
-					if x.RegionDisabled {
-						region += " (disabled)"
-					}
-					var counts []string
-					for _, n := range x.Placeable {
-						counts = append(counts, strconv.Itoa(n))
-					}
-					row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
+	c := listCmd(a, "availability", "Free GPUs per region and SKU, and the largest request that fits now", "/v1/availability",
+		cursorPage("REGION/SKU"), []filter{{"region", "only this region"}, {"sku", "only this SKU"}},
+		func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
+			row(w, "REGION", "SKU", "SHAPE", "FREE-GPUS", "FREE-NODES", "LARGEST", "PLACEABLE")
+			for _, x := range l.Items {
+				region := x.Region
+				if x.RegionDisabled {
+					region += " (disabled)"
 				}
-			})
-		},
-	}
-	page = pageFlags(c, cursorPage("REGION/SKU"))
-	c.Flags().StringVar(&region, "region", "", "only this region")
-	c.Flags().StringVar(&sku, "sku", "", "only this SKU")
+				var counts []string
+				for _, n := range x.Placeable {
+					counts = append(counts, strconv.Itoa(n))
+				}
+				row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
+			}
+		})
+	c.Aliases = []string{"avail"}
 	return c
 }
 
 func (a *app) usageCmd() *cobra.Command {
-	var alloc, since string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:   "usage",
-		Short: "Usage records for billing export",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return listPage(a, cmd, "/v1/usage", page(map[string]string{"allocation": alloc, "since": since}), func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
-				row(w, "ALLOCATION", "SHAPE", "SKU", "GPUS", "NODE", "START", "END")
-				for _, u := range l.Items {
-					row(w, u.AllocationID, u.Shape, u.SKU, u.GPUCount, u.NodeID, ts(u.Start), tsp(u.End))
-				}
-			})
-		},
-	}
-	page = pageFlags(c, plainPage)
-	f := c.Flags()
-	f.StringVar(&alloc, "allocation", "", "only this allocation")
-	f.StringVar(&since, "since", "", "only records open or ended at or after this RFC 3339 time")
-	return c
+	return listCmd(a, "usage", "Usage records for billing export", "/v1/usage", plainPage, []filter{
+		{"allocation", "only this allocation"},
+		{"since", "only records open or ended at or after this RFC 3339 time"},
+	}, func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
+		row(w, "ALLOCATION", "SHAPE", "SKU", "GPUS", "NODE", "START", "END")
+		for _, u := range l.Items {
+			row(w, u.AllocationID, u.Shape, u.SKU, u.GPUCount, u.NodeID, ts(u.Start), tsp(u.End))
+		}
+	})
 }
 
 func (a *app) regionCmd() *cobra.Command {
@@ -343,15 +322,5 @@ func (a *app) tokenCmd() *cobra.Command {
 // pagedList is a "list" command of a paged route: --limit and --after
 // pass through, and the next page's cursor is named.
 func pagedList[T any](a *app, short, path string, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:   "list",
-		Short: short,
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return listPage(a, cmd, path, page(nil), table)
-		},
-	}
-	page = pageFlags(c, plainPage)
-	return c
+	return listCmd(a, "list", short, path, plainPage, nil, table)
 }

@@ -54,29 +54,17 @@ func gpus(n proto.Node) string {
 }
 
 func (a *app) nodeListCmd() *cobra.Command {
-	var region, pool, state, intent string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List nodes",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"region": region, "pool": pool, "state": state, "intent": intent}
-			return listPage(a, cmd, "/v1/nodes", page(q), func(w *tabwriter.Writer, l proto.List[proto.Node]) {
-				nodeHeader(w)
-				for _, n := range l.Items {
-					nodeRow(w, n)
-				}
-			})
-		},
-	}
-	page = pageFlags(c, plainPage)
-	f := c.Flags()
-	f.StringVar(&region, "region", "", "only nodes of this region")
-	f.StringVar(&pool, "pool", "", "only nodes of this pool")
-	f.StringVar(&state, "state", "", "only nodes in this state")
-	f.StringVar(&intent, "intent", "", "only nodes with this profile intent (slice_vm, baremetal)")
-	return c
+	return listCmd(a, "list", "List nodes", "/v1/nodes", plainPage, []filter{
+		{"region", "only nodes of this region"},
+		{"pool", "only nodes of this pool"},
+		{"state", "only nodes in this state"},
+		{"intent", "only nodes with this profile intent (slice_vm, baremetal)"},
+	}, func(w *tabwriter.Writer, l proto.List[proto.Node]) {
+		nodeHeader(w)
+		for _, n := range l.Items {
+			nodeRow(w, n)
+		}
+	})
 }
 
 func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {

@@ -42,26 +42,15 @@ func slotRow(w *tabwriter.Writer, s proto.Slot) {
 }
 
 func (a *app) slotListCmd() *cobra.Command {
-	var node, status string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List approved slots",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return listPage(a, cmd, "/v1/slots", page(map[string]string{"node": node, "status": status}), func(w *tabwriter.Writer, l proto.List[proto.Slot]) {
-				slotHeader(w)
-				for _, s := range l.Items {
-					slotRow(w, s)
-				}
-			})
-		},
-	}
-	page = pageFlags(c, plainPage)
-	f := c.Flags()
-	f.StringVar(&node, "node", "", "only slots of this node")
-	f.StringVar(&status, "status", "", "only slots in this status")
-	return c
+	return listCmd(a, "list", "List approved slots", "/v1/slots", plainPage, []filter{
+		{"node", "only slots of this node"},
+		{"status", "only slots in this status"},
+	}, func(w *tabwriter.Writer, l proto.List[proto.Slot]) {
+		slotHeader(w)
+		for _, s := range l.Items {
+			slotRow(w, s)
+		}
+	})
 }
 
 func (a *app) slotShowCmd() *cobra.Command {

@@ -14,24 +14,15 @@ import (
 
 func (a *app) workflowCmd() *cobra.Command {
 	c := &cobra.Command{Use: "workflow", Aliases: []string{"wf"}, Short: "MAAS workflows (onboarding, decommission) and their provisioning timeline"}
-	var site, state string
-	var page func(map[string]string) map[string]string
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List MAAS workflows",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return listPage(a, cmd, "/v1/workflows", page(map[string]string{"site": site, "state": state}), func(w *tabwriter.Writer, l proto.List[proto.MAASWorkflow]) {
-				row(w, "ID", "KIND", "SITE", "PROFILE", "HOST", "SYSTEM-ID", "STAGE", "STATE", "ATTEMPTS", "LAST-ERROR")
-				for _, x := range l.Items {
-					row(w, x.ID, x.Kind, x.Site, x.Profile, x.Hostname, x.SystemID, x.Stage, x.State, x.Attempts, firstLine(x.LastError, 60))
-				}
-			})
-		},
-	}
-	page = pageFlags(list, pageUsage{after: "page after this workflow ID", limit: "page size"})
-	list.Flags().StringVar(&site, "site", "", "only this site")
-	list.Flags().StringVar(&state, "state", "", "running, succeeded or failed")
+	list := listCmd(a, "list", "List MAAS workflows", "/v1/workflows", pageUsage{after: "page after this workflow ID", limit: "page size"}, []filter{
+		{"site", "only this site"},
+		{"state", "running, succeeded or failed"},
+	}, func(w *tabwriter.Writer, l proto.List[proto.MAASWorkflow]) {
+		row(w, "ID", "KIND", "SITE", "PROFILE", "HOST", "SYSTEM-ID", "STAGE", "STATE", "ATTEMPTS", "LAST-ERROR")
+		for _, x := range l.Items {
+			row(w, x.ID, x.Kind, x.Site, x.Profile, x.Hostname, x.SystemID, x.Stage, x.State, x.Attempts, firstLine(x.LastError, 60))
+		}
+	})
 	showCmd := idCmd(a, "show", "A workflow with its twelve-bucket timeline: where the time went", http.MethodGet, "/v1/workflows/", "", workflowTable)
 	c.AddCommand(list, showCmd)
 	return c
