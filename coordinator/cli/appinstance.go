@@ -234,14 +234,7 @@ func (a *app) appInstancesCmd() *cobra.Command {
 // baseURL is the API's base URL as the flags and environment name it
 // ("" when it does not parse).
 func (a *app) baseURL() string {
-	addr := a.addr
-	if addr == "" {
-		addr = a.env("GPUAAS_ADDR")
-	}
-	if addr == "" {
-		addr = DefaultAddr
-	}
-	base, err := ParseAddr(addr)
+	base, err := ParseAddr(a.apiAddr())
 	if err != nil {
 		return ""
 	}

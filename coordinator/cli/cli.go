@@ -147,14 +147,7 @@ func (a *app) root() *cobra.Command {
 
 // client builds the API client from flags and environment.
 func (a *app) client() (*Client, error) {
-	addr := a.addr
-	if addr == "" {
-		addr = a.env("GPUAAS_ADDR")
-	}
-	if addr == "" {
-		addr = DefaultAddr
-	}
-	base, err := ParseAddr(addr)
+	base, err := ParseAddr(a.apiAddr())
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -175,6 +168,18 @@ func (a *app) client() (*Client, error) {
 		}
 	}
 	return &Client{Base: base, Token: tok, HTTP: hc}, nil
+}
+
+// apiAddr is the API address the flags and environment name: --addr,
+// else GPUAAS_ADDR, else DefaultAddr.
+func (a *app) apiAddr() string {
+	if a.addr != "" {
+		return a.addr
+	}
+	if addr := a.env("GPUAAS_ADDR"); addr != "" {
+		return addr
+	}
+	return DefaultAddr
 }
 
 func (a *app) resolveToken() (string, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,11 +29,7 @@ func (c *Client) Upload(ctx context.Context, path string, r io.Reader, size int6
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token)
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	res, err := hc.Do(req)
+	res, err := c.httpClient().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("PUT %s: %w", u.Redacted(), err)
 	}
@@ -70,22 +65,6 @@ func (a *app) leaderClient(cmd *cobra.Command) (*Client, error) {
 	leader := *cl
 	leader.Base = &base
 	return &leader, nil
-}
-
-// answer reads a response into a Response or a *ProblemError.
-func answer(res *http.Response, method, path string) (*Response, error) {
-	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
-	}
-	if res.StatusCode >= 300 {
-		var p proto.Problem
-		if strings.HasPrefix(res.Header.Get("Content-Type"), proto.ProblemContentType) && jsonInto(b, &p) == nil && p.Code != "" {
-			return nil, &ProblemError{Problem: p}
-		}
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(truncate(b, 300))))
-	}
-	return &Response{Status: res.StatusCode, Header: res.Header, Body: b}, nil
 }
 
 // splitImage parses NAME:VERSION.
@@ -284,5 +263,3 @@ func (a *app) imageShowCmd() *cobra.Command {
 		},
 	}
 }
-
-func jsonInto(b []byte, v any) error { return json.Unmarshal(b, v) }
