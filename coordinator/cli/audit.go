@@ -44,12 +44,7 @@ func auditRow(w *tabwriter.Writer, r proto.AuditRecord) {
 }
 
 // auditTable prints one page of records.
-func auditTable(w *tabwriter.Writer, l proto.List[proto.AuditRecord]) {
-	auditHeader(w)
-	for _, r := range l.Items {
-		auditRow(w, r)
-	}
-}
+var auditTable = listTable(auditHeader, auditRow)
 
 // auditPage is the usage of the page flags of the audit lists.
 var auditPage = pageUsage{after: "page cursor (a seq)", limit: "page size"}

@@ -364,6 +364,16 @@ func listPage[T any](a *app, cmd *cobra.Command, path string, q map[string]strin
 	})
 }
 
+// listTable prints a page as header, then one row per item.
+func listTable[T any](header func(w *tabwriter.Writer), item func(w *tabwriter.Writer, v T)) func(w *tabwriter.Writer, l proto.List[T]) {
+	return func(w *tabwriter.Writer, l proto.List[T]) {
+		header(w)
+		for _, v := range l.Items {
+			item(w, v)
+		}
+	}
+}
+
 // filter is a string flag of a list command, passed as the query
 // parameter of its name.
 type filter struct{ name, usage string }

@@ -59,12 +59,7 @@ func (a *app) nodeListCmd() *cobra.Command {
 		{"pool", "only nodes of this pool"},
 		{"state", "only nodes in this state"},
 		{"intent", "only nodes with this profile intent (slice_vm, baremetal)"},
-	}, func(w *tabwriter.Writer, l proto.List[proto.Node]) {
-		nodeHeader(w)
-		for _, n := range l.Items {
-			nodeRow(w, n)
-		}
-	})
+	}, listTable(nodeHeader, nodeRow))
 }
 
 func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {

@@ -45,12 +45,7 @@ func (a *app) slotListCmd() *cobra.Command {
 	return listCmd(a, "list", "List approved slots", "/v1/slots", plainPage, []filter{
 		{"node", "only slots of this node"},
 		{"status", "only slots in this status"},
-	}, func(w *tabwriter.Writer, l proto.List[proto.Slot]) {
-		slotHeader(w)
-		for _, s := range l.Items {
-			slotRow(w, s)
-		}
-	})
+	}, listTable(slotHeader, slotRow))
 }
 
 func (a *app) slotShowCmd() *cobra.Command {
