@@ -223,6 +223,61 @@ func (c *coord) node(id string) proto.Node {
 	return *n
 }
 
+// approveSlots discovers the topology of node, a simulated H200 host
+// (eight candidates), and approves every candidate as a slot.
+func (c *coord) approveSlots(node string) {
+	c.t.Helper()
+	code, body := c.do(http.MethodPost, "/v1/nodes/"+node+"/topology/discover", c.admin, nil, nil)
+	require.Equal(c.t, http.StatusAccepted, code, body)
+	require.Eventually(c.t, func() bool {
+		tp, ok := c.srv.Store().Snapshot().Candidates(node)
+		return ok && len(tp.Candidates) == 8
+	}, 15*time.Second, 20*time.Millisecond)
+	for i := range 8 {
+		code, body := c.do(http.MethodPost, "/v1/nodes/"+node+"/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
+		require.Equal(c.t, http.StatusCreated, code, body)
+	}
+}
+
+// slot is slot i of node as the ledger holds it.
+func (c *coord) slot(node string, i int) *proto.Slot {
+	c.t.Helper()
+	s, ok := c.srv.Store().Snapshot().Slot(proto.SlotID(node, i))
+	require.True(c.t, ok)
+	return s
+}
+
+// hardwareState is the state of slot i of node's last hardware scan in
+// the ledger ("" before the first).
+func (c *coord) hardwareState(node string, i int) string {
+	c.t.Helper()
+	if h := c.slot(node, i).Hardware; h != nil {
+		return h.State
+	}
+	return ""
+}
+
+// runSlice places a one-GPU slice in us-east and waits until it is
+// active; busy is the index of the slot of node it runs on.
+func (c *coord) runSlice(node string) (alloc proto.Allocation, busy int) {
+	c.t.Helper()
+	code, body := c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
+		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
+	require.Less(c.t, code, 300, body)
+	require.Eventually(c.t, func() bool {
+		al, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
+		return ok && al.State == proto.AllocActive
+	}, 20*time.Second, 50*time.Millisecond)
+	busy = -1
+	for i := range 8 {
+		if c.slot(node, i).ClaimID != "" {
+			busy = i
+		}
+	}
+	require.GreaterOrEqual(c.t, busy, 0)
+	return alloc, busy
+}
+
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // gossipPool starts the coordinator's member of the agents' pool as the

@@ -32,27 +32,9 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 	interval := time.Duration(cfg.HardwareScanInterval)
 	require.Equal(t, root.RunPath("hostsim", "bin", "nvidia-smi"), cfg.NvidiaSMI, "the lab agent reads the simulated nvidia-smi")
 
-	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
-	require.Equal(t, http.StatusAccepted, code, body)
-	require.Eventually(t, func() bool {
-		tp, ok := c.srv.Store().Snapshot().Candidates("j22u15")
-		return ok && len(tp.Candidates) == 8
-	}, 15*time.Second, 20*time.Millisecond)
-	for i := range 8 {
-		code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
-		require.Equal(t, http.StatusCreated, code, body)
-	}
-	slot := func(i int) *proto.Slot {
-		s, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", i))
-		require.True(t, ok)
-		return s
-	}
-	state := func(i int) string {
-		if h := slot(i).Hardware; h != nil {
-			return h.State
-		}
-		return ""
-	}
+	c.approveSlots("j22u15")
+	slot := func(i int) *proto.Slot { return c.slot("j22u15", i) }
+	state := func(i int) string { return c.hardwareState("j22u15", i) }
 	allOK := func() bool {
 		for i := range 8 {
 			if state(i) != proto.HardwareOK {
@@ -64,23 +46,14 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 	require.Eventually(t, allOK, 15*time.Second, 20*time.Millisecond, "every approved slot scanned ok")
 
 	// A slice runs on one slot.
-	var alloc proto.Allocation
-	code, body = c.do(http.MethodPost, "/v1/allocations", c.op, proto.AllocationCreateRequest{
-		CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "us-east"}, &alloc)
-	require.Less(t, code, 300, body)
-	require.Eventually(t, func() bool {
-		al, ok := c.srv.Store().Snapshot().Allocation(alloc.ID)
-		return ok && al.State == proto.AllocActive
-	}, 20*time.Second, 50*time.Millisecond)
-	busy, r := -1, -1
+	alloc, busy := c.runSlice("j22u15")
+	r := -1
 	for i := range 8 {
-		if slot(i).ClaimID != "" {
-			busy = i
-		} else if r < 0 {
+		if slot(i).ClaimID == "" {
 			r = i
+			break
 		}
 	}
-	require.GreaterOrEqual(t, busy, 0)
 	gpu := slot(r).Capacity.GPUPCIAddress
 	// The free slot's GPU waits on the nvidia driver (a host that binds
 	// vfio-pci at provision): its driver logs Xids and nvidia-smi sees it.
@@ -225,7 +198,7 @@ func TestAgentGPUFaultsReachTheLedger(t *testing.T) {
 
 	// The operator sees why (node show, slot list).
 	var nd proto.NodeDetail
-	code, body = c.do(http.MethodGet, "/v1/nodes/j22u15", c.op, nil, &nd)
+	code, body := c.do(http.MethodGet, "/v1/nodes/j22u15", c.op, nil, &nd)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Len(t, nd.SlotHardware, 1)
 	assert.Equal(t, proto.HardwareMissing, nd.SlotHardware[0].State)

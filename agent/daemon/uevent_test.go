@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
@@ -29,16 +28,7 @@ func TestAgentScansOnDeviceEvents(t *testing.T) {
 	events := make(uevent.Chan, 64)
 	a := startAgentWith(t, cfg, func(d *Daemon) { d.SetHardwareEvents(events) })
 
-	code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/topology/discover", c.admin, nil, nil)
-	require.Equal(t, http.StatusAccepted, code, body)
-	require.Eventually(t, func() bool {
-		tp, ok := c.srv.Store().Snapshot().Candidates("j22u15")
-		return ok && len(tp.Candidates) == 8
-	}, 15*time.Second, 20*time.Millisecond)
-	for i := range 8 {
-		code, body := c.do(http.MethodPost, "/v1/nodes/j22u15/slots", c.admin, proto.SlotApproveBody{Index: i}, nil)
-		require.Equal(t, http.StatusCreated, code, body)
-	}
+	c.approveSlots("j22u15")
 	state := func(i int) string {
 		s, ok := c.srv.Store().Snapshot().Slot(proto.SlotID("j22u15", i))
 		if !ok || s.Hardware == nil {

@@ -1,52 +1,15 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
-
-// driftCounter counts the lease-drift commands the API proposes.
-type driftCounter struct {
-	agentLedger
-	mu     sync.Mutex
-	drifts int
-}
-
-func (b *driftCounter) Apply(ctx context.Context, t proto.MessageType, req any) (any, uint64, error) {
-	if t == proto.NodeLeaseDriftType {
-		b.mu.Lock()
-		b.drifts++
-		b.mu.Unlock()
-	}
-	return b.agentLedger.Apply(ctx, t, req)
-}
-
-func (b *driftCounter) count() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.drifts
-}
-
-// enrollDirect gives node a credential in the enrollment table.
-func enrollDirect(t *testing.T, tab *enroll.Table, node string) string {
-	t.Helper()
-	tok, cred := enroll.NewSecret("gpb_"), enroll.NewSecret("gpn_")
-	require.NoError(t, tab.Mint(proto.BootstrapTokenMintRequest{At: fixtureAt, NodeID: node, TokenHash: enroll.Hash(tok), ExpiresAt: fixtureAt.Add(time.Hour)}))
-	_, err := tab.Enroll(proto.NodeEnrollRequest{At: fixtureAt, NodeID: node, TokenHash: enroll.Hash(tok), CredentialHash: enroll.Hash(cred), Hostname: node})
-	require.NoError(t, err)
-	return cred
-}
 
 // TestHeartbeatComparesLeases: the leases a heartbeat lists are compared
 // with the live claims; orphans come back to the agent, drift confirmed by
@@ -54,30 +17,12 @@ func enrollDirect(t *testing.T, tab *enroll.Table, node string) string {
 // is written while nothing changes.
 func TestHeartbeatComparesLeases(t *testing.T) {
 	t.Parallel()
-	lb := newLedgerBackend()
-	tab := enroll.New()
-	b := &driftCounter{agentLedger: agentLedger{lb, tab}}
-	e := newEnvWith(t, b)
-	e.lb = lb
-	e.seedRegion("us-east", "h200-a")
-	e.seedNode("j22u15", "us-east", "h200-a", proto.IntentSliceVM, 8, 8)
-	cred := enrollDirect(t, tab, "j22u15")
+	e := newAgentEnv(t, proto.NodeLeaseDriftType)
+	lb, b := e.lb, e.counter
 
 	heartbeat := func(leases ...proto.ClaimRef) proto.HeartbeatResponse {
 		t.Helper()
-		raw, err := json.Marshal(proto.HeartbeatRequest{Leases: leases})
-		require.NoError(t, err)
-		req, err := http.NewRequest(http.MethodPost, e.url+proto.AgentHeartbeatPath, bytes.NewReader(raw))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+cred)
-		res, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		require.Equal(t, http.StatusOK, res.StatusCode)
-		var out proto.HeartbeatResponse
-		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
-		return out
+		return agentCall[proto.HeartbeatResponse](t, e, http.MethodPost, proto.AgentHeartbeatPath, proto.HeartbeatRequest{Leases: leases})
 	}
 	nodeDrift := func() *proto.LeaseDrift {
 		t.Helper()

@@ -1,72 +1,27 @@
 package api
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gpuaas/gpuaas/coordinator/enroll"
 	"github.com/gpuaas/gpuaas/proto"
 )
-
-// readinessCounter counts the readiness commands the API proposes.
-type readinessCounter struct {
-	agentLedger
-	mu sync.Mutex
-	n  int
-}
-
-func (b *readinessCounter) Apply(ctx context.Context, t proto.MessageType, req any) (any, uint64, error) {
-	if t == proto.NodeReadinessType {
-		b.mu.Lock()
-		b.n++
-		b.mu.Unlock()
-	}
-	return b.agentLedger.Apply(ctx, t, req)
-}
-
-func (b *readinessCounter) count() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.n
-}
 
 // TestReadinessWritesOnlyChanges: an agent's periodic readiness report
 // is written when it says something new (or the stored one is older than
 // readinessRefresh), not every 30 s of a 10,000-agent fleet.
 func TestReadinessWritesOnlyChanges(t *testing.T) {
 	t.Parallel()
-	lb := newLedgerBackend()
-	tab := enroll.New()
-	b := &readinessCounter{agentLedger: agentLedger{lb, tab}}
-	e := newEnvWith(t, b)
-	e.lb = lb
-	e.seedRegion("us-east", "h200-a")
-	e.seedNode("j22u15", "us-east", "h200-a", proto.IntentSliceVM, 8, 8)
-	cred := enrollDirect(t, tab, "j22u15")
+	e := newAgentEnv(t, proto.NodeReadinessType)
+	b := e.counter
 
 	report := func(r proto.Readiness) proto.Node {
 		t.Helper()
-		raw, err := json.Marshal(r)
-		require.NoError(t, err)
-		req, err := http.NewRequest(http.MethodPut, e.url+proto.AgentReadinessPath, bytes.NewReader(raw))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+cred)
-		res, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		require.Equal(t, http.StatusOK, res.StatusCode)
-		var n proto.Node
-		require.NoError(t, json.NewDecoder(res.Body).Decode(&n))
-		return n
+		return agentCall[proto.Node](t, e, http.MethodPut, proto.AgentReadinessPath, r)
 	}
 	base := b.count() // the seeded node's readiness
 	count := func() int { return b.count() - base }

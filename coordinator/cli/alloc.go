@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -162,35 +161,13 @@ func allocDetail(w *tabwriter.Writer, x proto.Allocation) {
 }
 
 func (a *app) allocListCmd() *cobra.Command {
-	var state, node, region, owner, after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List allocations (a tenant token lists its own only)",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"state": state, "node": node, "region": region, "owner": owner, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/allocations", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Allocation]) {
-				allocTable(w, l)
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	f := c.Flags()
-	f.StringVar(&state, "state", "", "only allocations in this state")
-	f.StringVar(&node, "node", "", "only allocations on this node")
-	f.StringVar(&region, "region", "", "only allocations in this region")
-	f.StringVar(&owner, "owner", "", "only allocations of this owner")
-	f.StringVar(&after, "after", "", "page cursor: start after this allocation ID")
-	f.IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
-	return c
+	return listCmd(a, "list", "List allocations (a tenant token lists its own only)", "/v1/allocations",
+		pageUsage{after: "page cursor: start after this allocation ID", limit: limitUsage}, []filter{
+			{"state", "only allocations in this state"},
+			{"node", "only allocations on this node"},
+			{"region", "only allocations in this region"},
+			{"owner", "only allocations of this owner"},
+		}, allocTable)
 }
 
 func (a *app) allocShowCmd() *cobra.Command {
@@ -245,7 +222,7 @@ func (a *app) allocForceReleaseCmd() *cobra.Command {
 }
 
 func (a *app) allocTimelineCmd() *cobra.Command {
-	return pagedIDCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", "/v1/allocations/", "/timeline", "sequence number", func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
+	return pagedIDCmd(a, "timeline", "Show an allocation's timeline with each stage's duration (its end minus its start)", "/v1/allocations/", "/timeline", cursorPage("sequence number"), func(w *tabwriter.Writer, l proto.List[proto.TimelineEvent]) {
 		row(w, "SEQ", "AT", "STAGE", "STATUS", "DURATION", "MESSAGE")
 		for _, cells := range timelineRows(l.Items) {
 			row(w, cells[0], cells[1], cells[2], cells[3], cells[4], cells[5])
@@ -254,7 +231,7 @@ func (a *app) allocTimelineCmd() *cobra.Command {
 }
 
 func (a *app) allocClaimsCmd() *cobra.Command {
-	return pagedIDCmd(a, "claims", "Show an allocation's resource claims", "/v1/allocations/", "/claims", "claim ID", func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
+	return pagedIDCmd(a, "claims", "Show an allocation's resource claims", "/v1/allocations/", "/claims", cursorPage("claim ID"), func(w *tabwriter.Writer, l proto.List[proto.Claim]) {
 		row(w, "ID", "KIND", "NODE", "SLOT", "GENERATION", "LIVE", "ENDED")
 		for _, c := range l.Items {
 			row(w, c.ID, c.Kind, c.NodeID, c.SlotID, c.Generation, yesNo(c.Live), tsp(c.EndedAt))
@@ -263,17 +240,5 @@ func (a *app) allocClaimsCmd() *cobra.Command {
 }
 
 func (a *app) allocTasksCmd() *cobra.Command {
-	var after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "tasks ID",
-		Short: "List an allocation's node tasks",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.listTasks(cmd, "/v1/allocations/"+pathEscape(args[0])+"/tasks", after, limit)
-		},
-	}
-	c.Flags().StringVar(&after, "after", "", "page cursor: start after this task ID")
-	c.Flags().IntVar(&limit, "limit", 0, "page size")
-	return c
+	return pagedIDCmd(a, "tasks", "List an allocation's node tasks", "/v1/allocations/", "/tasks", taskPage, taskTable)
 }

@@ -218,43 +218,23 @@ func (a *app) appStopCmd() *cobra.Command {
 }
 
 func (a *app) appInstancesCmd() *cobra.Command {
-	var after string
-	var limit int
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "instances ALLOCATION",
 		Short: "List the app instances of an allocation",
 		Args:  exactArgs("ALLOCATION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			q := map[string]string{"after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/apps", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.AppInstance]) {
-				instanceTable(w, l)
-				nextHint(a, l.Next)
-			})
+			return listPage(a, cmd, "/v1/allocations/"+pathEscape(args[0])+"/apps", page(nil), instanceTable)
 		},
 	}
-	c.Flags().StringVar(&after, "after", "", "page cursor")
-	c.Flags().IntVar(&limit, "limit", 0, "page size")
+	page = pageFlags(c, plainPage)
 	return c
 }
 
 // baseURL is the API's base URL as the flags and environment name it
 // ("" when it does not parse).
 func (a *app) baseURL() string {
-	addr := a.addr
-	if addr == "" {
-		addr = a.env("GPUAAS_ADDR")
-	}
-	if addr == "" {
-		addr = DefaultAddr
-	}
-	base, err := ParseAddr(addr)
+	base, err := ParseAddr(a.apiAddr())
 	if err != nil {
 		return ""
 	}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -45,15 +44,10 @@ func auditRow(w *tabwriter.Writer, r proto.AuditRecord) {
 }
 
 // auditTable prints one page of records.
-func auditTable(a *app) func(w *tabwriter.Writer, l proto.List[proto.AuditRecord]) {
-	return func(w *tabwriter.Writer, l proto.List[proto.AuditRecord]) {
-		auditHeader(w)
-		for _, r := range l.Items {
-			auditRow(w, r)
-		}
-		nextHint(a, l.Next)
-	}
-}
+var auditTable = listTable(auditHeader, auditRow)
+
+// auditPage is the usage of the page flags of the audit lists.
+var auditPage = pageUsage{after: "page cursor (a seq)", limit: "page size"}
 
 // parseSince takes an RFC 3339 time or a duration back from now (24h).
 func parseSince(flag, v string, now time.Time) (string, error) {
@@ -71,8 +65,8 @@ func parseSince(flag, v string, now time.Time) (string, error) {
 }
 
 func (a *app) auditListCmd() *cobra.Command {
-	var actor, object, kind, slot, since, until, after string
-	var limit int
+	var actor, object, kind, slot, since, until string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List audit records (oldest first), filtered",
@@ -87,17 +81,11 @@ func (a *app) auditListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q := map[string]string{"actor": actor, "object": object, "kind": kind, "slot": slot, "since": s, "until": u, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/audit", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, auditTable(a))
+			q := map[string]string{"actor": actor, "object": object, "kind": kind, "slot": slot, "since": s, "until": u}
+			return listPage(a, cmd, "/v1/audit", page(q), auditTable)
 		},
 	}
+	page = pageFlags(c, auditPage)
 	f := c.Flags()
 	f.StringVar(&actor, "actor", "", "only this principal's requests")
 	f.StringVar(&object, "object", "", "only requests on this object id")
@@ -105,8 +93,6 @@ func (a *app) auditListCmd() *cobra.Command {
 	f.StringVar(&slot, "slot", "", "only requests touching this slot")
 	f.StringVar(&since, "since", "", "from this time (RFC 3339, or a duration back from now: 24h)")
 	f.StringVar(&until, "until", "", "before this time (RFC 3339, or a duration back from now)")
-	f.StringVar(&after, "after", "", "page cursor (a seq)")
-	f.IntVar(&limit, "limit", 0, "page size")
 	return c
 }
 
@@ -182,15 +168,9 @@ func (a *app) auditAckCmd() *cobra.Command {
 		Short: "Acknowledge an export written earlier (--file): its records may be pruned over the cap",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usagef("--file is required: the export (gpuaasctl audit export > audit.jsonl) to acknowledge")
-			}
-			res, _, err := verifyExportFile(file)
+			res, _, err := verifiedExport(file, "the export (gpuaasctl audit export > audit.jsonl) to acknowledge", "acknowledged")
 			if err != nil {
 				return err
-			}
-			if !res.OK {
-				return fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing acknowledged", errChainBroken, file, res.BrokenSeq, res.Problem)
 			}
 			return a.ackExport(cmd, res.LastSeq, res.HeadHash)
 		},
@@ -314,6 +294,23 @@ func verifyExportFile(path string) (proto.AuditVerifyResult, map[uint64]*proto.A
 	return VerifyExport(r)
 }
 
+// verifiedExport is the export in file (the required --file; need says
+// what it is for) once it verifies: a broken chain is an error saying
+// nothing was done (nothing ..., e.g. "acknowledged").
+func verifiedExport(file, need, nothing string) (proto.AuditVerifyResult, map[uint64]*proto.AuditRecord, error) {
+	if file == "" {
+		return proto.AuditVerifyResult{}, nil, usagef("--file is required: %s", need)
+	}
+	res, recs, err := verifyExportFile(file)
+	if err != nil {
+		return res, nil, err
+	}
+	if !res.OK {
+		return res, nil, fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing %s", errChainBroken, file, res.BrokenSeq, res.Problem, nothing)
+	}
+	return res, recs, nil
+}
+
 // VerifyExport checks an audit export (JSON lines) offline.
 func VerifyExport(r io.Reader) (proto.AuditVerifyResult, map[uint64]*proto.AuditRecord, error) {
 	var v proto.AuditVerifier
@@ -384,15 +381,9 @@ func (a *app) auditPruneCmd() *cobra.Command {
 			"the chain verifies from; the prune itself is recorded right after it.",
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return usagef("--file is required: prune only what you exported (gpuaasctl audit export > audit.jsonl)")
-			}
-			res, recs, err := verifyExportFile(file)
+			res, recs, err := verifiedExport(file, "prune only what you exported (gpuaasctl audit export > audit.jsonl)", "pruned")
 			if err != nil {
 				return err
-			}
-			if !res.OK {
-				return fmt.Errorf("%w: the export %s is broken at record %d (%s); nothing pruned", errChainBroken, file, res.BrokenSeq, res.Problem)
 			}
 			if through == 0 {
 				through = res.LastSeq
@@ -421,25 +412,15 @@ func (a *app) auditPruneCmd() *cobra.Command {
 // requests that touched it (approve, disable, repair, cleanup, the
 // allocations placed on it, its node's drain and intent).
 func (a *app) slotHistoryCmd() *cobra.Command {
-	var limit int
-	var after string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "history SLOT",
 		Short: "The slot's lifecycle trail from the audit log (admin)",
 		Args:  exactArgs("SLOT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			q := map[string]string{"slot": args[0], "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/audit", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, auditTable(a))
+			return listPage(a, cmd, "/v1/audit", page(map[string]string{"slot": args[0]}), auditTable)
 		},
 	}
-	c.Flags().IntVar(&limit, "limit", 0, "page size")
-	c.Flags().StringVar(&after, "after", "", "page cursor (a seq)")
+	page = pageFlags(c, auditPage)
 	return c
 }

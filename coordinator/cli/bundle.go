@@ -38,16 +38,11 @@ func (a *app) bundleCmd() *cobra.Command {
 		Short: "List published bundles",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/bundles", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Bundle]) {
+			return listPage(a, cmd, "/v1/bundles", nil, func(w *tabwriter.Writer, l proto.List[proto.Bundle]) {
 				bundleRow(w, true, proto.Bundle{})
 				for _, b := range l.Items {
 					bundleRow(w, false, b)
 				}
-				nextHint(a, l.Next)
 			})
 		},
 	}

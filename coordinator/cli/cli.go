@@ -147,14 +147,7 @@ func (a *app) root() *cobra.Command {
 
 // client builds the API client from flags and environment.
 func (a *app) client() (*Client, error) {
-	addr := a.addr
-	if addr == "" {
-		addr = a.env("GPUAAS_ADDR")
-	}
-	if addr == "" {
-		addr = DefaultAddr
-	}
-	base, err := ParseAddr(addr)
+	base, err := ParseAddr(a.apiAddr())
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -175,6 +168,18 @@ func (a *app) client() (*Client, error) {
 		}
 	}
 	return &Client{Base: base, Token: tok, HTTP: hc}, nil
+}
+
+// apiAddr is the API address the flags and environment name: --addr,
+// else GPUAAS_ADDR, else DefaultAddr.
+func (a *app) apiAddr() string {
+	if a.addr != "" {
+		return a.addr
+	}
+	if addr := a.env("GPUAAS_ADDR"); addr != "" {
+		return addr
+	}
+	return DefaultAddr
 }
 
 func (a *app) resolveToken() (string, error) {
@@ -313,13 +318,27 @@ func nextHint(a *app, next string) {
 	}
 }
 
+// pageUsage is what a paged command's --after and --limit say in its help.
+type pageUsage struct{ after, limit string }
+
+// plainPage is the usage most list commands give their page flags.
+var plainPage = pageUsage{after: "page cursor", limit: "page size"}
+
+// limitUsage is the --limit usage that gives the server's bounds.
+const limitUsage = "page size (server default 100, at most 1000)"
+
+// cursorPage names what the cursor is and where the next one comes from.
+func cursorPage(what string) pageUsage {
+	return pageUsage{after: "page cursor: start after this " + what + " (the \"more:\" hint of the previous page)", limit: limitUsage}
+}
+
 // pageFlags adds --limit and --after to c; the returned function puts
 // them into a query.
-func pageFlags(c *cobra.Command, what string) func(q map[string]string) map[string]string {
+func pageFlags(c *cobra.Command, u pageUsage) func(q map[string]string) map[string]string {
 	var after string
 	var limit int
-	c.Flags().StringVar(&after, "after", "", "page cursor: start after this "+what+" (the \"more:\" hint of the previous page)")
-	c.Flags().IntVar(&limit, "limit", 0, "page size (server default 100, at most 1000)")
+	c.Flags().StringVar(&after, "after", "", u.after)
+	c.Flags().IntVar(&limit, "limit", 0, u.limit)
 	return func(q map[string]string) map[string]string {
 		if q == nil {
 			q = map[string]string{}
@@ -332,26 +351,70 @@ func pageFlags(c *cobra.Command, what string) func(q map[string]string) map[stri
 	}
 }
 
+// listPage GETs one page of path with the query q and prints it with
+// table, then how to get the next page.
+func listPage[T any](a *app, cmd *cobra.Command, path string, q map[string]string, table func(w *tabwriter.Writer, l proto.List[T])) error {
+	r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
+	if err != nil {
+		return err
+	}
+	return show(a, r, func(w *tabwriter.Writer, l proto.List[T]) {
+		table(w, l)
+		nextHint(a, l.Next)
+	})
+}
+
+// listTable prints a page as header, then one row per item.
+func listTable[T any](header func(w *tabwriter.Writer), item func(w *tabwriter.Writer, v T)) func(w *tabwriter.Writer, l proto.List[T]) {
+	return func(w *tabwriter.Writer, l proto.List[T]) {
+		header(w)
+		for _, v := range l.Items {
+			item(w, v)
+		}
+	}
+}
+
+// filter is a string flag of a list command, passed as the query
+// parameter of its name.
+type filter struct{ name, usage string }
+
+// listCmd is a command listing one page of path with the filters given,
+// --limit and --after (their usage u).
+func listCmd[T any](a *app, use, short, path string, u pageUsage, filters []filter, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
+	vals := make([]string, len(filters))
+	var page func(map[string]string) map[string]string
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string]string{}
+			for i, f := range filters {
+				q[f.name] = vals[i]
+			}
+			return listPage(a, cmd, path, page(q), table)
+		},
+	}
+	page = pageFlags(c, u)
+	for i, f := range filters {
+		c.Flags().StringVar(&vals[i], f.name, "", f.usage)
+	}
+	return c
+}
+
 // pagedIDCmd is a command listing one page of what belongs to one ID
 // (GET prefix+ID+suffix), with --limit and --after.
-func pagedIDCmd[T any](a *app, use, short, prefix, suffix, what string, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
+func pagedIDCmd[T any](a *app, use, short, prefix, suffix string, u pageUsage, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
 	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   use + " ID",
 		Short: short,
 		Args:  exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, prefix+pathEscape(args[0])+suffix, page(nil), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[T]) {
-				table(w, l)
-				nextHint(a, l.Next)
-			})
+			return listPage(a, cmd, prefix+pathEscape(args[0])+suffix, page(nil), table)
 		},
 	}
-	page = pageFlags(c, what)
+	page = pageFlags(c, u)
 	return c
 }
 

@@ -122,6 +122,12 @@ func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body
 		return nil, err
 	}
 	defer res.Body.Close()
+	return answer(res, method, path)
+}
+
+// answer reads a response into a Response, or a non-2xx one into
+// answerError's error.
+func answer(res *http.Response, method, path string) (*Response, error) {
 	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
@@ -197,15 +203,19 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token)
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	res, err := hc.Do(req)
+	res, err := c.httpClient().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w%s", method, u.Redacted(), err, tlsHint(err))
 	}
 	return res, nil
+}
+
+// httpClient is c.HTTP, or http.DefaultClient without one.
+func (c *Client) httpClient() *http.Client {
+	if c.HTTP == nil {
+		return http.DefaultClient
+	}
+	return c.HTTP
 }
 
 func truncate(b []byte, n int) []byte {

@@ -75,11 +75,7 @@ func consoleURL(base *url.URL, id string, readOnly bool, reason string) string {
 func DialConsole(ctx context.Context, cl *Client, id string, readOnly bool, reason string) (*websocket.Conn, error) {
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+cl.Token)
-	hc := cl.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	conn, resp, err := websocket.Dial(ctx, consoleURL(cl.Base, id, readOnly, reason), &websocket.DialOptions{HTTPClient: hc, HTTPHeader: h})
+	conn, resp, err := websocket.Dial(ctx, consoleURL(cl.Base, id, readOnly, reason), &websocket.DialOptions{HTTPClient: cl.httpClient(), HTTPHeader: h})
 	if err != nil {
 		if resp != nil && resp.Body != nil {
 			var p proto.Problem

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,11 +29,7 @@ func (c *Client) Upload(ctx context.Context, path string, r io.Reader, size int6
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token)
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	res, err := hc.Do(req)
+	res, err := c.httpClient().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("PUT %s: %w", u.Redacted(), err)
 	}
@@ -70,22 +65,6 @@ func (a *app) leaderClient(cmd *cobra.Command) (*Client, error) {
 	leader := *cl
 	leader.Base = &base
 	return &leader, nil
-}
-
-// answer reads a response into a Response or a *ProblemError.
-func answer(res *http.Response, method, path string) (*Response, error) {
-	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: read answer: %w", method, path, err)
-	}
-	if res.StatusCode >= 300 {
-		var p proto.Problem
-		if strings.HasPrefix(res.Header.Get("Content-Type"), proto.ProblemContentType) && jsonInto(b, &p) == nil && p.Code != "" {
-			return nil, &ProblemError{Problem: p}
-		}
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, res.StatusCode, strings.TrimSpace(string(truncate(b, 300))))
-	}
-	return &Response{Status: res.StatusCode, Header: res.Header, Body: b}, nil
 }
 
 // splitImage parses NAME:VERSION.
@@ -258,27 +237,11 @@ func (a *app) imageDecideCmd(verb string, action proto.ImageState) *cobra.Comman
 }
 
 func (a *app) imageListCmd() *cobra.Command {
-	var name, state string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List the image catalog",
-		Args:    exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/images", page(map[string]string{"name": name, "state": state}), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Image]) {
-				imageTable(w, l)
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	page = pageFlags(c, "NAME:VERSION")
-	c.Flags().StringVar(&name, "name", "", "only the versions of this image")
-	c.Flags().StringVar(&state, "state", "", "pending, approved or revoked")
+	c := listCmd(a, "ls", "List the image catalog", "/v1/images", cursorPage("NAME:VERSION"), []filter{
+		{"name", "only the versions of this image"},
+		{"state", "pending, approved or revoked"},
+	}, imageTable)
+	c.Aliases = []string{"list"}
 	return c
 }
 
@@ -300,5 +263,3 @@ func (a *app) imageShowCmd() *cobra.Command {
 		},
 	}
 }
-
-func jsonInto(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -22,18 +22,7 @@ func (a *app) allocIngressCmd() *cobra.Command {
 			"the ledger hands out the endpoints (never twice) within the tenant's quota, and the\n" +
 			"host's agent programs the DNAT and reports the route programmed.",
 	}
-	list := &cobra.Command{
-		Use:   "list ID",
-		Short: "List the slice's public ingress routes",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/allocations/"+pathEscape(args[0])+"/ingress", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, ingressTable)
-		},
-	}
+	list := idCmd(a, "list", "List the slice's public ingress routes", http.MethodGet, "/v1/allocations/", "/ingress", ingressTable)
 	add := &cobra.Command{
 		Use:     "add ID RULE...",
 		Short:   "Open public ingress rules (PROTOCOL/PORT, e.g. tcp/22) on a live slice",

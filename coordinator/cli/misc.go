@@ -17,72 +17,36 @@ import (
 )
 
 func (a *app) availabilityCmd() *cobra.Command {
-	var region, sku string
-	var page func(map[string]string) map[string]string
-	c := &cobra.Command{
-		Use:     "availability",
-		Aliases: []string{"avail"},
-		Short:   "Free GPUs per region and SKU, and the largest request that fits now",
-		Args:    exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/availability", page(map[string]string{"region": region, "sku": sku}), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
-				row(w, "REGION", "SKU", "SHAPE", "FREE-GPUS", "FREE-NODES", "LARGEST", "PLACEABLE")
-				for _, x := range l.Items {
-					region := x.Region
-					if x.RegionDisabled {
-						region += " (disabled)"
-					}
-					var counts []string
-					for _, n := range x.Placeable {
-						counts = append(counts, strconv.Itoa(n))
-					}
-					row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
+	c := listCmd(a, "availability", "Free GPUs per region and SKU, and the largest request that fits now", "/v1/availability",
+		cursorPage("REGION/SKU"), []filter{{"region", "only this region"}, {"sku", "only this SKU"}},
+		func(w *tabwriter.Writer, l proto.List[proto.Availability]) {
+			row(w, "REGION", "SKU", "SHAPE", "FREE-GPUS", "FREE-NODES", "LARGEST", "PLACEABLE")
+			for _, x := range l.Items {
+				region := x.Region
+				if x.RegionDisabled {
+					region += " (disabled)"
 				}
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	page = pageFlags(c, "REGION/SKU")
-	c.Flags().StringVar(&region, "region", "", "only this region")
-	c.Flags().StringVar(&sku, "sku", "", "only this SKU")
+				var counts []string
+				for _, n := range x.Placeable {
+					counts = append(counts, strconv.Itoa(n))
+				}
+				row(w, region, x.SKU, x.CapacityShape, x.FreeGPUs, x.FreeNodes, x.LargestPlaceable, strings.Join(counts, ","))
+			}
+		})
+	c.Aliases = []string{"avail"}
 	return c
 }
 
 func (a *app) usageCmd() *cobra.Command {
-	var alloc, since, after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "usage",
-		Short: "Usage records for billing export",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"allocation": alloc, "since": since, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/usage", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
-				row(w, "ALLOCATION", "SHAPE", "SKU", "GPUS", "NODE", "START", "END")
-				for _, u := range l.Items {
-					row(w, u.AllocationID, u.Shape, u.SKU, u.GPUCount, u.NodeID, ts(u.Start), tsp(u.End))
-				}
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	f := c.Flags()
-	f.StringVar(&alloc, "allocation", "", "only this allocation")
-	f.StringVar(&since, "since", "", "only records open or ended at or after this RFC 3339 time")
-	f.StringVar(&after, "after", "", "page cursor")
-	f.IntVar(&limit, "limit", 0, "page size")
-	return c
+	return listCmd(a, "usage", "Usage records for billing export", "/v1/usage", plainPage, []filter{
+		{"allocation", "only this allocation"},
+		{"since", "only records open or ended at or after this RFC 3339 time"},
+	}, func(w *tabwriter.Writer, l proto.List[proto.UsageRecord]) {
+		row(w, "ALLOCATION", "SHAPE", "SKU", "GPUS", "NODE", "START", "END")
+		for _, u := range l.Items {
+			row(w, u.AllocationID, u.Shape, u.SKU, u.GPUCount, u.NodeID, ts(u.Start), tsp(u.End))
+		}
+	})
 }
 
 func (a *app) regionCmd() *cobra.Command {
@@ -194,17 +158,10 @@ func (a *app) operatorCmd() *cobra.Command {
 		Short: "List the Raft configuration",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/operator/peers", peersPage(nil), nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[api.Peer]) {
-				peersTable(w, l)
-				nextHint(a, l.Next)
-			})
+			return listPage(a, cmd, "/v1/operator/peers", peersPage(nil), peersTable)
 		},
 	}
-	peersPage = pageFlags(peers, "server ID")
+	peersPage = pageFlags(peers, cursorPage("server ID"))
 	c.AddCommand(peers, &cobra.Command{
 		Use:   "add ID RAFT-ADDR HTTP-ADDR",
 		Short: "Add a voter (admin)",
@@ -221,38 +178,28 @@ func (a *app) operatorCmd() *cobra.Command {
 			}
 			return show(a, r, peersTable)
 		},
-	}, &cobra.Command{
-		Use:   "remove ID",
-		Short: "Remove a server from the Raft configuration (admin)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodDelete, "/v1/operator/peers/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, peersTable)
-		},
-	}, &cobra.Command{
-		Use:   "transfer [ID]",
-		Short: "Hand leadership to a voter (any up-to-date one without ID) (admin)",
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) > 1 {
-				return usagef("expected at most one argument: ID")
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var body any
-			if len(args) == 1 {
-				body = proto.TransferLeadershipBody{ID: args[0]}
-			}
-			r, err := a.call(cmd, http.MethodPost, "/v1/operator/transfer-leadership", nil, body, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, peersTable)
-		},
-	})
+	}, idCmd(a, "remove", "Remove a server from the Raft configuration (admin)", http.MethodDelete, "/v1/operator/peers/", "", peersTable),
+		&cobra.Command{
+			Use:   "transfer [ID]",
+			Short: "Hand leadership to a voter (any up-to-date one without ID) (admin)",
+			Args: func(_ *cobra.Command, args []string) error {
+				if len(args) > 1 {
+					return usagef("expected at most one argument: ID")
+				}
+				return nil
+			},
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var body any
+				if len(args) == 1 {
+					body = proto.TransferLeadershipBody{ID: args[0]}
+				}
+				r, err := a.call(cmd, http.MethodPost, "/v1/operator/transfer-leadership", nil, body, nil)
+				if err != nil {
+					return err
+				}
+				return show(a, r, peersTable)
+			},
+		})
 	return c
 }
 
@@ -375,28 +322,5 @@ func (a *app) tokenCmd() *cobra.Command {
 // pagedList is a "list" command of a paged route: --limit and --after
 // pass through, and the next page's cursor is named.
 func pagedList[T any](a *app, short, path string, table func(w *tabwriter.Writer, l proto.List[T])) *cobra.Command {
-	var after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "list",
-		Short: short,
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[T]) {
-				table(w, l)
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	c.Flags().StringVar(&after, "after", "", "page cursor")
-	c.Flags().IntVar(&limit, "limit", 0, "page size")
-	return c
+	return listCmd(a, "list", short, path, plainPage, nil, table)
 }

@@ -39,6 +39,12 @@ func nodeHeader(w *tabwriter.Writer) {
 	row(w, "ID", "REGION", "POOL", "INTENT", "STATE", "GPUS", "DRAINING", "SLICE-READY")
 }
 
+// nodeLine is the list table of one node.
+func nodeLine(w *tabwriter.Writer, n proto.Node) {
+	nodeHeader(w)
+	nodeRow(w, n)
+}
+
 // gpus is a node's discovered GPU count ("-" before discovery).
 func gpus(n proto.Node) string {
 	if n.GPUs == 0 {
@@ -48,38 +54,12 @@ func gpus(n proto.Node) string {
 }
 
 func (a *app) nodeListCmd() *cobra.Command {
-	var region, pool, state, intent, after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List nodes",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"region": region, "pool": pool, "state": state, "intent": intent, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/nodes", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Node]) {
-				nodeHeader(w)
-				for _, n := range l.Items {
-					nodeRow(w, n)
-				}
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	f := c.Flags()
-	f.StringVar(&region, "region", "", "only nodes of this region")
-	f.StringVar(&pool, "pool", "", "only nodes of this pool")
-	f.StringVar(&state, "state", "", "only nodes in this state")
-	f.StringVar(&intent, "intent", "", "only nodes with this profile intent (slice_vm, baremetal)")
-	f.StringVar(&after, "after", "", "page cursor")
-	f.IntVar(&limit, "limit", 0, "page size")
-	return c
+	return listCmd(a, "list", "List nodes", "/v1/nodes", plainPage, []filter{
+		{"region", "only nodes of this region"},
+		{"pool", "only nodes of this pool"},
+		{"state", "only nodes in this state"},
+		{"intent", "only nodes with this profile intent (slice_vm, baremetal)"},
+	}, listTable(nodeHeader, nodeRow))
 }
 
 func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
@@ -157,39 +137,11 @@ func (a *app) nodeDrainCmd(verb string, drain bool) *cobra.Command {
 	if !drain {
 		short = "Let a drained node take new claims again (admin)"
 	}
-	return &cobra.Command{
-		Use:   verb + " ID",
-		Short: short,
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/"+verb, nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
-				nodeHeader(w)
-				nodeRow(w, n)
-			})
-		},
-	}
+	return idCmd(a, verb, short, http.MethodPost, "/v1/nodes/", "/"+verb, nodeLine)
 }
 
 func (a *app) nodeResetBreakerCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "reset-breaker ID",
-		Short: "Close a node's circuit breaker so it takes placements again (admin)",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodPost, "/v1/nodes/"+pathEscape(args[0])+"/breaker/reset", nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
-				nodeHeader(w)
-				nodeRow(w, n)
-			})
-		},
-	}
+	return idCmd(a, "reset-breaker", "Close a node's circuit breaker so it takes placements again (admin)", http.MethodPost, "/v1/nodes/", "/breaker/reset", nodeLine)
 }
 
 func (a *app) nodeIntentCmd() *cobra.Command {
@@ -206,56 +158,33 @@ func (a *app) nodeIntentCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, n proto.Node) {
-				nodeHeader(w)
-				nodeRow(w, n)
-			})
+			return show(a, r, nodeLine)
 		},
 	}
 }
 
 func (a *app) nodeTasksCmd() *cobra.Command {
-	var after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "tasks ID",
-		Short: "List the tasks queued for a node's agent",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.listTasks(cmd, "/v1/nodes/"+pathEscape(args[0])+"/tasks", after, limit)
-		},
-	}
-	c.Flags().StringVar(&after, "after", "", "page cursor: start after this task ID")
-	c.Flags().IntVar(&limit, "limit", 0, "page size")
-	return c
+	return pagedIDCmd(a, "tasks", "List the tasks queued for a node's agent", "/v1/nodes/", "/tasks", taskPage, taskTable)
 }
 
-func (a *app) listTasks(cmd *cobra.Command, path, after string, limit int) error {
-	q := map[string]string{"after": after}
-	if limit > 0 {
-		q["limit"] = strconv.Itoa(limit)
-	}
-	r, err := a.call(cmd, http.MethodGet, path, q, nil, nil)
-	if err != nil {
-		return err
-	}
-	return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Task]) {
-		row(w, "ID", "NODE", "ALLOCATION", "TYPE", "STATE", "UPDATED", "STAGE", "PROGRESS", "ERROR")
-		for _, t := range l.Items {
-			progress := t.Progress
-			if p := progressText(t.Done, t.Total); p != "" {
-				progress = strings.TrimSpace(p + " " + progress)
-			}
-			row(w, t.ID, t.NodeID, t.AllocationID, t.Type, t.State, ts(t.UpdatedAt), t.Stage, progress, t.Error)
+// taskPage is the usage of the page flags of the task lists.
+var taskPage = pageUsage{after: "page cursor: start after this task ID", limit: "page size"}
+
+func taskTable(w *tabwriter.Writer, l proto.List[proto.Task]) {
+	row(w, "ID", "NODE", "ALLOCATION", "TYPE", "STATE", "UPDATED", "STAGE", "PROGRESS", "ERROR")
+	for _, t := range l.Items {
+		progress := t.Progress
+		if p := progressText(t.Done, t.Total); p != "" {
+			progress = strings.TrimSpace(p + " " + progress)
 		}
-		nextHint(a, l.Next)
-	})
+		row(w, t.ID, t.NodeID, t.AllocationID, t.Type, t.State, ts(t.UpdatedAt), t.Stage, progress, t.Error)
+	}
 }
 
 // tasksCmd is the top-level "tasks --node N | --alloc A".
 func (a *app) tasksCmd() *cobra.Command {
-	var node, alloc, after string
-	var limit int
+	var node, alloc string
+	var page func(map[string]string) map[string]string
 	c := &cobra.Command{
 		Use:   "tasks",
 		Short: "List node tasks of a node (--node) or an allocation (--alloc)",
@@ -263,17 +192,16 @@ func (a *app) tasksCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
 			case node != "" && alloc == "":
-				return a.listTasks(cmd, "/v1/nodes/"+pathEscape(node)+"/tasks", after, limit)
+				return listPage(a, cmd, "/v1/nodes/"+pathEscape(node)+"/tasks", page(nil), taskTable)
 			case alloc != "" && node == "":
-				return a.listTasks(cmd, "/v1/allocations/"+pathEscape(alloc)+"/tasks", after, limit)
+				return listPage(a, cmd, "/v1/allocations/"+pathEscape(alloc)+"/tasks", page(nil), taskTable)
 			}
 			return usagef("give exactly one of --node or --alloc")
 		},
 	}
+	page = pageFlags(c, taskPage)
 	f := c.Flags()
 	f.StringVar(&node, "node", "", "node ID")
 	f.StringVar(&alloc, "alloc", "", "allocation ID")
-	f.StringVar(&after, "after", "", "page cursor: start after this task ID")
-	f.IntVar(&limit, "limit", 0, "page size")
 	return c
 }

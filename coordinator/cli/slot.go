@@ -23,6 +23,12 @@ func slotHeader(w *tabwriter.Writer) {
 	row(w, "ID", "NODE", "INDEX", "STATUS", "HEALTH", "GPU", "NUMA", "SWITCH", "CLAIM", "GENERATION", "MISSING")
 }
 
+// slotLine is the list table of one slot.
+func slotLine(w *tabwriter.Writer, s proto.Slot) {
+	slotHeader(w)
+	slotRow(w, s)
+}
+
 func slotRow(w *tabwriter.Writer, s proto.Slot) {
 	health := s.HealthState
 	if s.StatusReason != "" {
@@ -36,36 +42,10 @@ func slotRow(w *tabwriter.Writer, s proto.Slot) {
 }
 
 func (a *app) slotListCmd() *cobra.Command {
-	var node, status, after string
-	var limit int
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List approved slots",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"node": node, "status": status, "after": after}
-			if limit > 0 {
-				q["limit"] = strconv.Itoa(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/slots", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.Slot]) {
-				slotHeader(w)
-				for _, s := range l.Items {
-					slotRow(w, s)
-				}
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	f := c.Flags()
-	f.StringVar(&node, "node", "", "only slots of this node")
-	f.StringVar(&status, "status", "", "only slots in this status")
-	f.StringVar(&after, "after", "", "page cursor")
-	f.IntVar(&limit, "limit", 0, "page size")
-	return c
+	return listCmd(a, "list", "List approved slots", "/v1/slots", plainPage, []filter{
+		{"node", "only slots of this node"},
+		{"status", "only slots in this status"},
+	}, listTable(slotHeader, slotRow))
 }
 
 func (a *app) slotShowCmd() *cobra.Command {
@@ -174,7 +154,7 @@ func (a *app) slotDisableCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
+			return show(a, r, slotLine)
 		},
 	}
 	c.Flags().StringVar(&reason, "reason", "", "why")
@@ -182,7 +162,7 @@ func (a *app) slotDisableCmd() *cobra.Command {
 }
 
 func (a *app) slotRepairCmd() *cobra.Command {
-	return idCmd(a, "repair", "Bring a disabled or quarantined slot back once complete, valid and clean (admin); a quarantined one a claim held goes cleanup_blocked first", http.MethodPost, "/v1/slots/", "/repair", func(w *tabwriter.Writer, s proto.Slot) { slotHeader(w); slotRow(w, s) })
+	return idCmd(a, "repair", "Bring a disabled or quarantined slot back once complete, valid and clean (admin); a quarantined one a claim held goes cleanup_blocked first", http.MethodPost, "/v1/slots/", "/repair", slotLine)
 }
 
 func (a *app) topologyCmd() *cobra.Command {

@@ -14,46 +14,16 @@ import (
 
 func (a *app) workflowCmd() *cobra.Command {
 	c := &cobra.Command{Use: "workflow", Aliases: []string{"wf"}, Short: "MAAS workflows (onboarding, decommission) and their provisioning timeline"}
-	var site, state, after string
-	var limit int
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List MAAS workflows",
-		Args:  exactArgs(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := map[string]string{"site": site, "state": state, "after": after}
-			if limit > 0 {
-				q["limit"] = fmt.Sprint(limit)
-			}
-			r, err := a.call(cmd, http.MethodGet, "/v1/workflows", q, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, l proto.List[proto.MAASWorkflow]) {
-				row(w, "ID", "KIND", "SITE", "PROFILE", "HOST", "SYSTEM-ID", "STAGE", "STATE", "ATTEMPTS", "LAST-ERROR")
-				for _, x := range l.Items {
-					row(w, x.ID, x.Kind, x.Site, x.Profile, x.Hostname, x.SystemID, x.Stage, x.State, x.Attempts, firstLine(x.LastError, 60))
-				}
-				nextHint(a, l.Next)
-			})
-		},
-	}
-	list.Flags().StringVar(&site, "site", "", "only this site")
-	list.Flags().StringVar(&state, "state", "", "running, succeeded or failed")
-	list.Flags().StringVar(&after, "after", "", "page after this workflow ID")
-	list.Flags().IntVar(&limit, "limit", 0, "page size")
-	showCmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "A workflow with its twelve-bucket timeline: where the time went",
-		Args:  exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := a.call(cmd, http.MethodGet, "/v1/workflows/"+pathEscape(args[0]), nil, nil, nil)
-			if err != nil {
-				return err
-			}
-			return show(a, r, func(w *tabwriter.Writer, v proto.WorkflowView) { workflowTable(w, v) })
-		},
-	}
+	list := listCmd(a, "list", "List MAAS workflows", "/v1/workflows", pageUsage{after: "page after this workflow ID", limit: "page size"}, []filter{
+		{"site", "only this site"},
+		{"state", "running, succeeded or failed"},
+	}, func(w *tabwriter.Writer, l proto.List[proto.MAASWorkflow]) {
+		row(w, "ID", "KIND", "SITE", "PROFILE", "HOST", "SYSTEM-ID", "STAGE", "STATE", "ATTEMPTS", "LAST-ERROR")
+		for _, x := range l.Items {
+			row(w, x.ID, x.Kind, x.Site, x.Profile, x.Hostname, x.SystemID, x.Stage, x.State, x.Attempts, firstLine(x.LastError, 60))
+		}
+	})
+	showCmd := idCmd(a, "show", "A workflow with its twelve-bucket timeline: where the time went", http.MethodGet, "/v1/workflows/", "", workflowTable)
 	c.AddCommand(list, showCmd)
 	return c
 }
@@ -130,7 +100,7 @@ func (a *app) siteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, v proto.WorkflowView) { workflowTable(w, v) })
+			return show(a, r, workflowTable)
 		},
 	}
 	onboard.Flags().StringVar(&profile, "profile", "", "site profile (required)")
@@ -149,7 +119,7 @@ func (a *app) siteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return show(a, r, func(w *tabwriter.Writer, v proto.WorkflowView) { workflowTable(w, v) })
+			return show(a, r, workflowTable)
 		},
 	}
 	decommission.Flags().StringVar(&dprofile, "profile", "", "site profile (required)")
