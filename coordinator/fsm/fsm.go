@@ -40,6 +40,9 @@ type FSM struct {
 	batch *state.Txn
 	// obs sees every applied command (metrics); nil: none.
 	obs Observer
+	// auditStates caches the audit renderings of stored allocations
+	// (written only by Apply/Restore).
+	auditStates auditStateCache
 }
 
 // Observer sees each command after it was applied, with the response it
@@ -379,6 +382,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	old := f.store.Swap(fresh)
 	old.Abandon()
 	f.last = state.Changes{}
+	f.auditStates.reset()
 	return nil
 }
 
