@@ -14,7 +14,8 @@ import (
 )
 
 // TestProfilePlacements runs one placement run of the bench (audited, as
-// the API proposes) on GPUAAS_PROFILE_VOTERS voters (1 or 3) and writes
+// the API proposes, unless GPUAAS_PROFILE_AUDIT=off) on
+// GPUAAS_PROFILE_VOTERS voters (1 or 3) and writes
 // nothing: run it under `go test -cpuprofile` to see where a placement's
 // CPU goes (docs/perf.md).
 func TestProfilePlacements(t *testing.T) {
@@ -29,11 +30,14 @@ func TestProfilePlacements(t *testing.T) {
 	prevGC, err := TuneGC(gc, 0)
 	require.NoError(t, err)
 	defer debug.SetGCPercent(prevGC)
-	run := benchPlacementsOn(t, v, true)
+	// GPUAAS_PROFILE_AUDIT=off runs without audit records (what they
+	// cost is the difference).
+	audited := os.Getenv("GPUAAS_PROFILE_AUDIT") != "off"
+	run := benchPlacementsOn(t, v, audited)
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	t.Logf("voters %d, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
-		v, gc, run.perS, run.appliesPerS, run.cpu, run.applyCPU, run.entries, ru.Maxrss/1024)
+	t.Logf("voters %d, audited %v, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
+		v, audited, gc, run.perS, run.appliesPerS, run.cpu, run.applyCPU, run.entries, ru.Maxrss/1024)
 	if run.applyCPUByGC != nil {
 		t.Logf("FSM apply CPU per placement by GOGC: %s", gcSweep(run.applyCPUByGC))
 	}
