@@ -109,6 +109,7 @@ func (f *FSM) applyAuditAppendReq(req *proto.AuditAppendRequest, index uint64, p
 			return nil, invalid("%v", err)
 		}
 		r.Hash = h
+		packAuditStrings(&r)
 		if err := tx.PutAudit(&r); err != nil {
 			return nil, err
 		}
@@ -128,14 +129,21 @@ func (f *FSM) auditObject(tx *state.Txn, r *proto.AuditRecord, prev any) (obj an
 		}
 		r.ObjectKind, r.ObjectID = "allocation", v.Allocation.ID
 		// The response carries a copy of the allocation the placement
-		// stored (or found): render the stored one, which the release's
-		// record will find as its "before".
+		// stored (or found), which the placement noted: render the
+		// stored one, which the release's record will find as its
+		// "before".
+		if a := f.wroteAlloc; a != nil && a.ID == v.Allocation.ID {
+			return a, true
+		}
 		if a, ok := tx.Allocation(v.Allocation.ID); ok {
 			return a, true
 		}
 		return &v.Allocation, false
 	case *proto.Allocation:
 		r.ObjectKind, r.ObjectID = "allocation", v.ID
+		if v == f.wroteAlloc {
+			return v, true
+		}
 		a, ok := tx.Allocation(v.ID)
 		return v, ok && a == v
 	case *proto.Slot:
@@ -212,6 +220,7 @@ func auditSlots(tx *state.Txn, obj any, slots []string) []string {
 	case *proto.Slot:
 		add(v.ID)
 	case *proto.Allocation:
+		slots = slices.Grow(slots, len(v.ClaimIDs))
 		for _, id := range v.ClaimIDs {
 			c, ok := tx.Claim(id)
 			switch {

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/json"
+	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -46,3 +47,29 @@ func (c *auditStateCache) state(a *proto.Allocation) json.RawMessage {
 // reset forgets everything (a restore: the objects belong to the old
 // store).
 func (c *auditStateCache) reset() { c.cur, c.old = nil, nil }
+
+// packAuditStrings moves the text fields of a record about to be stored
+// into one allocation: the log keeps every record (until an exported
+// prefix is pruned) and each garbage collection marks what it holds, so
+// one string object instead of a dozen decoded ones (actor, route, path,
+// request id, ..., the hash) is less work for each. The values do not
+// change; strings already shared with the ledger (slot ids) stay as
+// they are.
+func packAuditStrings(r *proto.AuditRecord) {
+	fields := [...]*string{&r.Actor, &r.Role, &r.TokenID, &r.Remote, &r.RequestID, &r.Method, &r.Route, &r.Path,
+		&r.ObjectKind, &r.ObjectID, &r.Reason, &r.Error, &r.Hash}
+	n := 0
+	for _, f := range fields {
+		n += len(*f)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, f := range fields {
+		b.WriteString(*f)
+	}
+	all := b.String()
+	for _, f := range fields {
+		k := len(*f)
+		*f, all = all[:k], all[k:]
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -340,4 +341,33 @@ func TestAuditStatesSameOnEveryReplica(t *testing.T) {
 	res := proto.VerifyAuditChain(got)
 	assert.True(t, res.OK, res.Problem)
 	assert.Equal(t, 6, res.Records)
+}
+
+// A stored record's text fields share one allocation and keep their
+// values (the record still hashes to its hash).
+func TestAuditRecordStringsPacked(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+	rec := auditRec("admin", "POST", "/v1/slots/{id}/disable", "slot", slot(n0, 1), 200)
+	rec.Reason, rec.Error = "fan <loud>", "x: \xff"
+	ar := appendAudit(h, rec)
+	got, ok := h.Snap().AuditRecord(ar.Seq)
+	require.True(t, ok)
+	assert.Equal(t, rec.Actor, got.Actor)
+	assert.Equal(t, rec.Route, got.Route)
+	assert.Equal(t, rec.ObjectID, got.ObjectID)
+	assert.Equal(t, "fan <loud>", got.Reason)
+	assert.Equal(t, "x: \uFFFD", got.Error, "sanitized before it was packed")
+	assert.Equal(t, ar.Hash, got.Hash)
+	want, err := proto.AuditHash(got.PrevHash, got)
+	require.NoError(t, err)
+	assert.Equal(t, want, got.Hash)
+	// One backing array: each field starts where the one before ends.
+	fields := []string{got.Actor, got.Role, got.TokenID, got.Remote, got.RequestID, got.Method, got.Route, got.Path,
+		got.ObjectKind, got.ObjectID, got.Reason, got.Error, got.Hash}
+	for i := 1; i < len(fields); i++ {
+		prev := unsafe.StringData(fields[i-1])
+		assert.Equal(t, uintptr(unsafe.Pointer(prev))+uintptr(len(fields[i-1])), uintptr(unsafe.Pointer(unsafe.StringData(fields[i]))), "field %d follows field %d", i, i-1)
+	}
 }

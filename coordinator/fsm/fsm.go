@@ -43,6 +43,10 @@ type FSM struct {
 	// auditStates caches the audit renderings of stored allocations
 	// (written only by Apply/Restore).
 	auditStates auditStateCache
+	// wroteAlloc is the stored allocation the current command of a batch
+	// wrote or found and answered with (nil: none noted), for the
+	// record attached to it: reset before each command.
+	wroteAlloc *proto.Allocation
 }
 
 // Observer sees each command after it was applied, with the response it
@@ -281,6 +285,7 @@ func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
 		if i+1 < len(cmds) && isAuditAppend(cmds[i+1]) {
 			attached = f.beforeAttached(index, cmds[i+1])
 		}
+		f.wroteAlloc = nil
 		out[i] = f.ApplyCommand(index, c)
 	}
 	f.last = state.Changes{}

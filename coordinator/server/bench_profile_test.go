@@ -77,6 +77,39 @@ func TestProfileReplay(t *testing.T) {
 		t.Logf("FSM apply CPU per placement %v (%d entries, %.0f placements); replay allocated %.0f objects, %.1f KB per placement",
 			d, n, rec.Placed, float64(m1.Mallocs-m0.Mallocs)/rec.Placed, float64(m1.TotalAlloc-m0.TotalAlloc)/rec.Placed/1024)
 	}
+	objs, kb := replayRetained(t, rec)
+	t.Logf("the ledger keeps %.0f heap objects, %.1f KB per placement (live after a GC, what every later GC marks again)", objs, kb)
+}
+
+// replayRetained applies rec into a fresh FSM stack and returns the heap
+// objects and KB per placement still live after it (beyond the inventory
+// the run started from), while the stack is held.
+func replayRetained(t *testing.T, rec replayRecord) (objects, kb float64) {
+	f := newPeerFSM(newEnrollFSM(newLedger(testLogger(t)).fsm))
+	split := 0
+	for split < len(rec.Logs) && rec.Logs[split].Index <= rec.From {
+		split++
+	}
+	live := func() runtime.MemStats {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m
+	}
+	apply := func(ls []*raft.Log) {
+		for len(ls) > 0 {
+			n := min(len(ls), DefaultTiming.MaxAppendEntries)
+			f.ApplyBatch(ls[:n])
+			ls = ls[n:]
+		}
+	}
+	apply(rec.Logs[:split])
+	m0 := live()
+	apply(rec.Logs[split:])
+	m1 := live()
+	runtime.KeepAlive(f)
+	return float64(int64(m1.HeapObjects)-int64(m0.HeapObjects)) / rec.Placed,
+		float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / rec.Placed / 1024
 }
 
 // replayRecord is a recorded placement run's log for TestProfileReplay.
