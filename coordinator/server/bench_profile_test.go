@@ -45,7 +45,8 @@ func TestProfilePlacements(t *testing.T) {
 
 // TestProfileReplay profiles the FSM apply alone: the committed log of
 // one single-voter placement run (recorded to GPUAAS_REPLAY_LOG on the
-// first call, read back from it after) replayed GPUAAS_REPLAY_ROUNDS times
+// first call, read back from it after; GPUAAS_PROFILE_AUDIT=off records
+// one without audit records) replayed GPUAAS_REPLAY_ROUNDS times
 // into fresh FSM stacks. Run it under `go test -cpuprofile` to see where
 // fsm_apply_us_per_placement goes without the run's other work.
 func TestProfileReplay(t *testing.T) {
@@ -58,7 +59,8 @@ func TestProfileReplay(t *testing.T) {
 	defer debug.SetGCPercent(prevGC)
 	rec, err := readReplay(path)
 	if os.IsNotExist(err) {
-		run := benchPlacementsCA(t, 1, true, nil, false)
+		// GPUAAS_PROFILE_AUDIT=off records a run without audit records.
+		run := benchPlacementsCA(t, 1, os.Getenv("GPUAAS_PROFILE_AUDIT") != "off", nil, false)
 		require.NotNil(t, run.logs, "the run's log was compacted")
 		rec = replayRecord{Logs: run.logs, From: run.from, Placed: run.placed}
 		require.NoError(t, writeReplay(path, rec))
