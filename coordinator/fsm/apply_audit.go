@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -33,8 +34,19 @@ func isAuditAppend(cmd []byte) bool {
 // applyAuditAppend appends a record. In a batch, prev is the response of
 // the command before it (what an attached record reports).
 func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool) any {
-	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, body, index)
+	req := decodeAuditAppend(body, index)
 	return f.applyAuditAppendReq(req, index, prev, inBatch, nil)
+}
+
+// decodeAuditAppend decodes an audit append (proto.DecodeAuditAppend: by
+// hand, the generic way for any other form); a failure is fatal, as for
+// decode.
+func decodeAuditAppend(body []byte, index uint64) *proto.AuditAppendRequest {
+	req, err := proto.DecodeAuditAppend(body)
+	if err != nil {
+		panic(fmt.Sprintf("fsm: index %d: decode %s: %v", index, proto.AuditAppendType, err))
+	}
+	return req
 }
 
 // attachedAudit is an attached audit append decoded before the command it
@@ -48,7 +60,7 @@ type attachedAudit struct {
 // state of the object it names, before the command in front of it runs
 // (in the batch's transaction: every replica reads the same).
 func (f *FSM) beforeAttached(index uint64, cmd []byte) *attachedAudit {
-	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)
+	req := decodeAuditAppend(cmd[1:], index)
 	a := &attachedAudit{req: req}
 	if req.Attached && len(req.Record.Before) == 0 && f.batch != nil {
 		a.before = AuditObject(&f.batch.Snapshot, req.Record.ObjectKind, req.Record.ObjectID)

@@ -308,7 +308,7 @@ func (f *FSM) applyBatchedAudit(index uint64, cmd []byte, prev any, a *attachedA
 	start := time.Now()
 	f.last = state.Changes{}
 	if a == nil {
-		a = &attachedAudit{req: decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)}
+		a = &attachedAudit{req: decodeAuditAppend(cmd[1:], index)}
 	}
 	resp := f.applyAuditAppendReq(a.req, index, prev, true, a.before)
 	if f.obs != nil {
