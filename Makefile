@@ -57,7 +57,7 @@ test: deps check
 # their seeds and kept corpus (testdata/fuzz); make fuzz explores each for
 # FUZZTIME and keeps what fails under testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzDecodeBody:./proto FuzzOpenLayout:./agent/apprun FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto FuzzAppManifest:./proto FuzzDecodeAuditLine:./proto \
+FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzDecodeBody:./proto FuzzOpenLayout:./agent/apprun FuzzSliceProvisionResult:./proto FuzzCheckJSONKeys:./proto FuzzAppManifest:./proto FuzzDecodeAuditLine:./proto FuzzAuditCanonical:./proto FuzzDecodeAuditAppend:./proto \
 	FuzzParseCUDA:./agent/slice FuzzParseEntry:./lab/guestgpu FuzzParseRuntime:./agent/evidence \
 	FuzzImageManifest:./proto FuzzParseImageSpec:./proto FuzzAllocationCreateBody:./coordinator/api \
 	FuzzMAASResponses:./coordinator/maas FuzzReadFunction:./hostops/pci FuzzValidateDriver:./hostops/pci \

@@ -81,7 +81,10 @@ type AuditRecord struct {
 }
 
 // auditCanonical is AuditRecord without the chain fields: its JSON
-// encoding (fixed field order, compact) is the hashed record body.
+// encoding (fixed field order, compact) is the hashed record body. It is
+// the definition of the canonical form; appendAuditCanonical
+// (audit_canonical.go) writes the same bytes without reflection, and the
+// tests hold the two to each other.
 type auditCanonical struct {
 	Seq        uint64          `json:"seq"`
 	Time       time.Time       `json:"time"`
@@ -106,15 +109,9 @@ type auditCanonical struct {
 
 // AuditCanonical returns the bytes of r the chain hashes: every field but
 // pruned, prev_hash and hash, as compact JSON in declaration order, the
-// time in UTC.
+// time in UTC (encoding/json's output for auditCanonical).
 func AuditCanonical(r *AuditRecord) ([]byte, error) {
-	c := auditCanonical{
-		Seq: r.Seq, Time: r.Time.UTC(), Index: r.Index, Actor: r.Actor, Role: r.Role, TokenID: r.TokenID,
-		Remote: r.Remote, RequestID: r.RequestID, Method: r.Method, Route: r.Route, Path: r.Path,
-		ObjectKind: r.ObjectKind, ObjectID: r.ObjectID, Slots: r.Slots, Reason: r.Reason,
-		Before: r.Before, After: r.After, Status: r.Status, Error: r.Error,
-	}
-	b, err := json.Marshal(c)
+	b, err := appendAuditCanonical(nil, r, 0)
 	if err != nil {
 		return nil, fmt.Errorf("audit record %d: canonical form: %w", r.Seq, err)
 	}
@@ -124,18 +121,7 @@ func AuditCanonical(r *AuditRecord) ([]byte, error) {
 // AuditHash computes the hash of r chained after prevHash (hex, "" for
 // the first record).
 func AuditHash(prevHash string, r *AuditRecord) (string, error) {
-	prev, err := hex.DecodeString(prevHash)
-	if err != nil || (len(prev) != 0 && len(prev) != sha256.Size) {
-		return "", fmt.Errorf("audit record %d: prev_hash %q is not empty or 64 hex digits", r.Seq, truncate(prevHash, 80))
-	}
-	body, err := AuditCanonical(r)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.New()
-	h.Write(prev)
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return AuditHashEncoded(prevHash, r, 0)
 }
 
 // AuditVerifyResult is the outcome of walking a chain (GET

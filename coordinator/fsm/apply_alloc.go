@@ -32,6 +32,7 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 			return nil, err
 		}
 		if a, ok := tx.AllocationByKey(in.IdempotencyKey); ok {
+			f.wroteAlloc = a
 			return &proto.AllocationPlaceResponse{Allocation: *a, Existing: true}, nil
 		}
 	}
@@ -155,6 +156,7 @@ func (f *FSM) place(tx *state.Txn, req *proto.AllocationPlaceRequest) (any, erro
 	if err := appendTimeline(tx, a.ID, "placement", "succeeded", msg, now); err != nil {
 		return nil, err
 	}
+	f.wroteAlloc = a
 	return &proto.AllocationPlaceResponse{Allocation: *a}, nil
 }
 
@@ -785,6 +787,7 @@ func (f *FSM) applyAllocationForceRelease(body []byte, index uint64) any {
 		if err := appendTimeline(tx, a.ID, "force_release", "succeeded", req.Reason, now); err != nil {
 			return nil, err
 		}
+		f.wroteAlloc = a
 		return a, nil
 	})
 }

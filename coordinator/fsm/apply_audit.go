@@ -1,6 +1,8 @@
 package fsm
 
 import (
+	"encoding/json"
+	"fmt"
 	"slices"
 
 	"github.com/gpuaas/gpuaas/coordinator/state"
@@ -32,8 +34,19 @@ func isAuditAppend(cmd []byte) bool {
 // applyAuditAppend appends a record. In a batch, prev is the response of
 // the command before it (what an attached record reports).
 func (f *FSM) applyAuditAppend(body []byte, index uint64, prev any, inBatch bool) any {
-	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, body, index)
+	req := decodeAuditAppend(body, index)
 	return f.applyAuditAppendReq(req, index, prev, inBatch, nil)
+}
+
+// decodeAuditAppend decodes an audit append (proto.DecodeAuditAppend: by
+// hand, the generic way for any other form); a failure is fatal, as for
+// decode.
+func decodeAuditAppend(body []byte, index uint64) *proto.AuditAppendRequest {
+	req, err := proto.DecodeAuditAppend(body)
+	if err != nil {
+		panic(fmt.Sprintf("fsm: index %d: decode %s: %v", index, proto.AuditAppendType, err))
+	}
+	return req
 }
 
 // attachedAudit is an attached audit append decoded before the command it
@@ -47,7 +60,7 @@ type attachedAudit struct {
 // state of the object it names, before the command in front of it runs
 // (in the batch's transaction: every replica reads the same).
 func (f *FSM) beforeAttached(index uint64, cmd []byte) *attachedAudit {
-	req := decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)
+	req := decodeAuditAppend(cmd[1:], index)
 	a := &attachedAudit{req: req}
 	if req.Attached && len(req.Record.Before) == 0 && f.batch != nil {
 		a.before = AuditObject(&f.batch.Snapshot, req.Record.ObjectKind, req.Record.ObjectID)
@@ -75,18 +88,24 @@ func (f *FSM) applyAuditAppendReq(req *proto.AuditAppendRequest, index uint64, p
 		r.Reason = proto.TruncateAuditText(r.Reason)
 		r.Error = proto.TruncateAuditText(r.Error)
 		r.Slots = slices.Clone(r.Slots)
+		// enc marks the states rendered here (json.Marshal output, which
+		// the hash copies as is); a "before" the request carried is
+		// compacted by the hash as encoding/json does.
+		var enc proto.AuditEncoded
 		if before != nil {
-			r.Before = proto.AuditState(before)
+			// Read from the batch's snapshot: a stored object.
+			r.Before, enc = f.auditState(before, true), enc|proto.BeforeEncoded
 		}
 		var after any
+		stored := false
 		if req.Attached {
-			after = f.auditObject(&r, prev)
+			after, stored = f.auditObject(tx, &r, prev)
 		}
 		if after == nil {
-			after = AuditObject(&tx.Snapshot, r.ObjectKind, r.ObjectID)
+			after, stored = AuditObject(&tx.Snapshot, r.ObjectKind, r.ObjectID), true
 		}
 		if after != nil {
-			r.After = proto.AuditState(after)
+			r.After, enc = f.auditState(after, stored), enc|proto.AfterEncoded
 			r.Slots = auditSlots(tx, after, r.Slots)
 		}
 		r.Sanitize()
@@ -97,11 +116,12 @@ func (f *FSM) applyAuditAppendReq(req *proto.AuditAppendRequest, index uint64, p
 		}
 		r.Time = req.At.UTC()
 		r.Index = index
-		h, err := proto.AuditHash(r.PrevHash, &r)
+		h, err := proto.AuditHashEncoded(r.PrevHash, &r, enc)
 		if err != nil {
 			return nil, invalid("%v", err)
 		}
 		r.Hash = h
+		packAuditStrings(&r)
 		if err := tx.PutAudit(&r); err != nil {
 			return nil, err
 		}
@@ -111,29 +131,54 @@ func (f *FSM) applyAuditAppendReq(req *proto.AuditAppendRequest, index uint64, p
 
 // auditObject is the object an attached record's command wrote (its
 // response), and fills the record's object id from it when missing.
-func (f *FSM) auditObject(r *proto.AuditRecord, prev any) any {
+// stored reports that it is the ledger's own (immutable) object, whose
+// rendering the FSM may reuse.
+func (f *FSM) auditObject(tx *state.Txn, r *proto.AuditRecord, prev any) (obj any, stored bool) {
 	switch v := prev.(type) {
 	case *proto.AllocationPlaceResponse:
 		if v.Existing {
 			r.Status = 200 // the key was seen: nothing created
 		}
 		r.ObjectKind, r.ObjectID = "allocation", v.Allocation.ID
-		return &v.Allocation
+		// The response carries a copy of the allocation the placement
+		// stored (or found), which the placement noted: render the
+		// stored one, which the release's record will find as its
+		// "before".
+		if a := f.wroteAlloc; a != nil && a.ID == v.Allocation.ID {
+			return a, true
+		}
+		if a, ok := tx.Allocation(v.Allocation.ID); ok {
+			return a, true
+		}
+		return &v.Allocation, false
 	case *proto.Allocation:
 		r.ObjectKind, r.ObjectID = "allocation", v.ID
-		return v
+		if v == f.wroteAlloc {
+			return v, true
+		}
+		a, ok := tx.Allocation(v.ID)
+		return v, ok && a == v
 	case *proto.Slot:
 		if r.ObjectKind != "slot" {
 			// A slot approved through its node's route.
 			r.Slots = append(r.Slots, v.ID)
 		}
-		return v
+		return v, false
 	case *proto.Site:
-		return proto.ViewOf(v) // never the sealed credentials
+		return proto.ViewOf(v), false // never the sealed credentials
 	case *proto.Node, *proto.Region, *proto.Pool, *proto.Image:
-		return v
+		return v, false
 	}
-	return nil
+	return nil, false
+}
+
+// auditState renders obj for a record (proto.AuditState); a stored
+// allocation through the FSM's cache of renderings (audit_states.go).
+func (f *FSM) auditState(obj any, stored bool) json.RawMessage {
+	if a, ok := obj.(*proto.Allocation); ok && stored {
+		return f.auditStates.state(a)
+	}
+	return proto.AuditState(obj)
 }
 
 // AuditObject reads an object of the ledger by the kind and id an audit
@@ -187,6 +232,7 @@ func auditSlots(tx *state.Txn, obj any, slots []string) []string {
 	case *proto.Slot:
 		add(v.ID)
 	case *proto.Allocation:
+		slots = slices.Grow(slots, len(v.ClaimIDs))
 		for _, id := range v.ClaimIDs {
 			c, ok := tx.Claim(id)
 			switch {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -262,5 +263,111 @@ func TestAuditSnapshotKeepsChainAndShowsTampering(t *testing.T) {
 			assert.False(t, res.OK)
 			assert.Equal(t, tc.broken, res.BrokenSeq, res.Problem)
 		})
+	}
+}
+
+// TestAuditStatesSameOnEveryReplica: the FSM reuses the rendering of a
+// stored allocation (the placement record's "after" is the release
+// record's "before"). A replica whose cache is empty at every entry (it
+// restores a snapshot of itself before each one) must write the same
+// records, byte for byte, and every state must be what rendering the
+// object gives.
+func TestAuditStatesSameOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 2})
+	attached := func(route, id string, status int) []byte {
+		return enc(t, proto.AuditAppendType, proto.AuditAppendRequest{At: h.At(), Attached: true,
+			Record: auditRec("op", "POST", route, "allocation", id, status)})
+	}
+	place := func(id, key, node string, slots ...string) *proto.AuditAppendResponse {
+		br := batch(h, enc(t, proto.AllocationPlaceType, h.SliceRequest(id, key, node, slots...)),
+			attached("/v1/allocations", "", 201))
+		return br.Responses[1].(*proto.AuditAppendResponse)
+	}
+	release := func(id string) *proto.AuditAppendResponse {
+		br := batch(h, enc(t, proto.AllocationForceReleaseType, proto.AllocationForceReleaseRequest{At: h.At(), AllocationID: id, Reason: "test <&>"}),
+			attached("/v1/allocations/{id}/force-release", id, 200))
+		return br.Responses[1].(*proto.AuditAppendResponse)
+	}
+	record := func(seq uint64) *proto.AuditRecord {
+		r, ok := h.Snap().AuditRecord(seq)
+		require.True(t, ok)
+		return r
+	}
+
+	p1 := place("a1", "k1", n0, slot(n0, 0), slot(n0, 1))
+	p2 := place("a2", "k2", fsmtest.NodeID("us-east", 1), slot(fsmtest.NodeID("us-east", 1), 0))
+	p1again := place("a1", "k1", n0, slot(n0, 0), slot(n0, 1)) // the key seen: the stored allocation
+	h.Transition("a2", proto.AllocProvisioning)                // a2's placed object is gone from the store
+	r1 := release("a1")
+	r2 := release("a2")
+	// A standalone record of a released allocation reads it from the store.
+	s1 := appendAudit(h, auditRec("op", "POST", "/v1/allocations/{id}/note", "allocation", "a1", 200))
+
+	// The cache was used: a1's release found the object its placement
+	// rendered and shares the bytes; a2 was written in between.
+	placed1, released1 := record(p1.Seq), record(r1.Seq)
+	require.NotEmpty(t, placed1.After)
+	assert.Same(t, &placed1.After[0], &record(p1again.Seq).After[0], "the repeated placement renders the same stored allocation")
+	assert.Same(t, &placed1.After[0], &released1.Before[0], "the release's before is the placement's after, shared")
+	assert.NotSame(t, &record(p2.Seq).After[0], &record(r2.Seq).Before[0])
+	assert.Same(t, &released1.After[0], &record(s1.Seq).After[0])
+	var before, after proto.Allocation
+	require.NoError(t, json.Unmarshal(released1.Before, &before))
+	require.NoError(t, json.Unmarshal(released1.After, &after))
+	assert.Equal(t, proto.AllocPlaced, before.State)
+	assert.Equal(t, proto.AllocReleased, after.State)
+	// Every state is the rendering of the object it names as stored then.
+	var b2 proto.Allocation
+	require.NoError(t, json.Unmarshal(record(r2.Seq).Before, &b2))
+	assert.Equal(t, proto.AllocProvisioning, b2.State)
+	assert.Equal(t, string(proto.AuditState(h.Alloc("a1"))), string(released1.After))
+
+	// The other replica: the same log, each entry applied on a freshly
+	// restored FSM (an empty cache).
+	other := fsm.New(nil, nil)
+	for _, e := range h.Log {
+		require.NoError(t, other.Restore(io.NopCloser(bytes.NewReader(snapshotBytes(t, other)))))
+		other.ApplyCommand(e.Index, e.Data)
+	}
+	want := h.Snap().AuditRecords(0, 0, nil)
+	got := other.Store().Snapshot().AuditRecords(0, 0, nil)
+	require.Len(t, got, len(want))
+	for i := range want {
+		assert.Equal(t, *want[i], *got[i], "record %d", want[i].Seq)
+	}
+	assert.NotSame(t, &got[p1.Seq-1].After[0], &got[r1.Seq-1].Before[0], "the restored replica rendered the release's before again")
+	res := proto.VerifyAuditChain(got)
+	assert.True(t, res.OK, res.Problem)
+	assert.Equal(t, 6, res.Records)
+}
+
+// A stored record's text fields share one allocation and keep their
+// values (the record still hashes to its hash).
+func TestAuditRecordStringsPacked(t *testing.T) {
+	t.Parallel()
+	h := fsmtest.New(t)
+	h.Load(fsmtest.Inventory{Regions: []string{"us-east"}, SliceNodes: 1})
+	rec := auditRec("admin", "POST", "/v1/slots/{id}/disable", "slot", slot(n0, 1), 200)
+	rec.Reason, rec.Error = "fan <loud>", "x: \xff"
+	ar := appendAudit(h, rec)
+	got, ok := h.Snap().AuditRecord(ar.Seq)
+	require.True(t, ok)
+	assert.Equal(t, rec.Actor, got.Actor)
+	assert.Equal(t, rec.Route, got.Route)
+	assert.Equal(t, rec.ObjectID, got.ObjectID)
+	assert.Equal(t, "fan <loud>", got.Reason)
+	assert.Equal(t, "x: \uFFFD", got.Error, "sanitized before it was packed")
+	assert.Equal(t, ar.Hash, got.Hash)
+	want, err := proto.AuditHash(got.PrevHash, got)
+	require.NoError(t, err)
+	assert.Equal(t, want, got.Hash)
+	// One backing array: each field starts where the one before ends.
+	fields := []string{got.Actor, got.Role, got.TokenID, got.Remote, got.RequestID, got.Method, got.Route, got.Path,
+		got.ObjectKind, got.ObjectID, got.Reason, got.Error, got.Hash}
+	for i := 1; i < len(fields); i++ {
+		prev := unsafe.StringData(fields[i-1])
+		assert.Equal(t, uintptr(unsafe.Pointer(prev))+uintptr(len(fields[i-1])), uintptr(unsafe.Pointer(unsafe.StringData(fields[i]))), "field %d follows field %d", i, i-1)
 	}
 }

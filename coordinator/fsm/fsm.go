@@ -40,6 +40,13 @@ type FSM struct {
 	batch *state.Txn
 	// obs sees every applied command (metrics); nil: none.
 	obs Observer
+	// auditStates caches the audit renderings of stored allocations
+	// (written only by Apply/Restore).
+	auditStates auditStateCache
+	// wroteAlloc is the stored allocation the current command of a batch
+	// wrote or found and answered with (nil: none noted), for the
+	// record attached to it: reset before each command.
+	wroteAlloc *proto.Allocation
 }
 
 // Observer sees each command after it was applied, with the response it
@@ -278,6 +285,7 @@ func (f *FSM) applyCommandBatch(body []byte, index uint64) any {
 		if i+1 < len(cmds) && isAuditAppend(cmds[i+1]) {
 			attached = f.beforeAttached(index, cmds[i+1])
 		}
+		f.wroteAlloc = nil
 		out[i] = f.ApplyCommand(index, c)
 	}
 	f.last = state.Changes{}
@@ -300,7 +308,7 @@ func (f *FSM) applyBatchedAudit(index uint64, cmd []byte, prev any, a *attachedA
 	start := time.Now()
 	f.last = state.Changes{}
 	if a == nil {
-		a = &attachedAudit{req: decode[proto.AuditAppendRequest](proto.AuditAppendType, cmd[1:], index)}
+		a = &attachedAudit{req: decodeAuditAppend(cmd[1:], index)}
 	}
 	resp := f.applyAuditAppendReq(a.req, index, prev, true, a.before)
 	if f.obs != nil {
@@ -379,6 +387,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	old := f.store.Swap(fresh)
 	old.Abandon()
 	f.last = state.Changes{}
+	f.auditStates.reset()
 	return nil
 }
 

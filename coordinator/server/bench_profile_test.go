@@ -14,7 +14,8 @@ import (
 )
 
 // TestProfilePlacements runs one placement run of the bench (audited, as
-// the API proposes) on GPUAAS_PROFILE_VOTERS voters (1 or 3) and writes
+// the API proposes, unless GPUAAS_PROFILE_AUDIT=off) on
+// GPUAAS_PROFILE_VOTERS voters (1 or 3) and writes
 // nothing: run it under `go test -cpuprofile` to see where a placement's
 // CPU goes (docs/perf.md).
 func TestProfilePlacements(t *testing.T) {
@@ -29,11 +30,14 @@ func TestProfilePlacements(t *testing.T) {
 	prevGC, err := TuneGC(gc, 0)
 	require.NoError(t, err)
 	defer debug.SetGCPercent(prevGC)
-	run := benchPlacementsOn(t, v, true)
+	// GPUAAS_PROFILE_AUDIT=off runs without audit records (what they
+	// cost is the difference).
+	audited := os.Getenv("GPUAAS_PROFILE_AUDIT") != "off"
+	run := benchPlacementsOn(t, v, audited)
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	t.Logf("voters %d, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, %.1f KB allocated per placement, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
-		v, gc, run.perS, run.appliesPerS, run.cpu, run.allocKB, run.applyCPU, run.entries, ru.Maxrss/1024)
+	t.Logf("voters %d, audited %v, GOGC %d: %.0f placements/s, %.0f log entries/s, CPU per placement %v, %.1f KB allocated per placement, FSM apply CPU per placement %v (%d entries replayed), peak RSS %d MiB",
+		v, audited, gc, run.perS, run.appliesPerS, run.cpu, run.allocKB, run.applyCPU, run.entries, ru.Maxrss/1024)
 	if run.applyCPUByGC != nil {
 		t.Logf("FSM apply CPU per placement by GOGC: %s", gcSweep(run.applyCPUByGC))
 	}
@@ -41,7 +45,8 @@ func TestProfilePlacements(t *testing.T) {
 
 // TestProfileReplay profiles the FSM apply alone: the committed log of
 // one single-voter placement run (recorded to GPUAAS_REPLAY_LOG on the
-// first call, read back from it after) replayed GPUAAS_REPLAY_ROUNDS times
+// first call, read back from it after; GPUAAS_PROFILE_AUDIT=off records
+// one without audit records) replayed GPUAAS_REPLAY_ROUNDS times
 // into fresh FSM stacks. Run it under `go test -cpuprofile` to see where
 // fsm_apply_us_per_placement goes without the run's other work.
 func TestProfileReplay(t *testing.T) {
@@ -54,7 +59,8 @@ func TestProfileReplay(t *testing.T) {
 	defer debug.SetGCPercent(prevGC)
 	rec, err := readReplay(path)
 	if os.IsNotExist(err) {
-		run := benchPlacementsCA(t, 1, true, nil, false)
+		// GPUAAS_PROFILE_AUDIT=off records a run without audit records.
+		run := benchPlacementsCA(t, 1, os.Getenv("GPUAAS_PROFILE_AUDIT") != "off", nil, false)
 		require.NotNil(t, run.logs, "the run's log was compacted")
 		rec = replayRecord{Logs: run.logs, From: run.from, Placed: run.placed}
 		require.NoError(t, writeReplay(path, rec))
@@ -73,6 +79,39 @@ func TestProfileReplay(t *testing.T) {
 		t.Logf("FSM apply CPU per placement %v (%d entries, %.0f placements); replay allocated %.0f objects, %.1f KB per placement",
 			d, n, rec.Placed, float64(m1.Mallocs-m0.Mallocs)/rec.Placed, float64(m1.TotalAlloc-m0.TotalAlloc)/rec.Placed/1024)
 	}
+	objs, kb := replayRetained(t, rec)
+	t.Logf("the ledger keeps %.0f heap objects, %.1f KB per placement (live after a GC, what every later GC marks again)", objs, kb)
+}
+
+// replayRetained applies rec into a fresh FSM stack and returns the heap
+// objects and KB per placement still live after it (beyond the inventory
+// the run started from), while the stack is held.
+func replayRetained(t *testing.T, rec replayRecord) (objects, kb float64) {
+	f := newPeerFSM(newEnrollFSM(newLedger(testLogger(t)).fsm))
+	split := 0
+	for split < len(rec.Logs) && rec.Logs[split].Index <= rec.From {
+		split++
+	}
+	live := func() runtime.MemStats {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m
+	}
+	apply := func(ls []*raft.Log) {
+		for len(ls) > 0 {
+			n := min(len(ls), DefaultTiming.MaxAppendEntries)
+			f.ApplyBatch(ls[:n])
+			ls = ls[n:]
+		}
+	}
+	apply(rec.Logs[:split])
+	m0 := live()
+	apply(rec.Logs[split:])
+	m1 := live()
+	runtime.KeepAlive(f)
+	return float64(int64(m1.HeapObjects)-int64(m0.HeapObjects)) / rec.Placed,
+		float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / rec.Placed / 1024
 }
 
 // replayRecord is a recorded placement run's log for TestProfileReplay.

@@ -480,3 +480,33 @@ func TestTxnAuditHeadFollowsAppendsRollbacksAndPrunes(t *testing.T) {
 	assert.False(t, ok)
 	tx.Abort()
 }
+
+// PutAudit skips its existence lookup above the head the transaction
+// knows; an existing seq is refused whether the head is known or not.
+func TestTxnPutAuditRefusesAnExistingSeq(t *testing.T) {
+	t.Parallel()
+	s := state.New()
+	put(t, s, 1, func(tx *state.Txn) error {
+		for seq := uint64(1); seq <= 3; seq++ {
+			if err := tx.PutAudit(&proto.AuditRecord{Seq: seq}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	tx := s.Begin(2)
+	defer tx.Abort()
+	require.ErrorContains(t, tx.PutAudit(&proto.AuditRecord{Seq: 2}), "append-only", "head not looked up yet")
+	_, ok := tx.AuditHead()
+	require.True(t, ok)
+	require.ErrorContains(t, tx.PutAudit(&proto.AuditRecord{Seq: 3}), "append-only", "the head itself")
+	require.ErrorContains(t, tx.PutAudit(&proto.AuditRecord{Seq: 1}), "append-only", "below the head")
+	sp := tx.Savepoint()
+	require.NoError(t, tx.PutAudit(&proto.AuditRecord{Seq: 4}))
+	require.ErrorContains(t, tx.PutAudit(&proto.AuditRecord{Seq: 4}), "append-only", "the transaction's own append")
+	require.NoError(t, tx.RollbackTo(sp))
+	require.NoError(t, tx.PutAudit(&proto.AuditRecord{Seq: 4}), "rolled back: seq 4 is free again")
+	got, ok := tx.AuditRecord(4)
+	require.True(t, ok)
+	assert.Equal(t, uint64(4), got.Seq)
+}
