@@ -132,7 +132,7 @@ func (a *app) root() *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.addr, "addr", "", "coordinator API address (env GPUAAS_ADDR; default "+DefaultAddr+")")
 	pf.StringVar(&a.token, "token", "", "bearer token (env GPUAAS_TOKEN)")
-	pf.StringVar(&a.caFile, "ca-file", "", "PEM file of the cluster CA the API's certificate is checked against (env GPUAAS_CA_FILE; the lab's is .lab/ca.pem; default: the system roots)")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM file of the cluster CA the API's certificate is checked against (env GPUAAS_CA_FILE; the lab's is .lab/ca-bundle.pem, kept current through a CA rotation; default: the system roots)")
 	pf.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token (env GPUAAS_TOKEN_FILE)")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "timeout of each API call")

@@ -188,7 +188,7 @@ func ensureLibvirtd(ctx context.Context, logf func(format string, args ...any)) 
 		case <-time.After(time.Second):
 		}
 	}
-	logf("started libvirtd (answered after %s; left running until make clean-daemons)", time.Since(start).Round(100*time.Millisecond))
+	logf("started libvirtd (answered after %s)", time.Since(start).Round(100*time.Millisecond))
 	return started, nil
 }
 
