@@ -133,7 +133,7 @@ func fleetMetrics(steps []step) []bench.Metric {
 		bench.Info(name("cpu_pct"), round(top.coordCPUPct), "%", fmt.Sprintf("the three coordinators' CPU summed, %% of one core, over the %v steady window (the simulator itself: %.0f%%); %s", benchWindow, top.simCPUPct, ctx)),
 		bench.AtMost(name("agent_death_detect_s"), round(top.detectS), "s", goalDetectS,
 			fmt.Sprintf("a gossiping agent killed (connections closed, gossip member stopped without leaving) to its node unreachable on the API (%d of the agents gossip, the rest heartbeat); %s", benchGossipSize, ctx)),
-		bench.Info("fleet_coordinator_cpu_pct_per_1k_agents", round(cpuPer1k(steps)), "%", "coordinator CPU (3 replicas summed, % of one core) per 1,000 agents, the 20/s placement stream included: the highest of the steps' CPU / (agents / 1,000), i.e. the step the machine starved least; a starved step's coordinators get what the machine gives them, not what they need (per step: "+cpuSteps(steps)+")"),
+		bench.Info("fleet_coordinator_cpu_pct_per_1k_agents", round(cpuPer1k(steps)), "%", "coordinator CPU (3 replicas summed, % of one core) per 1,000 more agents: the slope between the smallest and the largest step, the 20/s placement stream's own cost being the intercept (per step: "+cpuSteps(steps)+")"),
 		bench.Info("fleet_coordinator_rss_mb_per_1k_agents", round(rssPer1k(steps)), "MB", "growth of the largest coordinator's RSS per 1,000 agents (nodes x 8 slots and their connections), slope between the smallest and largest step"),
 		bench.Info(name("raft_entries_per_s"), round(top.raftEntriesPerS), "entries/s", "Raft log entries applied per second in the steady window (readiness reports, task updates, placements; heartbeats write nothing while a node stays active); "+ctx),
 		bench.Info(name("raft_log_growth_mb_per_h"), round(top.raftGrowthMBph), "MB/h", fmt.Sprintf("leader's raft.db growth rate in the window (raft.db %.1f MB after it; snapshots truncate the log, bolt reuses pages)", top.raftDBMB)),
@@ -156,14 +156,18 @@ func fleetMetrics(steps []step) []bench.Metric {
 	return ms
 }
 
+// cpuPer1k is the coordinators' CPU per 1,000 more agents: the slope
+// between the smallest and the largest step (the placement stream's
+// fixed cost is the intercept), or one step's CPU per 1,000 agents.
 func cpuPer1k(steps []step) float64 {
-	best := 0.0
-	for _, s := range steps {
-		if s.agents > 0 && s.coordCPUPct > 0 {
-			best = max(best, s.coordCPUPct/(float64(s.agents)/1000))
-		}
+	if len(steps) == 0 {
+		return 0
 	}
-	return best
+	a, b := steps[0], steps[len(steps)-1]
+	if b.agents <= a.agents {
+		return b.coordCPUPct / (float64(b.agents) / 1000)
+	}
+	return (b.coordCPUPct - a.coordCPUPct) / (float64(b.agents-a.agents) / 1000)
 }
 
 func cpuSteps(steps []step) string {
