@@ -51,6 +51,13 @@ func startLab(t *testing.T, bin, dir string, args ...string) *lab {
 		// runs the real slice host.
 		args = append(args, "-slice-host=none")
 	}
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-hosts-dir") }) {
+		// The lab keeps its simulated host roots in a /dev/shm folder
+		// named after the lab folder, across runs, until `gpuaas-lab
+		// clean`; a test's go with the test (removed after the lab
+		// stopped: cleanups run last first).
+		args = append(args, "-hosts-dir", hostsimtest.Dir(t))
+	}
 	l.cmd = exec.Command(filepath.Join(bin, "gpuaas-lab"), append([]string{"-dir", dir}, args...)...)
 	l.cmd.Stdout, l.cmd.Stderr = l.out, l.out
 	require.NoError(t, l.cmd.Start())

@@ -21,6 +21,7 @@ type Sources struct {
 	Proc      string   // /proc
 	SysBlock  string   // /sys/block
 	NetnsDir  string   // /run/netns, where `ip netns` keeps named namespaces
+	ShmDir    string   // /dev/shm: the gpuaas-* folders in it count
 	DomainXML []string // libvirt's persistent and live domain definitions
 	OVSDBs    []string // Open vSwitch databases whose bridges count
 	// Nft lists the nftables tables ("family name" per table); nil runs
@@ -39,6 +40,7 @@ func Machine() Sources {
 		Proc:      "/proc",
 		SysBlock:  "/sys/block",
 		NetnsDir:  "/run/netns",
+		ShmDir:    "/dev/shm",
 		DomainXML: []string{"/etc/libvirt/qemu", "/run/libvirt/qemu"},
 		OVSDBs:    []string{"/run/gpuaas-ovs/conf.db", "/etc/openvswitch/conf.db", "/var/lib/openvswitch/conf.db"},
 	}
@@ -63,6 +65,9 @@ func Take(ctx context.Context, src Sources) Snapshot {
 	}
 	if s.Netns, err = dirNames(src.NetnsDir); err != nil {
 		s.Errors[KindNetns] = err.Error()
+	}
+	if s.Shm, err = shmFolders(src.ShmDir); err != nil {
+		s.Errors[KindShm] = err.Error()
 	}
 	nft := src.Nft
 	if nft == nil {
@@ -270,6 +275,21 @@ func dirNames(dir string) ([]string, error) {
 		names = append(names, e.Name())
 	}
 	return names, nil
+}
+
+// shmFolders lists the gpuaas-* entries of dir (none without dir).
+func shmFolders(dir string) ([]string, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	names, err := dirNames(dir)
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "gpuaas-") {
+			out = append(out, filepath.Join(dir, n))
+		}
+	}
+	return out, err
 }
 
 // nftTables runs `nft list tables` in the caller's network namespace.

@@ -57,12 +57,15 @@ func (b Bridge) key() string { return b.DB + ":" + b.Name }
 // collectors that failed (a missing tool, say): their kind of object is
 // then not compared.
 type Snapshot struct {
-	Processes  []Process         `json:"processes"`
-	Loops      []Loop            `json:"loops"`
-	Bridges    []Bridge          `json:"bridges"`
-	Domains    []string          `json:"domains"`
-	Netns      []string          `json:"netns"`
-	NftTables  []string          `json:"nft_tables"`
+	Processes []Process `json:"processes"`
+	Loops     []Loop    `json:"loops"`
+	Bridges   []Bridge  `json:"bridges"`
+	Domains   []string  `json:"domains"`
+	Netns     []string  `json:"netns"`
+	NftTables []string  `json:"nft_tables"`
+	// Shm are the project's folders on tmpfs (/dev/shm/gpuaas-*: the
+	// lab's and the tests' simulated host roots).
+	Shm        []string          `json:"shm,omitempty"`
 	Errors     map[string]string `json:"errors,omitempty"`
 	RunMarker  string            `json:"run,omitempty"` // RunEnv of the run taking the snapshot
 	TakenEpoch int64             `json:"taken"`
@@ -76,6 +79,7 @@ const (
 	KindDomain  = "libvirt domain"
 	KindNetns   = "network namespace"
 	KindNft     = "nftables table"
+	KindShm     = "tmpfs folder"
 )
 
 // Leak is one object found after the run that was not there before.
@@ -166,6 +170,7 @@ func Diff(before, after Snapshot) []Leak {
 		{KindDomain, before.Domains, after.Domains},
 		{KindNetns, before.Netns, after.Netns},
 		{KindNft, before.NftTables, after.NftTables},
+		{KindShm, before.Shm, after.Shm},
 	} {
 		items = nil
 		for _, n := range s.after {

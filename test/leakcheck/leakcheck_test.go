@@ -229,9 +229,12 @@ func TestTake(t *testing.T) {
 	write(t, filepath.Join(dir, "run-qemu", "gpuaas-a1.xml"), "<domstatus/>")
 	write(t, filepath.Join(dir, "run-qemu", "gpuaas-a2.xml"), "<domstatus/>")
 	write(t, filepath.Join(dir, "run-qemu", "driver.pid"), "5")
+	shm := filepath.Join(dir, "shm")
+	require.NoError(t, os.MkdirAll(filepath.Join(shm, "gpuaas-lab-1a2b3c", "j22u15"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(shm, "someone-else"), 0o755))
 	db := filepath.Join(dir, "conf.db")
 	write(t, db, "")
-	src := Sources{Proc: p, SysBlock: sys, NetnsDir: ns, DomainXML: []string{filepath.Join(dir, "etc-qemu"), filepath.Join(dir, "run-qemu"), filepath.Join(dir, "absent")},
+	src := Sources{Proc: p, SysBlock: sys, NetnsDir: ns, ShmDir: shm, DomainXML: []string{filepath.Join(dir, "etc-qemu"), filepath.Join(dir, "run-qemu"), filepath.Join(dir, "absent")},
 		OVSDBs: []string{db, filepath.Join(dir, "absent.db")},
 		Bridges: func(_ context.Context, got string) ([]string, error) {
 			require.Equal(t, db, got, "only databases that exist are read")
@@ -249,6 +252,10 @@ func TestTake(t *testing.T) {
 	require.Equal(t, []Bridge{{DB: db, Name: "gps1"}}, s.Bridges)
 	require.Equal(t, []string{"gpuaas-a1", "gpuaas-a2"}, s.Domains)
 	require.Equal(t, []string{"gpn-sw-1a2b3c"}, s.Netns)
+	require.Equal(t, []string{filepath.Join(shm, "gpuaas-lab-1a2b3c")}, s.Shm, "the project's tmpfs folders only")
+	leaks := Diff(Snapshot{}, Snapshot{Shm: s.Shm})
+	require.Len(t, leaks, 1)
+	require.Equal(t, KindShm, leaks[0].Kind)
 	require.Empty(t, s.NftTables)
 	require.Equal(t, map[string]string{KindNft: "nft is not installed"}, s.Errors)
 	require.Equal(t, "run7", s.RunMarker)
