@@ -327,6 +327,26 @@ type IngressStatus struct {
 	Reason         string       `json:"reason,omitempty"`
 }
 
+// WantedIngress is the public ingress the allocation's node must
+// program for it: its routes while it is live and not releasing, with
+// the guest's address once known (nil otherwise). The heartbeat answer
+// lists these for every allocation on the node.
+func (a *Allocation) WantedIngress() []IngressStatus {
+	if len(a.Ingress) == 0 || !a.Live() || a.State == AllocReleasing {
+		return nil
+	}
+	priv := ""
+	if a.Access != nil {
+		priv = a.Access.GuestIP
+	}
+	out := make([]IngressStatus, 0, len(a.Ingress))
+	for _, r := range a.Ingress {
+		out = append(out, IngressStatus{AllocationID: a.ID, Protocol: r.Protocol, Port: r.Port,
+			PublicAddress: r.PublicAddress, PublicPort: r.PublicPort, PrivateAddress: priv, State: r.State, Reason: r.Reason})
+	}
+	return out
+}
+
 // IngressDigest names the programming the routes ask for (allocation,
 // protocol, port, public and private address; not their reported state)
 // in 16 hex digits: the coordinator's task poll answers an agent whose

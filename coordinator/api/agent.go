@@ -682,17 +682,8 @@ func DesiredIngress(snap *state.Snapshot, node string) []proto.IngressStatus {
 			continue
 		}
 		seen[cl.AllocationID] = true
-		al, ok := snap.Allocation(cl.AllocationID)
-		if !ok || al.NodeID != node || !al.Live() || al.State == proto.AllocReleasing || len(al.Ingress) == 0 {
-			continue
-		}
-		priv := ""
-		if al.Access != nil {
-			priv = al.Access.GuestIP
-		}
-		for _, r := range al.Ingress {
-			out = append(out, proto.IngressStatus{AllocationID: al.ID, Protocol: r.Protocol, Port: r.Port,
-				PublicAddress: r.PublicAddress, PublicPort: r.PublicPort, PrivateAddress: priv, State: r.State, Reason: r.Reason})
+		if al, ok := snap.Allocation(cl.AllocationID); ok && al.NodeID == node {
+			out = append(out, al.WantedIngress()...)
 		}
 	}
 	return out

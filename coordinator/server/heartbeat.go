@@ -44,9 +44,6 @@ const DefaultAgentHeartbeatTTL = 30 * time.Second
 // max_heartbeats_per_second does the same). 10,000 agents beat every 50 s.
 const DefaultMaxAgentHeartbeatsPerSecond = 200
 
-// maxAgentHeartbeatInterval bounds how far the interval is stretched.
-const maxAgentHeartbeatInterval = 5 * time.Minute
-
 // heartbeatSweep is how often the leader looks for expired heartbeats.
 const heartbeatSweep = time.Second
 
@@ -71,15 +68,17 @@ type beat struct {
 // interval, so up to 2,000 agents at the defaults (200/s, 10 s) nothing
 // changes.
 func (s *Server) AgentHeartbeatInterval() time.Duration {
-	return heartbeatInterval(s.enroll.table.Credentials(), s.cfg.MaxAgentHeartbeatsPerSecond)
+	return HeartbeatInterval(s.enroll.table.Credentials(), s.cfg.MaxAgentHeartbeatsPerSecond)
 }
 
-func heartbeatInterval(agents int, maxPerSecond float64) time.Duration {
+// HeartbeatInterval is the interval asked of a fleet of agents when the
+// leader takes at most maxPerSecond heartbeats (0: none asked).
+func HeartbeatInterval(agents int, maxPerSecond float64) time.Duration {
 	if maxPerSecond <= 0 || agents <= 0 {
 		return 0
 	}
 	d := time.Duration(float64(agents) / maxPerSecond * float64(time.Second))
-	return min(d.Round(100*time.Millisecond), maxAgentHeartbeatInterval)
+	return min(d.Round(100*time.Millisecond), proto.MaxHeartbeatInterval)
 }
 
 // beatTTL is the TTL of a heartbeat answered with interval: the

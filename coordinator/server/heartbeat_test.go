@@ -102,7 +102,7 @@ func TestAgentHeartbeatInterval(t *testing.T) {
 		{100000, 200, 5 * time.Minute},
 		{50, 25, 2 * time.Second},
 	} {
-		assert.Equal(t, tc.want, heartbeatInterval(tc.agents, tc.rate), "%d agents at most %v/s", tc.agents, tc.rate)
+		assert.Equal(t, tc.want, HeartbeatInterval(tc.agents, tc.rate), "%d agents at most %v/s", tc.agents, tc.rate)
 	}
 }
 

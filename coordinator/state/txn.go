@@ -2,7 +2,6 @@ package state
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/gpuaas/gpuaas/proto"
 	"github.com/gpuaas/gpuaas/sched"
@@ -376,7 +375,7 @@ func (t *Txn) PutAllocation(a *proto.Allocation) error {
 	old, ok := t.Allocation(a.ID)
 	t.stamp(TableAllocations, &a.Meta, metaOf(old, ok, func(o *proto.Allocation) *proto.Meta { return &o.Meta }))
 	t.changes.Allocations = append(t.changes.Allocations, a.ID)
-	if a.NodeID != "" && ingressWanted(old, ok) != ingressWanted(a, true) {
+	if a.NodeID != "" && ingressChanged(old, ok, a) {
 		// Wake the node's task poll: its agent programs the routes
 		// (api.agentTasks answers a changed ingress digest).
 		t.touchNodeTasks(a.NodeID)
@@ -384,22 +383,17 @@ func (t *Txn) PutAllocation(a *proto.Allocation) error {
 	return t.insert(TableAllocations, prior(old, ok), a)
 }
 
-// ingressWanted is what of an allocation decides its node's wanted
-// public ingress (api.DesiredIngress): its routes while live and not
-// releasing, with the guest's address ("" without routes).
-func ingressWanted(a *proto.Allocation, ok bool) string {
-	if !ok || len(a.Ingress) == 0 || !a.Live() || a.State == proto.AllocReleasing {
-		return ""
+// ingressChanged reports whether writing a over old changes the public
+// ingress its node must program (proto.Allocation.WantedIngress).
+func ingressChanged(old *proto.Allocation, ok bool, a *proto.Allocation) bool {
+	if (!ok || len(old.Ingress) == 0) && len(a.Ingress) == 0 {
+		return false // the common case: no routes either side
 	}
-	var b strings.Builder
-	b.WriteString(a.NodeID)
-	if a.Access != nil {
-		b.WriteString(" " + a.Access.GuestIP)
+	var before []proto.IngressStatus
+	if ok {
+		before = old.WantedIngress()
 	}
-	for _, r := range a.Ingress {
-		fmt.Fprintf(&b, " %s/%d>%s:%d", r.Protocol, r.Port, r.PublicAddress, r.PublicPort)
-	}
-	return b.String()
+	return proto.IngressDigest(before) != proto.IngressDigest(a.WantedIngress())
 }
 
 // PutClaim writes a claim and updates its node's claim counts.

@@ -275,7 +275,7 @@ func runStep(t *testing.T, bin string, n int) (s step, err error) {
 	s.agentErrors = f.Stats().Errors - errs0
 	// The leader asks a fleet larger than 2,000 agents to beat less
 	// often (server.DefaultMaxAgentHeartbeatsPerSecond).
-	interval := max(10*time.Second, time.Duration(float64(n)/server.DefaultMaxAgentHeartbeatsPerSecond*float64(time.Second)))
+	interval := max(10*time.Second, server.HeartbeatInterval(n, server.DefaultMaxAgentHeartbeatsPerSecond))
 	s.heartbeatInterval = interval
 	if beats := f.Stats().Heartbeats - beats0; float64(beats) < 0.5*float64(n)*win/interval.Seconds() {
 		s.broke = append(s.broke, fmt.Sprintf("only %d heartbeats in %.0f s from %d agents (last agent error: %s)", beats, win, n, f.LastError()))
