@@ -455,7 +455,16 @@ func (a *API) agentTaskUpdate(c *call) error {
 	node := c.agentNode()
 	t, ok := a.b.Store().Snapshot().Task(id)
 	if !ok {
-		return proto.Errorf(proto.CodeNotFound, "task %s does not exist", id)
+		// The agent saw the task on a replica that applied its entry
+		// before this leader did (the leader's FSM runs behind its
+		// commit index by a batch): wait for every committed entry to
+		// be applied here before calling the task unknown.
+		if err := a.b.Barrier(c.r.Context()); err != nil {
+			return err
+		}
+		if t, ok = a.b.Store().Snapshot().Task(id); !ok {
+			return proto.Errorf(proto.CodeNotFound, "task %s does not exist", id)
+		}
 	}
 	if t.NodeID != node {
 		return proto.Errorf(proto.CodeForbidden, "task %s belongs to node %s; this credential acts for node %s only", id, t.NodeID, node)
