@@ -12,8 +12,6 @@ package api
 import (
 	"bytes"
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -186,13 +184,7 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 // readAgentBody reads a request body (none for GET); on failure it has
 // written the problem and returns false.
 
-func newTaskID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("crypto/rand: " + err.Error())
-	}
-	return "task-" + hex.EncodeToString(b[:])
-}
+func newTaskID() string { return proto.NewID("task") }
 
 func (a *API) now() time.Time { return time.Now().UTC() }
 

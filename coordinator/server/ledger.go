@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"time"
@@ -34,15 +32,10 @@ func (s *Server) Store() *state.Store {
 	return s.ledger.fsm.Store()
 }
 
-// newID returns prefix-<16 hex>: IDs are chosen by the leader before
-// proposing, so every replica applies the same ones.
-func newID(prefix string) string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("crypto/rand: " + err.Error())
-	}
-	return prefix + "-" + hex.EncodeToString(b[:])
-}
+// newID returns a new ledger row's ID (proto.NewID: prefix-<16 hex>,
+// ordered by creation): IDs are chosen by the leader before proposing,
+// so every replica applies the same ones.
+func newID(prefix string) string { return proto.NewID(prefix) }
 
 // pumpOutbox is a leader loop: it turns outbox entries into node tasks
 // (OutboxDeliverType) as they appear, in chunks the FSM accepts.
