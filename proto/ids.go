@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"regexp"
 	"sync/atomic"
 	"time"
 )
@@ -13,7 +12,20 @@ import (
 // MaxIDLength bounds every identifier the API accepts.
 const MaxIDLength = 128
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+// validID reports whether s matches ^[a-z0-9][a-z0-9._-]*$ (written out:
+// every ledger command checks its IDs on every replica, and the regexp
+// was ~2% of a placement's CPU; FuzzValidID compares the two).
+func validID(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
 
 // ValidateID checks that s is a well-formed identifier of the kind named by
 // what (used in the error): 1 to MaxIDLength characters of [a-z0-9._-],
@@ -24,7 +36,7 @@ func ValidateID(what, s string) error {
 		return Errorf(CodeInvalidArgument, "%s is required", what)
 	case len(s) > MaxIDLength:
 		return Errorf(CodeInvalidArgument, "%s is %d characters long; at most %d are allowed", what, len(s), MaxIDLength)
-	case !idPattern.MatchString(s):
+	case !validID(s):
 		return Errorf(CodeInvalidArgument, "%s %q is not a valid identifier (lowercase letters, digits, '.', '_' and '-', starting with a letter or digit)", what, s)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"regexp"
 	"slices"
 	"testing"
 	"time"
@@ -49,4 +50,17 @@ func TestNewID(t *testing.T) {
 	o := &idSource{}
 	o.n.Store(12345)
 	assert.NotContains(t, same, o.next("task", at))
+}
+
+// validID accepts exactly what the pattern it replaced accepts.
+func FuzzValidID(f *testing.F) {
+	pattern := regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	for _, s := range []string{"", "a", "alloc-0123abcd", "-a", ".a", "_a", "A", "a.b_c-d", "a b", "ä", "a\x00", "0", "a/b", "a\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := validID(s), pattern.MatchString(s); got != want {
+			t.Fatalf("validID(%q) = %v, the pattern says %v", s, got, want)
+		}
+	})
 }

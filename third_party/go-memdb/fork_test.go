@@ -67,3 +67,91 @@ func TestExactLookupsInAWriteTxn(t *testing.T) {
 		t.Fatalf("the old snapshot changed: %v", got)
 	}
 }
+
+// TestReadInPlace: a ReadInPlace write transaction's iterators and
+// prefix reads see its own writes as they are, without a clone, readers
+// and snapshots stay isolated, an iterator used after a write panics,
+// and DeletePrefix (which deletes while it iterates) still works.
+func TestReadInPlace(t *testing.T) {
+	db := testDB(t)
+	before := db.Txn(false)
+	txn := db.Txn(true)
+	txn.ReadInPlace()
+	for i := 0; i < 2000; i++ {
+		id := fmt.Sprintf("id-%04d", i)
+		if err := txn.Insert("main", &TestObject{ID: id, Foo: fmt.Sprintf("f%d", i%7), Qux: []string{"q"}}); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 != 0 {
+			continue
+		}
+		// A full iteration sees every write so far, in order.
+		it, err := txn.Get("main", "id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for o := it.Next(); o != nil; o = it.Next() {
+			if want := fmt.Sprintf("id-%04d", n); o.(*TestObject).ID != want {
+				t.Fatalf("iteration %d: got %s, want %s", n, o.(*TestObject).ID, want)
+			}
+			n++
+		}
+		if n != i+1 {
+			t.Fatalf("iterator saw %d objects, %d written", n, i+1)
+		}
+		// Prefix reads of a non-unique index: first and last.
+		last, err := txn.Last("main", "foo", fmt.Sprintf("f%d", i%7))
+		if err != nil || last.(*TestObject).ID != id {
+			t.Fatalf("last of foo=f%d: %v %v", i%7, last, err)
+		}
+		first, err := txn.First("main", "id_prefix", "id-")
+		if err != nil || first.(*TestObject).ID != "id-0000" {
+			t.Fatalf("first of prefix id-: %v %v", first, err)
+		}
+	}
+
+	it, err := txn.Get("main", "foo", "f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	it.Next()
+	if err := txn.Insert("main", &TestObject{ID: "late", Foo: "f1", Qux: []string{"q"}}); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("an iterator used after a write of its ReadInPlace transaction did not panic")
+			}
+		}()
+		it.Next()
+	}()
+
+	if ok, err := txn.DeletePrefix("main", "id_prefix", "id-00"); err != nil || !ok {
+		t.Fatalf("DeletePrefix: %v %v", ok, err)
+	}
+	if got, _ := txn.First("main", "id_prefix", "id-00"); got != nil {
+		t.Fatalf("DeletePrefix left %v", got)
+	}
+	if got, _ := txn.First("main", "id", "id-0100"); got == nil {
+		t.Fatal("DeletePrefix deleted past its prefix")
+	}
+	if got, _ := before.First("main", "id", "id-0100"); got != nil {
+		t.Fatalf("a read txn opened before saw an uncommitted write: %v", got)
+	}
+	snap := db.Snapshot()
+	txn.Commit()
+	if got, _ := snap.Txn(false).First("main", "id", "id-0100"); got != nil {
+		t.Fatalf("a snapshot taken before the commit saw it: %v", got)
+	}
+	read := db.Txn(false)
+	if got, _ := read.First("main", "id", "id-0100"); got == nil {
+		t.Fatal("the commit is not visible")
+	}
+	// A read transaction ignores ReadInPlace.
+	read.ReadInPlace()
+	if _, err := read.Get("main", "id"); err != nil {
+		t.Fatal(err)
+	}
+}

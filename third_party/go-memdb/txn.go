@@ -41,6 +41,25 @@ type Txn struct {
 	changes Changes
 
 	modified map[tableIndex]*iradix.Txn
+
+	// gpuaas fork: readInPlace makes reads iterate the transaction's own
+	// modified indexes instead of clones (ReadInPlace); writes counts
+	// the writes, so an iterator that outlives one panics.
+	readInPlace bool
+	writes      uint64
+}
+
+// ReadInPlace (gpuaas fork, see FORK.md) makes the reads of this write
+// transaction iterate its modified indexes as they are instead of a
+// Clone of each. Cloning makes the radix transaction forget which nodes
+// it may modify in place, so the next write to that index copies its
+// whole root-to-leaf path again. The caller promises to finish each
+// iterator before the next write of the transaction; an iterator's Next
+// after a write panics instead of reading a tree changed under it.
+func (txn *Txn) ReadInPlace() {
+	if txn.write {
+		txn.readInPlace = true
+	}
 }
 
 // TrackChanges enables change tracking for the transaction. If called at any
@@ -64,6 +83,9 @@ func (txn *Txn) readableIndex(table, index string) *iradix.Txn {
 		key := tableIndex{table, index}
 		exist, ok := txn.modified[key]
 		if ok {
+			if txn.readInPlace {
+				return exist
+			}
 			return exist.Clone()
 		}
 	}
@@ -93,6 +115,7 @@ func (txn *Txn) lookupIndex(table, index string) *iradix.Txn {
 // writableIndex returns a transaction usable for modifying the
 // given index in a table.
 func (txn *Txn) writableIndex(table, index string) *iradix.Txn {
+	txn.writes++
 	if txn.modified == nil {
 		txn.modified = make(map[tableIndex]*iradix.Txn)
 	}
@@ -407,8 +430,12 @@ func (txn *Txn) DeletePrefix(table string, prefix_index string, prefix string) (
 
 	deletePrefixIndex := strings.TrimSuffix(prefix_index, "_prefix")
 
-	// Get an iterator over all of the keys with the given prefix.
+	// Get an iterator over all of the keys with the given prefix (over a
+	// clone: the loop below deletes while iterating).
+	inPlace := txn.readInPlace
+	txn.readInPlace = false
 	entries, err := txn.Get(table, prefix_index, prefix)
+	txn.readInPlace = inPlace
 	if err != nil {
 		return false, fmt.Errorf("failed kvs lookup: %s", err)
 	}
@@ -767,6 +794,7 @@ func (txn *Txn) Get(table, index string, args ...interface{}) (ResultIterator, e
 
 	// Create an iterator
 	iter := &radixIterator{
+		guard:   txn.guard(),
 		iter:    indexIter,
 		watchCh: watchCh,
 	}
@@ -792,6 +820,7 @@ func (txn *Txn) GetReverse(table, index string, args ...interface{}) (ResultIter
 
 	// Create an iterator
 	iter := &radixReverseIterator{
+		guard:   txn.guard(),
 		iter:    indexIter,
 		watchCh: watchCh,
 	}
@@ -822,7 +851,8 @@ func (txn *Txn) LowerBound(table, index string, args ...interface{}) (ResultIter
 
 	// Create an iterator
 	iter := &radixIterator{
-		iter: indexIter,
+		guard: txn.guard(),
+		iter:  indexIter,
 	}
 	return iter, nil
 }
@@ -848,7 +878,8 @@ func (txn *Txn) ReverseLowerBound(table, index string, args ...interface{}) (Res
 
 	// Create an iterator
 	iter := &radixReverseIterator{
-		iter: indexIter,
+		guard: txn.guard(),
+		iter:  indexIter,
 	}
 	return iter, nil
 }
@@ -984,6 +1015,27 @@ func (txn *Txn) Defer(fn func()) {
 type radixIterator struct {
 	iter    *iradix.Iterator
 	watchCh <-chan struct{}
+	guard   iterGuard
+}
+
+// iterGuard (gpuaas fork) panics when an iterator over a transaction's
+// own modified index (ReadInPlace) is used after a write.
+type iterGuard struct {
+	txn    *Txn
+	writes uint64
+}
+
+func (txn *Txn) guard() iterGuard {
+	if !txn.write || !txn.readInPlace {
+		return iterGuard{}
+	}
+	return iterGuard{txn: txn, writes: txn.writes}
+}
+
+func (g iterGuard) check() {
+	if g.txn != nil && g.txn.writes != g.writes {
+		panic("go-memdb: iterator used after a write of its ReadInPlace transaction")
+	}
 }
 
 func (r *radixIterator) WatchCh() <-chan struct{} {
@@ -991,6 +1043,7 @@ func (r *radixIterator) WatchCh() <-chan struct{} {
 }
 
 func (r *radixIterator) Next() interface{} {
+	r.guard.check()
 	_, value, ok := r.iter.Next()
 	if !ok {
 		return nil
@@ -1001,9 +1054,11 @@ func (r *radixIterator) Next() interface{} {
 type radixReverseIterator struct {
 	iter    *iradix.ReverseIterator
 	watchCh <-chan struct{}
+	guard   iterGuard
 }
 
 func (r *radixReverseIterator) Next() interface{} {
+	r.guard.check()
 	_, value, ok := r.iter.Previous()
 	if !ok {
 		return nil
