@@ -155,6 +155,17 @@ func (f fieldIndex[T]) FromObject(obj any) (bool, []byte, error) {
 	return ok, b, nil
 }
 
+// AppendFromObject is FromObject into b (memdb.AppendIndexer: the store
+// computes the values it does not keep into reused buffers).
+func (f fieldIndex[T]) AppendFromObject(b []byte, obj any) (bool, []byte, error) {
+	o, ok := obj.(*T)
+	if !ok {
+		return false, nil, fmt.Errorf("state: index wants *%T, got %T", *new(T), obj)
+	}
+	b, ok = f(b, o)
+	return ok, b, nil
+}
+
 func (f fieldIndex[T]) FromArgs(args ...any) ([]byte, error) { return key(args...) }
 
 // PrefixFromArgs lets Get/LowerBound take a prefix of the key parts.

@@ -155,3 +155,101 @@ func TestReadInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// appendField indexes one string field of *TestObject, as an
+// AppendIndexer or (plain) as a SingleIndexer only; "" is missing.
+type appendField struct {
+	field func(*TestObject) string
+}
+
+func (f appendField) FromObject(raw interface{}) (bool, []byte, error) {
+	return f.AppendFromObject(make([]byte, 0, 8), raw)
+}
+
+func (f appendField) AppendFromObject(b []byte, raw interface{}) (bool, []byte, error) {
+	v := f.field(raw.(*TestObject))
+	if v == "" {
+		return false, nil, nil
+	}
+	return true, append(append(b, v...), 0), nil
+}
+
+func (f appendField) FromArgs(args ...interface{}) ([]byte, error) {
+	return append([]byte(args[0].(string)), 0), nil
+}
+
+// plainField is appendField without AppendFromObject.
+type plainField struct{ f appendField }
+
+func (f plainField) FromObject(raw interface{}) (bool, []byte, error) { return f.f.FromObject(raw) }
+
+func (f plainField) FromArgs(args ...interface{}) ([]byte, error) { return f.f.FromArgs(args...) }
+
+// TestAppendIndexerWritesWhatFromObjectWrites: the same inserts,
+// updates (keys kept, changed, made missing) and deletes through
+// AppendIndexer indexes and through plain SingleIndexers leave the same
+// rows in every index.
+func TestAppendIndexerWritesWhatFromObjectWrites(t *testing.T) {
+	schema := func(wrap func(appendField) Indexer) *DBSchema {
+		return &DBSchema{Tables: map[string]*TableSchema{"main": {Name: "main", Indexes: map[string]*IndexSchema{
+			"id":  {Name: "id", Unique: true, Indexer: wrap(appendField{func(o *TestObject) string { return o.ID }})},
+			"foo": {Name: "foo", Indexer: wrap(appendField{func(o *TestObject) string { return o.Foo }})},
+			"baz": {Name: "baz", Unique: true, AllowMissing: true, Indexer: wrap(appendField{func(o *TestObject) string { return o.Baz }})},
+		}}}}
+	}
+	dbA, err := NewMemDB(schema(func(f appendField) Indexer { return f }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbP, err := NewMemDB(schema(func(f appendField) Indexer { return plainField{f} }))
+	if _, ok := Indexer(plainField{}).(AppendIndexer); ok {
+		t.Fatal("plainField must not be an AppendIndexer")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump := func(db *MemDB) string {
+		txn := db.Txn(false)
+		out := ""
+		for _, idx := range []string{"id", "foo", "baz"} {
+			it, err := txn.Get("main", idx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for o := it.Next(); o != nil; o = it.Next() {
+				x := o.(*TestObject)
+				out += fmt.Sprintf("%s:%s/%s/%s ", idx, x.ID, x.Foo, x.Baz)
+			}
+			out += "\n"
+		}
+		return out
+	}
+	for round := 0; round < 4; round++ {
+		for _, db := range []*MemDB{dbA, dbP} {
+			txn := db.Txn(true)
+			txn.ReadInPlace()
+			for i := 0; i < 300; i++ {
+				o := &TestObject{ID: fmt.Sprintf("id-%03d", (i*7+round*13)%211), Foo: fmt.Sprintf("foo-%d", (i+round)%5)}
+				if (i+round)%3 != 0 {
+					o.Baz = fmt.Sprintf("baz-%d-%d", round, i) // unique when present
+				}
+				if err := txn.Insert("main", o); err != nil {
+					t.Fatal(err)
+				}
+				if i%17 == 0 {
+					if err := txn.Delete("main", &TestObject{ID: fmt.Sprintf("id-%03d", (i*5)%211)}); err != nil && err != ErrNotFound {
+						t.Fatal(err)
+					}
+				}
+			}
+			txn.Commit()
+		}
+		a, p := dump(dbA), dump(dbP)
+		if a != p {
+			t.Fatalf("round %d: AppendIndexer rows differ from FromObject's:\n%s\nvs\n%s", round, a, p)
+		}
+		if a == "\n\n\n" {
+			t.Fatal("nothing written")
+		}
+	}
+}

@@ -33,6 +33,18 @@ type SingleIndexer interface {
 	FromObject(raw interface{}) (bool, []byte, error)
 }
 
+// AppendIndexer (gpuaas fork, see FORK.md) is a SingleIndexer that can
+// append an object's index value to a buffer. Insert and Delete compute
+// the values they do not keep (an existing object's, the primary key
+// they look up) into reused buffers and copy the one the tree keeps at
+// its exact size, instead of allocating each.
+type AppendIndexer interface {
+	SingleIndexer
+	// AppendFromObject appends the index value of raw to b; the return
+	// values are as FromObject's, the value being the extended b.
+	AppendFromObject(b []byte, raw interface{}) (bool, []byte, error)
+}
+
 // MultiIndexer is an interface used for defining indexes that generate
 // multiple values per object. Each value is stored as a seperate index
 // pointing to the same object.

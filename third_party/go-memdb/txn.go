@@ -47,6 +47,10 @@ type Txn struct {
 	// the writes, so an iterator that outlives one panics.
 	readInPlace bool
 	writes      uint64
+
+	// gpuaas fork: buffers for index values that are computed and not
+	// kept (AppendIndexer).
+	idScratch, valScratch, oldScratch []byte
 }
 
 // ReadInPlace (gpuaas fork, see FORK.md) makes the reads of this write
@@ -231,8 +235,7 @@ func (txn *Txn) Insert(table string, obj interface{}) error {
 
 	// Get the primary ID of the object
 	idSchema := tableSchema.Indexes[id]
-	idIndexer := idSchema.Indexer.(SingleIndexer)
-	ok, idVal, err := idIndexer.FromObject(obj)
+	ok, idVal, err := txn.primaryKey(idSchema, obj)
 	if err != nil {
 		return fmt.Errorf("failed to build primary index: %v", err)
 	}
@@ -249,6 +252,12 @@ func (txn *Txn) Insert(table string, obj interface{}) error {
 	// and inserting the new object.
 	for name, indexSchema := range tableSchema.Indexes {
 		indexTxn := txn.writableIndex(table, name)
+		if ai, ok := indexSchema.Indexer.(AppendIndexer); ok {
+			if err := txn.insertAppend(indexTxn, indexSchema, ai, idVal, obj, existing, update); err != nil {
+				return err
+			}
+			continue
+		}
 
 		// Determine the new index value
 		var (
@@ -340,6 +349,57 @@ func (txn *Txn) Insert(table string, obj interface{}) error {
 	return nil
 }
 
+// primaryKey computes obj's primary key: into a scratch buffer when the
+// indexer can append and nothing keeps the key (no change tracking).
+func (txn *Txn) primaryKey(idSchema *IndexSchema, obj interface{}) (bool, []byte, error) {
+	if ai, ok := idSchema.Indexer.(AppendIndexer); ok && txn.changes == nil {
+		ok, val, err := ai.AppendFromObject(txn.idScratch[:0], obj)
+		if ok {
+			txn.idScratch = val[:0]
+		}
+		return ok, val, err
+	}
+	return idSchema.Indexer.(SingleIndexer).FromObject(obj)
+}
+
+// insertAppend is Insert's work on one index of an AppendIndexer
+// (gpuaas fork): the values are computed into scratch buffers; only the
+// one the tree keeps is copied, at its exact size.
+func (txn *Txn) insertAppend(indexTxn *iradix.Txn, s *IndexSchema, ai AppendIndexer, idVal []byte, obj, existing interface{}, update bool) error {
+	ok, val, err := ai.AppendFromObject(txn.valScratch[:0], obj)
+	if err != nil {
+		return fmt.Errorf("failed to build index '%s': %v", s.Name, err)
+	}
+	if ok && !s.Unique {
+		val = append(val, idVal...)
+	}
+	txn.valScratch = val[:0]
+	if update {
+		okExist, old, err := ai.AppendFromObject(txn.oldScratch[:0], existing)
+		if err != nil {
+			return fmt.Errorf("failed to build index '%s': %v", s.Name, err)
+		}
+		if okExist {
+			if !s.Unique {
+				old = append(old, idVal...)
+			}
+			// The same value is overwritten by the insert below.
+			if !ok || !bytes.Equal(old, val) {
+				indexTxn.Delete(old)
+			}
+		}
+		txn.oldScratch = old[:0]
+	}
+	if !ok {
+		if s.AllowMissing {
+			return nil
+		}
+		return fmt.Errorf("missing value for index '%s'", s.Name)
+	}
+	indexTxn.Insert(append(make([]byte, 0, len(val)), val...), obj)
+	return nil
+}
+
 // Delete is used to delete a single object from the given table.
 // This object must already exist in the table.
 func (txn *Txn) Delete(table string, obj interface{}) error {
@@ -355,8 +415,7 @@ func (txn *Txn) Delete(table string, obj interface{}) error {
 
 	// Get the primary ID of the object
 	idSchema := tableSchema.Indexes[id]
-	idIndexer := idSchema.Indexer.(SingleIndexer)
-	ok, idVal, err := idIndexer.FromObject(obj)
+	ok, idVal, err := txn.primaryKey(idSchema, obj)
 	if err != nil {
 		return fmt.Errorf("failed to build primary index: %v", err)
 	}
@@ -374,6 +433,20 @@ func (txn *Txn) Delete(table string, obj interface{}) error {
 	// Remove the object from all the indexes
 	for name, indexSchema := range tableSchema.Indexes {
 		indexTxn := txn.writableIndex(table, name)
+		if ai, ok := indexSchema.Indexer.(AppendIndexer); ok {
+			ok, val, err := ai.AppendFromObject(txn.oldScratch[:0], existing)
+			if err != nil {
+				return fmt.Errorf("failed to build index '%s': %v", name, err)
+			}
+			if ok {
+				if !indexSchema.Unique {
+					val = append(val, idVal...)
+				}
+				indexTxn.Delete(val)
+			}
+			txn.oldScratch = val[:0]
+			continue
+		}
 
 		// Handle the update by deleting from the index first
 		var (
