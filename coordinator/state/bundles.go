@@ -22,7 +22,7 @@ func (s *Snapshot) Bundles() []*proto.Bundle { return list[proto.Bundle](s, Tabl
 
 // Bundle returns the bundle with digest.
 func (s *Snapshot) Bundle(digest string) (*proto.Bundle, bool) {
-	return first[proto.Bundle](s, TableBundles, idxID, digest)
+	return byID[proto.Bundle](s, TableBundles, digest)
 }
 
 // PutBundle writes a bundle.

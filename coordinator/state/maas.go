@@ -30,7 +30,7 @@ func (s *Snapshot) MAASWorkflows() []*proto.MAASWorkflow {
 
 // MAASWorkflow returns the workflow with id.
 func (s *Snapshot) MAASWorkflow(id string) (*proto.MAASWorkflow, bool) {
-	return first[proto.MAASWorkflow](s, TableMAASWorkflows, idxID, id)
+	return byID[proto.MAASWorkflow](s, TableMAASWorkflows, id)
 }
 
 // PutMAASWorkflow writes a workflow.
@@ -45,7 +45,7 @@ func (s *Snapshot) Sites() []*proto.Site { return list[proto.Site](s, TableSites
 
 // Site returns the named site.
 func (s *Snapshot) Site(name string) (*proto.Site, bool) {
-	return first[proto.Site](s, TableSites, idxID, name)
+	return byID[proto.Site](s, TableSites, name)
 }
 
 // SiteProfiles returns the profiles of site sorted by name (of every site,

@@ -73,6 +73,20 @@ func first[T any](s *Snapshot, table, index string, args ...any) (*T, bool) {
 	return o.(*T), true
 }
 
+// byID is first on a table's "id" index keyed by one string (byString):
+// the key is encoded on the stack and looked up without boxing the
+// argument (memdb fork's FirstKey), as every ledger command reads its
+// rows by ID.
+func byID[T any](s *Snapshot, table, id string) (*T, bool) {
+	var buf [96]byte
+	o, err := s.txn.FirstKey(table, idxID, str(buf[:0], id))
+	must(err)
+	if o == nil {
+		return nil, false
+	}
+	return o.(*T), true
+}
+
 func list[T any](s *Snapshot, table, index string, args ...any) []*T {
 	it, err := s.txn.Get(table, index, args...)
 	must(err)
@@ -119,7 +133,7 @@ func (s *Snapshot) Regions() []*proto.Region { return list[proto.Region](s, Tabl
 
 // Region returns the named region.
 func (s *Snapshot) Region(name string) (*proto.Region, bool) {
-	return first[proto.Region](s, TableRegions, idxID, name)
+	return byID[proto.Region](s, TableRegions, name)
 }
 
 // Pools returns every pool sorted by name.
@@ -127,7 +141,7 @@ func (s *Snapshot) Pools() []*proto.Pool { return list[proto.Pool](s, TablePools
 
 // Pool returns the named pool.
 func (s *Snapshot) Pool(name string) (*proto.Pool, bool) {
-	return first[proto.Pool](s, TablePools, idxID, name)
+	return byID[proto.Pool](s, TablePools, name)
 }
 
 // Nodes returns every node sorted by ID.
@@ -135,7 +149,7 @@ func (s *Snapshot) Nodes() []*proto.Node { return list[proto.Node](s, TableNodes
 
 // Node returns the node with id.
 func (s *Snapshot) Node(id string) (*proto.Node, bool) {
-	return first[proto.Node](s, TableNodes, idxID, id)
+	return byID[proto.Node](s, TableNodes, id)
 }
 
 // RegionNodes returns the IDs of every node in region, sorted. The slice
@@ -165,7 +179,7 @@ func (s *Snapshot) summary(nodeID string) (*NodeSummary, bool) {
 	if p, ok := s.pending[nodeID]; ok {
 		return p, true
 	}
-	return first[NodeSummary](s, tableNodeSummary, idxID, nodeID)
+	return byID[NodeSummary](s, tableNodeSummary, nodeID)
 }
 
 // NodeSummary returns the derived summary of a node.
@@ -203,7 +217,7 @@ func (s *Snapshot) NodesByAvailable(region string, k int) []string {
 
 // MaxSlotsPerNode returns the largest slot count of any node in region.
 func (s *Snapshot) MaxSlotsPerNode(region string) int {
-	if r, ok := first[regionSummary](s, tableRegionSummary, idxID, region); ok {
+	if r, ok := byID[regionSummary](s, tableRegionSummary, region); ok {
 		return r.MaxSlots
 	}
 	return 0
@@ -298,7 +312,7 @@ func cmpString(a, b string) int {
 
 // Slot returns the slot with id.
 func (s *Snapshot) Slot(id string) (*proto.Slot, bool) {
-	return first[proto.Slot](s, TableSlots, idxID, id)
+	return byID[proto.Slot](s, TableSlots, id)
 }
 
 // AllocationFilter selects allocations. Zero fields match everything.
@@ -346,7 +360,7 @@ func (s *Snapshot) Allocations(f AllocationFilter) []*proto.Allocation {
 
 // Allocation returns the allocation with id.
 func (s *Snapshot) Allocation(id string) (*proto.Allocation, bool) {
-	return first[proto.Allocation](s, TableAllocations, idxID, id)
+	return byID[proto.Allocation](s, TableAllocations, id)
 }
 
 // AllocationByKey returns the allocation created with idempotency key.
@@ -379,7 +393,7 @@ func (s *Snapshot) ClaimsByAllocation(allocID string) []*proto.Claim {
 
 // Claim returns the claim with id.
 func (s *Snapshot) Claim(id string) (*proto.Claim, bool) {
-	return first[proto.Claim](s, TableClaims, idxID, id)
+	return byID[proto.Claim](s, TableClaims, id)
 }
 
 // LiveClaimForSlot returns the live claim holding slot id, if any: its
@@ -458,7 +472,7 @@ func (s *Snapshot) OpenTasks(typ string, st proto.TaskState) []*proto.Task {
 
 // Task returns the task with id.
 func (s *Snapshot) Task(id string) (*proto.Task, bool) {
-	return first[proto.Task](s, TableTasks, idxID, id)
+	return byID[proto.Task](s, TableTasks, id)
 }
 
 // Outbox returns the undelivered outbox entries sorted by ID.
@@ -468,7 +482,7 @@ func (s *Snapshot) Outbox() []*proto.OutboxEntry {
 
 // OutboxEntry returns the outbox entry with id.
 func (s *Snapshot) OutboxEntry(id string) (*proto.OutboxEntry, bool) {
-	return first[proto.OutboxEntry](s, TableOutbox, idxID, id)
+	return byID[proto.OutboxEntry](s, TableOutbox, id)
 }
 
 // Timeline returns an allocation's events in Seq order.
@@ -496,12 +510,12 @@ func (s *Snapshot) Usage() []*proto.UsageRecord { return list[proto.UsageRecord]
 
 // UsageFor returns the usage record of an allocation.
 func (s *Snapshot) UsageFor(allocID string) (*proto.UsageRecord, bool) {
-	return first[proto.UsageRecord](s, TableUsage, idxID, allocID)
+	return byID[proto.UsageRecord](s, TableUsage, allocID)
 }
 
 // Candidates returns a node's latest discovered candidate topology.
 func (s *Snapshot) Candidates(nodeID string) (*proto.CandidateTopology, bool) {
-	return first[proto.CandidateTopology](s, TableCandidates, idxID, nodeID)
+	return byID[proto.CandidateTopology](s, TableCandidates, nodeID)
 }
 
 // AllCandidates returns every node's candidate topology sorted by node.

@@ -209,7 +209,7 @@ func (t *Txn) flushRegionMax() error {
 			for o := it.Next(); o != nil; o = it.Next() {
 				max = maxInt(max, o.(*NodeSummary).Total)
 			}
-		} else if cur, ok := first[regionSummary](&t.Snapshot, tableRegionSummary, idxID, region); ok && cur.MaxSlots >= max {
+		} else if cur, ok := byID[regionSummary](&t.Snapshot, tableRegionSummary, region); ok && cur.MaxSlots >= max {
 			continue
 		}
 		if err := t.txn.Insert(tableRegionSummary, &regionSummary{Region: region, MaxSlots: max}); err != nil {
@@ -336,7 +336,7 @@ func (t *Txn) editSummary(nodeID string) *NodeSummary {
 		return p
 	}
 	var sum NodeSummary
-	if cur, ok := first[NodeSummary](&t.Snapshot, tableNodeSummary, idxID, nodeID); ok {
+	if cur, ok := byID[NodeSummary](&t.Snapshot, tableNodeSummary, nodeID); ok {
 		sum = *cur
 	} else {
 		sum.NodeID = nodeID

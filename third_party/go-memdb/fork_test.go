@@ -253,3 +253,38 @@ func TestAppendIndexerWritesWhatFromObjectWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstKey: an exact lookup by encoded key finds what First finds,
+// in a read transaction and in a write transaction's own writes, and
+// refuses a non-unique or unknown index.
+func TestFirstKey(t *testing.T) {
+	db := testDB(t)
+	txn := db.Txn(true)
+	for i := 0; i < 100; i++ {
+		if err := txn.Insert("main", &TestObject{ID: fmt.Sprintf("id-%02d", i), Foo: "f", Qux: []string{"q"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(id string) []byte { return append([]byte(id), 0) } // StringFieldIndex's encoding
+	if o, err := txn.FirstKey("main", "id", key("id-42")); err != nil || o == nil || o.(*TestObject).ID != "id-42" {
+		t.Fatalf("FirstKey in the writing transaction: %v %v", o, err)
+	}
+	txn.Commit()
+	read := db.Txn(false)
+	for _, id := range []string{"id-00", "id-99", "id-5", "nope"} {
+		want, _ := read.First("main", "id", id)
+		got, err := read.FirstKey("main", "id", key(id))
+		if err != nil || got != want {
+			t.Fatalf("FirstKey(%s) = %v, %v; First says %v", id, got, err, want)
+		}
+	}
+	if _, err := read.FirstKey("main", "foo", key("f")); err == nil {
+		t.Fatal("FirstKey on a non-unique index")
+	}
+	if _, err := read.FirstKey("main", "nope", key("f")); err == nil {
+		t.Fatal("FirstKey on an unknown index")
+	}
+	if _, err := read.FirstKey("nope", "id", key("f")); err == nil {
+		t.Fatal("FirstKey on an unknown table")
+	}
+}
