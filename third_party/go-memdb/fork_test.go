@@ -255,8 +255,9 @@ func TestAppendIndexerWritesWhatFromObjectWrites(t *testing.T) {
 }
 
 // TestFirstKey: an exact lookup by encoded key finds what First finds,
-// in a read transaction and in a write transaction's own writes, and
-// refuses a non-unique or unknown index.
+// in a read transaction and in a write transaction's own writes; in a
+// non-unique index the key ends with the primary key; an unknown table
+// or index is an error.
 func TestFirstKey(t *testing.T) {
 	db := testDB(t)
 	txn := db.Txn(true)
@@ -278,8 +279,11 @@ func TestFirstKey(t *testing.T) {
 			t.Fatalf("FirstKey(%s) = %v, %v; First says %v", id, got, err, want)
 		}
 	}
-	if _, err := read.FirstKey("main", "foo", key("f")); err == nil {
-		t.Fatal("FirstKey on a non-unique index")
+	if o, err := read.FirstKey("main", "foo", key("f")); err != nil || o != nil {
+		t.Fatalf("FirstKey on a non-unique index without the primary key: %v %v", o, err)
+	}
+	if o, err := read.FirstKey("main", "foo", append(key("f"), key("id-07")...)); err != nil || o == nil || o.(*TestObject).ID != "id-07" {
+		t.Fatalf("FirstKey on a non-unique index with the primary key: %v %v", o, err)
 	}
 	if _, err := read.FirstKey("main", "nope", key("f")); err == nil {
 		t.Fatal("FirstKey on an unknown index")

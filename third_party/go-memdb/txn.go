@@ -101,42 +101,41 @@ func (txn *Txn) readableIndex(table, index string) *iradix.Txn {
 	return indexTxn
 }
 
-// getExact looks up key in a unique index (gpuaas fork, see FORK.md):
-// in a write transaction's own modified index as it is, not a Clone.
-// Cloning makes the radix transaction forget which nodes it may modify
-// in place, so the next write copies its whole path again; a lookup that
-// is done before that write cannot observe it. Otherwise in the
-// committed tree directly, without starting a radix transaction or
-// allocating the index's path. key is not kept.
-func (txn *Txn) getExact(table, index string, key []byte) (<-chan struct{}, interface{}, bool) {
+// getExact looks up key in an index (gpuaas fork, see FORK.md): in a
+// write transaction's own modified index as it is, not a Clone. Cloning
+// makes the radix transaction forget which nodes it may modify in place,
+// so the next write copies its whole path again; a lookup that is done
+// before that write cannot observe it. Otherwise in the committed tree
+// directly, without starting a radix transaction or allocating the
+// index's path. key is not kept. The last result is false when the table
+// has no such index.
+func (txn *Txn) getExact(table, index string, key []byte) (<-chan struct{}, interface{}, bool, bool) {
 	if txn.write && txn.modified != nil {
 		if exist, ok := txn.modified[tableIndex{table, index}]; ok {
-			return exist.GetWatch(key)
+			watch, obj, ok := exist.GetWatch(key)
+			return watch, obj, ok, true
 		}
 	}
 	var buf [64]byte
 	path := append(append(append(buf[:0], table...), '.'), index...)
-	raw, _ := txn.rootTxn.Root().Get(path)
-	return raw.(*iradix.Tree).Root().GetWatch(key)
+	raw, ok := txn.rootTxn.Root().Get(path)
+	if !ok {
+		return nil, nil, false, false
+	}
+	watch, obj, ok := raw.(*iradix.Tree).Root().GetWatch(key)
+	return watch, obj, ok, true
 }
 
-// FirstKey (gpuaas fork) returns the object whose value in the unique
-// index is exactly key, the encoded value the index's FromArgs would
-// make (nil when there is none). key is not kept: the caller may reuse
-// it. It saves FirstWatch's boxing of the arguments and its encoding.
+// FirstKey (gpuaas fork) returns the object stored under exactly key in
+// an index, nil when there is none: key is the encoded value the index's
+// FromArgs would make (for a non-unique index that value followed by the
+// primary key). key is not kept; the caller may reuse it. It saves
+// FirstWatch's schema lookups, boxing of the arguments and encoding.
 func (txn *Txn) FirstKey(table, index string, key []byte) (interface{}, error) {
-	tableSchema, ok := txn.db.schema.Tables[table]
-	if !ok {
-		return nil, fmt.Errorf("invalid table '%s'", table)
+	_, obj, _, exists := txn.getExact(table, index, key)
+	if !exists {
+		return nil, fmt.Errorf("invalid table '%s' or index '%s'", table, index)
 	}
-	indexSchema, ok := tableSchema.Indexes[index]
-	if !ok {
-		return nil, fmt.Errorf("invalid index '%s'", index)
-	}
-	if !indexSchema.Unique {
-		return nil, fmt.Errorf("index '%s' is not unique", index)
-	}
-	_, obj, _ := txn.getExact(table, index, key)
 	return obj, nil
 }
 
@@ -679,7 +678,7 @@ func (txn *Txn) FirstWatch(table, index string, args ...interface{}) (<-chan str
 
 	// Do an exact lookup
 	if indexSchema.Unique && val != nil && indexSchema.Name == index {
-		watch, obj, ok := txn.getExact(table, indexSchema.Name, val)
+		watch, obj, ok, _ := txn.getExact(table, indexSchema.Name, val)
 		if !ok {
 			return watch, nil, nil
 		}
@@ -719,7 +718,7 @@ func (txn *Txn) LastWatch(table, index string, args ...interface{}) (<-chan stru
 
 	// Do an exact lookup
 	if indexSchema.Unique && val != nil && indexSchema.Name == index {
-		watch, obj, ok := txn.getExact(table, indexSchema.Name, val)
+		watch, obj, ok, _ := txn.getExact(table, indexSchema.Name, val)
 		if !ok {
 			return watch, nil, nil
 		}
