@@ -63,7 +63,8 @@ FUZZ_TARGETS := FuzzApplyCommand:./coordinator/fsm FuzzDecodeBody:./proto FuzzOp
 	FuzzMAASResponses:./coordinator/maas FuzzReadFunction:./hostops/pci FuzzValidateDriver:./hostops/pci \
 	FuzzParseUdevSignature:./agent/discovery FuzzParseDiskIDs:./agent/discovery \
 	FuzzParseGPUHealth:./hostops/gpuhealth FuzzParse:./hostops/uevent FuzzImagePath:./agent/slice \
-	FuzzParseRules:./hostops/ingress FuzzAppLaunchAndResult:./proto FuzzCARotationCommands:./coordinator/enroll
+	FuzzParseRules:./hostops/ingress FuzzAppLaunchAndResult:./proto FuzzCARotationCommands:./coordinator/enroll \
+	FuzzValidID:./proto
 fuzz:
 	@for t in $(FUZZ_TARGETS); do name=$${t%%:*}; pkg=$${t#*:}; \
 		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
