@@ -18,21 +18,29 @@ func (a *app) nodeCmd() *cobra.Command {
 	return c
 }
 
-// sliceReady is the SLICE-READY column. Readiness is what the agent last
-// reported: on a node that is not active (unreachable, disabled, not yet
-// enrolled) it is stale, so such a node is shown not ready, with its state.
-func sliceReady(n proto.Node) string {
-	if n.State != proto.NodeActive {
+// SliceReady is the SLICE-READY column (gpuaas-lab status shows it too).
+// Readiness is what the agent last reported: on a node that is not active
+// (unreachable, disabled, not yet enrolled) it is stale, so such a node
+// is shown not ready, with its state. A baremetal node is sold whole and
+// never carries slices: "-".
+func SliceReady(n proto.Node) string {
+	switch {
+	case n.ProfileIntent == proto.IntentBaremetal:
+		return "- (baremetal)"
+	case n.State != proto.NodeActive:
 		return fmt.Sprintf("no (%s)", n.State)
-	}
-	if n.Readiness == nil {
+	case n.Readiness == nil:
 		return "unknown"
+	case n.Readiness.SliceReady:
+		return "yes"
+	case len(n.Readiness.Blockers) == 1:
+		return "no (1 blocker)"
 	}
-	return yesNo(n.Readiness.SliceReady)
+	return fmt.Sprintf("no (%d blockers)", len(n.Readiness.Blockers))
 }
 
 func nodeRow(w *tabwriter.Writer, n proto.Node) {
-	row(w, n.ID, n.Region, n.Pool, n.ProfileIntent, n.State, gpus(n), yesNo(n.Draining), sliceReady(n))
+	row(w, n.ID, n.Region, n.Pool, n.ProfileIntent, n.State, gpus(n), yesNo(n.Draining), SliceReady(n))
 }
 
 func nodeHeader(w *tabwriter.Writer) {
@@ -111,7 +119,10 @@ func nodeDetail(w *tabwriter.Writer, d proto.NodeDetail) {
 	rd := n.Readiness
 	row(w, "Active:", yesNo(rd.Active))
 	ready := yesNo(rd.SliceReady)
-	if n.State != proto.NodeActive && rd.SliceReady {
+	switch {
+	case n.ProfileIntent == proto.IntentBaremetal:
+		ready = "- (baremetal: the node is sold whole, never as slices)"
+	case n.State != proto.NodeActive && rd.SliceReady:
 		ready = fmt.Sprintf("no (node is %s; the agent's last report said yes)", n.State)
 	}
 	row(w, "Slice-ready:", ready)

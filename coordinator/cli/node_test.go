@@ -17,14 +17,16 @@ import (
 func TestSliceReadyColumn(t *testing.T) {
 	t.Parallel()
 	ready := &proto.Readiness{Active: true, SliceReady: true}
-	blocked := &proto.Readiness{Active: true, SliceReady: false}
+	blocked := &proto.Readiness{Active: true, SliceReady: false, Blockers: []string{"ipoib_missing: ib0", "route_missing: 10.0.0.0/8"}}
+	oneBlocker := &proto.Readiness{Active: true, SliceReady: false, Blockers: []string{"ipoib_missing: ib0"}}
 	cases := []struct {
 		state proto.NodeState
 		rd    *proto.Readiness
 		want  string
 	}{
 		{proto.NodeActive, ready, "yes"},
-		{proto.NodeActive, blocked, "no"},
+		{proto.NodeActive, blocked, "no (2 blockers)"},
+		{proto.NodeActive, oneBlocker, "no (1 blocker)"},
 		{proto.NodeActive, nil, "unknown"},
 		{proto.NodeUnreachable, ready, "no (unreachable)"},
 		{proto.NodeUnreachable, nil, "no (unreachable)"},
@@ -32,8 +34,12 @@ func TestSliceReadyColumn(t *testing.T) {
 		{proto.NodeRegistered, nil, "no (registered)"},
 	}
 	for _, tc := range cases {
-		n := proto.Node{ID: "j22u15", State: tc.state, Readiness: tc.rd}
-		assert.Equal(t, tc.want, sliceReady(n), "%s", tc.state)
+		n := proto.Node{ID: "j22u15", State: tc.state, Readiness: tc.rd, ProfileIntent: proto.IntentSliceVM}
+		assert.Equal(t, tc.want, SliceReady(n), "%s", tc.state)
+	}
+	// A baremetal node never carries slices, whatever its agent says.
+	for _, st := range []proto.NodeState{proto.NodeActive, proto.NodeUnreachable} {
+		assert.Equal(t, "- (baremetal)", SliceReady(proto.Node{ID: "j27u15", State: st, Readiness: ready, ProfileIntent: proto.IntentBaremetal}))
 	}
 
 	var buf bytes.Buffer

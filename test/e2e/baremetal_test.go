@@ -174,7 +174,7 @@ func TestLabBaremetalThroughMAAS(t *testing.T) {
 	assert.Equal(t, maassim.StatusFailedDeployment, sim.machine("j27u15").Status)
 	out, err = l.ctl(t, "node", "list")
 	require.NoError(t, err, out)
-	assert.Regexp(t, `j27u15 .* +yes +no`, out, "the node is drained")
+	assert.Regexp(t, `j27u15 .* +yes +- \(baremetal\)`, out, "the node is drained")
 
 	// The operator's way back: undrain (admin); the next handoff releases
 	// the failed machine with erase first.

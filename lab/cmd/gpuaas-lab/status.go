@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuaas/gpuaas/coordinator/cli"
 	"github.com/gpuaas/gpuaas/lab/launch"
 	"github.com/gpuaas/gpuaas/proto"
 )
@@ -135,7 +136,7 @@ func runStatus(args []string, out io.Writer) error {
 		} else {
 			fmt.Fprintf(out, "\nnodes:\n")
 			for _, n := range nodes.Items {
-				fmt.Fprintf(out, "  %-7s %-9s %-11s slice-ready %s\n", n.ID, n.ProfileIntent, n.State, nodeSliceReady(n))
+				fmt.Fprintf(out, "  %-7s %-9s %-11s slice-ready %s\n", n.ID, n.ProfileIntent, n.State, cli.SliceReady(n))
 			}
 		}
 	}
@@ -175,22 +176,6 @@ func probeReady(ctx context.Context, addr string) string {
 		return "not ready: " + r.Reason
 	}
 	return "not ready: " + resp.Status
-}
-
-// nodeSliceReady is gpuaasctl's SLICE-READY column: a node that is not
-// active is not ready whatever its agent last said.
-func nodeSliceReady(n proto.Node) string {
-	switch {
-	case n.ProfileIntent == proto.IntentBaremetal:
-		return "- (baremetal)"
-	case n.State != proto.NodeActive:
-		return fmt.Sprintf("no (%s)", n.State)
-	case n.Readiness == nil:
-		return "unknown"
-	case n.Readiness.SliceReady:
-		return "yes"
-	}
-	return fmt.Sprintf("no (%d blockers)", len(n.Readiness.Blockers))
 }
 
 // runStop stops the lab of a folder started in another shell: SIGTERM to
