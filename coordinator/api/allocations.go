@@ -40,6 +40,9 @@ func (a *API) createAllocation(c *call) error {
 	if err := req.Validate(a.skus); err != nil {
 		return err
 	}
+	if err := proto.CheckSSHPublicKeys(req.SSHPublicKeys); err != nil {
+		return err
+	}
 	snap := a.b.Store().Snapshot()
 	// A key seen before answers from the ledger without a proposal; the
 	// same key with a different request is refused, not silently mapped.

@@ -114,6 +114,11 @@ func TestAllocationCreateRefusals(t *testing.T) {
 		{"bad region id", "k1", proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "h200-sxm-slice", GPUCount: 1, Region: "US East"}, 400, proto.CodeInvalidArgument, "not a valid identifier"},
 		{"unknown sku", "k1", proto.AllocationCreateRequest{CapacityShape: proto.ShapeGPUSlice, SKU: "a100", GPUCount: 1, Region: "us-east"}, 400, proto.CodeInvalidArgument, `sku "a100" is unknown`},
 		{"too large", "k1", huge, 413, proto.CodeTooLarge, "over 1048576 bytes"},
+		// A key that only looks like one: refused here, not by the
+		// guest's seed after a provision touched a slot.
+		{"ssh key not base64", "k1", withKeys(sliceReq(1), "ssh-ed25519 notbase64 x"), 400, proto.CodeInvalidArgument, "ssh_public_keys[0] is not an OpenSSH public key"},
+		{"ssh key truncated", "k1", withKeys(sliceReq(1), labKey, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== t"), 400, proto.CodeInvalidArgument, "ssh_public_keys[1] is not an OpenSSH public key"},
+		{"ssh key two lines", "k1", withKeys(sliceReq(1), labKey+"\n"+labKey), 400, proto.CodeInvalidArgument, "not one line of printable text"},
 	}
 	before := e.index()
 	for _, tc := range cases {
@@ -143,6 +148,17 @@ func TestAllocationCreateRefusals(t *testing.T) {
 		assert.Equal(t, `region "eu-west" does not exist (known: ap-south, us-east)`, p.Detail)
 		assert.Equal(t, before, e.index())
 	}
+	// A well-formed key passes the same check.
+	r := e.create("k-key", withKeys(sliceReq(1), labKey))
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+}
+
+// labKey is a well-formed OpenSSH public key.
+const labKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPuR4dJ6x1t7o9b0b3mO6lq7c1m0m4Zq0qG6Y3m2r2bD tenant@lab"
+
+func withKeys(r proto.AllocationCreateRequest, keys ...string) proto.AllocationCreateRequest {
+	r.SSHPublicKeys = keys
+	return r
 }
 
 func TestAllocationNoCapacity(t *testing.T) {
