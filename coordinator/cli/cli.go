@@ -128,7 +128,7 @@ func (a *app) root() *cobra.Command {
 			return nil
 		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{plainFlagError(err)} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.addr, "addr", "", "coordinator API address (env GPUAAS_ADDR; default "+DefaultAddr+")")
 	pf.StringVar(&a.token, "token", "", "bearer token (env GPUAAS_TOKEN)")
@@ -302,10 +302,39 @@ func yesNo(b bool) string {
 }
 
 // exactArgs is cobra.ExactArgs with a usage error naming the arguments.
+// plainFlagError rewrites pflag's number and boolean parse errors
+// ('invalid argument "abc" for "--gpus" flag: strconv.ParseInt: parsing
+// "abc": invalid syntax') into what was wanted.
+func plainFlagError(err error) error {
+	msg := err.Error()
+	i := strings.Index(msg, ": strconv.Parse")
+	if i < 0 {
+		return err
+	}
+	want := "a whole number"
+	switch {
+	case strings.HasPrefix(msg[i:], ": strconv.ParseBool"):
+		want = "true or false"
+	case strings.HasPrefix(msg[i:], ": strconv.ParseFloat"):
+		want = "a number"
+	case strings.Contains(msg[i:], "value out of range"):
+		want = "a smaller number"
+	}
+	return errors.New(msg[:i] + ": want " + want)
+}
+
 func exactArgs(names ...string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		if len(args) != len(names) {
 			return usagef("expected %d argument(s): %s; got %d", len(names), strings.Join(names, " "), len(args))
+		}
+		// Every positional but a file path names something the API
+		// bounds at proto.MaxIDLength: say so here rather than send (and
+		// echo back) an oversized URL.
+		for i, name := range names {
+			if name != "FILE" && len(args[i]) > proto.MaxIDLength {
+				return usagef("%s is %d characters long; at most %d are allowed", name, len(args[i]), proto.MaxIDLength)
+			}
 		}
 		return nil
 	}

@@ -263,6 +263,8 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 		{"unknown command", api.RoleViewer, []string{"frobnicate"}, ExitUsage, "unknown command"},
 		{"unknown flag", api.RoleViewer, []string{"status", "--bogus"}, ExitUsage, "unknown flag"},
 		{"missing arg", api.RoleViewer, []string{"alloc", "show"}, ExitUsage, "expected 1 argument(s): ID"},
+		{"oversized id", api.RoleViewer, []string{"alloc", "show", strings.Repeat("a", 100_000)}, ExitUsage, "ID is 100000 characters long; at most 128 are allowed"},
+		{"gpus not a number", api.RoleOperator, []string{"alloc", "create", "--gpus", "abc", "--region", "us-east"}, ExitUsage, `invalid argument "abc" for "--gpus" flag: want a whole number`},
 		{"bad intent", api.RoleAdmin, []string{"node", "intent", "x", "gpu"}, ExitUsage, "use slice_vm or baremetal"},
 		{"bad shape", api.RoleOperator, []string{"alloc", "create", "--shape", "vm", "--region", "us-east"}, ExitUsage, "--shape"},
 		{"no region", api.RoleOperator, []string{"alloc", "create", "--gpus", "1"}, ExitUsage, "--region is required"},
