@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -89,12 +90,20 @@ func (a *app) siteIngressCmd() *cobra.Command {
 		Long: "Declare the pool of public IPv4 addresses the site routes to its slice hosts (or one\n" +
 			"address with --public-ports), the protocols and private ports tenants may expose, and\n" +
 			"the per-tenant quota of routes. Without a declaration public ingress is refused at the\n" +
-			"site. Narrowing or withdrawing it is refused while live routes would no longer fit.",
+			"site. Narrowing or withdrawing it is refused while live routes would no longer fit.\n" +
+			"With no flag it shows the site's current declaration.",
 		Example: "  gpuaasctl site ingress lab --address 203.0.113.10 --address 203.0.113.11 --allow 22 --allow 8000-8999 --quota 4\n" +
 			"  gpuaasctl site ingress lab --address 198.51.100.7 --public-ports 40000-40999 --protocol tcp --protocol udp --allow 1-65535 --quota 8\n" +
 			"  gpuaasctl site ingress lab --disable",
 		Args: exactArgs("SITE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !slices.ContainsFunc([]string{"address", "public-ports", "protocol", "allow", "quota", "disable"}, cmd.Flags().Changed) {
+				r, err := a.call(cmd, http.MethodGet, "/v1/sites/"+pathEscape(args[0]), nil, nil, nil)
+				if err != nil {
+					return err
+				}
+				return show(a, r, func(w *tabwriter.Writer, v proto.SiteView) { siteIngressDetail(w, v) })
+			}
 			body := proto.SiteIngressBody{}
 			if disable {
 				if len(addrs)+len(allowed) > 0 || publicPorts != "" || cmd.Flags().Changed("quota") {

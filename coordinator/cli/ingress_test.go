@@ -40,6 +40,15 @@ func TestCLIIngress(t *testing.T) {
 	requireAligned(t, r.out)
 	assert.Equal(t, "203.0.113.10", field(t, r.out, "Addresses"))
 	assert.Equal(t, "40000-40009", field(t, r.out, "Public ports"))
+	// With no flag of its own it shows the declaration (a viewer may),
+	// and changes nothing.
+	before := ledgerIndex(c.srv.Store().Snapshot())
+	r = c.run(api.RoleViewer, "site", "ingress", "site-a").ok(t)
+	assert.Equal(t, "203.0.113.10", field(t, r.out, "Addresses"))
+	assert.Equal(t, "40000-40009", field(t, r.out, "Public ports"))
+	r = c.run(api.RoleViewer, "-o", "json", "site", "ingress", "site-a").ok(t)
+	assert.Contains(t, r.out, `"public_ports"`)
+	assert.Equal(t, before, ledgerIndex(c.srv.Store().Snapshot()))
 
 	r = c.run(api.RoleOperator, "alloc", "create", "--gpus", "1", "--region", "us-east", "--ingress", "tcp/22").ok(t)
 	assert.Equal(t, "203.0.113.10:40000 -> tcp/22 (pending)", field(t, r.out, "Ingress"))
