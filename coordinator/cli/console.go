@@ -143,6 +143,12 @@ func (a *app) console(ctx context.Context, cl *Client, id string, readOnly bool,
 				}
 			}
 			if err != nil {
+				if readOnly {
+					// Watching needs no input: a closed stdin (a
+					// pipe, </dev/null, a log job) keeps watching
+					// until the session ends or the user interrupts.
+					return
+				}
 				finish("end of input")
 				return
 			}

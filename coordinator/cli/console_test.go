@@ -107,3 +107,34 @@ func TestAllocConsole(t *testing.T) {
 	assert.Contains(t, errOut.String(), "not the owner")
 	assert.Contains(t, errOut.String(), "forbidden")
 }
+
+// A read-only watch needs no input: with stdin at its end at once (a
+// pipe, </dev/null) it keeps printing what the console writes until the
+// session ends, instead of leaving on "end of input".
+func TestAllocConsoleReadOnlyWatchesWithoutInput(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		ctx := r.Context()
+		ctl, _ := json.Marshal(proto.ConsoleControl{Type: "attached", Session: "con-2", Mode: proto.ConsoleReadOnly})
+		_ = c.Write(ctx, websocket.MessageText, ctl)
+		time.Sleep(300 * time.Millisecond) // the guest writes later
+		_ = c.Write(ctx, websocket.MessageBinary, []byte("login: "))
+		closed, _ := json.Marshal(proto.ConsoleControl{Type: "closed", Reason: "idle"})
+		_ = c.Write(ctx, websocket.MessageText, closed)
+		_ = c.Close(websocket.StatusNormalClosure, "idle")
+	}))
+	defer srv.Close()
+	env := map[string]string{"GPUAAS_ADDR": srv.URL, "GPUAAS_TOKEN": "tok"}
+	var out, errOut bytes.Buffer
+	code := RunWithStdin(context.Background(), []string{"alloc", "console", "a-1", "--read-only"}, strings.NewReader(""), &out, &errOut,
+		func(k string) string { return env[k] }, nil)
+	require.Equal(t, ExitOK, code, "stderr: %s", errOut.String())
+	assert.Equal(t, "login: ", out.String(), "what the console wrote after stdin ended")
+	assert.Contains(t, errOut.String(), "read-only, session con-2")
+	assert.Contains(t, errOut.String(), "console closed: idle")
+	assert.NotContains(t, errOut.String(), "end of input")
+}
