@@ -75,7 +75,7 @@ func (s *stages) run(ctx context.Context, name string, fn func() error) error {
 	if err := s.r.put(s.rec); err != nil {
 		return &StageError{Stage: name, Err: err}
 	}
-	s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "succeeded", Message: fmt.Sprintf("%d ms", s.durations[name])})
+	s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "succeeded", Message: fmt.Sprintf("the host took %d ms", s.durations[name])})
 	if err := s.r.d.Failpoints.Hit(afterStage(name)); err != nil {
 		s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "failed", Message: err.Error()})
 		return &StageError{Stage: name, Err: err}

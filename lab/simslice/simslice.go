@@ -233,7 +233,7 @@ func (s *stages) run(ctx context.Context, name string, fn func() error) error {
 	if err := s.r.put(s.rec); err != nil {
 		return &slice.StageError{Stage: name, Err: err}
 	}
-	s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "succeeded", Message: fmt.Sprintf("%d ms (simulated host)", s.durations[name])})
+	s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "succeeded", Message: fmt.Sprintf("the simulated host took %d ms", s.durations[name])})
 	if err := fp.Hit("slice/after-" + name); err != nil {
 		s.rep.Event(ctx, proto.StageEvent{Stage: name, Status: "failed", Message: err.Error()})
 		return &slice.StageError{Stage: name, Err: err}
