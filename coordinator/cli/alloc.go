@@ -188,6 +188,7 @@ func (a *app) allocReleaseCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			forgetKnownHosts(args[0])
 			if !wait {
 				return show(a, r, allocDetail)
 			}
@@ -214,6 +215,7 @@ func (a *app) allocForceReleaseCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			forgetKnownHosts(args[0])
 			return show(a, r, allocDetail)
 		},
 	}

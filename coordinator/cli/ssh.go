@@ -61,6 +61,18 @@ func writeKnownHosts(id string, acc *proto.SliceAccess) (string, error) {
 	return path, nil
 }
 
+// forgetKnownHosts removes the allocation's pinned host keys once it is
+// released (its guest address and endpoint go to later slices with new
+// keys); a pin that was never written is no error.
+func forgetKnownHosts(id string) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	// Best effort: a pin left behind only costs a file.
+	_ = os.Remove(filepath.Join(cache, "gpuaas", "known_hosts", filepath.Base(id)))
+}
+
 // isLoopback reports whether a jump host names this machine: jumping
 // through it adds nothing, the guest network is reachable from here.
 func isLoopback(host string) bool {

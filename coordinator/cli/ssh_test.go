@@ -192,6 +192,11 @@ func TestWriteKnownHosts(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 
+	// Released: the pin goes (again: nothing to remove, no error).
+	forgetKnownHosts("alloc-1")
+	assert.NoFileExists(t, path)
+	forgetKnownHosts("alloc-1")
+
 	path, err = writeKnownHosts("alloc-2", &proto.SliceAccess{GuestIP: "10.200.0.12"})
 	require.NoError(t, err)
 	assert.Empty(t, path, "no key recorded: no file, ssh asks as usual")
