@@ -41,7 +41,7 @@ const (
 	WFRegion    = maaslab.Region
 	WFSliceSKU  = "h200-sxm-slice"
 	WFBMSKU     = "h200-sxm-baremetal"
-	wfTenantKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNoYW9zLXdvcmtmbG93cw chaos@rig"
+	wfTenantKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ7IqbtvsXmRGppcTj1CE+IdmK1/4weRYYOEtgbnQ6sY chaos@rig"
 )
 
 // The rig's bounds: the coordinators run with these, and the checker

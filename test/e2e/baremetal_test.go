@@ -19,7 +19,7 @@ import (
 	"github.com/gpuaas/gpuaas/lab/maassim"
 )
 
-const labTenantKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGxhYi10ZW5hbnQ tenant@lab"
+const labTenantKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGLghuJL5IalcLDmelfsrpFRWiDXCjN/6o63xOSzdTLS tenant@lab"
 
 // simAdmin reads the MAAS simulator's admin endpoint of a lab.
 type simAdmin struct {
