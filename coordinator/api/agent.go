@@ -181,11 +181,6 @@ func (a *API) wrapAgent(rt Route, node bool) http.Handler {
 	})
 }
 
-// readAgentBody reads a request body (none for GET); on failure it has
-// written the problem and returns false.
-
-func newTaskID() string { return proto.NewID("task") }
-
 func (a *API) now() time.Time { return time.Now().UTC() }
 
 func (a *API) mintBootstrapToken(c *call) error {
@@ -253,7 +248,7 @@ func (a *API) queueTopologyDiscover(c *call) error {
 		return err
 	}
 	now := a.now()
-	t := proto.Task{ID: newTaskID(), NodeID: nodeID, Type: proto.TaskTopologyDiscover, State: proto.TaskQueued, CreatedAt: now}
+	t := proto.Task{ID: proto.NewID("task"), NodeID: nodeID, Type: proto.TaskTopologyDiscover, State: proto.TaskQueued, CreatedAt: now}
 	resp, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: now, Task: t})
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@ import (
 func (e *sliceEnv) queueTask(node, typ string) proto.Task {
 	e.t.Helper()
 	now := time.Now().UTC()
-	tk := proto.Task{ID: newTaskID(), NodeID: node, Type: typ, State: proto.TaskQueued, CreatedAt: now}
+	tk := proto.Task{ID: proto.NewID("task"), NodeID: node, Type: typ, State: proto.TaskQueued, CreatedAt: now}
 	e.apply(proto.TaskCreateType, proto.TaskCreateRequest{At: now, Task: tk})
 	return tk
 }

@@ -70,7 +70,7 @@ func TestAgentTaskUpdateWaitsForTheLedger(t *testing.T) {
 	b.lag = true
 	b.mu.Unlock()
 	now := time.Now().UTC()
-	tk := proto.Task{ID: newTaskID(), NodeID: node, Type: proto.TaskTopologyDiscover, State: proto.TaskQueued, CreatedAt: now}
+	tk := proto.Task{ID: proto.NewID("task"), NodeID: node, Type: proto.TaskTopologyDiscover, State: proto.TaskQueued, CreatedAt: now}
 	_, _, err := b.Apply(context.Background(), proto.TaskCreateType, proto.TaskCreateRequest{At: now, Task: tk})
 	require.NoError(t, err)
 	_, applied := lb.Store().Snapshot().Task(tk.ID)
@@ -98,7 +98,7 @@ func TestAgentTaskUpdateWaitsForTheLedger(t *testing.T) {
 	assert.Equal(t, proto.TaskRunning, got.State)
 	assert.Equal(t, barriers+1, lb.barriers, "one barrier, only for the task not found at first")
 
-	p := report(newTaskID()).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
+	p := report(proto.NewID("task")).requireProblem(t, http.StatusNotFound, proto.CodeNotFound)
 	assert.Contains(t, p.Detail, "does not exist")
 }
 

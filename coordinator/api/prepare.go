@@ -35,7 +35,7 @@ func (a *API) queuePrepareSlice(c *call) error {
 		return err
 	}
 	now := a.now()
-	t := proto.Task{ID: newTaskID(), NodeID: nodeID, Type: proto.TaskHostPrepareSlice, State: proto.TaskQueued, CreatedAt: now, Payload: payload}
+	t := proto.Task{ID: proto.NewID("task"), NodeID: nodeID, Type: proto.TaskHostPrepareSlice, State: proto.TaskQueued, CreatedAt: now, Payload: payload}
 	resp, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: now, Task: t})
 	if err != nil {
 		return err
@@ -60,7 +60,7 @@ func (a *API) requeuePrepareOnDrift(c *call, nodeID string, blockers []string) (
 		}
 	}
 	now := a.now()
-	t := proto.Task{ID: newTaskID(), NodeID: nodeID, Type: proto.TaskHostPrepareSlice, State: proto.TaskQueued, CreatedAt: now, Payload: json.RawMessage("{}")}
+	t := proto.Task{ID: proto.NewID("task"), NodeID: nodeID, Type: proto.TaskHostPrepareSlice, State: proto.TaskQueued, CreatedAt: now, Payload: json.RawMessage("{}")}
 	_, idx, err := a.b.Apply(c.r.Context(), proto.TaskCreateType, proto.TaskCreateRequest{At: now, Task: t})
 	if err != nil {
 		return 0, err

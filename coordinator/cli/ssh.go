@@ -46,11 +46,7 @@ func writeKnownHosts(id string, acc *proto.SliceAccess) (string, error) {
 		}
 		fmt.Fprintf(&b, "%s %s\n", acc.GuestIP, k)
 	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "gpuaas", "known_hosts")
+	dir := knownHostsDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("known_hosts folder: %w", err)
 	}
@@ -65,12 +61,18 @@ func writeKnownHosts(id string, acc *proto.SliceAccess) (string, error) {
 // released (its guest address and endpoint go to later slices with new
 // keys); a pin that was never written is no error.
 func forgetKnownHosts(id string) {
+	// Best effort: a pin left behind only costs a file.
+	_ = os.Remove(filepath.Join(knownHostsDir(), filepath.Base(id)))
+}
+
+// knownHostsDir is the folder of the allocations' pinned host keys, in
+// the user's cache folder.
+func knownHostsDir() string {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
 	}
-	// Best effort: a pin left behind only costs a file.
-	_ = os.Remove(filepath.Join(cache, "gpuaas", "known_hosts", filepath.Base(id)))
+	return filepath.Join(cache, "gpuaas", "known_hosts")
 }
 
 // isLoopback reports whether a jump host names this machine: jumping

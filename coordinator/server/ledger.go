@@ -32,11 +32,6 @@ func (s *Server) Store() *state.Store {
 	return s.ledger.fsm.Store()
 }
 
-// newID returns a new ledger row's ID (proto.NewID: prefix-<16 hex>,
-// ordered by creation): IDs are chosen by the leader before proposing,
-// so every replica applies the same ones.
-func newID(prefix string) string { return proto.NewID(prefix) }
-
 // pumpOutbox is a leader loop: it turns outbox entries into node tasks
 // (OutboxDeliverType) as they appear, in chunks the FSM accepts.
 func (s *Server) pumpOutbox(ctx context.Context) {

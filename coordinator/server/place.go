@@ -448,9 +448,9 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, held *heldSet, now
 	r := c.req
 	cmd := &proto.AllocationPlaceRequest{
 		At: now,
-		Allocation: proto.Allocation{ID: newID("alloc"), IdempotencyKey: c.key, Owner: r.Owner, Shape: r.CapacityShape,
+		Allocation: proto.Allocation{ID: proto.NewID("alloc"), IdempotencyKey: c.key, Owner: r.Owner, Shape: r.CapacityShape,
 			SKU: r.SKU, GPUCount: r.GPUCount, Region: r.Region, Image: r.Image, SSHPublicKeys: r.SSHPublicKeys},
-		Task: proto.Task{ID: newID("task")},
+		Task: proto.Task{ID: proto.NewID("task")},
 	}
 	if len(r.Ingress) > 0 {
 		// The ledger hands out the public endpoints in the apply.
@@ -472,7 +472,7 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, held *heldSet, now
 		}
 		cmd.NodeID, cmd.NodeModifyIndex, cmd.Slots = plan.NodeID, plan.NodeModifyIndex, plan.Slots
 		for range plan.Slots {
-			cmd.ClaimIDs = append(cmd.ClaimIDs, newID("claim"))
+			cmd.ClaimIDs = append(cmd.ClaimIDs, proto.NewID("claim"))
 		}
 		it.slots = make([]string, 0, len(plan.Slots))
 		for _, e := range plan.Slots {
@@ -485,7 +485,7 @@ func (p *planner) planOne(snap *state.Snapshot, c *placeCall, held *heldSet, now
 			return it, nil, err
 		}
 		cmd.NodeID, cmd.NodeModifyIndex, cmd.Slots = plan.NodeID, plan.NodeModifyIndex, plan.Slots
-		cmd.ClaimIDs = []string{newID("claim")}
+		cmd.ClaimIDs = []string{proto.NewID("claim")}
 		it.node = plan.NodeID
 	default:
 		return it, nil, proto.Errorf(proto.CodeInvalidArgument, "capacity_shape %q is not one of baremetal, gpu_slice", r.CapacityShape)

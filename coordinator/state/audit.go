@@ -65,9 +65,9 @@ func (s *Snapshot) AuditHead() (*proto.AuditRecord, bool) {
 }
 
 // AuditHead is Snapshot.AuditHead seen through the transaction's own
-// appends: the head is looked up once and then follows PutAudit, since a
-// memdb read of the last record iterates over a clone of the written
-// index, which makes the next write copy its radix path again.
+// appends: the head is looked up once and then follows PutAudit (a
+// reverse seek of the audit index per append saved; PutAudit also skips
+// its existence lookup past the known head).
 func (t *Txn) AuditHead() (*proto.AuditRecord, bool) {
 	if !t.auditHeadKnown {
 		t.auditHead, _ = t.Snapshot.AuditHead()
